@@ -1,0 +1,175 @@
+"""The one error tree of skilld.
+
+Every error a user can see is a :class:`SkilldError`. It carries what happened
+(the message), where (``location``: a file and line, a skill, a rule id) and,
+where there is one, what to do (``hint``). Third-party exceptions are translated
+into this tree at the one boundary that uses the library (``raise X(...) from exc``).
+
+::
+
+    SkilldError
+    ├── UsageError              bad command-line or configuration input
+    ├── PackageError            a .skill package cannot be used
+    │   ├── PackageFormatError      malformed archive or manifest, limits exceeded
+    │   ├── DigestMismatch          a file's bytes differ from its recorded sha256
+    │   ├── SignatureError          a signature is missing, malformed or invalid
+    │   └── TrustError              unknown key, key outside its scope, threshold unmet
+    ├── PolicyError             a policy document cannot be compiled (file:line)
+    ├── PermissionDenied        a permission check said no (rule id and reason)
+    ├── SandboxError            the wasm engine could not run a guest
+    │   ├── CompileError            the component does not compile or load
+    │   ├── LinkError               the component imports what the host will not give it
+    │   └── GuestFault              the guest failed, costing this one call
+    │       ├── GuestTrap               a trap (unreachable, bad memory access, ...)
+    │       ├── DeadlineExceeded        the call ran past its wall-clock deadline
+    │       ├── MemoryExhausted         the guest hit its memory cap
+    │       └── StackExhausted          the guest overflowed its stack
+    ├── GuestError              the guest returned a typed error (code, message, rule)
+    ├── StateError              the key-value store failed
+    │   └── QuotaExceeded           a value or a skill's total size is over its limit
+    ├── AuditError              an audit sink could not record
+    ├── RegistryError           an unknown skill, method or tool name
+    ├── BundleError             a bundle or its lock is inconsistent (names the file)
+    └── ClusterError            a NATS peer or route failed
+"""
+
+from __future__ import annotations
+
+
+class SkilldError(Exception):
+    """Root of every error skilld raises on purpose.
+
+    Args:
+        message: what happened, in a sentence.
+        location: where: ``file:line``, a skill id, a rule id, a path.
+        hint: what the user can do about it.
+    """
+
+    def __init__(self, message: str, *, location: str | None = None, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.location = location
+        self.hint = hint
+
+    def __str__(self) -> str:
+        text = f"{self.location}: {self.message}" if self.location else self.message
+        if self.hint:
+            text += f" ({self.hint})"
+        return text
+
+
+class UsageError(SkilldError):
+    """Bad command-line or configuration input."""
+
+
+class PackageError(SkilldError):
+    """A .skill package cannot be used."""
+
+
+class PackageFormatError(PackageError):
+    """A malformed archive or manifest, or a size limit exceeded."""
+
+
+class DigestMismatch(PackageError):
+    """A file's bytes differ from the sha256 recorded for it."""
+
+
+class SignatureError(PackageError):
+    """A signature is missing, malformed or does not verify."""
+
+
+class TrustError(PackageError):
+    """A key is unknown, outside its scope, or a signing threshold is unmet."""
+
+
+class PolicyError(SkilldError):
+    """A policy document cannot be compiled; ``location`` is ``file:line``."""
+
+
+class PermissionDenied(SkilldError):
+    """A permission check refused an action.
+
+    Args:
+        rule: id of the rule that decided (``default-deny`` when none matched).
+    """
+
+    def __init__(self, message: str, *, rule: str, location: str | None = None,
+                 hint: str | None = None):
+        super().__init__(message, location=location, hint=hint)
+        self.rule = rule
+
+
+class SandboxError(SkilldError):
+    """The wasm engine could not run a guest."""
+
+
+class CompileError(SandboxError):
+    """A component does not compile, or its native code does not load."""
+
+
+class LinkError(SandboxError):
+    """A component imports an interface the host will not give it."""
+
+
+class GuestFault(SandboxError):
+    """The guest failed; the failure costs this one call, never the host."""
+
+
+class GuestTrap(GuestFault):
+    """The guest trapped (unreachable, out-of-bounds access, a host function fault)."""
+
+
+class DeadlineExceeded(GuestFault):
+    """The call ran past its wall-clock deadline."""
+
+
+class MemoryExhausted(GuestFault):
+    """The guest tried to grow its memory past its cap."""
+
+
+class StackExhausted(GuestFault):
+    """The guest overflowed its stack."""
+
+
+class GuestError(SkilldError):
+    """The guest returned a typed error (the WIT ``error`` record).
+
+    Args:
+        code: the WIT error code, e.g. ``not-found``.
+        rule: the policy rule behind a ``not-permitted`` error, if any.
+    """
+
+    def __init__(self, code: str, message: str, *, rule: str | None = None,
+                 location: str | None = None):
+        super().__init__(message, location=location)
+        self.code = code
+        self.rule = rule
+
+    def __str__(self) -> str:
+        base = super().__str__()
+        rule = f", rule {self.rule}" if self.rule else ""
+        return f"[{self.code}{rule}] {base}"
+
+
+class StateError(SkilldError):
+    """The key-value store failed."""
+
+
+class QuotaExceeded(StateError):
+    """A value, or a skill's total stored size, is over its limit."""
+
+
+class AuditError(SkilldError):
+    """An audit sink could not record."""
+
+
+class RegistryError(SkilldError):
+    """An unknown skill, method or tool name."""
+
+
+class BundleError(SkilldError):
+    """A bundle or its lock is inconsistent; ``location`` names the file."""
+
+
+class ClusterError(SkilldError):
+    """A NATS peer or route failed."""

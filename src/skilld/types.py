@@ -1,0 +1,191 @@
+"""Value types and protocols shared across subsystems.
+
+Imports nothing internal, so that every package may depend on it without cycles.
+The protocols here are the seams between packages: the sandbox talks to
+permission checks, state and audit only through them.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+class ErrorCode(enum.Enum):
+    """The WIT ``error-code`` enum, spelled as on the wire."""
+
+    NOT_PERMITTED = "not-permitted"
+    NOT_FOUND = "not-found"
+    INVALID_ARGUMENT = "invalid-argument"
+    LIMIT_EXCEEDED = "limit-exceeded"
+    TIMEOUT = "timeout"
+    UNAVAILABLE = "unavailable"
+    IO = "io"
+    CANCELLED = "cancelled"
+    INTERNAL = "internal"
+
+
+class Capability(enum.Enum):
+    """The host capabilities a policy can grant, one per WIT import."""
+
+    LOG = "log"
+    KV = "kv"
+    FS = "fs"
+    HTTP = "http"
+    TCP = "tcp"
+    SHELL = "shell"
+    INVOKE = "invoke"
+    TRANSFER = "transfer"
+    ENV = "env"
+    MCP = "mcp"
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The answer of one permission check.
+
+    ``rule`` is the id of the rule that decided; ``default-deny`` when none matched.
+    """
+
+    allowed: bool
+    capability: str
+    action: str
+    target: str
+    rule: str
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        """The decision as a JSON-ready mapping (for audit records)."""
+        return {
+            "allowed": self.allowed,
+            "capability": self.capability,
+            "action": self.action,
+            "target": self.target,
+            "rule": self.rule,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Per-call resource limits for one skill."""
+
+    memory_bytes: int = 256 * 1024 * 1024
+    timeout_ms: int = 10_000
+    max_concurrency: int = 8
+    kv_value_bytes: int = 1024 * 1024
+    kv_total_bytes: int = 64 * 1024 * 1024
+    output_bytes: int = 8 * 1024 * 1024
+
+
+@runtime_checkable
+class PermissionChecker(Protocol):
+    """Answers whether one skill may perform one action on one target.
+
+    Implementations must be cheap (microseconds) and must never raise for a
+    well-formed question: a refusal is a :class:`Decision` with ``allowed=False``.
+    """
+
+    def check(self, capability: str, action: str, target: str) -> Decision:
+        """Decide ``action`` (e.g. ``read``) on ``target`` (e.g. a path) for ``capability``."""
+        ...
+
+
+@runtime_checkable
+class KeyValueStore(Protocol):
+    """One skill's private key-value namespace.
+
+    Raises ``StateError`` (or ``QuotaExceeded``) from every method on failure. A
+    ``set`` that returns has reached stable storage.
+    """
+
+    def get(self, key: str) -> bytes | None:
+        """The value stored under ``key``, or ``None``."""
+        ...
+
+    def set(self, key: str, value: bytes) -> None:
+        """Store ``value`` under ``key``, durably, before returning."""
+        ...
+
+    def delete(self, key: str) -> bool:
+        """Remove ``key``; True when it existed."""
+        ...
+
+    def keys(self, prefix: str, limit: int) -> Sequence[str]:
+        """Keys starting with ``prefix`` in order, at most ``limit``."""
+        ...
+
+
+@runtime_checkable
+class AuditSink(Protocol):
+    """Receives one audit record (a JSON-ready mapping) per call.
+
+    Raises ``AuditError`` when the record cannot be kept.
+    """
+
+    def emit(self, record: Mapping[str, Any]) -> None:
+        """Record one finished call."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class MethodSpec:
+    """One method a skill describes: JSON Schemas as parsed objects."""
+
+    name: str
+    description: str
+    params_schema: Mapping[str, Any]
+    result_schema: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceSpec:
+    """A resource or URI template a skill serves."""
+
+    uri: str
+    name: str
+    description: str
+    mime_type: str | None = None
+    template: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PromptSpec:
+    """A prompt a skill serves."""
+
+    name: str
+    description: str
+    arguments_schema: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class SkillSpec:
+    """What a skill's ``describe`` export says about it."""
+
+    id: str
+    version: str
+    description: str
+    methods: tuple[MethodSpec, ...] = ()
+    resources: tuple[ResourceSpec, ...] = ()
+    prompts: tuple[PromptSpec, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ContentBlock:
+    """Rich content beside a result's JSON value (``kind``: text, image, audio, embedded)."""
+
+    kind: str
+    text: str | None = None
+    mime_type: str | None = None
+    data: bytes | None = None
+    uri: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CallOutput:
+    """What one successful guest call returned."""
+
+    value: Any
+    content: tuple[ContentBlock, ...] = field(default_factory=tuple)
