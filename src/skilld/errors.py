@@ -25,6 +25,7 @@ into this tree at the one boundary that uses the library (``raise X(...) from ex
     │       ├── MemoryExhausted         the guest hit its memory cap
     │       └── StackExhausted          the guest overflowed its stack
     ├── GuestError              the guest returned a typed error (code, message, rule)
+    ├── HostCallError           a host function refused or failed; the guest gets it typed
     ├── StateError              the key-value store failed
     │   └── QuotaExceeded           a value or a skill's total size is over its limit
     ├── AuditError              an audit sink could not record
@@ -149,6 +150,21 @@ class GuestError(SkilldError):
         base = super().__str__()
         rule = f", rule {self.rule}" if self.rule else ""
         return f"[{self.code}{rule}] {base}"
+
+
+class HostCallError(SkilldError):
+    """A host function refused or failed; it reaches the guest as the WIT ``error``.
+
+    Args:
+        code: the WIT error code, e.g. ``not-permitted``, ``not-found``, ``io``.
+        rule: the policy rule id behind a denial, if any.
+    """
+
+    def __init__(self, code: str, message: str, *, rule: str | None = None,
+                 location: str | None = None):
+        super().__init__(message, location=location)
+        self.code = code
+        self.rule = rule
 
 
 class StateError(SkilldError):

@@ -1,0 +1,142 @@
+"""The contract between the MCP layer and the skills behind it.
+
+The MCP layer (``skilld.mcp``) only ever sees a :class:`Dispatcher`: the tools,
+resources and prompts it exposes, and a blocking ``call`` that runs one guest
+call to the end. Guest calls block (the wasm engine runs on the caller's
+thread), so the MCP layer runs them in worker threads and hands each one a
+:class:`ClientChannel`: the guest's way back to the MCP client of that call
+(progress, logs, sampling, elicitation, cancellation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from skilld.types import CallOutput, PromptSpec, ResourceSpec
+
+
+@dataclass(frozen=True, slots=True)
+class ToolAnnotations:
+    """MCP tool hints, derived from a skill's effective grants (never its claims)."""
+
+    read_only: bool
+    destructive: bool
+    idempotent: bool
+    open_world: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    """One MCP tool: a skill method (or a whole skill) under an exposed name."""
+
+    name: str
+    description: str
+    input_schema: Mapping[str, Any]
+    output_schema: Mapping[str, Any] | None
+    annotations: ToolAnnotations
+    skill_id: str
+    method: str | None  # None for a per-skill tool whose arguments name the method
+    title: str | None = None
+
+
+class ClientChannel(Protocol):
+    """The MCP client on the other end of one call, as the guest sees it.
+
+    Called from the worker thread that runs the guest. ``sample`` and ``elicit``
+    block until the client answers and raise ``GuestError`` (code ``unavailable``)
+    when the client cannot do it.
+    """
+
+    def progress(self, progress: float, total: float | None, message: str | None) -> None:
+        """Send a progress notification if the client asked for progress."""
+        ...
+
+    def log(self, level: str, data: Any) -> None:
+        """Send a log message notification to the client."""
+        ...
+
+    def sample(self, params: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Send ``sampling/createMessage`` and return the client's result."""
+        ...
+
+    def elicit(self, params: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Send ``elicitation/create`` and return the client's result."""
+        ...
+
+    def cancelled(self) -> bool:
+        """True once the client cancelled this call."""
+        ...
+
+
+class NullChannel:
+    """A channel with no client behind it (the ``skilld call`` debug path)."""
+
+    def progress(self, progress: float, total: float | None, message: str | None) -> None:
+        """Drop the notification."""
+
+    def log(self, level: str, data: Any) -> None:
+        """Drop the message."""
+
+    def sample(self, params: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Refuse: there is no client to sample from.
+
+        Raises:
+            GuestError: always, with code ``unavailable``.
+        """
+        from skilld.errors import GuestError
+
+        raise GuestError("unavailable", "no MCP client is attached to this call")
+
+    def elicit(self, params: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Refuse: there is no client to ask.
+
+        Raises:
+            GuestError: always, with code ``unavailable``.
+        """
+        from skilld.errors import GuestError
+
+        raise GuestError("unavailable", "no MCP client is attached to this call")
+
+    def cancelled(self) -> bool:
+        """Never cancelled."""
+        return False
+
+
+class Dispatcher(Protocol):
+    """What the MCP layer serves. Implemented by ``skilld.registry.Registry``.
+
+    ``call``, ``read_resource`` and ``get_prompt`` block; they raise
+    ``RegistryError`` for unknown names, ``GuestError`` for typed guest errors,
+    ``GuestFault`` subclasses for traps, deadlines and memory exhaustion, and
+    ``UsageError`` for arguments that fail the input schema.
+    """
+
+    def tools(self) -> Sequence[Tool]:
+        """Every exposed tool, in a stable order."""
+        ...
+
+    def call(self, tool: str, arguments: Mapping[str, Any], channel: ClientChannel) -> CallOutput:
+        """Run one tool call to the end."""
+        ...
+
+    def resources(self) -> Sequence[ResourceSpec]:
+        """Every resource and resource template the skills serve."""
+        ...
+
+    def read_resource(self, uri: str, channel: ClientChannel) -> Sequence[CallOutput]:
+        """Read one resource (each output holds its contents)."""
+        ...
+
+    def prompts(self) -> Sequence[PromptSpec]:
+        """Every prompt the skills serve."""
+        ...
+
+    def get_prompt(self, name: str, arguments: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
+        """Render a prompt to MCP prompt messages."""
+        ...
+
+    def ready(self) -> bool:
+        """True when every skill is loaded."""
+        ...
