@@ -9,6 +9,7 @@ into this tree at the one boundary that uses the library (``raise X(...) from ex
 
     SkilldError
     ├── UsageError              bad command-line or configuration input
+    ├── BuildError              a skill could not be built from source (shows the traceback)
     ├── PackageError            a .skill package cannot be used
     │   ├── PackageFormatError      malformed archive or manifest, limits exceeded
     │   ├── DigestMismatch          a file's bytes differ from its recorded sha256
@@ -61,6 +62,10 @@ class SkilldError(Exception):
 
 class UsageError(SkilldError):
     """Bad command-line or configuration input."""
+
+
+class BuildError(SkilldError):
+    """A skill could not be built from source; the message carries the build's output."""
 
 
 class PackageError(SkilldError):

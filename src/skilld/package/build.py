@@ -1,0 +1,196 @@
+"""Build a Python skill from source into a WebAssembly component (componentize-py).
+
+A skill source directory holds ``skill.yaml`` (id, name, version, description,
+needs) and ``skill.py`` (the module with one ``skilld_sdk.Skill``). The build
+stages the sources, the SDK and a generated entry module, narrows the WIT world
+to the interfaces the skill declares under ``needs`` (plus ``log``), and runs
+componentize-py. Outputs are cached by a digest of everything that goes in, so
+a second build of unchanged sources costs one hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from skilld.errors import BuildError
+
+INTERFACES = ("log", "kv", "fs", "http", "tcp", "shell", "invoke", "transfer", "env", "mcp")
+_SKIP = {"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
+_ID = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
+
+
+@dataclass(frozen=True, slots=True)
+class SkillSource:
+    """What ``skill.yaml`` says about a skill."""
+
+    id: str
+    name: str
+    version: str
+    description: str
+    needs: dict[str, Any]
+
+    @property
+    def imports(self) -> tuple[str, ...]:
+        """The host interfaces the built component imports."""
+        return tuple(i for i in INTERFACES if i == "log" or i in self.needs)
+
+
+def wit_dir() -> Path:
+    """The directory holding the skill ABI (``skilld:skill``) shipped with skilld."""
+    return Path(__file__).resolve().parent.parent / "wit"
+
+
+def sdk_dir() -> Path:
+    """The ``skilld_sdk`` package copied into every Python skill."""
+    import skilld_sdk
+
+    return Path(skilld_sdk.__file__).resolve().parent
+
+
+def default_cache_dir() -> Path:
+    """``$SKILLD_CACHE`` or ``~/.cache/skilld``."""
+    root = os.environ.get("SKILLD_CACHE") or Path.home() / ".cache" / "skilld"
+    return Path(root)
+
+
+def read_source(src_dir: Path) -> SkillSource:
+    """Read and check ``skill.yaml``.
+
+    Raises:
+        BuildError: the file is missing or malformed (names the file and field).
+    """
+    meta_path = src_dir / "skill.yaml"
+    if not meta_path.is_file():
+        raise BuildError(f"no skill.yaml in {src_dir}", hint="run 'skilld skill new NAME' for a template")
+    try:
+        meta = yaml.safe_load(meta_path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise BuildError(f"{meta_path}: not valid YAML: {exc}") from exc
+    if not isinstance(meta, dict):
+        raise BuildError(f"{meta_path}: must be a mapping")
+    for key in ("id", "version"):
+        if not isinstance(meta.get(key), str):
+            raise BuildError(f"{meta_path}: '{key}' is required and must be a string")
+    if not _ID.match(meta["id"]):
+        raise BuildError(f"{meta_path}: id {meta['id']!r} must match {_ID.pattern}")
+    needs = meta.get("needs") or {}
+    if not isinstance(needs, dict):
+        raise BuildError(f"{meta_path}: 'needs' must be a mapping")
+    if not (src_dir / "skill.py").is_file():
+        raise BuildError(f"no skill.py in {src_dir}")
+    return SkillSource(
+        id=meta["id"],
+        name=str(meta.get("name", meta["id"])),
+        version=meta["version"],
+        description=str(meta.get("description", "")),
+        needs=needs,
+    )
+
+
+def _files(root: Path) -> list[Path]:
+    out = []
+    for path in sorted(root.rglob("*")):
+        if any(part in _SKIP for part in path.relative_to(root).parts):
+            continue
+        if path.is_file() and path.suffix not in (".pyc", ".wasm", ".skill"):
+            out.append(path)
+    return out
+
+
+def _tool_version() -> str:
+    from importlib.metadata import version
+
+    return version("componentize-py")
+
+
+def source_digest(src_dir: Path) -> str:
+    """sha256 over the skill's files, the SDK, the WIT and the build tool's version."""
+    h = hashlib.sha256()
+    h.update(f"componentize-py {_tool_version()}\n".encode())
+    for label, root in (("skill", src_dir), ("sdk", sdk_dir()), ("wit", wit_dir())):
+        for path in _files(root):
+            rel = path.relative_to(root).as_posix()
+            data = path.read_bytes()
+            h.update(f"{label}/{rel} {len(data)}\n".encode())
+            h.update(data)
+    return h.hexdigest()
+
+
+def _world(imports: tuple[str, ...]) -> str:
+    lines = [f"    import {name};" for name in imports]
+    return "\nworld skill-built {\n" + "\n".join(lines) + "\n    export guest;\n}\n"
+
+
+def _componentize() -> list[str]:
+    exe = Path(sys.executable).with_name("componentize-py")
+    if exe.exists():
+        return [str(exe)]
+    found = shutil.which("componentize-py")
+    if found is None:
+        raise BuildError("componentize-py is not installed", hint="pip install 'skilld[build]'")
+    return [found]
+
+
+def build_component(src_dir: Path, *, cache_dir: Path | None = None,
+                    out: Path | None = None) -> Path:
+    """Build the skill in ``src_dir``; returns the path of its ``component.wasm``.
+
+    The result is cached under ``cache_dir/components/<digest>.wasm``; with
+    ``out`` it is also copied there.
+
+    Raises:
+        BuildError: bad ``skill.yaml``, or componentize-py failed (the message
+            holds its output, including the Python traceback).
+    """
+    src_dir = Path(src_dir)
+    source = read_source(src_dir)
+    digest = source_digest(src_dir)
+    cache = (cache_dir or default_cache_dir()) / "components"
+    cached = cache / f"{digest}.wasm"
+    if not cached.is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="skilld-build-") as tmp:
+            stage = Path(tmp)
+            app = stage / "app"
+            shutil.copytree(src_dir, app, ignore=shutil.ignore_patterns(*_SKIP, "*.wasm"))
+            shutil.copytree(sdk_dir(), app / "skilld_sdk", ignore=shutil.ignore_patterns(*_SKIP))
+            (app / "_skilld_entry.py").write_text(
+                "import skill as _skill_module\n"
+                "from skilld_sdk._export import export\n\n"
+                f"Guest = export(_skill_module, id={source.id!r}, version={source.version!r}, "
+                f"description={json.dumps(source.description)})\n"
+            )
+            wit = stage / "wit"
+            wit.mkdir()
+            abi = (wit_dir() / "skill.wit").read_text()
+            (wit / "skill.wit").write_text(abi + _world(source.imports))
+            target = stage / "component.wasm"
+            cmd = [*_componentize(), "-q", "-d", str(wit), "-w", "skill-built", "componentize",
+                   "-p", str(app), "_skilld_entry", "-o", str(target)]
+            proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=stage)
+            if proc.returncode != 0 or not target.is_file():
+                output = (proc.stderr or proc.stdout).strip()
+                # componentize-py appends a Rust backtrace after the Python one; keep ours.
+                output = output.split("\nStack backtrace:")[0]
+                raise BuildError(f"building skill '{source.id}' from {src_dir} failed:\n{output}")
+            tmp_out = cached.with_suffix(f".{os.getpid()}.tmp")
+            shutil.copyfile(target, tmp_out)
+            tmp_out.replace(cached)
+    if out is not None:
+        out = Path(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(cached, out)
+        return out
+    return cached
