@@ -189,3 +189,32 @@ class CallOutput:
 
     value: Any
     content: tuple[ContentBlock, ...] = field(default_factory=tuple)
+
+
+class ClientChannel(Protocol):
+    """The MCP client on the other end of one call, as the guest sees it.
+
+    Called from the worker thread that runs the guest. ``sample`` and ``elicit``
+    block until the client answers and raise ``GuestError`` (code ``unavailable``)
+    when the client cannot do it.
+    """
+
+    def progress(self, progress: float, total: float | None, message: str | None) -> None:
+        """Send a progress notification if the client asked for progress."""
+        ...
+
+    def log(self, level: str, data: Any) -> None:
+        """Send a log message notification to the client."""
+        ...
+
+    def sample(self, params: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Send ``sampling/createMessage`` and return the client's result."""
+        ...
+
+    def elicit(self, params: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Send ``elicitation/create`` and return the client's result."""
+        ...
+
+    def cancelled(self) -> bool:
+        """True once the client cancelled this call."""
+        ...

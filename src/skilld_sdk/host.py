@@ -20,10 +20,25 @@ from skilld_sdk._skill import HostError
 T = TypeVar("T")
 
 
+def _load_bindings() -> dict[str, ModuleType]:
+    # Imported now, at build time: componentize-py snapshots the interpreter after
+    # the module-level code ran, and a module not imported by then is not in it.
+    found = {}
+    for name in ("log", "kv", "fs", "http", "tcp", "shell", "invoke", "transfer", "env", "mcp"):
+        try:
+            found[name] = importlib.import_module(f"wit_world.imports.{name}")
+        except ImportError:
+            continue
+    return found
+
+
+_BINDINGS = _load_bindings()
+
+
 def _binding(name: str) -> ModuleType:
     try:
-        return importlib.import_module(f"wit_world.imports.{name}")
-    except ImportError:
+        return _BINDINGS[name]
+    except KeyError:
         raise HostError(
             "not-permitted",
             f"this skill was built without the '{name}' interface; declare it under "
@@ -71,7 +86,12 @@ class _KV:
 
     def get(self, key: str) -> bytes | None:
         """The value under ``key`` or None."""
-        return _call(_binding("kv").get, key)
+        try:
+            return _call(_binding("kv").get, key)
+        except HostError as exc:
+            if exc.code == "not-found":
+                return None
+            raise
 
     def set(self, key: str, value: bytes | str) -> None:
         """Store ``value`` durably under ``key``."""
@@ -241,7 +261,12 @@ class _Env:
 
     def get(self, name: str) -> str | None:
         """The variable's value or None."""
-        return _call(_binding("env").get, name)
+        try:
+            return _call(_binding("env").get, name)
+        except HostError as exc:
+            if exc.code == "not-found":
+                return None
+            raise
 
 
 class _MCP:

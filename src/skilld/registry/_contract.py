@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from skilld.types import CallOutput, PromptSpec, ResourceSpec
+from skilld.types import CallOutput, ClientChannel, PromptSpec, ResourceSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,35 +39,6 @@ class Tool:
     skill_id: str
     method: str | None  # None for a per-skill tool whose arguments name the method
     title: str | None = None
-
-
-class ClientChannel(Protocol):
-    """The MCP client on the other end of one call, as the guest sees it.
-
-    Called from the worker thread that runs the guest. ``sample`` and ``elicit``
-    block until the client answers and raise ``GuestError`` (code ``unavailable``)
-    when the client cannot do it.
-    """
-
-    def progress(self, progress: float, total: float | None, message: str | None) -> None:
-        """Send a progress notification if the client asked for progress."""
-        ...
-
-    def log(self, level: str, data: Any) -> None:
-        """Send a log message notification to the client."""
-        ...
-
-    def sample(self, params: Mapping[str, Any]) -> Mapping[str, Any]:
-        """Send ``sampling/createMessage`` and return the client's result."""
-        ...
-
-    def elicit(self, params: Mapping[str, Any]) -> Mapping[str, Any]:
-        """Send ``elicitation/create`` and return the client's result."""
-        ...
-
-    def cancelled(self) -> bool:
-        """True once the client cancelled this call."""
-        ...
 
 
 class NullChannel:

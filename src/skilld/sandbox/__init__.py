@@ -1,0 +1,22 @@
+"""The wasm sandbox: one engine, native code cached by digest, a fresh instance per call.
+
+Only this package imports ``wasmtime``; its errors become skilld's here.
+"""
+
+from skilld.sandbox._context import CallContext
+from skilld.sandbox._engine import Engine
+from skilld.sandbox._host import INTERFACES
+from skilld.sandbox._native import NativeCache, load_native, sha256_file, write_native
+from skilld.sandbox._sandbox import Component, Sandbox
+
+__all__ = [
+    "INTERFACES",
+    "CallContext",
+    "Component",
+    "Engine",
+    "NativeCache",
+    "Sandbox",
+    "load_native",
+    "sha256_file",
+    "write_native",
+]

@@ -1,0 +1,81 @@
+"""The per-call context host functions act in.
+
+A guest runs synchronously on the thread that called it, and host functions
+are called back on that same thread, so the current call is found through a
+thread-local stack (a stack, because ``invoke`` nests calls).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from skilld.types import ClientChannel, Decision, KeyValueStore, Limits, PermissionChecker
+
+# invoke(callee_skill, method, args_json, depth) -> result JSON
+Invoker = Callable[[str, str, str, int], str]
+
+MAX_LOG_LINES = 200
+MAX_CAPTURE = 64 * 1024
+
+
+@dataclass
+class CallContext:
+    """Everything host functions need to act for one call of one skill."""
+
+    skill_id: str
+    limits: Limits
+    channel: ClientChannel
+    kv: KeyValueStore | None = None
+    checker: PermissionChecker | None = None
+    invoker: Invoker | None = None
+    services: dict[str, Any] = field(default_factory=dict)
+    depth: int = 0
+    decisions: list[Decision] = field(default_factory=list)
+    logs: list[tuple[str, str]] = field(default_factory=list)
+    stdout: bytearray = field(default_factory=bytearray)
+    stderr: bytearray = field(default_factory=bytearray)
+    dropped_output: int = 0
+    host_faults: list[str] = field(default_factory=list)
+
+    def record(self, decision: Decision) -> Decision:
+        """Keep a permission decision for the audit record; returns it."""
+        self.decisions.append(decision)
+        return decision
+
+    def capture(self, stream: bytearray, data: bytes) -> None:
+        """Keep guest output up to a cap; count the rest."""
+        room = MAX_CAPTURE - len(stream)
+        if room > 0:
+            stream += data[:room]
+        self.dropped_output += max(0, len(data) - max(room, 0))
+
+
+_local = threading.local()
+
+
+def current() -> CallContext:
+    """The context of the call running on this thread.
+
+    Raises:
+        RuntimeError: no call is running on this thread (a host bug).
+    """
+    stack: list[CallContext] = getattr(_local, "stack", [])
+    if not stack:
+        raise RuntimeError("host function called outside of a guest call")
+    return stack[-1]
+
+
+@contextmanager
+def entered(ctx: CallContext) -> Iterator[CallContext]:
+    """Make ``ctx`` the current context for the duration of a guest call."""
+    stack: list[CallContext] = getattr(_local, "stack", None) or []
+    _local.stack = stack
+    stack.append(ctx)
+    try:
+        yield ctx
+    finally:
+        stack.pop()

@@ -1,0 +1,125 @@
+"""Compiled native code: compile once, cache on disk, load only verified bytes.
+
+Deserializing native code runs whatever it says, so it is only safe for bytes
+whose digest we checked. The cache file is opened once, hashed through that
+file descriptor, and handed to wasmtime as ``/proc/self/fd/N``: the bytes that
+were hashed are the bytes that load (the inode cannot be swapped in between).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+import wasmtime
+from wasmtime import component
+
+from skilld.errors import CompileError, DigestMismatch
+from skilld.sandbox._engine import Engine
+
+_CHUNK = 1 << 20
+
+
+def sha256_file(fd: int) -> str:
+    """sha256 of everything readable from ``fd`` (from its start)."""
+    h = hashlib.sha256()
+    os.lseek(fd, 0, os.SEEK_SET)
+    while chunk := os.read(fd, _CHUNK):
+        h.update(chunk)
+    return h.hexdigest()
+
+
+def compile_component(engine: Engine, wasm: bytes, *, name: str) -> component.Component:
+    """JIT-compile component bytes.
+
+    Raises:
+        CompileError: the bytes are not a valid component for this engine.
+    """
+    try:
+        return component.Component(engine.wasmtime, wasm)
+    except wasmtime.WasmtimeError as exc:
+        raise CompileError(f"{name}: not a valid WebAssembly component: {_first_line(exc)}") from exc
+
+
+def load_native(engine: Engine, path: Path, expected_sha256: str) -> component.Component:
+    """Load native code from ``path`` after checking its sha256.
+
+    Raises:
+        DigestMismatch: the file's bytes are not the expected ones.
+        CompileError: wasmtime refused the bytes (another engine build, corrupt).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        actual = sha256_file(fd)
+        if actual != expected_sha256:
+            raise DigestMismatch(
+                f"native code digest is {actual[:16]}…, expected {expected_sha256[:16]}…",
+                location=str(path),
+            )
+        try:
+            return component.Component.deserialize_file(engine.wasmtime, f"/proc/self/fd/{fd}")
+        except wasmtime.WasmtimeError as exc:
+            raise CompileError(f"native code does not load: {_first_line(exc)}",
+                               location=str(path)) from exc
+    finally:
+        os.close(fd)
+
+
+def write_native(comp: component.Component, path: Path) -> str:
+    """Serialize ``comp`` to ``path`` atomically; returns the file's sha256."""
+    data = bytes(comp.serialize())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".native-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        Path(tmp).replace(path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return hashlib.sha256(data).hexdigest()
+
+
+class NativeCache:
+    """Native code on disk, keyed by the component's sha256 and the engine fingerprint.
+
+    Each entry has a sidecar holding the native file's sha256, checked before
+    loading. The directory must be private to this user (mode 0700), since
+    whoever can write it could plant code.
+    """
+
+    def __init__(self, engine: Engine, root: Path):
+        self.engine = engine
+        self.root = Path(root) / "native" / engine.fingerprint
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        mode = self.root.stat().st_mode
+        if mode & (stat.S_IWGRP | stat.S_IWOTH):
+            raise CompileError(f"native cache {self.root} is writable by others; refusing to use it")
+
+    def load(self, wasm: bytes, *, name: str) -> component.Component:
+        """The compiled component for ``wasm``: from the cache, or compiled and cached.
+
+        Raises:
+            CompileError: the component does not compile.
+        """
+        key = hashlib.sha256(wasm).hexdigest()
+        native = self.root / f"{key}.cwasm"
+        sidecar = self.root / f"{key}.sha256"
+        if native.is_file() and sidecar.is_file():
+            try:
+                return load_native(self.engine, native, sidecar.read_text().strip())
+            except (DigestMismatch, CompileError):
+                pass  # a damaged entry is rebuilt below, never loaded
+        comp = compile_component(self.engine, wasm, name=name)
+        digest = write_native(comp, native)
+        sidecar.write_text(digest + "\n")
+        return comp
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

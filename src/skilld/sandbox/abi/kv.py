@@ -1,0 +1,66 @@
+"""``kv``: the calling skill's own key-value namespace."""
+
+from __future__ import annotations
+
+from skilld.errors import HostCallError, QuotaExceeded, StateError
+from skilld.sandbox._context import CallContext
+from skilld.sandbox.abi import Functions
+from skilld.types import KeyValueStore
+
+MAX_KEY = 1024
+
+
+def _store(ctx: CallContext, key: str | None = None) -> KeyValueStore:
+    if ctx.kv is None:
+        raise HostCallError("not-permitted", "no key-value state for this skill", rule="kv")
+    if key is not None and (not key or len(key.encode()) > MAX_KEY):
+        raise HostCallError("invalid-argument", f"keys must be 1 to {MAX_KEY} bytes")
+    return ctx.kv
+
+
+def _guard(exc: StateError) -> HostCallError:
+    code = "limit-exceeded" if isinstance(exc, QuotaExceeded) else "io"
+    return HostCallError(code, exc.message)
+
+
+def get(ctx: CallContext, key: str) -> bytes:
+    """The value under ``key``; ``not-found`` when absent."""
+    try:
+        value = _store(ctx, key).get(key)
+    except StateError as exc:
+        raise _guard(exc) from exc
+    if value is None:
+        raise HostCallError("not-found", f"no key {key!r}")
+    return value
+
+
+def set_(ctx: CallContext, key: str, value: bytes) -> None:
+    """Store ``value`` durably."""
+    try:
+        _store(ctx, key).set(key, bytes(value))
+    except StateError as exc:
+        raise _guard(exc) from exc
+
+
+def delete(ctx: CallContext, key: str) -> bool:
+    """Remove ``key``."""
+    try:
+        return _store(ctx, key).delete(key)
+    except StateError as exc:
+        raise _guard(exc) from exc
+
+
+def keys(ctx: CallContext, prefix: str, limit: int) -> list[str]:
+    """Keys with ``prefix``, in order."""
+    try:
+        return list(_store(ctx).keys(prefix, min(limit, 10_000)))
+    except StateError as exc:
+        raise _guard(exc) from exc
+
+
+FUNCTIONS: Functions = {
+    "get": (get, "result"),
+    "set": (set_, "result"),
+    "delete": (delete, "result"),
+    "keys": (keys, "result"),
+}
