@@ -1,0 +1,96 @@
+"""``skilld call``: run one method of a component, for debugging skills."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from skilld.cli._common import cache_dir_default, parse_json_object, state_dir_default
+from skilld.errors import UsageError
+from skilld.registry import NullChannel
+from skilld.sandbox import CallContext, Sandbox
+from skilld.state import SqliteState
+from skilld.types import Limits
+
+
+def register(sub: Any) -> None:
+    """Add ``skilld call``."""
+    p: argparse.ArgumentParser = sub.add_parser(
+        "call",
+        help="call one method of a skill component (debugging)",
+        description="Load PATH.wasm, call METHOD with the JSON arguments and print the result "
+                    "as JSON. Key-value state persists in --state-dir. Host capabilities other "
+                    "than log, kv and mcp are denied (no policy applies here).",
+    )
+    p.add_argument("component", type=Path, metavar="PATH.wasm", help="the skill component")
+    p.add_argument("method", help="the method to call")
+    p.add_argument("args", nargs="?", default="{}", metavar="JSON",
+                   help="the arguments as a JSON object (default: {})")
+    p.add_argument("--state-dir", type=Path, default=None,
+                   help=f"where key-value state lives (default: {state_dir_default()})")
+    p.add_argument("--timeout-ms", type=int, default=10_000, help="wall-clock deadline (10000)")
+    p.add_argument("--memory-mb", type=int, default=256, help="memory cap in MiB (256)")
+    p.add_argument("--describe", action="store_true", help="print what the skill describes instead")
+    p.add_argument("-v", "--verbose", action="store_true", help="show guest logs and output on stderr")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Handle ``skilld call``."""
+    if not args.component.is_file():
+        raise UsageError(f"no such component: {args.component}")
+    if args.timeout_ms <= 0 or args.memory_mb <= 0:
+        raise UsageError("--timeout-ms and --memory-mb must be positive")
+    params = parse_json_object(args.args, "JSON arguments")
+    wasm = args.component.read_bytes()
+    limits = Limits(memory_bytes=args.memory_mb << 20, timeout_ms=args.timeout_ms)
+    state = SqliteState((args.state_dir or state_dir_default()) / "state.sqlite3")
+    try:
+        with Sandbox(cache_dir_default()) as sandbox:
+            comp = sandbox.load(wasm, name=str(args.component))
+            probe = CallContext("?", limits, NullChannel())
+            spec = comp.describe(probe)
+            if args.describe:
+                print(json.dumps(_spec_json(spec), indent=2))
+                return 0
+            limits_kv = state.store(spec.id, value_limit=limits.kv_value_bytes,
+                                    total_limit=limits.kv_total_bytes)
+            ctx = CallContext(spec.id, limits, NullChannel(), kv=limits_kv)
+            try:
+                out = comp.call(args.method, json.dumps(params), ctx)
+            finally:
+                if args.verbose:
+                    _show_guest_output(ctx)
+            print(json.dumps(out.value, indent=2, ensure_ascii=False))
+            for block in out.content:
+                print(f"[{block.kind} content: {block.mime_type or ''} "
+                      f"{len(block.data or b'') or len(block.text or '')} bytes]", file=sys.stderr)
+            return 0
+    finally:
+        state.close()
+
+
+def _show_guest_output(ctx: CallContext) -> None:
+    for level, message in ctx.logs:
+        print(f"guest {level}: {message}", file=sys.stderr)
+    for name, stream in (("stdout", ctx.stdout), ("stderr", ctx.stderr)):
+        if stream:
+            print(f"guest {name}:\n{bytes(stream).decode(errors='replace')}", file=sys.stderr)
+
+
+def _spec_json(spec: Any) -> dict[str, Any]:
+    return {
+        "id": spec.id,
+        "version": spec.version,
+        "description": spec.description,
+        "methods": [
+            {"name": m.name, "description": m.description, "params": m.params_schema,
+             "result": m.result_schema}
+            for m in spec.methods
+        ],
+        "resources": [r.uri for r in spec.resources],
+        "prompts": [p.name for p in spec.prompts],
+    }

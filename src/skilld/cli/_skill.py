@@ -1,0 +1,97 @@
+"""``skilld skill new|build``: write and build Python skills."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from skilld.errors import UsageError
+
+_TEMPLATE_YAML = """\
+id: {id}
+name: {title}
+version: 0.1.0
+description: {title} skill.
+# What the skill asks for, in the policy's vocabulary (see docs/policy.md).
+# Each key also decides which host interfaces the component imports.
+needs:
+  kv: {{}}
+"""
+
+_TEMPLATE_PY = '''\
+"""{title}: describe what this skill does."""
+
+from __future__ import annotations
+
+from skilld_sdk import Skill, SkillError, kv
+
+skill = Skill()
+
+
+@skill.method
+def hello(name: str = "world") -> str:
+    """Greet someone and count the greetings.
+
+    Args:
+        name: who to greet.
+    """
+    if not name:
+        raise SkillError("invalid-argument", "name must not be empty")
+    count = int(kv.get("count") or b"0") + 1
+    kv.set("count", str(count))
+    return f"hello, {{name}} (#{{count}})"
+'''
+
+
+def register(sub: Any) -> None:
+    """Add ``skilld skill new`` and ``skilld skill build``."""
+    p: argparse.ArgumentParser = sub.add_parser("skill", help="write and build Python skills")
+    ssub = p.add_subparsers(dest="skill_command", metavar="SUBCOMMAND")
+    new = ssub.add_parser("new", help="scaffold a new skill directory",
+                          description="Create NAME/ with skill.yaml and skill.py to start from.")
+    new.add_argument("name", help="the skill id (lowercase letters, digits, dashes)")
+    new.add_argument("--dir", type=Path, default=Path("skills"),
+                     help="parent directory (default: skills/)")
+    new.set_defaults(handler=run_new)
+    build = ssub.add_parser(
+        "build", help="build a skill into a WebAssembly component",
+        description="Compile DIR (skill.yaml + skill.py) with componentize-py. Builds are "
+                    "cached by a digest of the sources, the SDK and the ABI.",
+    )
+    build.add_argument("dir", type=Path, help="the skill source directory")
+    build.add_argument("-o", "--output", type=Path, required=True, metavar="OUT.wasm")
+    build.add_argument("--cache-dir", type=Path, default=None,
+                       help="build cache (default: $SKILLD_CACHE or ~/.cache/skilld)")
+    build.set_defaults(handler=run_build)
+    p.set_defaults(handler=lambda _args: (p.print_help(sys.stderr), 2)[1])
+
+
+def run_new(args: argparse.Namespace) -> int:
+    """Handle ``skilld skill new``."""
+    if not re.fullmatch(r"[a-z][a-z0-9-]{0,62}", args.name):
+        raise UsageError(f"skill id {args.name!r} must be lowercase letters, digits and dashes")
+    target = args.dir / args.name
+    if target.exists():
+        raise UsageError(f"{target} already exists; not overwriting it")
+    target.mkdir(parents=True)
+    title = args.name.replace("-", " ").title()
+    (target / "skill.yaml").write_text(_TEMPLATE_YAML.format(id=args.name, title=title))
+    (target / "skill.py").write_text(_TEMPLATE_PY.format(title=title))
+    print(f"created {target}/skill.yaml and {target}/skill.py")
+    print(f"build it: skilld skill build {target} -o {args.name}.wasm")
+    return 0
+
+
+def run_build(args: argparse.Namespace) -> int:
+    """Handle ``skilld skill build``."""
+    from skilld.package.build import build_component
+
+    if not args.dir.is_dir():
+        raise UsageError(f"no such directory: {args.dir}")
+    print(f"building {args.dir} ...", file=sys.stderr)
+    out = build_component(args.dir, cache_dir=args.cache_dir, out=args.output)
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB)", file=sys.stderr)
+    return 0

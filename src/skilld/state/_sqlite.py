@@ -1,0 +1,177 @@
+"""The SQLite backend of key-value state."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+
+from skilld.errors import QuotaExceeded, StateError
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS kv (
+    skill TEXT NOT NULL,
+    key   TEXT NOT NULL,
+    value BLOB NOT NULL,
+    PRIMARY KEY (skill, key)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS usage (
+    skill TEXT PRIMARY KEY,
+    bytes INTEGER NOT NULL
+) WITHOUT ROWID;
+"""
+
+
+class SqliteState:
+    """One SQLite database holding every skill's namespace.
+
+    Connections are per thread (SQLite objects must stay on their thread);
+    writes are serialised by SQLite's own lock.
+
+    Raises:
+        StateError: the database cannot be opened (names the file).
+    """
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._all: list[sqlite3.Connection] = []
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self._conn() as conn:
+            conn.executescript(_SCHEMA)
+
+    def _conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            try:
+                conn = sqlite3.connect(self.path, timeout=30, isolation_level=None,
+                                       check_same_thread=False)
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=FULL")
+            except sqlite3.Error as exc:
+                raise StateError(f"cannot open state database: {exc}", location=str(self.path)) from exc
+            self._local.conn = conn
+            with self._lock:
+                self._all.append(conn)
+        return conn
+
+    def store(self, skill_id: str, *, value_limit: int = 1 << 20,
+              total_limit: int = 64 << 20) -> SkillStore:
+        """The namespace of one skill, with its size limits."""
+        return SkillStore(self, skill_id, value_limit, total_limit)
+
+    def close(self) -> None:
+        """Close every connection."""
+        with self._lock:
+            for conn in self._all:
+                conn.close()
+            self._all.clear()
+        self._local = threading.local()
+
+
+class SkillStore:
+    """One skill's keys; implements :class:`skilld.types.KeyValueStore`."""
+
+    def __init__(self, state: SqliteState, skill_id: str, value_limit: int, total_limit: int):
+        self._state = state
+        self.skill_id = skill_id
+        self.value_limit = value_limit
+        self.total_limit = total_limit
+
+    def get(self, key: str) -> bytes | None:
+        """The value under ``key`` or None.
+
+        Raises:
+            StateError: the database failed.
+        """
+        try:
+            row = self._state._conn().execute(
+                "SELECT value FROM kv WHERE skill = ? AND key = ?", (self.skill_id, key)
+            ).fetchone()
+        except sqlite3.Error as exc:
+            raise StateError(f"reading {key!r} failed: {exc}", location=self.skill_id) from exc
+        return None if row is None else bytes(row[0])
+
+    def set(self, key: str, value: bytes) -> None:
+        """Store ``value``; committed to disk (fsync) before returning.
+
+        Raises:
+            QuotaExceeded: the value, or the skill's total, is over its limit.
+            StateError: the database failed.
+        """
+        size = len(key.encode()) + len(value)
+        if len(value) > self.value_limit:
+            raise QuotaExceeded(f"value of {len(value)} bytes exceeds the {self.value_limit}-byte "
+                                "limit per value", location=self.skill_id)
+        conn = self._state._conn()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                old = conn.execute("SELECT length(key) + length(value) FROM kv "
+                                   "WHERE skill = ? AND key = ?", (self.skill_id, key)).fetchone()
+                used = conn.execute("SELECT bytes FROM usage WHERE skill = ?",
+                                    (self.skill_id,)).fetchone()
+                total = (used[0] if used else 0) - (old[0] if old else 0) + size
+                if total > self.total_limit:
+                    raise QuotaExceeded(f"storing {key!r} would use {total} bytes, over the "
+                                        f"{self.total_limit}-byte quota", location=self.skill_id)
+                conn.execute("INSERT INTO kv (skill, key, value) VALUES (?, ?, ?) "
+                             "ON CONFLICT (skill, key) DO UPDATE SET value = excluded.value",
+                             (self.skill_id, key, value))
+                conn.execute("INSERT INTO usage (skill, bytes) VALUES (?, ?) "
+                             "ON CONFLICT (skill) DO UPDATE SET bytes = excluded.bytes",
+                             (self.skill_id, total))
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise StateError(f"writing {key!r} failed: {exc}", location=self.skill_id) from exc
+
+    def delete(self, key: str) -> bool:
+        """Remove ``key``; True when it existed.
+
+        Raises:
+            StateError: the database failed.
+        """
+        conn = self._state._conn()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                old = conn.execute("SELECT length(key) + length(value) FROM kv "
+                                   "WHERE skill = ? AND key = ?", (self.skill_id, key)).fetchone()
+                if old is not None:
+                    conn.execute("DELETE FROM kv WHERE skill = ? AND key = ?", (self.skill_id, key))
+                    conn.execute("UPDATE usage SET bytes = bytes - ? WHERE skill = ?",
+                                 (old[0], self.skill_id))
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise StateError(f"deleting {key!r} failed: {exc}", location=self.skill_id) from exc
+        return old is not None
+
+    def keys(self, prefix: str, limit: int) -> list[str]:
+        """Keys starting with ``prefix``, in order, at most ``limit``.
+
+        Raises:
+            StateError: the database failed.
+        """
+        # A range scan, not LIKE: '%' and '_' in a prefix are data, not patterns.
+        try:
+            if prefix:
+                rows = self._state._conn().execute(
+                    "SELECT key FROM kv WHERE skill = ? AND key >= ? "
+                    "AND substr(key, 1, length(?)) = ? ORDER BY key LIMIT ?",
+                    (self.skill_id, prefix, prefix, prefix, max(0, limit)),
+                ).fetchall()
+            else:
+                rows = self._state._conn().execute(
+                    "SELECT key FROM kv WHERE skill = ? ORDER BY key LIMIT ?",
+                    (self.skill_id, max(0, limit)),
+                ).fetchall()
+        except sqlite3.Error as exc:
+            raise StateError(f"listing keys failed: {exc}", location=self.skill_id) from exc
+        return [r[0] for r in rows]
