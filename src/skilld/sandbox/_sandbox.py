@@ -159,7 +159,8 @@ class Component:
         wasi.stderr_custom = lambda data: ctx.capture(ctx.stderr, bytes(data))
         store.set_wasi(wasi)
         store.set_limits(memory_size=ctx.limits.memory_bytes)
-        store.set_epoch_deadline(max(1, math.ceil(ctx.limits.timeout_ms / 1000 / TICK_S)))
+        # +1: the first tick may land at once, since the ticker runs on its own phase.
+        store.set_epoch_deadline(math.ceil(ctx.limits.timeout_ms / 1000 / TICK_S) + 1)
         engine.ticker.enter()
         try:
             with entered(ctx):

@@ -1,0 +1,77 @@
+"""A guest that misbehaves on request: the sandbox tests' adversary."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from skilld_sdk import HostError, Skill, kv, fs
+
+skill = Skill()
+
+
+@skill.method
+def ok(text: str = "fine") -> str:
+    """Behave."""
+    return text
+
+
+@skill.method
+def loop() -> None:
+    """Spin forever."""
+    n = 0
+    while True:
+        n += 1
+
+
+@skill.method
+def alloc(chunk_mb: int = 8) -> int:
+    """Allocate until memory runs out."""
+    hoard = []
+    while True:
+        hoard.append(bytearray(chunk_mb << 20))
+
+
+@skill.method
+def recurse(depth: int = 10_000_000) -> int:
+    """Recurse without end (past Python's own limit)."""
+    sys.setrecursionlimit(depth + 100)
+
+    def down(n: int) -> int:
+        return down(n + 1) + 1
+
+    return down(0)
+
+
+@skill.method
+def trap() -> None:
+    """Abort: a wasm trap."""
+    os.abort()
+
+
+@skill.method
+def shout(megabytes: int = 8) -> int:
+    """Print megabytes to stdout and stderr."""
+    line = "x" * 1023 + "\n"
+    for _ in range(megabytes * 1024):
+        sys.stdout.write(line)
+        sys.stderr.write(line)
+    return megabytes
+
+
+@skill.method
+def write_keys(count: int, prefix: str = "k") -> int:
+    """Write ``count`` keys in a loop."""
+    for i in range(count):
+        kv.set(f"{prefix}{i:06d}", str(i))
+    return count
+
+
+@skill.method
+def forbidden() -> str:
+    """Try a capability its policy does not grant; report the denial."""
+    try:
+        fs.read("/etc/passwd")
+    except HostError as exc:
+        return f"{exc.code}:{exc.rule}"
+    return "read it!"
