@@ -26,6 +26,12 @@ def cache_dir() -> Path:
     return path
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Make "no tests collected" an error, never a silent green run."""
+    if not session.items and not session.config.option.collectonly:
+        raise pytest.UsageError("no tests were collected: check the paths and -k/-m filters")
+
+
 @pytest.fixture(scope="session")
 def component_path() -> object:
     """Build a test skill (cached by source digest) and return its .wasm path."""

@@ -1,0 +1,33 @@
+# Everyday recipes. `just --list` shows them.
+
+venv := ".venv"
+py := venv + "/bin/python"
+
+# Create the virtual environment with every development tool.
+setup:
+    python3 -m venv {{venv}} && {{venv}}/bin/pip install -q -e '.[dev]'
+
+# Run the whole test suite (what CI runs).
+test *ARGS:
+    {{py}} -m pytest {{ARGS}}
+
+# Run the fast tests only.
+test-fast *ARGS:
+    {{py}} -m pytest -m "not slow" {{ARGS}}
+
+# Lint and type-check.
+lint:
+    {{venv}}/bin/ruff check src tests bench
+    {{venv}}/bin/mypy
+
+# Build one skill from source: `just build-skill skills/notes`.
+build-skill DIR OUT="":
+    {{venv}}/bin/skilld skill build {{DIR}} -o {{ if OUT == "" { file_name(DIR) + ".wasm" } else { OUT } }}
+
+# Build every sample skill into build/skills/.
+build-skills:
+    for d in skills/*/; do {{venv}}/bin/skilld skill build "$d" -o "build/skills/$(basename "$d").wasm"; done
+
+# Run the benchmarks (ratios against a baseline, side by side).
+bench:
+    for b in bench/bench_*.py; do {{py}} "$b"; done

@@ -1,0 +1,162 @@
+"""The SDK turns type hints and docstrings into JSON Schema, and refuses what it cannot say."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional, TypedDict
+
+import pytest
+
+from skilld_sdk import SchemaError, Skill, SkillError
+from skilld_sdk.schema import params_schema, result_schema
+
+
+class Movie(TypedDict):
+    title: str
+    year: int
+
+
+@dataclass
+class Point:
+    x: float
+    y: float = 0.0
+    tags: list[str] = field(default_factory=list)
+
+
+def props(fn: Any) -> dict[str, Any]:
+    """The properties of a function's parameter schema."""
+    return params_schema(fn, fn.__name__)["properties"]  # type: ignore[no-any-return]
+
+
+def test_scalars() -> None:
+    """str, int, float and bool map to their JSON types."""
+    def f(a: str, b: int, c: float, d: bool) -> None: ...
+    p = props(f)
+    assert [p[k]["type"] for k in "abcd"] == ["string", "integer", "number", "boolean"]
+
+
+def test_required_and_defaults() -> None:
+    """Parameters without defaults are required; JSON-able defaults are recorded."""
+    def f(a: str, b: int = 3, c: Optional[str] = None) -> None: ...
+    s = params_schema(f, "f")
+    assert s["required"] == ["a"]
+    assert s["properties"]["b"]["default"] == 3
+    assert s["additionalProperties"] is False
+
+
+def test_lists_and_dicts() -> None:
+    """list[T] is an array of T; dict[str, T] an object of T."""
+    def f(a: list[int], b: dict[str, float], c: list[list[str]]) -> None: ...
+    p = props(f)
+    assert p["a"] == {"type": "array", "items": {"type": "integer"}}
+    assert p["b"] == {"type": "object", "additionalProperties": {"type": "number"}}
+    assert p["c"]["items"]["items"] == {"type": "string"}
+
+
+def test_optional_and_union() -> None:
+    """Optional[T] and T | None allow null; unions become anyOf."""
+    def f(a: Optional[int], b: str | None, c: int | str) -> None: ...
+    p = props(f)
+    assert p["a"] == {"anyOf": [{"type": "integer"}, {"type": "null"}]}
+    assert p["b"] == {"anyOf": [{"type": "string"}, {"type": "null"}]}
+    assert p["c"] == {"anyOf": [{"type": "integer"}, {"type": "string"}]}
+
+
+def test_literal() -> None:
+    """Literal values become an enum."""
+    def f(mode: Literal["r", "w"]) -> None: ...
+    assert props(f)["mode"] == {"enum": ["r", "w"]}
+
+
+def test_typeddict() -> None:
+    """A TypedDict is a closed object with its required keys."""
+    def f(m: Movie) -> None: ...
+    s = props(f)["m"]
+    assert s["properties"] == {"title": {"type": "string"}, "year": {"type": "integer"}}
+    assert s["required"] == ["title", "year"]
+
+
+def test_dataclass() -> None:
+    """A dataclass is an object; fields with defaults are optional."""
+    def f(p: Point) -> None: ...
+    s = props(f)["p"]
+    assert s["required"] == ["x"]
+    assert s["properties"]["tags"] == {"type": "array", "items": {"type": "string"}}
+    assert s["properties"]["y"]["default"] == 0.0
+
+
+def test_any() -> None:
+    """Any is the empty schema."""
+    def f(a: Any) -> None: ...
+    assert props(f)["a"] == {}
+
+
+def test_docstring_descriptions() -> None:
+    """Google-style Args: lines become parameter descriptions."""
+    def f(a: str, b: int) -> None:
+        """Do it.
+
+        Args:
+            a: the first one,
+                continued here.
+            b (int): the second.
+        """
+    p = props(f)
+    assert p["a"]["description"] == "the first one, continued here."
+    assert p["b"]["description"] == "the second."
+
+
+def test_result_schema_objects_only() -> None:
+    """Object results declare an output schema; scalars do not."""
+    def f() -> Movie: ...
+    def g() -> int: ...
+    assert result_schema(f, "f")["type"] == "object"  # type: ignore[index]
+    assert result_schema(g, "g") is None
+
+
+@pytest.mark.parametrize(
+    ("annotation", "needle"),
+    [(set[int] | bytes, "bytes"), (bytes, "bytes"), (tuple[int, str], "tuple"), (dict[int, str], "keys"),
+     (complex, "complex"), (object, "object")],
+)
+def test_unsupported_types_name_the_parameter(annotation: Any, needle: str) -> None:
+    """An unsupported type is refused with a message naming the method and parameter."""
+    def f(payload: int) -> None: ...
+    f.__annotations__["payload"] = annotation
+    with pytest.raises(SchemaError, match="parameter 'payload'") as info:
+        params_schema(f, "upload")
+    assert "upload" in str(info.value) and needle in str(info.value)
+
+
+def test_missing_annotation_names_parameter() -> None:
+    """A parameter without a type hint is refused by name."""
+    def f(a, b: int) -> None: ...  # type: ignore[no-untyped-def]
+    with pytest.raises(SchemaError, match="parameter 'a': missing type annotation"):
+        params_schema(f, "f")
+
+
+def test_decorator_registration_fails_early() -> None:
+    """@skill.method refuses an unsupported signature when the module is imported (build time)."""
+    skill = Skill()
+    with pytest.raises(SchemaError, match="'blob'"):
+        @skill.method
+        def send(blob: bytes) -> None: ...
+
+
+def test_call_coerces_and_checks() -> None:
+    """Skill.call builds dataclasses from JSON and refuses wrong shapes with invalid-argument."""
+    skill = Skill()
+
+    @skill.method
+    def norm(p: Point, scale: float = 1.0) -> float:
+        return (p.x ** 2 + p.y ** 2) ** 0.5 * scale
+
+    assert skill.call("norm", json.dumps({"p": {"x": 3, "y": 4}})) == 5.0
+    with pytest.raises(SkillError, match="p.x") as info:
+        skill.call("norm", json.dumps({"p": {"x": "3"}}))
+    assert info.value.code == "invalid-argument"
+    with pytest.raises(SkillError, match="missing argument 'p'"):
+        skill.call("norm", "{}")
+    with pytest.raises(SkillError, match="unknown argument"):
+        skill.call("norm", json.dumps({"p": {"x": 1}, "zz": 1}))
