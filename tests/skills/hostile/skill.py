@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import sys
 
-from skilld_sdk import HostError, Skill, kv, fs
+from typing import Any
+
+from skilld_sdk import HostError, Skill, fs, invoke, kv, mcp
 
 skill = Skill()
 
@@ -75,3 +77,21 @@ def forbidden() -> str:
     except HostError as exc:
         return f"{exc.code}:{exc.rule}"
     return "read it!"
+
+
+@skill.method
+def relay(skill_id: str, method: str, args: dict[str, Any]) -> Any:
+    """Call another skill through the host (or itself, for cycles)."""
+    try:
+        return invoke.call(skill_id, method, args)
+    except HostError as exc:
+        return {"denied": exc.code, "rule": exc.rule, "message": exc.message}
+
+
+@skill.method
+def chatty(steps: int = 3) -> int:
+    """Report progress and log to the MCP client."""
+    for i in range(steps):
+        mcp.progress(i + 1, steps, f"step {i + 1}")
+    mcp.log("info", {"done": steps})
+    return steps

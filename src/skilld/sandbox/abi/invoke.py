@@ -6,7 +6,7 @@ from skilld.errors import HostCallError
 from skilld.sandbox._context import CallContext
 from skilld.sandbox.abi import Functions
 
-MAX_DEPTH = 8
+MAX_DEPTH = 4  # the policy may lower it; deeper chains are refused
 
 
 def call(ctx: CallContext, skill: str, method: str, args: str) -> str:
