@@ -16,6 +16,7 @@ SKILLS = {
     "echo": ROOT / "skills" / "echo",
     "notes": ROOT / "skills" / "notes",
     "hostile": ROOT / "tests" / "skills" / "hostile",
+    "prober": ROOT / "tests" / "skills" / "prober",
 }
 
 

@@ -1,0 +1,146 @@
+"""fs host functions, driven from a real guest: canonical paths keep the guest inside its grant."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from skilld.registry import NullChannel
+from skilld.sandbox import CallContext, Component, Sandbox
+from skilld.types import Decision, Limits
+
+
+class PrefixChecker:
+    """Allows fs reads under ``ro`` and ``rw`` roots and writes under ``rw`` only."""
+
+    def __init__(self, ro: Path, rw: Path):
+        self.ro, self.rw = str(ro), str(rw)
+
+    def check(self, capability: str, action: str, target: str) -> Decision:
+        roots = [("rw", self.rw)] + ([("ro", self.ro)] if action == "read" else [])
+        for rule, root in roots:
+            if capability == "fs" and (target == root or target.startswith(root + "/")):
+                return Decision(True, capability, action, target, f"t.fs.{rule}", "under grant")
+        return Decision(False, capability, action, target, "default-deny", "no grant covers it")
+
+
+@pytest.fixture(scope="module")
+def prober(sandbox: Sandbox, component_path: Callable[[str], Path]) -> Component:
+    """The prober guest, loaded."""
+    return sandbox.load(component_path("prober").read_bytes(), name="prober")
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> dict[str, Path]:
+    """ro/ and rw/ grants beside a secret outside them."""
+    (tmp_path / "ro").mkdir()
+    (tmp_path / "rw").mkdir()
+    (tmp_path / "ro" / "hello.txt").write_text("hello")
+    (tmp_path / "secret.txt").write_text("TOP SECRET")
+    (tmp_path / "ro-evil").mkdir()
+    (tmp_path / "ro-evil" / "x.txt").write_text("evil")
+    return {"root": tmp_path, "ro": tmp_path / "ro", "rw": tmp_path / "rw"}
+
+
+def run(prober: Component, tree: dict[str, Path], method: str, **args: Any) -> dict[str, Any]:
+    """Call one prober method under the PrefixChecker; return its report."""
+    ctx = CallContext("prober", Limits(), NullChannel(), checker=PrefixChecker(tree["ro"], tree["rw"]))
+    result: dict[str, Any] = prober.call(method, json.dumps(args), ctx).value
+    return result
+
+
+def test_read_inside_grant(prober: Component, tree: dict[str, Path]) -> None:
+    """A granted file reads fine."""
+    assert run(prober, tree, "fs_read", path=f"{tree['ro']}/hello.txt") == {"ok": "hello"}
+
+
+@pytest.mark.parametrize("suffix", [
+    "/../secret.txt", "/./../secret.txt", "//../secret.txt", "/sub/../../secret.txt",
+    "/../ro-evil/x.txt", "/../../../../../../etc/passwd",
+])
+def test_dotdot_escapes_denied(prober: Component, tree: dict[str, Path], suffix: str) -> None:
+    """.. sequences that leave the grant are denied with the rule and the resolved path."""
+    out = run(prober, tree, "fs_read", path=f"{tree['ro']}{suffix}")
+    assert out["error"] == "not-permitted" and out["rule"] == "default-deny"
+    assert "resolves to" in out["message"] or "denied" in out["message"]
+
+
+def test_prefix_sibling_denied(prober: Component, tree: dict[str, Path]) -> None:
+    """A sibling directory sharing the grant's name as prefix is not inside it."""
+    out = run(prober, tree, "fs_read", path=f"{tree['root']}/ro-evil/x.txt")
+    assert out["error"] == "not-permitted"
+
+
+def test_symlink_escape_denied(prober: Component, tree: dict[str, Path]) -> None:
+    """A symlink inside the grant pointing outside it is judged by its target."""
+    os.symlink(tree["root"] / "secret.txt", tree["ro"] / "link.txt")
+    os.symlink(tree["root"], tree["ro"] / "up")
+    assert run(prober, tree, "fs_read", path=f"{tree['ro']}/link.txt")["error"] == "not-permitted"
+    assert run(prober, tree, "fs_read", path=f"{tree['ro']}/up/secret.txt")["error"] == "not-permitted"
+    out = run(prober, tree, "fs_write", path=f"{tree['rw']}/../ro/hello.txt", data="x")
+    assert out["error"] == "not-permitted"
+
+
+def test_symlink_inside_grant_allowed(prober: Component, tree: dict[str, Path]) -> None:
+    """A symlink whose target stays inside the grant is fine."""
+    os.symlink(tree["ro"] / "hello.txt", tree["ro"] / "alias.txt")
+    assert run(prober, tree, "fs_read", path=f"{tree['ro']}/alias.txt") == {"ok": "hello"}
+
+
+def test_write_needs_rw(prober: Component, tree: dict[str, Path]) -> None:
+    """Writing under a read-only grant is denied; under rw it lands."""
+    assert run(prober, tree, "fs_write", path=f"{tree['ro']}/n.txt", data="x")["error"] == "not-permitted"
+    assert run(prober, tree, "fs_write", path=f"{tree['rw']}/n.txt", data="x") == {"ok": None}
+    assert run(prober, tree, "fs_write", path=f"{tree['rw']}/n.txt", data="y", append=True) == {"ok": None}
+    assert (tree["rw"] / "n.txt").read_text() == "xy"
+    assert not (tree["ro"] / "n.txt").exists()
+
+
+def test_relative_and_nul_paths_invalid(prober: Component, tree: dict[str, Path]) -> None:
+    """Relative paths and NUL bytes are invalid arguments, not lookups."""
+    assert run(prober, tree, "fs_read", path="etc/passwd")["error"] == "invalid-argument"
+    assert run(prober, tree, "fs_read", path=f"{tree['ro']}/a\u0000b")["error"] == "invalid-argument"
+
+
+def test_trailing_slash_on_file(prober: Component, tree: dict[str, Path]) -> None:
+    """A trailing slash does not change what is checked; a file with one is still that file."""
+    out = run(prober, tree, "fs_read", path=f"{tree['root']}/secret.txt/")
+    assert out["error"] == "not-permitted"
+
+
+def test_missing_file_not_found(prober: Component, tree: dict[str, Path]) -> None:
+    """A missing file inside the grant is not-found."""
+    assert run(prober, tree, "fs_read", path=f"{tree['ro']}/nope")["error"] == "not-found"
+
+
+def test_dirs_list_stat_remove(prober: Component, tree: dict[str, Path]) -> None:
+    """mkdir with parents, list, stat and remove work inside rw."""
+    rw = tree["rw"]
+    assert run(prober, tree, "fs_mkdir", path=f"{rw}/a/b/c") == {"ok": None}
+    assert run(prober, tree, "fs_list", path=f"{rw}/a") == {"ok": ["b"]}
+    assert run(prober, tree, "fs_stat", path=f"{rw}/a/b")["ok"]["is_dir"] is True
+    assert run(prober, tree, "fs_remove", path=f"{rw}/a/b/c") == {"ok": None}
+    assert run(prober, tree, "fs_mkdir", path=f"{tree['ro']}/x")["error"] == "not-permitted"
+    assert run(prober, tree, "fs_remove", path=f"{tree['ro']}/hello.txt")["error"] == "not-permitted"
+
+
+def test_glob_filters_by_policy(prober: Component, tree: dict[str, Path]) -> None:
+    """glob returns only matches the policy allows, even through symlinks."""
+    (tree["ro"] / "sub").mkdir()
+    (tree["ro"] / "sub" / "deep.txt").write_text("d")
+    os.symlink(tree["root"] / "secret.txt", tree["ro"] / "leak.txt")
+    out = run(prober, tree, "fs_glob", pattern=f"{tree['ro']}/**/*.txt")
+    assert out["ok"] == [f"{tree['ro']}/hello.txt", f"{tree['ro']}/sub/deep.txt"]
+    assert run(prober, tree, "fs_glob", pattern=f"{tree['root']}/*")["error"] == "not-permitted"
+
+
+def test_no_checker_denies(prober: Component, tree: dict[str, Path]) -> None:
+    """Without any policy every fs call is denied by default."""
+    ctx = CallContext("prober", Limits(), NullChannel())
+    out = prober.call("fs_read", json.dumps({"path": f"{tree['ro']}/hello.txt"}), ctx).value
+    assert out["error"] == "not-permitted" and out["rule"] == "default-deny"
