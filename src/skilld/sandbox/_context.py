@@ -40,6 +40,17 @@ class CallContext:
     stderr: bytearray = field(default_factory=bytearray)
     dropped_output: int = 0
     host_faults: list[str] = field(default_factory=list)
+    # Open host resources (tcp connections) by handle; closed when the call ends.
+    handles: dict[int, Any] = field(default_factory=dict)
+
+    def close_handles(self) -> None:
+        """Close whatever the guest left open."""
+        for handle in list(self.handles.values()):
+            try:
+                handle.close()
+            except OSError:
+                continue
+        self.handles.clear()
 
     def record(self, decision: Decision) -> Decision:
         """Keep a permission decision for the audit record; returns it."""

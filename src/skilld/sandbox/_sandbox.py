@@ -175,7 +175,7 @@ class Component:
             raise self._fault(exc, ctx) from None
         finally:
             engine.ticker.leave()
-            store.close() if hasattr(store, "close") else None
+            ctx.close_handles()
 
     def _fault(self, exc: wasmtime.WasmtimeError, ctx: CallContext) -> SandboxError:
         text = str(exc)

@@ -12,8 +12,38 @@ record, so the value must be tagged). No module here imports wasmtime.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+from skilld.errors import HostCallError
+
+if TYPE_CHECKING:
+    from skilld.sandbox._context import CallContext
+    from skilld.types import Decision
 
 Kind = Literal["plain", "result", "result-tagged"]
 HostFn = Callable[..., Any]
 Functions = dict[str, tuple[HostFn, Kind]]
+
+
+def decide(ctx: CallContext, capability: str, action: str, target: str,
+           shown: str | None = None) -> Decision:
+    """Ask the skill's tables; record the decision; refuse with its rule when denied.
+
+    Raises:
+        HostCallError: ``not-permitted`` naming the rule and the reason.
+    """
+    from skilld.types import Decision
+
+    if ctx.checker is None:
+        decision = Decision(False, capability, action, target, "default-deny",
+                            "no policy applies to this skill")
+    else:
+        decision = ctx.checker.check(capability, action, target)
+    ctx.record(decision)
+    if not decision.allowed:
+        raise HostCallError(
+            "not-permitted",
+            f"{capability}.{action} {shown or target} denied: {decision.reason}",
+            rule=decision.rule,
+        )
+    return decision

@@ -12,13 +12,8 @@ from skilld.sandbox._context import CallContext
 from skilld.sandbox.abi import Functions, Kind
 
 SIGNATURES: dict[str, dict[str, Kind]] = {
-    "fs": {"read": "result", "write": "result", "list-dir": "result", "stat": "result-tagged",
-           "mkdir": "result", "remove": "result", "glob": "result"},
-    "http": {"fetch": "result-tagged"},
-    "tcp": {"connect": "result", "send": "result", "receive": "result", "close": "plain"},
-    "shell": {"run": "result-tagged"},
+    # File transfer between nodes is specified in the WIT and lands with the cluster.
     "transfer": {"nodes": "result", "send": "result", "fetch": "result"},
-    "env": {"get": "result"},
 }
 
 

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 
 from skilld.errors import HostCallError
 from skilld.sandbox._context import CallContext
-from skilld.sandbox.abi import Functions
+from skilld.sandbox.abi import Functions, decide
 
 MAX_READ = 16 * 1024 * 1024
 MAX_LIST = 10_000
@@ -42,14 +42,7 @@ def canonical(path: str) -> str:
 
 def _checked(ctx: CallContext, path: str, action: str) -> str:
     canon = canonical(path)
-    if ctx.checker is None:
-        raise HostCallError("not-permitted", f"fs.{action} {path} is not permitted: no policy",
-                            rule="default-deny")
-    decision = ctx.record(ctx.checker.check("fs", action, canon))
-    if not decision.allowed:
-        shown = path if canon == path else f"{path} (resolves to {canon})"
-        raise HostCallError("not-permitted", f"fs.{action} {shown} denied: {decision.reason}",
-                            rule=decision.rule)
+    decide(ctx, "fs", action, canon, shown=path if canon == path else f"{path} (resolves to {canon})")
     return canon
 
 

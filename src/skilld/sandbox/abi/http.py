@@ -1,0 +1,110 @@
+"""``http``: outgoing requests to allowlisted URLs.
+
+Each hop (the first request and every redirect) is checked as
+``check("http", METHOD, URL)``; the host name is resolved once, the address is
+checked (``check("http", "address", "IP:PORT")``) and the connection goes to that
+address, with the name kept for the Host header, SNI and certificate checks.
+URLs with userinfo are refused outright.
+"""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import ssl
+from typing import Any
+from urllib.parse import urljoin, urlsplit
+
+from skilld.errors import HostCallError
+from skilld.sandbox._context import CallContext
+from skilld.sandbox.abi import Functions, decide
+from skilld.sandbox.abi._net import connect, resolve_checked
+
+MAX_REDIRECTS = 5
+MAX_BODY = 8 * 1024 * 1024
+DEFAULT_TIMEOUT_MS = 10_000
+_METHODS = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
+_HOP_HEADERS = {"host", "connection", "transfer-encoding", "upgrade", "proxy-authorization",
+                "content-length"}
+
+
+class _PinnedHTTP(http.client.HTTPConnection):
+    def __init__(self, host: str, port: int, ip: str, timeout: float):
+        super().__init__(host, port, timeout=timeout)
+        self._ip = ip
+
+    def connect(self) -> None:
+        self.sock = connect(self._ip, self.port, self.timeout or DEFAULT_TIMEOUT_MS / 1000)
+
+
+class _PinnedHTTPS(http.client.HTTPSConnection):
+    def __init__(self, host: str, port: int, ip: str, timeout: float):
+        super().__init__(host, port, timeout=timeout, context=ssl.create_default_context())
+        self._ip = ip
+
+    def connect(self) -> None:
+        raw = connect(self._ip, self.port, self.timeout or DEFAULT_TIMEOUT_MS / 1000)
+        self.sock = self._context.wrap_socket(raw, server_hostname=self.host)  # type: ignore[attr-defined]
+
+
+def _split(url: str) -> tuple[str, str, int, str]:
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise HostCallError("invalid-argument", f"malformed URL {url!r}: {exc}") from exc
+    if parts.scheme not in ("http", "https"):
+        raise HostCallError("invalid-argument", f"URL scheme must be http or https: {url!r}")
+    if parts.username is not None or parts.password is not None or "@" in parts.netloc:
+        raise HostCallError("not-permitted", f"URLs with userinfo are refused: {url!r}",
+                            rule="http.userinfo")
+    host = parts.hostname or ""
+    if not host:
+        raise HostCallError("invalid-argument", f"URL has no host: {url!r}")
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return parts.scheme, host, port or (443 if parts.scheme == "https" else 80), path
+
+
+def fetch(ctx: CallContext, req: dict[str, Any]) -> dict[str, Any]:
+    """Send one request, following checked redirects; the body is capped."""
+    method = str(req["method"]).upper()
+    if method not in _METHODS:
+        raise HostCallError("invalid-argument", f"unsupported HTTP method {method!r}")
+    url = str(req["url"])
+    body: bytes | None = None if req.get("body") is None else bytes(req["body"])
+    timeout = (req.get("timeout_ms") or DEFAULT_TIMEOUT_MS) / 1000
+    headers = {k: v for k, v in req.get("headers") or [] if k.lower() not in _HOP_HEADERS}
+    for _hop in range(MAX_REDIRECTS + 1):
+        scheme, host, port, path = _split(url)
+        decide(ctx, "http", method, url)
+        ip = resolve_checked(ctx, "http", host, port)
+        cls = _PinnedHTTPS if scheme == "https" else _PinnedHTTP
+        conn = cls(host, port, ip, timeout)
+        try:
+            conn.request(method, path, body=body, headers=headers)
+            resp = conn.getresponse()
+            data = resp.read(MAX_BODY + 1)
+        except HostCallError:
+            raise
+        except (TimeoutError, socket.timeout) as exc:
+            raise HostCallError("timeout", f"{method} {url} timed out") from exc
+        except ssl.SSLError as exc:
+            raise HostCallError("unavailable", f"TLS with {host} failed: {exc.reason}") from exc
+        except (OSError, http.client.HTTPException) as exc:
+            raise HostCallError("unavailable", f"{method} {url} failed: {exc}") from exc
+        finally:
+            conn.close()
+        location = resp.getheader("Location")
+        if resp.status in (301, 302, 303, 307, 308) and location:
+            url = urljoin(url, location)
+            if resp.status == 303 or (resp.status in (301, 302) and method == "POST"):
+                method, body = "GET", None
+            continue
+        if len(data) > MAX_BODY:
+            raise HostCallError("limit-exceeded", f"response from {url} exceeds {MAX_BODY} bytes")
+        return {"status": resp.status, "headers": [(k, v) for k, v in resp.getheaders()],
+                "body": data}
+    raise HostCallError("limit-exceeded", f"more than {MAX_REDIRECTS} redirects from {req['url']}")
+
+
+FUNCTIONS: Functions = {"fetch": (fetch, "result-tagged")}

@@ -1,0 +1,77 @@
+"""``tcp``: connections to allowlisted ``host:port`` pairs, on the checked address.
+
+``connect`` checks ``check("tcp", "connect", "HOST:PORT")``, resolves once and
+checks the address; connections are handles that live for one call.
+"""
+
+from __future__ import annotations
+
+import itertools
+import socket
+
+from skilld.errors import HostCallError
+from skilld.sandbox._context import CallContext
+from skilld.sandbox.abi import Functions, decide
+from skilld.sandbox.abi._net import connect as open_socket
+from skilld.sandbox.abi._net import resolve_checked
+
+MAX_CONNECTIONS = 16
+MAX_RECEIVE = 1 << 20
+_ids = itertools.count(1)
+
+
+def connect(ctx: CallContext, host: str, port: int, timeout_ms: int) -> int:
+    """Open a connection; returns its handle."""
+    if len(ctx.handles) >= MAX_CONNECTIONS:
+        raise HostCallError("limit-exceeded", f"at most {MAX_CONNECTIONS} open connections per call")
+    shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    decide(ctx, "tcp", "connect", shown)
+    ip = resolve_checked(ctx, "tcp", host, port)
+    sock = open_socket(ip, port, max(timeout_ms, 1) / 1000)
+    handle = next(_ids) & 0xFFFFFFFF
+    ctx.handles[handle] = sock
+    return handle
+
+
+def _sock(ctx: CallContext, handle: int) -> socket.socket:
+    sock = ctx.handles.get(handle)
+    if not isinstance(sock, socket.socket):
+        raise HostCallError("not-found", f"no open connection {handle}")
+    return sock
+
+
+def send(ctx: CallContext, handle: int, data: bytes) -> int:
+    """Send bytes; returns how many went out."""
+    try:
+        return _sock(ctx, handle).send(bytes(data))
+    except TimeoutError as exc:
+        raise HostCallError("timeout", "send timed out") from exc
+    except OSError as exc:
+        raise HostCallError("io", f"send failed: {exc}") from exc
+
+
+def receive(ctx: CallContext, handle: int, max_bytes: int, timeout_ms: int) -> bytes:
+    """Receive up to ``max_bytes`` (empty at end of stream)."""
+    sock = _sock(ctx, handle)
+    sock.settimeout(max(timeout_ms, 1) / 1000)
+    try:
+        return sock.recv(min(max_bytes, MAX_RECEIVE))
+    except TimeoutError as exc:
+        raise HostCallError("timeout", "receive timed out") from exc
+    except OSError as exc:
+        raise HostCallError("io", f"receive failed: {exc}") from exc
+
+
+def close(ctx: CallContext, handle: int) -> None:
+    """Close a connection (unknown handles are ignored)."""
+    sock = ctx.handles.pop(handle, None)
+    if sock is not None:
+        sock.close()
+
+
+FUNCTIONS: Functions = {
+    "connect": (connect, "result"),
+    "send": (send, "result"),
+    "receive": (receive, "result"),
+    "close": (close, "plain"),
+}
