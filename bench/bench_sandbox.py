@@ -17,13 +17,13 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _util import row, timings  # noqa: E402
+from _util import row, timings
 
-from skilld.package.build import build_component, default_cache_dir  # noqa: E402
-from skilld.registry import NullChannel  # noqa: E402
-from skilld.sandbox import CallContext, Sandbox  # noqa: E402
-from skilld.sandbox._native import compile_component  # noqa: E402
-from skilld.types import Limits  # noqa: E402
+from skilld.package.build import build_component, default_cache_dir
+from skilld.registry import NullChannel
+from skilld.sandbox import CallContext, Sandbox
+from skilld.sandbox._native import compile_component
+from skilld.types import Limits
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,14 +40,17 @@ def main() -> None:
         print("\n## Loading a Python component (ms)\n\n| path | median | p99 |\n|---|---|---|")
         print(row("JIT compile", compile_t))
         print(row("native-code cache (digest checked)", cached_t))
-        print(f"\nratio compile / cached: {statistics.median(compile_t) / statistics.median(cached_t):.0f}x")
+        ratio = statistics.median(compile_t) / statistics.median(cached_t)
+        print(f"\nratio compile / cached: {ratio:.0f}x")
 
         comp = sb.load(wasm, name="echo")
         ctx = CallContext("echo", Limits(), NullChannel())
         args = json.dumps({"text": "hello"})
         call_t = timings(lambda: comp.call("echo", args, ctx), n=300, warmup=10)
 
-        spec = importlib.util.spec_from_file_location("echo_skill", ROOT / "skills" / "echo" / "skill.py")
+        spec = importlib.util.spec_from_file_location(
+            "echo_skill", ROOT / "skills" / "echo" / "skill.py"
+        )
         assert spec and spec.loader
         mod = importlib.util.module_from_spec(spec)
         sys.modules["echo_skill"] = mod
@@ -56,7 +59,8 @@ def main() -> None:
         print("\n## One call of echo (ms)\n\n| path | median | p99 |\n|---|---|---|")
         print(row("sandbox: new store + instance + call", call_t))
         print(row("plain Python: same SDK method in-process", plain_t))
-        print(f"\nratio sandboxed / plain: {statistics.median(call_t) / statistics.median(plain_t):.0f}x")
+        ratio = statistics.median(call_t) / statistics.median(plain_t)
+        print(f"\nratio sandboxed / plain: {ratio:.0f}x")
 
 
 if __name__ == "__main__":

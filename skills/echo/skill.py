@@ -21,8 +21,10 @@ def echo(text: str) -> str:
 
 
 @skill.method
-def fail(code: Literal["not-found", "invalid-argument", "internal"] = "internal",
-         message: str = "failed on request") -> None:
+def fail(
+    code: Literal["not-found", "invalid-argument", "internal"] = "internal",
+    message: str = "failed on request",
+) -> None:
     """Fail with a typed error.
 
     Args:

@@ -51,7 +51,7 @@ def list_notes(prefix: str = "", limit: int = 100) -> list[str]:
         prefix: only titles starting with this.
         limit: at most this many titles.
     """
-    return [key[len(_PREFIX):] for key in kv.keys(_PREFIX + prefix, limit)]
+    return [key[len(_PREFIX) :] for key in kv.keys(_PREFIX + prefix, limit)]
 
 
 @skill.method

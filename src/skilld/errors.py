@@ -99,8 +99,9 @@ class PermissionDenied(SkilldError):
         rule: id of the rule that decided (``default-deny`` when none matched).
     """
 
-    def __init__(self, message: str, *, rule: str, location: str | None = None,
-                 hint: str | None = None):
+    def __init__(
+        self, message: str, *, rule: str, location: str | None = None, hint: str | None = None
+    ):
         super().__init__(message, location=location, hint=hint)
         self.rule = rule
 
@@ -145,8 +146,9 @@ class GuestError(SkilldError):
         rule: the policy rule behind a ``not-permitted`` error, if any.
     """
 
-    def __init__(self, code: str, message: str, *, rule: str | None = None,
-                 location: str | None = None):
+    def __init__(
+        self, code: str, message: str, *, rule: str | None = None, location: str | None = None
+    ):
         super().__init__(message, location=location)
         self.code = code
         self.rule = rule
@@ -165,8 +167,9 @@ class HostCallError(SkilldError):
         rule: the policy rule id behind a denial, if any.
     """
 
-    def __init__(self, code: str, message: str, *, rule: str | None = None,
-                 location: str | None = None):
+    def __init__(
+        self, code: str, message: str, *, rule: str | None = None, location: str | None = None
+    ):
         super().__init__(message, location=location)
         self.code = code
         self.rule = rule

@@ -57,7 +57,7 @@ __all__ = [
     "Text",
 ]
 
-from skilld_sdk import host as _host  # noqa: E402  (wrappers need the classes above)
+from skilld_sdk import host as _host
 
 env = _host.env
 fs = _host.fs

@@ -11,8 +11,8 @@ import traceback
 from types import ModuleType
 from typing import Any
 
-from wit_world.imports import types as wit  # type: ignore[import-not-found]
 from componentize_py_types import Err  # type: ignore[import-not-found]
+from wit_world.imports import types as wit  # type: ignore[import-not-found]
 
 from skilld_sdk._skill import Audio, Embedded, Image, Rich, Skill, SkillError, Text, jsonable
 
@@ -20,7 +20,9 @@ from skilld_sdk._skill import Audio, Embedded, Image, Rich, Skill, SkillError, T
 def _find_skill(module: ModuleType) -> Skill:
     found = [v for v in vars(module).values() if isinstance(v, Skill)]
     if len(found) != 1:
-        raise RuntimeError(f"{module.__name__} must define exactly one Skill object, found {len(found)}")
+        raise RuntimeError(
+            f"{module.__name__} must define exactly one Skill object, found {len(found)}"
+        )
     return found[0]
 
 
@@ -59,7 +61,7 @@ def _guarded(fn: Any, *args: Any) -> Any:
         raise _err("limit-exceeded", "the skill ran out of memory") from None
     except RecursionError:
         raise _err("limit-exceeded", "the skill exceeded its recursion limit") from None
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001  (any guest bug becomes a typed internal error)
         tb = traceback.format_exc(limit=8)
         raise _err("internal", f"{type(exc).__name__}: {exc}\n{tb}") from None
 
@@ -73,7 +75,9 @@ def export(module: ModuleType, *, id: str, version: str, description: str) -> ty
         skill.description or description,
         [
             wit.MethodInfo(
-                m.name, m.description, json.dumps(m.params),
+                m.name,
+                m.description,
+                json.dumps(m.params),
                 json.dumps(m.result) if m.result is not None else None,
             )
             for m in skill.methods.values()
@@ -82,7 +86,10 @@ def export(module: ModuleType, *, id: str, version: str, description: str) -> ty
             wit.ResourceInfo(r.uri, r.name, r.description, r.mime_type, r.template)
             for r in skill.resources
         ],
-        [wit.PromptInfo(p.name, p.description, json.dumps(p.arguments)) for p in skill.prompts.values()],
+        [
+            wit.PromptInfo(p.name, p.description, json.dumps(p.arguments))
+            for p in skill.prompts.values()
+        ],
     )
 
     def read(uri: str) -> list[Any]:

@@ -14,8 +14,15 @@ from skilld_sdk.schema import coerce, doc_parts, params_schema, result_schema, t
 F = TypeVar("F", bound=Callable[..., Any])
 
 ERROR_CODES = (
-    "not-permitted", "not-found", "invalid-argument", "limit-exceeded",
-    "timeout", "unavailable", "io", "cancelled", "internal",
+    "not-permitted",
+    "not-found",
+    "invalid-argument",
+    "limit-exceeded",
+    "timeout",
+    "unavailable",
+    "io",
+    "cancelled",
+    "internal",
 )
 
 
@@ -201,8 +208,14 @@ class Skill:
 
         return register(fn) if fn is not None else register
 
-    def resource(self, uri: str, *, name: str | None = None, description: str = "",
-                 mime_type: str | None = None) -> Callable[[F], F]:
+    def resource(
+        self,
+        uri: str,
+        *,
+        name: str | None = None,
+        description: str = "",
+        mime_type: str | None = None,
+    ) -> Callable[[F], F]:
         """Serve a resource (or a ``{placeholder}`` template); the function returns str or bytes."""
 
         def register(f: F) -> F:

@@ -173,8 +173,15 @@ class Response:
 class _HTTP:
     """Outgoing HTTP to allowlisted URLs."""
 
-    def request(self, method: str, url: str, *, headers: dict[str, str] | None = None,
-                body: bytes | str | None = None, timeout_ms: int | None = None) -> Response:
+    def request(
+        self,
+        method: str,
+        url: str,
+        *,
+        headers: dict[str, str] | None = None,
+        body: bytes | str | None = None,
+        timeout_ms: int | None = None,
+    ) -> Response:
         """Send a request; every redirect hop is checked by the host."""
         mod = _binding("http")
         raw = body.encode() if isinstance(body, str) else body
@@ -224,8 +231,14 @@ class Completed:
 class _Shell:
     """Allowlisted commands, as argv only."""
 
-    def run(self, argv: list[str], *, cwd: str | None = None, stdin: bytes | None = None,
-            timeout_ms: int | None = None) -> Completed:
+    def run(
+        self,
+        argv: list[str],
+        *,
+        cwd: str | None = None,
+        stdin: bytes | None = None,
+        timeout_ms: int | None = None,
+    ) -> Completed:
         """Run a command (never through a shell)."""
         mod = _binding("shell")
         out = _call(mod.run, mod.Command(list(argv), cwd, stdin, timeout_ms))
@@ -272,8 +285,9 @@ class _Env:
 class _MCP:
     """The MCP client of the current call."""
 
-    def progress(self, progress: float, total: float | None = None,
-                 message: str | None = None) -> None:
+    def progress(
+        self, progress: float, total: float | None = None, message: str | None = None
+    ) -> None:
         """Report progress."""
         _binding("mcp").progress(float(progress), None if total is None else float(total), message)
 

@@ -15,7 +15,6 @@ import dataclasses
 import inspect
 import re
 import types
-import typing
 from collections.abc import Callable
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
@@ -159,7 +158,9 @@ def params_schema(fn: Callable[..., Any], method: str) -> dict[str, Any]:
     required: list[str] = []
     for name, param in sig.parameters.items():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            raise SchemaError(f"method '{method}', parameter '{name}': *args/**kwargs are not supported")
+            raise SchemaError(
+                f"method '{method}', parameter '{name}': *args/**kwargs are not supported"
+            )
         if name not in hints:
             raise SchemaError(f"method '{method}', parameter '{name}': missing type annotation")
         schema = type_schema(hints[name], f"method '{method}', parameter '{name}'")
@@ -170,7 +171,12 @@ def params_schema(fn: Callable[..., Any], method: str) -> dict[str, Any]:
         elif _json_default(param.default):
             schema = {**schema, "default": param.default}
         props[name] = schema
-    return {"type": "object", "properties": props, "required": required, "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": props,
+        "required": required,
+        "additionalProperties": False,
+    }
 
 
 def result_schema(fn: Callable[..., Any], method: str) -> dict[str, Any] | None:

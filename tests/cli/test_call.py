@@ -18,11 +18,19 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def skilld(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run the skilld command in a new process."""
-    return subprocess.run([sys.executable, "-m", "skilld", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, check=False, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "skilld", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        check=False,
+        timeout=300,
+    )
 
 
-def test_build_then_call_persists_state(tmp_path: Path, component_path: Callable[[str], Path]) -> None:
+def test_build_then_call_persists_state(
+    tmp_path: Path, component_path: Callable[[str], Path]
+) -> None:
     """A note added in one process is returned by get in the next one."""
     from tests_env import cache_env
 
@@ -32,15 +40,18 @@ def test_build_then_call_persists_state(tmp_path: Path, component_path: Callable
     built = skilld("skill", "build", str(ROOT / "skills" / "notes"), "-o", str(out), env=env)
     assert built.returncode == 0, built.stderr
     state = str(tmp_path / "state")
-    added = skilld("call", str(out), "add", '{"title":"a","body":"b"}', "--state-dir", state, env=env)
+    added = skilld(
+        "call", str(out), "add", '{"title":"a","body":"b"}', "--state-dir", state, env=env
+    )
     assert added.returncode == 0, added.stderr
     got = skilld("call", str(out), "get", '{"title":"a"}', "--state-dir", state, env=env)
     assert got.returncode == 0, got.stderr
     assert json.loads(got.stdout) == {"title": "a", "body": "b"}
 
 
-def test_call_error_exit_code(tmp_path: Path, component_path: Callable[[str], Path],
-                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_call_error_exit_code(
+    tmp_path: Path, component_path: Callable[[str], Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     """A typed guest error prints one line naming the code and exits 1; bad JSON exits 2."""
     wasm = str(component_path("notes"))
     state = str(tmp_path / "s")
@@ -57,8 +68,9 @@ def test_build_error_shows_traceback(tmp_path: Path) -> None:
     src.write_text(src.read_text() + "\nraise RuntimeError('boom at import')\n")
     from tests_env import cache_env
 
-    proc = skilld("skill", "build", str(tmp_path / "broken"), "-o", str(tmp_path / "b.wasm"),
-                  env=cache_env())
+    proc = skilld(
+        "skill", "build", str(tmp_path / "broken"), "-o", str(tmp_path / "b.wasm"), env=cache_env()
+    )
     assert proc.returncode == 1
     assert "RuntimeError: boom at import" in proc.stderr
     assert "Traceback" in proc.stderr

@@ -34,29 +34,44 @@ class InvokeOnly:
 
     def check(self, capability: str, action: str, target: str) -> Decision:
         ok = capability == "invoke" and target in self.callees
-        return Decision(ok, capability, action, target,
-                        "test.invoke[0]" if ok else "default-deny",
-                        "listed" if ok else f"{target} is not listed")
+        return Decision(
+            ok,
+            capability,
+            action,
+            target,
+            "test.invoke[0]" if ok else "default-deny",
+            "listed" if ok else f"{target} is not listed",
+        )
 
 
 @pytest.fixture
-def registry(sandbox: Sandbox, component_path: Callable[[str], Path],
-             tmp_path: Path) -> tuple[Registry, MemorySink]:
+def registry(
+    sandbox: Sandbox, component_path: Callable[[str], Path], tmp_path: Path
+) -> tuple[Registry, MemorySink]:
     """A registry with echo, notes and hostile (which may invoke echo and itself)."""
     sink = MemorySink()
     reg = Registry(audit=sink)
     state = SqliteState(tmp_path / "state.db")
     for name in ("echo", "notes", "hostile"):
         comp = sandbox.load(component_path(name).read_bytes(), name=name)
-        spec = comp.describe(__import__("skilld.sandbox", fromlist=["CallContext"]).CallContext(
-            name, Limits(), NullChannel()))
+        spec = comp.describe(
+            __import__("skilld.sandbox", fromlist=["CallContext"]).CallContext(
+                name, Limits(), NullChannel()
+            )
+        )
         exposure = Exposure(hidden=frozenset({"fail"})) if name == "echo" else Exposure()
         if name == "notes":
             exposure = Exposure(per_skill=True)
-        reg.add(SkillEntry(spec=spec, component=comp, kv=state.store(name),
-                           limits=Limits(timeout_ms=2000),
-                           checker=InvokeOnly({"echo", "hostile"}) if name == "hostile" else None,
-                           exposure=exposure))
+        reg.add(
+            SkillEntry(
+                spec=spec,
+                component=comp,
+                kv=state.store(name),
+                limits=Limits(timeout_ms=2000),
+                checker=InvokeOnly({"echo", "hostile"}) if name == "hostile" else None,
+                exposure=exposure,
+            )
+        )
     reg.mark_ready()
     return reg, sink
 
@@ -68,7 +83,12 @@ def test_tools_follow_exposure(registry: tuple[Registry, MemorySink]) -> None:
     assert {"echo/echo", "echo/structured", "notes", "hostile/loop"} <= names
     assert "echo/fail" not in names
     notes = next(t for t in reg.tools() if t.name == "notes")
-    assert set(notes.input_schema["properties"]["method"]["enum"]) == {"add", "get", "list", "delete"}
+    assert set(notes.input_schema["properties"]["method"]["enum"]) == {
+        "add",
+        "get",
+        "list",
+        "delete",
+    }
 
 
 def test_call_and_audit(registry: tuple[Registry, MemorySink]) -> None:
@@ -85,7 +105,10 @@ def test_per_skill_tool(registry: tuple[Registry, MemorySink]) -> None:
     """A per-skill tool dispatches on its method argument and refuses hidden/unknown ones."""
     reg, _ = registry
     reg.call("notes", {"method": "add", "args": {"title": "x", "body": "y"}}, NullChannel())
-    assert reg.call("notes", {"method": "get", "args": {"title": "x"}}, NullChannel()).value["body"] == "y"
+    assert (
+        reg.call("notes", {"method": "get", "args": {"title": "x"}}, NullChannel()).value["body"]
+        == "y"
+    )
     with pytest.raises(GuestError, match="no method"):
         reg.call("notes", {"method": "drop_all"}, NullChannel())
 
@@ -109,14 +132,18 @@ def test_faults_are_audited(registry: tuple[Registry, MemorySink]) -> None:
 def test_invoke_allowed_and_denied(registry: tuple[Registry, MemorySink]) -> None:
     """invoke reaches an allowed skill; a callee outside the policy is denied with its rule."""
     reg, sink = registry
-    ok = reg.call("hostile/relay", {"skill_id": "echo", "method": "echo", "args": {"text": "via"}},
-                  NullChannel())
+    ok = reg.call(
+        "hostile/relay",
+        {"skill_id": "echo", "method": "echo", "args": {"text": "via"}},
+        NullChannel(),
+    )
     assert ok.value == "via"
     inner, outer = sink.records[-2], sink.records[-1]
     assert inner["caller"] == "skill:hostile" and inner["depth"] == 1
     assert outer["decisions"][0]["allowed"] is True
-    denied = reg.call("hostile/relay", {"skill_id": "notes", "method": "list", "args": {}},
-                      NullChannel()).value
+    denied = reg.call(
+        "hostile/relay", {"skill_id": "notes", "method": "list", "args": {}}, NullChannel()
+    ).value
     assert denied["denied"] == "not-permitted" and denied["rule"] == "default-deny"
     assert sink.records[-1]["decisions"][0]["allowed"] is False
 

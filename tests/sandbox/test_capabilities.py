@@ -26,8 +26,14 @@ class SetChecker:
 
     def check(self, capability: str, action: str, target: str) -> Decision:
         ok = (capability, action, target) in self.allowed
-        return Decision(ok, capability, action, target, "t.rule" if ok else "default-deny",
-                        "listed" if ok else f"{capability} {action} {target} is not listed")
+        return Decision(
+            ok,
+            capability,
+            action,
+            target,
+            "t.rule" if ok else "default-deny",
+            "listed" if ok else f"{capability} {action} {target} is not listed",
+        )
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +43,7 @@ def prober(sandbox: Sandbox, component_path: Callable[[str], Path]) -> Component
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802
+    def do_GET(self) -> None:
         if self.path.startswith("/redirect"):
             self.send_response(302)
             self.send_header("Location", self.path.split("to=", 1)[1])
@@ -71,8 +77,12 @@ def call(prober: Component, allowed: set[tuple[str, str, str]], method: str, **a
 def test_http_allowed(prober: Component, web: int) -> None:
     """A listed URL on a listed address is fetched."""
     url = f"http://127.0.0.1:{web}/x"
-    out = call(prober, {("http", "GET", url), ("http", "address", f"127.0.0.1:{web}")},
-               "http_request", url=url)
+    out = call(
+        prober,
+        {("http", "GET", url), ("http", "address", f"127.0.0.1:{web}")},
+        "http_request",
+        url=url,
+    )
     assert out == {"ok": {"status": 200, "body": "hello from /x"}}
 
 
@@ -86,16 +96,24 @@ def test_http_loopback_needs_address_rule(prober: Component, web: int) -> None:
 def test_http_redirect_hop_checked(prober: Component, web: int) -> None:
     """A redirect to a URL outside the allowlist is refused at that hop."""
     first = f"http://127.0.0.1:{web}/redirect?to=http://127.0.0.1:{web}/secret"
-    out = call(prober, {("http", "GET", first), ("http", "address", f"127.0.0.1:{web}")},
-               "http_request", url=first)
+    out = call(
+        prober,
+        {("http", "GET", first), ("http", "address", f"127.0.0.1:{web}")},
+        "http_request",
+        url=first,
+    )
     assert out["error"] == "not-permitted" and "/secret" in out["message"]
 
 
 def test_http_userinfo_refused(prober: Component, web: int) -> None:
     """URLs with userinfo are refused before any check could be confused by them."""
     url = f"http://evil.example@127.0.0.1:{web}/"
-    out = call(prober, {("http", "GET", url), ("http", "address", f"127.0.0.1:{web}")},
-               "http_request", url=url)
+    out = call(
+        prober,
+        {("http", "GET", url), ("http", "address", f"127.0.0.1:{web}")},
+        "http_request",
+        url=url,
+    )
     assert out["error"] == "not-permitted" and out["rule"] == "http.userinfo"
 
 
@@ -127,8 +145,10 @@ def test_tcp_unlisted_denied(prober: Component) -> None:
 def test_shell_argv_only(prober: Component, tmp_path: Path) -> None:
     """An allowed argv runs without a shell: metacharacters stay literal arguments."""
     argv = ["/bin/echo", "a; rm -rf / $(id) `id` | cat"]
-    allowed = {("shell", "run", "/bin/echo 'a; rm -rf / $(id) `id` | cat'"),
-               ("shell", "cwd", str(tmp_path))}
+    allowed = {
+        ("shell", "run", "/bin/echo 'a; rm -rf / $(id) `id` | cat'"),
+        ("shell", "cwd", str(tmp_path)),
+    }
     out = call(prober, allowed, "shell_run", argv=argv, cwd=str(tmp_path))
     assert out["ok"]["stdout"] == "a; rm -rf / $(id) `id` | cat\n"
     other = call(prober, allowed, "shell_run", argv=["/bin/echo", "a;", "rm"], cwd=str(tmp_path))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -49,7 +48,9 @@ def tree(tmp_path: Path) -> dict[str, Path]:
 
 def run(prober: Component, tree: dict[str, Path], method: str, **args: Any) -> dict[str, Any]:
     """Call one prober method under the PrefixChecker; return its report."""
-    ctx = CallContext("prober", Limits(), NullChannel(), checker=PrefixChecker(tree["ro"], tree["rw"]))
+    ctx = CallContext(
+        "prober", Limits(), NullChannel(), checker=PrefixChecker(tree["ro"], tree["rw"])
+    )
     result: dict[str, Any] = prober.call(method, json.dumps(args), ctx).value
     return result
 
@@ -59,10 +60,17 @@ def test_read_inside_grant(prober: Component, tree: dict[str, Path]) -> None:
     assert run(prober, tree, "fs_read", path=f"{tree['ro']}/hello.txt") == {"ok": "hello"}
 
 
-@pytest.mark.parametrize("suffix", [
-    "/../secret.txt", "/./../secret.txt", "//../secret.txt", "/sub/../../secret.txt",
-    "/../ro-evil/x.txt", "/../../../../../../etc/passwd",
-])
+@pytest.mark.parametrize(
+    "suffix",
+    [
+        "/../secret.txt",
+        "/./../secret.txt",
+        "//../secret.txt",
+        "/sub/../../secret.txt",
+        "/../ro-evil/x.txt",
+        "/../../../../../../etc/passwd",
+    ],
+)
 def test_dotdot_escapes_denied(prober: Component, tree: dict[str, Path], suffix: str) -> None:
     """.. sequences that leave the grant are denied with the rule and the resolved path."""
     out = run(prober, tree, "fs_read", path=f"{tree['ro']}{suffix}")
@@ -78,25 +86,32 @@ def test_prefix_sibling_denied(prober: Component, tree: dict[str, Path]) -> None
 
 def test_symlink_escape_denied(prober: Component, tree: dict[str, Path]) -> None:
     """A symlink inside the grant pointing outside it is judged by its target."""
-    os.symlink(tree["root"] / "secret.txt", tree["ro"] / "link.txt")
-    os.symlink(tree["root"], tree["ro"] / "up")
+    (tree["ro"] / "link.txt").symlink_to(tree["root"] / "secret.txt")
+    (tree["ro"] / "up").symlink_to(tree["root"])
     assert run(prober, tree, "fs_read", path=f"{tree['ro']}/link.txt")["error"] == "not-permitted"
-    assert run(prober, tree, "fs_read", path=f"{tree['ro']}/up/secret.txt")["error"] == "not-permitted"
+    assert (
+        run(prober, tree, "fs_read", path=f"{tree['ro']}/up/secret.txt")["error"] == "not-permitted"
+    )
     out = run(prober, tree, "fs_write", path=f"{tree['rw']}/../ro/hello.txt", data="x")
     assert out["error"] == "not-permitted"
 
 
 def test_symlink_inside_grant_allowed(prober: Component, tree: dict[str, Path]) -> None:
     """A symlink whose target stays inside the grant is fine."""
-    os.symlink(tree["ro"] / "hello.txt", tree["ro"] / "alias.txt")
+    (tree["ro"] / "alias.txt").symlink_to(tree["ro"] / "hello.txt")
     assert run(prober, tree, "fs_read", path=f"{tree['ro']}/alias.txt") == {"ok": "hello"}
 
 
 def test_write_needs_rw(prober: Component, tree: dict[str, Path]) -> None:
     """Writing under a read-only grant is denied; under rw it lands."""
-    assert run(prober, tree, "fs_write", path=f"{tree['ro']}/n.txt", data="x")["error"] == "not-permitted"
+    assert (
+        run(prober, tree, "fs_write", path=f"{tree['ro']}/n.txt", data="x")["error"]
+        == "not-permitted"
+    )
     assert run(prober, tree, "fs_write", path=f"{tree['rw']}/n.txt", data="x") == {"ok": None}
-    assert run(prober, tree, "fs_write", path=f"{tree['rw']}/n.txt", data="y", append=True) == {"ok": None}
+    assert run(prober, tree, "fs_write", path=f"{tree['rw']}/n.txt", data="y", append=True) == {
+        "ok": None
+    }
     assert (tree["rw"] / "n.txt").read_text() == "xy"
     assert not (tree["ro"] / "n.txt").exists()
 
@@ -104,7 +119,9 @@ def test_write_needs_rw(prober: Component, tree: dict[str, Path]) -> None:
 def test_relative_and_nul_paths_invalid(prober: Component, tree: dict[str, Path]) -> None:
     """Relative paths and NUL bytes are invalid arguments, not lookups."""
     assert run(prober, tree, "fs_read", path="etc/passwd")["error"] == "invalid-argument"
-    assert run(prober, tree, "fs_read", path=f"{tree['ro']}/a\u0000b")["error"] == "invalid-argument"
+    assert (
+        run(prober, tree, "fs_read", path=f"{tree['ro']}/a\u0000b")["error"] == "invalid-argument"
+    )
 
 
 def test_trailing_slash_on_file(prober: Component, tree: dict[str, Path]) -> None:
@@ -126,14 +143,16 @@ def test_dirs_list_stat_remove(prober: Component, tree: dict[str, Path]) -> None
     assert run(prober, tree, "fs_stat", path=f"{rw}/a/b")["ok"]["is_dir"] is True
     assert run(prober, tree, "fs_remove", path=f"{rw}/a/b/c") == {"ok": None}
     assert run(prober, tree, "fs_mkdir", path=f"{tree['ro']}/x")["error"] == "not-permitted"
-    assert run(prober, tree, "fs_remove", path=f"{tree['ro']}/hello.txt")["error"] == "not-permitted"
+    assert (
+        run(prober, tree, "fs_remove", path=f"{tree['ro']}/hello.txt")["error"] == "not-permitted"
+    )
 
 
 def test_glob_filters_by_policy(prober: Component, tree: dict[str, Path]) -> None:
     """glob returns only matches the policy allows, even through symlinks."""
     (tree["ro"] / "sub").mkdir()
     (tree["ro"] / "sub" / "deep.txt").write_text("d")
-    os.symlink(tree["root"] / "secret.txt", tree["ro"] / "leak.txt")
+    (tree["ro"] / "leak.txt").symlink_to(tree["root"] / "secret.txt")
     out = run(prober, tree, "fs_glob", pattern=f"{tree['ro']}/**/*.txt")
     assert out["ok"] == [f"{tree['ro']}/hello.txt", f"{tree['ro']}/sub/deep.txt"]
     assert run(prober, tree, "fs_glob", pattern=f"{tree['root']}/*")["error"] == "not-permitted"

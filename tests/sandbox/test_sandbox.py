@@ -135,14 +135,16 @@ def test_host_survives_hostile_calls(hostile: Component, echo: Component) -> Non
     bad = [("trap", 0), ("alloc", 0), ("recurse", 0), ("loop", 50)]
     for method, timeout in bad:  # warm up allocator arenas before measuring
         with pytest.raises((GuestTrap, MemoryExhausted, StackExhausted, DeadlineExceeded)):
-            hostile.call(method, "{}", ctx("hostile", timeout_ms=timeout or 10_000,
-                                         memory_bytes=64 << 20))
+            hostile.call(
+                method, "{}", ctx("hostile", timeout_ms=timeout or 10_000, memory_bytes=64 << 20)
+            )
     before = _rss()
     for i in range(100):
         method, timeout = bad[i % len(bad)]
         with pytest.raises((GuestTrap, MemoryExhausted, StackExhausted, DeadlineExceeded)):
-            hostile.call(method, "{}", ctx("hostile", timeout_ms=timeout or 10_000,
-                                         memory_bytes=64 << 20))
+            hostile.call(
+                method, "{}", ctx("hostile", timeout_ms=timeout or 10_000, memory_bytes=64 << 20)
+            )
     after = _rss()
     assert echo.call("echo", '{"text": "still here"}', ctx()).value == "still here"
     assert after <= before * 1.10, (before, after)
@@ -183,8 +185,9 @@ def test_native_cache_checks_digest(sandbox: Sandbox, component_path: Loader) ->
     assert hashlib.sha256(native.read_bytes()).hexdigest() == sidecar.read_text().strip()
 
 
-def test_state_persists_through_guest(sandbox: Sandbox, component_path: Loader,
-                                      tmp_path: Path) -> None:
+def test_state_persists_through_guest(
+    sandbox: Sandbox, component_path: Loader, tmp_path: Path
+) -> None:
     """notes writes through kv land in SQLite and are read back by a new instance."""
     notes = sandbox.load(component_path("notes").read_bytes(), name="notes")
     state = SqliteState(tmp_path / "s.db")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional, TypedDict
+from typing import Any, Literal, TypedDict
 
 import pytest
 
@@ -31,14 +31,18 @@ def props(fn: Any) -> dict[str, Any]:
 
 def test_scalars() -> None:
     """str, int, float and bool map to their JSON types."""
+
     def f(a: str, b: int, c: float, d: bool) -> None: ...
+
     p = props(f)
     assert [p[k]["type"] for k in "abcd"] == ["string", "integer", "number", "boolean"]
 
 
 def test_required_and_defaults() -> None:
     """Parameters without defaults are required; JSON-able defaults are recorded."""
-    def f(a: str, b: int = 3, c: Optional[str] = None) -> None: ...
+
+    def f(a: str, b: int = 3, c: str | None = None) -> None: ...
+
     s = params_schema(f, "f")
     assert s["required"] == ["a"]
     assert s["properties"]["b"]["default"] == 3
@@ -47,7 +51,9 @@ def test_required_and_defaults() -> None:
 
 def test_lists_and_dicts() -> None:
     """list[T] is an array of T; dict[str, T] an object of T."""
+
     def f(a: list[int], b: dict[str, float], c: list[list[str]]) -> None: ...
+
     p = props(f)
     assert p["a"] == {"type": "array", "items": {"type": "integer"}}
     assert p["b"] == {"type": "object", "additionalProperties": {"type": "number"}}
@@ -56,7 +62,9 @@ def test_lists_and_dicts() -> None:
 
 def test_optional_and_union() -> None:
     """Optional[T] and T | None allow null; unions become anyOf."""
-    def f(a: Optional[int], b: str | None, c: int | str) -> None: ...
+
+    def f(a: int | None, b: str | None, c: int | str) -> None: ...
+
     p = props(f)
     assert p["a"] == {"anyOf": [{"type": "integer"}, {"type": "null"}]}
     assert p["b"] == {"anyOf": [{"type": "string"}, {"type": "null"}]}
@@ -65,13 +73,17 @@ def test_optional_and_union() -> None:
 
 def test_literal() -> None:
     """Literal values become an enum."""
+
     def f(mode: Literal["r", "w"]) -> None: ...
+
     assert props(f)["mode"] == {"enum": ["r", "w"]}
 
 
 def test_typeddict() -> None:
     """A TypedDict is a closed object with its required keys."""
+
     def f(m: Movie) -> None: ...
+
     s = props(f)["m"]
     assert s["properties"] == {"title": {"type": "string"}, "year": {"type": "integer"}}
     assert s["required"] == ["title", "year"]
@@ -79,7 +91,9 @@ def test_typeddict() -> None:
 
 def test_dataclass() -> None:
     """A dataclass is an object; fields with defaults are optional."""
+
     def f(p: Point) -> None: ...
+
     s = props(f)["p"]
     assert s["required"] == ["x"]
     assert s["properties"]["tags"] == {"type": "array", "items": {"type": "string"}}
@@ -88,12 +102,15 @@ def test_dataclass() -> None:
 
 def test_any() -> None:
     """Any is the empty schema."""
+
     def f(a: Any) -> None: ...
+
     assert props(f)["a"] == {}
 
 
 def test_docstring_descriptions() -> None:
     """Google-style Args: lines become parameter descriptions."""
+
     def f(a: str, b: int) -> None:
         """Do it.
 
@@ -102,6 +119,7 @@ def test_docstring_descriptions() -> None:
                 continued here.
             b (int): the second.
         """
+
     p = props(f)
     assert p["a"]["description"] == "the first one, continued here."
     assert p["b"]["description"] == "the second."
@@ -109,20 +127,30 @@ def test_docstring_descriptions() -> None:
 
 def test_result_schema_objects_only() -> None:
     """Object results declare an output schema; scalars do not."""
+
     def f() -> Movie: ...
     def g() -> int: ...
+
     assert result_schema(f, "f")["type"] == "object"  # type: ignore[index]
     assert result_schema(g, "g") is None
 
 
 @pytest.mark.parametrize(
     ("annotation", "needle"),
-    [(set[int] | bytes, "bytes"), (bytes, "bytes"), (tuple[int, str], "tuple"), (dict[int, str], "keys"),
-     (complex, "complex"), (object, "object")],
+    [
+        (set[int] | bytes, "bytes"),
+        (bytes, "bytes"),
+        (tuple[int, str], "tuple"),
+        (dict[int, str], "keys"),
+        (complex, "complex"),
+        (object, "object"),
+    ],
 )
 def test_unsupported_types_name_the_parameter(annotation: Any, needle: str) -> None:
     """An unsupported type is refused with a message naming the method and parameter."""
+
     def f(payload: int) -> None: ...
+
     f.__annotations__["payload"] = annotation
     with pytest.raises(SchemaError, match="parameter 'payload'") as info:
         params_schema(f, "upload")
@@ -131,7 +159,9 @@ def test_unsupported_types_name_the_parameter(annotation: Any, needle: str) -> N
 
 def test_missing_annotation_names_parameter() -> None:
     """A parameter without a type hint is refused by name."""
+
     def f(a, b: int) -> None: ...  # type: ignore[no-untyped-def]
+
     with pytest.raises(SchemaError, match="parameter 'a': missing type annotation"):
         params_schema(f, "f")
 
@@ -140,6 +170,7 @@ def test_decorator_registration_fails_early() -> None:
     """@skill.method refuses an unsupported signature when the module is imported (build time)."""
     skill = Skill()
     with pytest.raises(SchemaError, match="'blob'"):
+
         @skill.method
         def send(blob: bytes) -> None: ...
 
@@ -150,10 +181,10 @@ def test_call_coerces_and_checks() -> None:
 
     @skill.method
     def norm(p: Point, scale: float = 1.0) -> float:
-        return (p.x ** 2 + p.y ** 2) ** 0.5 * scale
+        return (p.x**2 + p.y**2) ** 0.5 * scale
 
     assert skill.call("norm", json.dumps({"p": {"x": 3, "y": 4}})) == 5.0
-    with pytest.raises(SkillError, match="p.x") as info:
+    with pytest.raises(SkillError, match=r"p\.x") as info:
         skill.call("norm", json.dumps({"p": {"x": "3"}}))
     assert info.value.code == "invalid-argument"
     with pytest.raises(SkillError, match="missing argument 'p'"):

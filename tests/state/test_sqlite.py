@@ -81,10 +81,13 @@ def test_total_quota_counts_replacements(state: SqliteState) -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.dictionaries(st.text(min_size=1, max_size=20), st.binary(max_size=64), max_size=20),
-       st.text(max_size=3))
-def test_keys_match_model(tmp_path_factory: pytest.TempPathFactory, data: dict[str, bytes],
-                          prefix: str) -> None:
+@given(
+    st.dictionaries(st.text(min_size=1, max_size=20), st.binary(max_size=64), max_size=20),
+    st.text(max_size=3),
+)
+def test_keys_match_model(
+    tmp_path_factory: pytest.TempPathFactory, data: dict[str, bytes], prefix: str
+) -> None:
     """Listing by any prefix agrees with a sorted-dict model."""
     s = SqliteState(tmp_path_factory.mktemp("kv") / "db")
     kv = s.store("p")
@@ -127,9 +130,10 @@ _WRITER = textwrap.dedent("""
 
 
 @pytest.mark.slow
-def test_acknowledged_writes_survive_sigkill(tmp_path: Path,
-                                             component_path: Callable[[str], Path]) -> None:
-    """Killing the host with SIGKILL while a guest writes keys loses no acknowledged write (50 rounds)."""
+def test_acknowledged_writes_survive_sigkill(
+    tmp_path: Path, component_path: Callable[[str], Path]
+) -> None:
+    """SIGKILL while a guest writes keys in a loop loses no acknowledged write (50 rounds)."""
     component_path("hostile")  # build once, outside the rounds
     db = tmp_path / "state.sqlite3"
     script = tmp_path / "writer.py"
@@ -137,8 +141,11 @@ def test_acknowledged_writes_survive_sigkill(tmp_path: Path,
     rng = random.Random(7)
     acked: list[str] = []
     for round_no in range(50):
-        proc = subprocess.Popen([sys.executable, str(script), str(db), f"r{round_no:02d}-"],
-                                stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, str(script), str(db), f"r{round_no:02d}-"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "ready"
         for _ in range(rng.randint(1, 60)):

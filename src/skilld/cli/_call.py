@@ -22,19 +22,30 @@ def register(sub: Any) -> None:
         "call",
         help="call one method of a skill component (debugging)",
         description="Load PATH.wasm, call METHOD with the JSON arguments and print the result "
-                    "as JSON. Key-value state persists in --state-dir. Host capabilities other "
-                    "than log, kv and mcp are denied (no policy applies here).",
+        "as JSON. Key-value state persists in --state-dir. Host capabilities other "
+        "than log, kv and mcp are denied (no policy applies here).",
     )
     p.add_argument("component", type=Path, metavar="PATH.wasm", help="the skill component")
     p.add_argument("method", help="the method to call")
-    p.add_argument("args", nargs="?", default="{}", metavar="JSON",
-                   help="the arguments as a JSON object (default: {})")
-    p.add_argument("--state-dir", type=Path, default=None,
-                   help=f"where key-value state lives (default: {state_dir_default()})")
+    p.add_argument(
+        "args",
+        nargs="?",
+        default="{}",
+        metavar="JSON",
+        help="the arguments as a JSON object (default: {})",
+    )
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        help=f"where key-value state lives (default: {state_dir_default()})",
+    )
     p.add_argument("--timeout-ms", type=int, default=10_000, help="wall-clock deadline (10000)")
     p.add_argument("--memory-mb", type=int, default=256, help="memory cap in MiB (256)")
     p.add_argument("--describe", action="store_true", help="print what the skill describes instead")
-    p.add_argument("-v", "--verbose", action="store_true", help="show guest logs and output on stderr")
+    p.add_argument(
+        "-v", "--verbose", action="store_true", help="show guest logs and output on stderr"
+    )
     p.set_defaults(handler=run)
 
 
@@ -56,8 +67,9 @@ def run(args: argparse.Namespace) -> int:
             if args.describe:
                 print(json.dumps(_spec_json(spec), indent=2))
                 return 0
-            limits_kv = state.store(spec.id, value_limit=limits.kv_value_bytes,
-                                    total_limit=limits.kv_total_bytes)
+            limits_kv = state.store(
+                spec.id, value_limit=limits.kv_value_bytes, total_limit=limits.kv_total_bytes
+            )
             ctx = CallContext(spec.id, limits, NullChannel(), kv=limits_kv)
             try:
                 out = comp.call(args.method, json.dumps(params), ctx)
@@ -66,8 +78,11 @@ def run(args: argparse.Namespace) -> int:
                     _show_guest_output(ctx)
             print(json.dumps(out.value, indent=2, ensure_ascii=False))
             for block in out.content:
-                print(f"[{block.kind} content: {block.mime_type or ''} "
-                      f"{len(block.data or b'') or len(block.text or '')} bytes]", file=sys.stderr)
+                print(
+                    f"[{block.kind} content: {block.mime_type or ''} "
+                    f"{len(block.data or b'') or len(block.text or '')} bytes]",
+                    file=sys.stderr,
+                )
             return 0
     finally:
         state.close()
@@ -87,8 +102,12 @@ def _spec_json(spec: Any) -> dict[str, Any]:
         "version": spec.version,
         "description": spec.description,
         "methods": [
-            {"name": m.name, "description": m.description, "params": m.params_schema,
-             "result": m.result_schema}
+            {
+                "name": m.name,
+                "description": m.description,
+                "params": m.params_schema,
+                "result": m.result_schema,
+            }
             for m in spec.methods
         ],
         "resources": [r.uri for r in spec.resources],

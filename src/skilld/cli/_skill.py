@@ -50,23 +50,37 @@ def register(sub: Any) -> None:
     """Add ``skilld skill new`` and ``skilld skill build``."""
     p: argparse.ArgumentParser = sub.add_parser("skill", help="write and build Python skills")
     ssub = p.add_subparsers(dest="skill_command", metavar="SUBCOMMAND")
-    new = ssub.add_parser("new", help="scaffold a new skill directory",
-                          description="Create NAME/ with skill.yaml and skill.py to start from.")
+    new = ssub.add_parser(
+        "new",
+        help="scaffold a new skill directory",
+        description="Create NAME/ with skill.yaml and skill.py to start from.",
+    )
     new.add_argument("name", help="the skill id (lowercase letters, digits, dashes)")
-    new.add_argument("--dir", type=Path, default=Path("skills"),
-                     help="parent directory (default: skills/)")
+    new.add_argument(
+        "--dir", type=Path, default=Path("skills"), help="parent directory (default: skills/)"
+    )
     new.set_defaults(handler=run_new)
     build = ssub.add_parser(
-        "build", help="build a skill into a WebAssembly component",
+        "build",
+        help="build a skill into a WebAssembly component",
         description="Compile DIR (skill.yaml + skill.py) with componentize-py. Builds are "
-                    "cached by a digest of the sources, the SDK and the ABI.",
+        "cached by a digest of the sources, the SDK and the ABI.",
     )
     build.add_argument("dir", type=Path, help="the skill source directory")
     build.add_argument("-o", "--output", type=Path, required=True, metavar="OUT.wasm")
-    build.add_argument("--cache-dir", type=Path, default=None,
-                       help="build cache (default: $SKILLD_CACHE or ~/.cache/skilld)")
+    build.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="build cache (default: $SKILLD_CACHE or ~/.cache/skilld)",
+    )
     build.set_defaults(handler=run_build)
-    p.set_defaults(handler=lambda _args: (p.print_help(sys.stderr), 2)[1])
+
+    def usage(_args: argparse.Namespace) -> int:
+        p.print_help(sys.stderr)
+        return 2
+
+    p.set_defaults(handler=usage)
 
 
 def run_new(args: argparse.Namespace) -> int:

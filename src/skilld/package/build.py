@@ -73,7 +73,9 @@ def read_source(src_dir: Path) -> SkillSource:
     """
     meta_path = src_dir / "skill.yaml"
     if not meta_path.is_file():
-        raise BuildError(f"no skill.yaml in {src_dir}", hint="run 'skilld skill new NAME' for a template")
+        raise BuildError(
+            f"no skill.yaml in {src_dir}", hint="run 'skilld skill new NAME' for a template"
+        )
     try:
         meta = yaml.safe_load(meta_path.read_text()) or {}
     except yaml.YAMLError as exc:
@@ -143,8 +145,9 @@ def _componentize() -> list[str]:
     return [found]
 
 
-def build_component(src_dir: Path, *, cache_dir: Path | None = None,
-                    out: Path | None = None) -> Path:
+def build_component(
+    src_dir: Path, *, cache_dir: Path | None = None, out: Path | None = None
+) -> Path:
     """Build the skill in ``src_dir``; returns the path of its ``component.wasm``.
 
     The result is cached under ``cache_dir/components/<digest>.wasm``; with
@@ -177,8 +180,20 @@ def build_component(src_dir: Path, *, cache_dir: Path | None = None,
             abi = (wit_dir() / "skill.wit").read_text()
             (wit / "skill.wit").write_text(abi + _world(source.imports))
             target = stage / "component.wasm"
-            cmd = [*_componentize(), "-q", "-d", str(wit), "-w", "skill-built", "componentize",
-                   "-p", str(app), "_skilld_entry", "-o", str(target)]
+            cmd = [
+                *_componentize(),
+                "-q",
+                "-d",
+                str(wit),
+                "-w",
+                "skill-built",
+                "componentize",
+                "-p",
+                str(app),
+                "_skilld_entry",
+                "-o",
+                str(target),
+            ]
             proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=stage)
             if proc.returncode != 0 or not target.is_file():
                 output = (proc.stderr or proc.stdout).strip()

@@ -21,13 +21,13 @@ See ``_contract.py`` for the seam the MCP layer is built against.
 """
 
 from skilld.registry._contract import (
-    ClientChannel,
     Dispatcher,
     NullChannel,
     Tool,
     ToolAnnotations,
 )
 from skilld.registry._registry import Exposure, Registry, SkillEntry
+from skilld.types import ClientChannel
 
 __all__ = [
     "ClientChannel",

@@ -68,8 +68,10 @@ class SkillEntry:
     checker: PermissionChecker | None = None
     exposure: Exposure = field(default_factory=Exposure)
     annotations: ToolAnnotations = field(
-        default_factory=lambda: ToolAnnotations(read_only=False, destructive=True,
-                                                idempotent=False, open_world=True))
+        default_factory=lambda: ToolAnnotations(
+            read_only=False, destructive=True, idempotent=False, open_world=True
+        )
+    )
     description: str | None = None  # from the signed manifest, when there is one
     services: dict[str, Any] = field(default_factory=dict)
 
@@ -108,9 +110,11 @@ class Registry:
         tools = list(self._tools_of(entry))
         for tool, _method in tools:
             if tool.name in self._tools:
-                raise RegistryError(f"tool name '{tool.name}' of skill '{sid}' is already taken "
-                                    f"by skill '{self._tools[tool.name][1]}'",
-                                    hint="rename it in the policy's mcp.names")
+                raise RegistryError(
+                    f"tool name '{tool.name}' of skill '{sid}' is already taken "
+                    f"by skill '{self._tools[tool.name][1]}'",
+                    hint="rename it in the policy's mcp.names",
+                )
         self._skills[sid] = entry
         for tool, method in tools:
             self._tools[tool.name] = (tool, sid, method)
@@ -134,19 +138,35 @@ class Registry:
             }
             listing = "; ".join(f"{m.name}: {m.description}" for m in methods)
             desc = exp.descriptions.get("", entry.description or spec.description)
-            return [(Tool(exp.names.get("", spec.id), f"{desc}\nMethods: {listing}", schema, None,
-                          entry.annotations, spec.id, None, exp.titles.get("")), None)]
+            return [
+                (
+                    Tool(
+                        exp.names.get("", spec.id),
+                        f"{desc}\nMethods: {listing}",
+                        schema,
+                        None,
+                        entry.annotations,
+                        spec.id,
+                        None,
+                        exp.titles.get(""),
+                    ),
+                    None,
+                )
+            ]
         return [
-            (Tool(
-                name=exp.names.get(m.name, f"{spec.id}/{m.name}"),
-                description=exp.descriptions.get(m.name, m.description or spec.description),
-                input_schema=m.params_schema,
-                output_schema=m.result_schema,
-                annotations=entry.annotations,
-                skill_id=spec.id,
-                method=m.name,
-                title=exp.titles.get(m.name),
-            ), m.name)
+            (
+                Tool(
+                    name=exp.names.get(m.name, f"{spec.id}/{m.name}"),
+                    description=exp.descriptions.get(m.name, m.description or spec.description),
+                    input_schema=m.params_schema,
+                    output_schema=m.result_schema,
+                    annotations=entry.annotations,
+                    skill_id=spec.id,
+                    method=m.name,
+                    title=exp.titles.get(m.name),
+                ),
+                m.name,
+            )
             for m in methods
         ]
 
@@ -179,14 +199,23 @@ class Registry:
         if method is None:  # a per-skill tool names its method in the arguments
             method = str(arguments.get("method", ""))
             args = arguments.get("args") or {}
-            if method not in {m.name for m in self._skills[sid].spec.methods} or \
-                    method in self._skills[sid].exposure.hidden:
+            if (
+                method not in {m.name for m in self._skills[sid].spec.methods}
+                or method in self._skills[sid].exposure.hidden
+            ):
                 raise GuestError("not-found", f"skill '{sid}' has no method '{method}'")
         return self.call_method(sid, method, args, channel, caller="mcp")
 
-    def call_method(self, skill_id: str, method: str, arguments: Mapping[str, Any],
-                    channel: ClientChannel | None = None, *, caller: str = "local",
-                    depth: int = 0) -> CallOutput:
+    def call_method(
+        self,
+        skill_id: str,
+        method: str,
+        arguments: Mapping[str, Any],
+        channel: ClientChannel | None = None,
+        *,
+        caller: str = "local",
+        depth: int = 0,
+    ) -> CallOutput:
         """Call ``method`` of ``skill_id`` directly (tools, ``invoke``, ``skilld call``).
 
         Raises:
@@ -209,14 +238,19 @@ class Registry:
         )
         started = time.time()
         t0 = time.perf_counter()
-        outcome, out, error = "ok", None, None
+        outcome: str = "ok"
+        out: CallOutput | None = None
+        error: SkilldError | None = None
         # A nested call (invoke) never waits for a slot: waiting inside a call chain
         # that already holds slots of the same skill could deadlock it.
         wait = entry.limits.timeout_ms / 1000 if depth == 0 else 0
         if not entry.slots.acquire(timeout=wait):
             outcome = "busy"
-            error = GuestError("limit-exceeded", f"skill '{skill_id}' is at its limit of "
-                               f"{entry.limits.max_concurrency} concurrent calls")
+            error = GuestError(
+                "limit-exceeded",
+                f"skill '{skill_id}' is at its limit of "
+                f"{entry.limits.max_concurrency} concurrent calls",
+            )
         else:
             try:
                 out = entry.component.call(method, args_json, ctx)
@@ -224,15 +258,26 @@ class Registry:
                 outcome, error = _outcome(exc), exc
             finally:
                 entry.slots.release()
-        self._emit(entry, method, caller, args_json, out, started, time.perf_counter() - t0,
-                   outcome, error, ctx)
+        self._emit(
+            entry,
+            method,
+            caller,
+            args_json,
+            out,
+            started,
+            time.perf_counter() - t0,
+            outcome,
+            error,
+            ctx,
+        )
         if error is not None:
             raise error
         assert out is not None
         return out
 
-    def _invoke(self, caller: str, callee: str, method: str, args_json: str, depth: int,
-                ctx: CallContext) -> str:
+    def _invoke(
+        self, caller: str, callee: str, method: str, args_json: str, depth: int, ctx: CallContext
+    ) -> str:
         checker = self._skills[caller].checker
         decision = None
         if checker is not None:
@@ -240,16 +285,19 @@ class Registry:
         if decision is None or not decision.allowed:
             rule = decision.rule if decision else "default-deny"
             reason = decision.reason if decision else "no policy allows invoke"
-            raise HostCallError("not-permitted", f"'{caller}' may not invoke '{callee}': {reason}",
-                                rule=rule)
+            raise HostCallError(
+                "not-permitted", f"'{caller}' may not invoke '{callee}': {reason}", rule=rule
+            )
         try:
             args = json.loads(args_json)
         except json.JSONDecodeError as exc:
-            raise HostCallError("invalid-argument",
-                                f"invoke arguments are not JSON: {exc}") from exc
+            raise HostCallError(
+                "invalid-argument", f"invoke arguments are not JSON: {exc}"
+            ) from exc
         try:
-            out = self.call_method(callee, method, args, ctx.channel, caller=f"skill:{caller}",
-                                   depth=depth)
+            out = self.call_method(
+                callee, method, args, ctx.channel, caller=f"skill:{caller}", depth=depth
+            )
         except RegistryError as exc:
             raise HostCallError("not-found", exc.message) from exc
         except GuestError as exc:
@@ -258,9 +306,19 @@ class Registry:
             raise HostCallError("internal", f"'{callee}' failed: {exc}") from exc
         return json.dumps(out.value)
 
-    def _emit(self, entry: SkillEntry, method: str, caller: str, args_json: str,
-              out: CallOutput | None, started: float, duration: float, outcome: str,
-              error: SkilldError | None, ctx: CallContext) -> None:
+    def _emit(
+        self,
+        entry: SkillEntry,
+        method: str,
+        caller: str,
+        args_json: str,
+        out: CallOutput | None,
+        started: float,
+        duration: float,
+        outcome: str,
+        error: SkilldError | None,
+        ctx: CallContext,
+    ) -> None:
         if self._audit is None:
             return
         record: dict[str, Any] = {
@@ -303,8 +361,14 @@ class Registry:
             RegistryError: no skill serves ``uri``.
         """
         entry = self._resource_owner(uri)
-        ctx = CallContext(entry.spec.id, entry.limits, channel, kv=entry.kv,
-                          checker=entry.checker, services=entry.services)
+        ctx = CallContext(
+            entry.spec.id,
+            entry.limits,
+            channel,
+            kv=entry.kv,
+            checker=entry.checker,
+            services=entry.services,
+        )
         return entry.component.read_resource(uri, ctx)
 
     def prompts(self) -> Sequence[PromptSpec]:
@@ -319,8 +383,14 @@ class Registry:
         """
         for entry in self._skills.values():
             if any(p.name == name for p in entry.spec.prompts):
-                ctx = CallContext(entry.spec.id, entry.limits, NullChannel(), kv=entry.kv,
-                                  checker=entry.checker, services=entry.services)
+                ctx = CallContext(
+                    entry.spec.id,
+                    entry.limits,
+                    NullChannel(),
+                    kv=entry.kv,
+                    checker=entry.checker,
+                    services=entry.services,
+                )
                 return entry.component.get_prompt(name, json.dumps(dict(arguments)), ctx)
         raise RegistryError(f"no prompt named '{name}'")
 

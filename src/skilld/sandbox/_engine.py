@@ -82,7 +82,9 @@ class Engine:
         config.cranelift_opt_level = "speed"
         self.wasmtime = wasmtime.Engine(config)
         self.ticker = Ticker(self.wasmtime)
-        ident = f"wasmtime {version('wasmtime')};{platform.machine()};{platform.system()};{_CONFIG_TAG}"
+        ident = (
+            f"wasmtime {version('wasmtime')};{platform.machine()};{platform.system()};{_CONFIG_TAG}"
+        )
         self.fingerprint = hashlib.sha256(ident.encode()).hexdigest()[:16]
         self.description = ident
 

@@ -18,8 +18,7 @@ from wasmtime import component
 from skilld import ABI_VERSION
 from skilld.errors import HostCallError, PermissionDenied
 from skilld.sandbox._context import current
-from skilld.sandbox.abi import Functions, HostFn, Kind
-from skilld.sandbox.abi import _denied
+from skilld.sandbox.abi import Functions, HostFn, Kind, _denied
 
 log = logging.getLogger("skilld.sandbox")
 
@@ -57,7 +56,8 @@ def to_wit(value: Any) -> Any:
 
 def error_record(code: str, message: str, rule: str | None) -> component.Record:
     """The WIT ``error`` record."""
-    return to_wit({"code": code, "message": message, "rule": rule})
+    rec: component.Record = to_wit({"code": code, "message": message, "rule": rule})
+    return rec
 
 
 def _adapt(interface: str, name: str, fn: HostFn, kind: Kind) -> Any:
@@ -81,7 +81,11 @@ def _adapt(interface: str, name: str, fn: HostFn, kind: Kind) -> Any:
         except Exception as exc:  # a host bug must cost one call, never the host
             log.exception("host function %s.%s failed", interface, name)
             ctx.host_faults.append(f"{interface}.{name}: {type(exc).__name__}: {exc}")
-            return None if kind == "plain" else err("internal", f"host error in {interface}.{name}", None)
+            return (
+                None
+                if kind == "plain"
+                else err("internal", f"host error in {interface}.{name}", None)
+            )
         if kind == "plain":
             return value
         return ok(value)

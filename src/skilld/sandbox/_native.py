@@ -41,7 +41,9 @@ def compile_component(engine: Engine, wasm: bytes, *, name: str) -> component.Co
     try:
         return component.Component(engine.wasmtime, wasm)
     except wasmtime.WasmtimeError as exc:
-        raise CompileError(f"{name}: not a valid WebAssembly component: {_first_line(exc)}") from exc
+        raise CompileError(
+            f"{name}: not a valid WebAssembly component: {_first_line(exc)}"
+        ) from exc
 
 
 def load_native(engine: Engine, path: Path, expected_sha256: str) -> component.Component:
@@ -62,8 +64,9 @@ def load_native(engine: Engine, path: Path, expected_sha256: str) -> component.C
         try:
             return component.Component.deserialize_file(engine.wasmtime, f"/proc/self/fd/{fd}")
         except wasmtime.WasmtimeError as exc:
-            raise CompileError(f"native code does not load: {_first_line(exc)}",
-                               location=str(path)) from exc
+            raise CompileError(
+                f"native code does not load: {_first_line(exc)}", location=str(path)
+            ) from exc
     finally:
         os.close(fd)
 
@@ -99,7 +102,9 @@ class NativeCache:
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         mode = self.root.stat().st_mode
         if mode & (stat.S_IWGRP | stat.S_IWOTH):
-            raise CompileError(f"native cache {self.root} is writable by others; refusing to use it")
+            raise CompileError(
+                f"native cache {self.root} is writable by others; refusing to use it"
+            )
 
     def load(self, wasm: bytes, *, name: str) -> component.Component:
         """The compiled component for ``wasm``: from the cache, or compiled and cached.

@@ -87,8 +87,9 @@ class Sandbox:
             comp = compile_component(self.engine, wasm, name=name)
         return Component(self, comp, name, granted)
 
-    def load_native(self, path: Path, sha256: str, *, name: str,
-                    granted: Iterable[str] | None = None) -> Component:
+    def load_native(
+        self, path: Path, sha256: str, *, name: str, granted: Iterable[str] | None = None
+    ) -> Component:
         """Load verified native code (from a bundle) and check its imports.
 
         Raises:
@@ -109,23 +110,30 @@ class _Exports:
 class Component:
     """A loaded skill component; :meth:`call` runs one method in a fresh instance."""
 
-    def __init__(self, sandbox: Sandbox, comp: component.Component, name: str,
-                 granted: Iterable[str] | None):
+    def __init__(
+        self, sandbox: Sandbox, comp: component.Component, name: str, granted: Iterable[str] | None
+    ):
         self.sandbox = sandbox
         self.native = comp
         self.name = name
         self.imports = self._check_imports(granted)
         guest = comp.get_export_index(f"{GUEST}@{_abi()}")
         if guest is None:
-            raise LinkError(f"{name}: does not export {GUEST}@{_abi()}",
-                            hint="build it with 'skilld skill build'")
-        idx = {n: comp.get_export_index(n, guest) for n in
-               ("describe", "call", "read-resource", "get-prompt")}
-        missing = [n for n, i in idx.items() if i is None]
+            raise LinkError(
+                f"{name}: does not export {GUEST}@{_abi()}",
+                hint="build it with 'skilld skill build'",
+            )
+        idx = {
+            n: comp.get_export_index(n, guest)
+            for n in ("describe", "call", "read-resource", "get-prompt")
+        }
+        found = {n: i for n, i in idx.items() if i is not None}
+        missing = sorted(set(idx) - set(found))
         if missing:
             raise LinkError(f"{name}: guest export lacks {', '.join(missing)}")
-        self._exports = _Exports(idx["describe"], idx["call"], idx["read-resource"],  # type: ignore[arg-type]
-                                 idx["get-prompt"])
+        self._exports = _Exports(
+            found["describe"], found["call"], found["read-resource"], found["get-prompt"]
+        )
 
     def _check_imports(self, granted: Iterable[str] | None) -> frozenset[str]:
         allowed = set(INTERFACES if granted is None else granted) | {"log"}
@@ -179,27 +187,36 @@ class Component:
 
     def _fault(self, exc: wasmtime.WasmtimeError, ctx: CallContext) -> SandboxError:
         text = str(exc)
-        cause = text.split("Caused by:")[-1].strip().splitlines()[0] if "Caused by:" in text else text.splitlines()[0]
+        cause = (
+            text.split("Caused by:")[-1].strip().splitlines()[0]
+            if "Caused by:" in text
+            else text.splitlines()[0]
+        )
         where = f"skill '{ctx.skill_id}'"
         stderr = bytes(ctx.stderr).decode(errors="replace")
         if "wasm trap: interrupt" in text:
-            return DeadlineExceeded(f"{where} ran past its deadline of {ctx.limits.timeout_ms} ms "
-                                    "and was stopped")
+            return DeadlineExceeded(
+                f"{where} ran past its deadline of {ctx.limits.timeout_ms} ms and was stopped"
+            )
         if "call stack exhausted" in text:
             return StackExhausted(f"{where} overflowed its stack")
-        if "MemoryError" in stderr or "memory" in cause and "limit" in cause:
-            return MemoryExhausted(f"{where} exceeded its memory cap of "
-                                   f"{ctx.limits.memory_bytes // (1 << 20)} MiB")
+        if "MemoryError" in stderr or ("memory" in cause and "limit" in cause):
+            return MemoryExhausted(
+                f"{where} exceeded its memory cap of {ctx.limits.memory_bytes // (1 << 20)} MiB"
+            )
         tail = f"; guest stderr: {stderr.strip()[-500:]}" if stderr.strip() else ""
         return GuestTrap(f"{where} trapped: {cause}{tail}")
 
     def _guest_error(self, rec: Any, ctx: CallContext) -> SandboxError | GuestError:
         err = to_py(rec)
         if err["code"] == "limit-exceeded" and "out of memory" in err["message"]:
-            return MemoryExhausted(f"skill '{ctx.skill_id}' exceeded its memory cap of "
-                                   f"{ctx.limits.memory_bytes // (1 << 20)} MiB")
-        return GuestError(err["code"], err["message"], rule=err["rule"],
-                          location=f"skill '{ctx.skill_id}'")
+            return MemoryExhausted(
+                f"skill '{ctx.skill_id}' exceeded its memory cap of "
+                f"{ctx.limits.memory_bytes // (1 << 20)} MiB"
+            )
+        return GuestError(
+            err["code"], err["message"], rule=err["rule"], location=f"skill '{ctx.skill_id}'"
+        )
 
     def describe(self, ctx: CallContext) -> SkillSpec:
         """Ask the guest what it is and offers.
@@ -214,12 +231,18 @@ class Component:
                 version=info["version"],
                 description=info["description"],
                 methods=tuple(
-                    MethodSpec(m["name"], m["description"], json.loads(m["params_schema"]),
-                               json.loads(m["result_schema"]) if m["result_schema"] else None)
+                    MethodSpec(
+                        m["name"],
+                        m["description"],
+                        json.loads(m["params_schema"]),
+                        json.loads(m["result_schema"]) if m["result_schema"] else None,
+                    )
                     for m in info["methods"]
                 ),
                 resources=tuple(
-                    ResourceSpec(r["uri"], r["name"], r["description"], r["mime_type"], r["template"])
+                    ResourceSpec(
+                        r["uri"], r["name"], r["description"], r["mime_type"], r["template"]
+                    )
                     for r in info["resources"]
                 ),
                 prompts=tuple(
@@ -278,11 +301,19 @@ def _output(out: dict[str, Any]) -> CallOutput:
         if tag == "text":
             blocks.append(ContentBlock("text", text=payload))
         elif tag in ("image", "audio"):
-            blocks.append(ContentBlock(tag, mime_type=payload["mime_type"], data=bytes(payload["data"])))
+            blocks.append(
+                ContentBlock(tag, mime_type=payload["mime_type"], data=bytes(payload["data"]))
+            )
         else:
-            blocks.append(ContentBlock("embedded", uri=payload["uri"], mime_type=payload["mime_type"],
-                                       text=payload["text"],
-                                       data=None if payload["blob"] is None else bytes(payload["blob"])))
+            blocks.append(
+                ContentBlock(
+                    "embedded",
+                    uri=payload["uri"],
+                    mime_type=payload["mime_type"],
+                    text=payload["text"],
+                    data=None if payload["blob"] is None else bytes(payload["blob"]),
+                )
+            )
     return CallOutput(value=value, content=tuple(blocks))
 
 

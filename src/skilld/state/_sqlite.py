@@ -45,19 +45,23 @@ class SqliteState:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
             try:
-                conn = sqlite3.connect(self.path, timeout=30, isolation_level=None,
-                                       check_same_thread=False)
+                conn = sqlite3.connect(
+                    self.path, timeout=30, isolation_level=None, check_same_thread=False
+                )
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute("PRAGMA synchronous=FULL")
             except sqlite3.Error as exc:
-                raise StateError(f"cannot open state database: {exc}", location=str(self.path)) from exc
+                raise StateError(
+                    f"cannot open state database: {exc}", location=str(self.path)
+                ) from exc
             self._local.conn = conn
             with self._lock:
                 self._all.append(conn)
         return conn
 
-    def store(self, skill_id: str, *, value_limit: int = 1 << 20,
-              total_limit: int = 64 << 20) -> SkillStore:
+    def store(
+        self, skill_id: str, *, value_limit: int = 1 << 20, total_limit: int = 64 << 20
+    ) -> SkillStore:
         """The namespace of one skill, with its size limits."""
         return SkillStore(self, skill_id, value_limit, total_limit)
 
@@ -86,9 +90,11 @@ class SkillStore:
             StateError: the database failed.
         """
         try:
-            row = self._state._conn().execute(
-                "SELECT value FROM kv WHERE skill = ? AND key = ?", (self.skill_id, key)
-            ).fetchone()
+            row = (
+                self._state._conn()
+                .execute("SELECT value FROM kv WHERE skill = ? AND key = ?", (self.skill_id, key))
+                .fetchone()
+            )
         except sqlite3.Error as exc:
             raise StateError(f"reading {key!r} failed: {exc}", location=self.skill_id) from exc
         return None if row is None else bytes(row[0])
@@ -102,26 +108,38 @@ class SkillStore:
         """
         size = len(key.encode()) + len(value)
         if len(value) > self.value_limit:
-            raise QuotaExceeded(f"value of {len(value)} bytes exceeds the {self.value_limit}-byte "
-                                "limit per value", location=self.skill_id)
+            raise QuotaExceeded(
+                f"value of {len(value)} bytes exceeds the {self.value_limit}-byte limit per value",
+                location=self.skill_id,
+            )
         conn = self._state._conn()
         try:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                old = conn.execute("SELECT length(key) + length(value) FROM kv "
-                                   "WHERE skill = ? AND key = ?", (self.skill_id, key)).fetchone()
-                used = conn.execute("SELECT bytes FROM usage WHERE skill = ?",
-                                    (self.skill_id,)).fetchone()
+                old = conn.execute(
+                    "SELECT length(key) + length(value) FROM kv WHERE skill = ? AND key = ?",
+                    (self.skill_id, key),
+                ).fetchone()
+                used = conn.execute(
+                    "SELECT bytes FROM usage WHERE skill = ?", (self.skill_id,)
+                ).fetchone()
                 total = (used[0] if used else 0) - (old[0] if old else 0) + size
                 if total > self.total_limit:
-                    raise QuotaExceeded(f"storing {key!r} would use {total} bytes, over the "
-                                        f"{self.total_limit}-byte quota", location=self.skill_id)
-                conn.execute("INSERT INTO kv (skill, key, value) VALUES (?, ?, ?) "
-                             "ON CONFLICT (skill, key) DO UPDATE SET value = excluded.value",
-                             (self.skill_id, key, value))
-                conn.execute("INSERT INTO usage (skill, bytes) VALUES (?, ?) "
-                             "ON CONFLICT (skill) DO UPDATE SET bytes = excluded.bytes",
-                             (self.skill_id, total))
+                    raise QuotaExceeded(  # noqa: TRY301 (the except below rolls back)
+                        f"storing {key!r} would use {total} bytes, over the "
+                        f"{self.total_limit}-byte quota",
+                        location=self.skill_id,
+                    )
+                conn.execute(
+                    "INSERT INTO kv (skill, key, value) VALUES (?, ?, ?) "
+                    "ON CONFLICT (skill, key) DO UPDATE SET value = excluded.value",
+                    (self.skill_id, key, value),
+                )
+                conn.execute(
+                    "INSERT INTO usage (skill, bytes) VALUES (?, ?) "
+                    "ON CONFLICT (skill) DO UPDATE SET bytes = excluded.bytes",
+                    (self.skill_id, total),
+                )
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
@@ -139,12 +157,16 @@ class SkillStore:
         try:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                old = conn.execute("SELECT length(key) + length(value) FROM kv "
-                                   "WHERE skill = ? AND key = ?", (self.skill_id, key)).fetchone()
+                old = conn.execute(
+                    "SELECT length(key) + length(value) FROM kv WHERE skill = ? AND key = ?",
+                    (self.skill_id, key),
+                ).fetchone()
                 if old is not None:
                     conn.execute("DELETE FROM kv WHERE skill = ? AND key = ?", (self.skill_id, key))
-                    conn.execute("UPDATE usage SET bytes = bytes - ? WHERE skill = ?",
-                                 (old[0], self.skill_id))
+                    conn.execute(
+                        "UPDATE usage SET bytes = bytes - ? WHERE skill = ?",
+                        (old[0], self.skill_id),
+                    )
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
@@ -162,16 +184,24 @@ class SkillStore:
         # A range scan, not LIKE: '%' and '_' in a prefix are data, not patterns.
         try:
             if prefix:
-                rows = self._state._conn().execute(
-                    "SELECT key FROM kv WHERE skill = ? AND key >= ? "
-                    "AND substr(key, 1, length(?)) = ? ORDER BY key LIMIT ?",
-                    (self.skill_id, prefix, prefix, prefix, max(0, limit)),
-                ).fetchall()
+                rows = (
+                    self._state._conn()
+                    .execute(
+                        "SELECT key FROM kv WHERE skill = ? AND key >= ? "
+                        "AND substr(key, 1, length(?)) = ? ORDER BY key LIMIT ?",
+                        (self.skill_id, prefix, prefix, prefix, max(0, limit)),
+                    )
+                    .fetchall()
+                )
             else:
-                rows = self._state._conn().execute(
-                    "SELECT key FROM kv WHERE skill = ? ORDER BY key LIMIT ?",
-                    (self.skill_id, max(0, limit)),
-                ).fetchall()
+                rows = (
+                    self._state._conn()
+                    .execute(
+                        "SELECT key FROM kv WHERE skill = ? ORDER BY key LIMIT ?",
+                        (self.skill_id, max(0, limit)),
+                    )
+                    .fetchall()
+                )
         except sqlite3.Error as exc:
             raise StateError(f"listing keys failed: {exc}", location=self.skill_id) from exc
         return [r[0] for r in rows]

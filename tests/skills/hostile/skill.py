@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import sys
-
 from typing import Any
 
 from skilld_sdk import HostError, Skill, fs, invoke, kv, mcp

@@ -67,6 +67,7 @@ def fs_glob(pattern: str) -> dict[str, Any]:
 @skill.method
 def http_request(url: str, method: str = "GET", body: str | None = None) -> dict[str, Any]:
     """Send an HTTP request; report status and body."""
+
     def go() -> dict[str, Any]:
         resp = http.request(method, url, body=body, timeout_ms=5000)
         return {"status": resp.status, "body": resp.body.decode(errors="replace")[:2000]}
@@ -77,6 +78,7 @@ def http_request(url: str, method: str = "GET", body: str | None = None) -> dict
 @skill.method
 def tcp_exchange(host: str, port: int, send: str = "") -> dict[str, Any]:
     """Connect, send, receive once, close."""
+
     def go() -> str:
         conn = tcp.connect(host, port, 3000)
         try:
@@ -92,10 +94,15 @@ def tcp_exchange(host: str, port: int, send: str = "") -> dict[str, Any]:
 @skill.method
 def shell_run(argv: list[str], cwd: str | None = None) -> dict[str, Any]:
     """Run a command; report exit code and output."""
+
     def go() -> dict[str, Any]:
         out = shell.run(argv, cwd=cwd, timeout_ms=5000)
-        return {"exit": out.exit_code, "stdout": out.stdout.decode(errors="replace"),
-                "stderr": out.stderr.decode(errors="replace"), "truncated": out.truncated}
+        return {
+            "exit": out.exit_code,
+            "stdout": out.stdout.decode(errors="replace"),
+            "stderr": out.stderr.decode(errors="replace"),
+            "truncated": out.truncated,
+        }
 
     return _report(go)
 

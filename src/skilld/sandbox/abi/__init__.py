@@ -25,8 +25,9 @@ HostFn = Callable[..., Any]
 Functions = dict[str, tuple[HostFn, Kind]]
 
 
-def decide(ctx: CallContext, capability: str, action: str, target: str,
-           shown: str | None = None) -> Decision:
+def decide(
+    ctx: CallContext, capability: str, action: str, target: str, shown: str | None = None
+) -> Decision:
     """Ask the skill's tables; record the decision; refuse with its rule when denied.
 
     Raises:
@@ -35,8 +36,9 @@ def decide(ctx: CallContext, capability: str, action: str, target: str,
     from skilld.types import Decision
 
     if ctx.checker is None:
-        decision = Decision(False, capability, action, target, "default-deny",
-                            "no policy applies to this skill")
+        decision = Decision(
+            False, capability, action, target, "default-deny", "no policy applies to this skill"
+        )
     else:
         decision = ctx.checker.check(capability, action, target)
     ctx.record(decision)

@@ -22,7 +22,8 @@ def _deny(interface: str, name: str, kind: Kind) -> Any:
         if kind == "plain":
             return
         raise HostCallError(
-            "not-permitted", f"{interface}.{name} is not permitted for skill '{ctx.skill_id}'",
+            "not-permitted",
+            f"{interface}.{name} is not permitted for skill '{ctx.skill_id}'",
             rule="default-deny",
         )
 
@@ -31,5 +32,6 @@ def _deny(interface: str, name: str, kind: Kind) -> Any:
 
 def functions(interface: str) -> Functions:
     """Denying implementations for every function of ``interface``."""
-    return {name: (_deny(interface, name, kind), kind)
-            for name, kind in SIGNATURES[interface].items()}
+    return {
+        name: (_deny(interface, name, kind), kind) for name, kind in SIGNATURES[interface].items()
+    }

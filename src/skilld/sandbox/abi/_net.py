@@ -60,4 +60,6 @@ def connect(ip: str, port: int, timeout_s: float) -> socket.socket:
     except TimeoutError as exc:
         raise HostCallError("timeout", f"connecting to {ip}:{port} timed out") from exc
     except OSError as exc:
-        raise HostCallError("unavailable", f"cannot connect to {ip}:{port}: {exc.strerror or exc}") from exc
+        raise HostCallError(
+            "unavailable", f"cannot connect to {ip}:{port}: {exc.strerror or exc}"
+        ) from exc

@@ -42,7 +42,9 @@ def canonical(path: str) -> str:
 
 def _checked(ctx: CallContext, path: str, action: str) -> str:
     canon = canonical(path)
-    decide(ctx, "fs", action, canon, shown=path if canon == path else f"{path} (resolves to {canon})")
+    decide(
+        ctx, "fs", action, canon, shown=path if canon == path else f"{path} (resolves to {canon})"
+    )
     return canon
 
 
@@ -50,11 +52,13 @@ def _errno(exc: OSError, path: str) -> HostCallError:
     if exc.errno == errno.ENOENT:
         return HostCallError("not-found", f"{path} does not exist")
     if exc.errno == errno.ELOOP:
-        return HostCallError("not-permitted", f"{path} changed to a symlink after the check",
-                             rule="fs.no-follow")
+        return HostCallError(
+            "not-permitted", f"{path} changed to a symlink after the check", rule="fs.no-follow"
+        )
     if exc.errno in (errno.EACCES, errno.EPERM):
-        return HostCallError("not-permitted", f"{path}: the host refused access ({exc.strerror})",
-                             rule="host")
+        return HostCallError(
+            "not-permitted", f"{path}: the host refused access ({exc.strerror})", rule="host"
+        )
     return HostCallError("io", f"{path}: {exc.strerror or exc}")
 
 
@@ -65,8 +69,9 @@ def _parent_fd(canon: str) -> Iterator[tuple[int, str]]:
     fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         for part in parts[:-1]:
-            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                          dir_fd=fd)
+            nxt = os.open(
+                part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
+            )
             os.close(fd)
             fd = nxt
         yield fd, (parts[-1] if parts else ".")
@@ -89,8 +94,10 @@ def read(ctx: CallContext, path: str) -> bytes:
             if not stat_mod.S_ISREG(info.st_mode):
                 raise HostCallError("invalid-argument", f"{path} is not a regular file")
             if info.st_size > MAX_READ:
-                raise HostCallError("limit-exceeded", f"{path} is {info.st_size} bytes, over "
-                                    f"the {MAX_READ}-byte read limit")
+                raise HostCallError(
+                    "limit-exceeded",
+                    f"{path} is {info.st_size} bytes, over the {MAX_READ}-byte read limit",
+                )
             chunks = []
             while chunk := os.read(fd, 1 << 20):
                 chunks.append(chunk)
@@ -112,7 +119,7 @@ def write(ctx: CallContext, path: str, data: bytes, append: bool) -> None:
                 raise HostCallError("invalid-argument", f"{path} is not a regular file")
             view = memoryview(bytes(data))
             while view:
-                view = view[os.write(fd, view):]
+                view = view[os.write(fd, view) :]
         finally:
             os.close(fd)
     except OSError as exc:
@@ -143,8 +150,11 @@ def stat(ctx: CallContext, path: str) -> dict[str, object]:
             info = os.stat(name, dir_fd=dfd, follow_symlinks=False)
     except OSError as exc:
         raise _errno(exc, path) from exc
-    return {"size": info.st_size, "is_dir": stat_mod.S_ISDIR(info.st_mode),
-            "modified_ms": int(info.st_mtime * 1000)}
+    return {
+        "size": info.st_size,
+        "is_dir": stat_mod.S_ISDIR(info.st_mode),
+        "modified_ms": int(info.st_mtime * 1000),
+    }
 
 
 def mkdir(ctx: CallContext, path: str) -> None:
@@ -197,7 +207,7 @@ def glob(ctx: CallContext, pattern: str) -> list[str]:
         literal.append(part)
     base = "/" + "/".join(literal)
     root = _checked(ctx, base, "read")
-    rest = parts[1 + len(literal):]
+    rest = parts[1 + len(literal) :]
     out: list[str] = []
     for found in _walk(root, rest):
         if len(out) >= MAX_GLOB:
@@ -225,8 +235,9 @@ def _walk(directory: str, parts: list[str]) -> Iterator[str]:
                 yield from _walk(entry.path, parts)
         return
     for entry in entries:
-        if fnmatch.fnmatchcase(entry.name, head) and (rest == [] or
-                                                      entry.is_dir(follow_symlinks=False)):
+        if fnmatch.fnmatchcase(entry.name, head) and (
+            rest == [] or entry.is_dir(follow_symlinks=False)
+        ):
             yield from _walk(entry.path, rest)
 
 

@@ -10,7 +10,6 @@ URLs with userinfo are refused outright.
 from __future__ import annotations
 
 import http.client
-import socket
 import ssl
 from typing import Any
 from urllib.parse import urljoin, urlsplit
@@ -24,8 +23,14 @@ MAX_REDIRECTS = 5
 MAX_BODY = 8 * 1024 * 1024
 DEFAULT_TIMEOUT_MS = 10_000
 _METHODS = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"}
-_HOP_HEADERS = {"host", "connection", "transfer-encoding", "upgrade", "proxy-authorization",
-                "content-length"}
+_HOP_HEADERS = {
+    "host",
+    "connection",
+    "transfer-encoding",
+    "upgrade",
+    "proxy-authorization",
+    "content-length",
+}
 
 
 class _PinnedHTTP(http.client.HTTPConnection):
@@ -56,8 +61,9 @@ def _split(url: str) -> tuple[str, str, int, str]:
     if parts.scheme not in ("http", "https"):
         raise HostCallError("invalid-argument", f"URL scheme must be http or https: {url!r}")
     if parts.username is not None or parts.password is not None or "@" in parts.netloc:
-        raise HostCallError("not-permitted", f"URLs with userinfo are refused: {url!r}",
-                            rule="http.userinfo")
+        raise HostCallError(
+            "not-permitted", f"URLs with userinfo are refused: {url!r}", rule="http.userinfo"
+        )
     host = parts.hostname or ""
     if not host:
         raise HostCallError("invalid-argument", f"URL has no host: {url!r}")
@@ -86,7 +92,7 @@ def fetch(ctx: CallContext, req: dict[str, Any]) -> dict[str, Any]:
             data = resp.read(MAX_BODY + 1)
         except HostCallError:
             raise
-        except (TimeoutError, socket.timeout) as exc:
+        except TimeoutError as exc:
             raise HostCallError("timeout", f"{method} {url} timed out") from exc
         except ssl.SSLError as exc:
             raise HostCallError("unavailable", f"TLS with {host} failed: {exc.reason}") from exc
@@ -102,8 +108,11 @@ def fetch(ctx: CallContext, req: dict[str, Any]) -> dict[str, Any]:
             continue
         if len(data) > MAX_BODY:
             raise HostCallError("limit-exceeded", f"response from {url} exceeds {MAX_BODY} bytes")
-        return {"status": resp.status, "headers": [(k, v) for k, v in resp.getheaders()],
-                "body": data}
+        return {
+            "status": resp.status,
+            "headers": [(k, v) for k, v in resp.getheaders()],
+            "body": data,
+        }
     raise HostCallError("limit-exceeded", f"more than {MAX_REDIRECTS} redirects from {req['url']}")
 
 

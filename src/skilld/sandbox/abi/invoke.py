@@ -12,11 +12,15 @@ MAX_DEPTH = 4  # the policy may lower it; deeper chains are refused
 def call(ctx: CallContext, skill: str, method: str, args: str) -> str:
     """Call ``skill``'s ``method`` with JSON ``args``; returns its JSON value."""
     if ctx.invoker is None:
-        raise HostCallError("not-permitted", "this host has no orchestrator for invoke",
-                            rule="default-deny")
+        raise HostCallError(
+            "not-permitted", "this host has no orchestrator for invoke", rule="default-deny"
+        )
     if ctx.depth + 1 > MAX_DEPTH:
-        raise HostCallError("limit-exceeded", f"invoke depth {ctx.depth + 1} exceeds {MAX_DEPTH}",
-                            rule="invoke.max-depth")
+        raise HostCallError(
+            "limit-exceeded",
+            f"invoke depth {ctx.depth + 1} exceeds {MAX_DEPTH}",
+            rule="invoke.max-depth",
+        )
     return ctx.invoker(skill, method, args, ctx.depth + 1)
 
 

@@ -38,19 +38,31 @@ def run(ctx: CallContext, cmd: dict[str, object]) -> dict[str, object]:
     stdin = cmd.get("stdin")
     try:
         proc = subprocess.run(
-            argv, cwd=cwd or "/", env=dict(SCRUBBED_ENV), input=bytes(stdin) if stdin else b"",  # type: ignore[arg-type]
-            capture_output=True, timeout=timeout_ms / 1000, check=False, shell=False,
+            argv,
+            cwd=cwd or "/",
+            env=dict(SCRUBBED_ENV),
+            input=bytes(stdin) if isinstance(stdin, (bytes, bytearray, list)) else b"",
+            capture_output=True,
+            timeout=timeout_ms / 1000,
+            check=False,
+            shell=False,
             start_new_session=True,
         )
     except FileNotFoundError as exc:
         raise HostCallError("not-found", f"program {argv[0]!r} not found") from exc
     except subprocess.TimeoutExpired as exc:
-        raise HostCallError("timeout", f"{argv[0]} ran past {timeout_ms} ms and was killed") from exc
+        raise HostCallError(
+            "timeout", f"{argv[0]} ran past {timeout_ms} ms and was killed"
+        ) from exc
     except OSError as exc:
         raise HostCallError("io", f"cannot run {argv[0]!r}: {exc.strerror or exc}") from exc
     truncated = len(proc.stdout) > OUTPUT_CAP or len(proc.stderr) > OUTPUT_CAP
-    return {"exit_code": proc.returncode, "stdout": proc.stdout[:OUTPUT_CAP],
-            "stderr": proc.stderr[:OUTPUT_CAP], "truncated": truncated}
+    return {
+        "exit_code": proc.returncode,
+        "stdout": proc.stdout[:OUTPUT_CAP],
+        "stderr": proc.stderr[:OUTPUT_CAP],
+        "truncated": truncated,
+    }
 
 
 FUNCTIONS: Functions = {"run": (run, "result-tagged")}

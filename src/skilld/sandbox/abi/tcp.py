@@ -23,7 +23,9 @@ _ids = itertools.count(1)
 def connect(ctx: CallContext, host: str, port: int, timeout_ms: int) -> int:
     """Open a connection; returns its handle."""
     if len(ctx.handles) >= MAX_CONNECTIONS:
-        raise HostCallError("limit-exceeded", f"at most {MAX_CONNECTIONS} open connections per call")
+        raise HostCallError(
+            "limit-exceeded", f"at most {MAX_CONNECTIONS} open connections per call"
+        )
     shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     decide(ctx, "tcp", "connect", shown)
     ip = resolve_checked(ctx, "tcp", host, port)
