@@ -1,0 +1,93 @@
+"""Dependencies point one way (DESIGN.md's package table), checked on every import statement."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+BASE = {"skilld", "skilld.errors", "skilld.types"}
+
+# package -> the skilld packages it may import (besides errors, types and the root's constants)
+ALLOWED: dict[str, set[str]] = {
+    "errors": set(),
+    "types": set(),
+    "policy": set(),
+    "permissions": {"policy"},
+    "package": set(),
+    "sandbox": set(),  # permissions, state and audit only through the protocols in types
+    "state": set(),
+    "audit": set(),
+    "registry": {"sandbox", "package", "policy"},
+    "bundle": {"package", "policy", "sandbox"},
+    "mcp": {"registry"},
+    "cluster": {"registry", "state"},
+    "cli": {"*"},
+}
+
+# third-party library -> the only packages that may import it
+BOUNDARIES = {
+    "wasmtime": {"sandbox"},
+    "mcp": {"mcp"},
+    "nats": {"cluster", "state"},
+    "cryptography": {"package"},
+}
+
+
+def _imports(path: Path) -> list[tuple[str, int]]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.module, node.lineno))
+    return found
+
+
+def _package_of(path: Path) -> str:
+    rel = path.relative_to(SRC / "skilld")
+    return rel.parts[0].removesuffix(".py") if rel.parts else ""
+
+
+def _modules() -> list[Path]:
+    return sorted(
+        p
+        for p in (SRC / "skilld").rglob("*.py")
+        if p.parent != SRC / "skilld" or p.stem in ("errors", "types")
+    )
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(SRC)))
+def test_imports_point_one_way(path: Path) -> None:
+    """Each module imports only the skilld packages and libraries its package may use."""
+    pkg = _package_of(path)
+    allowed = ALLOWED[pkg]
+    for name, line in _imports(path):
+        top = name.split(".")[0]
+        where = f"{path.relative_to(SRC)}:{line}"
+        if top == "skilld" and name not in BASE:
+            target = name.split(".")[1]
+            assert target == pkg or "*" in allowed or target in allowed, (
+                f"{where}: {pkg}/ may not import {name}"
+            )
+        if top in BOUNDARIES:
+            assert pkg in BOUNDARIES[top], (
+                f"{where}: {top} may only be imported in {sorted(BOUNDARIES[top])}/"
+            )
+
+
+def test_sdk_is_self_contained() -> None:
+    """The guest SDK imports nothing from skilld (it runs inside the component)."""
+    for path in (SRC / "skilld_sdk").rglob("*.py"):
+        for name, line in _imports(path):
+            assert not name.startswith("skilld.") and name != "skilld", f"{path}:{line}: {name}"
+
+
+def test_errors_and_types_import_nothing_internal() -> None:
+    """errors.py and types.py import nothing from skilld, which keeps cycles out."""
+    for stem in ("errors", "types"):
+        for name, line in _imports(SRC / "skilld" / f"{stem}.py"):
+            assert not name.startswith("skilld"), f"{stem}.py:{line}: {name}"
