@@ -1,0 +1,75 @@
+{
+  description = "skilld: a sealed appliance that serves signed WebAssembly skills to AI agents as MCP tools";
+
+  # Pinned: nixos-24.11 as of its last channel bump. Update with `nix flake update`.
+  inputs.nixpkgs.url = "github:NixOS/nixpkgs/nixos-24.11";
+
+  outputs = { self, nixpkgs }:
+    let
+      systems = [ "x86_64-linux" "aarch64-linux" ];
+      forAll = f: nixpkgs.lib.genAttrs systems (system: f nixpkgs.legacyPackages.${system});
+    in {
+      packages = forAll (pkgs:
+        let
+          py = pkgs.python311;
+          # wasmtime, mcp 2.x and componentize-py are not in nixpkgs at these versions:
+          # they come from the wheelhouse (`just wheelhouse`), pinned by hash in
+          # nix/wheels.nix, and are installed without network access.
+          wheels = import ./nix/wheels.nix { inherit pkgs; };
+          skilld = py.pkgs.buildPythonApplication {
+            pname = "skilld";
+            version = "0.1.0";
+            pyproject = true;
+            src = ./.;
+            build-system = [ py.pkgs.setuptools ];
+            dependencies = wheels.runtime py;
+            pythonImportsCheck = [ "skilld" ];
+          };
+          builder = py.withPackages (_: [ skilld ] ++ wheels.build py);
+          bundle = pkgs.runCommand "skilld-bundle" {
+            nativeBuildInputs = [ builder ];
+            SOURCE_DATE_EPOCH = "0";
+          } ''
+            export HOME=$TMPDIR SKILLD_CACHE=$TMPDIR/cache
+            skilld build --skills ${./skills} --policies ${./policies} -o $out
+          '';
+        in {
+          inherit skilld bundle;
+          default = skilld;
+          image = pkgs.dockerTools.buildLayeredImage {
+            name = "skilld";
+            tag = "latest";
+            contents = [ skilld pkgs.cacert ];
+            config = {
+              User = "10001:10001";
+              Entrypoint = [ "${skilld}/bin/skilld" "serve" "--bundle" "${bundle}"
+                             "--transport" "http" "--host" "0.0.0.0" "--port" "8080" ];
+              Env = [ "SKILLD_STATE_DIR=/var/lib/skilld" "SKILLD_CACHE=/var/lib/skilld/cache" ];
+              Volumes = { "/var/lib/skilld" = { }; };
+              ExposedPorts = { "8080/tcp" = { }; };
+            };
+          };
+        });
+
+      apps = forAll (pkgs: {
+        default = {
+          type = "app";
+          program = toString (pkgs.writeShellScript "skilld-serve" ''
+            exec ${self.packages.${pkgs.system}.skilld}/bin/skilld serve \
+              --bundle ${self.packages.${pkgs.system}.bundle} "$@"
+          '');
+        };
+      });
+
+      devShells = forAll (pkgs: {
+        default = pkgs.mkShell {
+          packages = [ pkgs.python311 pkgs.just pkgs.buildah pkgs.nats-server ];
+          shellHook = ''
+            [ -d .venv ] || python3 -m venv .venv
+            . .venv/bin/activate
+            pip install -q -e '.[dev]'
+          '';
+        };
+      });
+    };
+}
