@@ -31,3 +31,19 @@ build-skills:
 # Run the benchmarks (ratios against a baseline, side by side).
 bench:
     for b in bench/bench_*.py; do {{py}} "$b"; done
+
+# Collect skilld and every dependency as wheels in wheelhouse/ (for air-gapped installs).
+wheelhouse:
+    rm -rf wheelhouse && {{venv}}/bin/pip wheel -q --wheel-dir wheelhouse '.[build]'
+
+# Install from wheelhouse/ with no network into VENV (default: /tmp/skilld-airgap).
+airgap-install VENV="/tmp/skilld-airgap":
+    python3 -m venv {{VENV}} && {{VENV}}/bin/pip install -q --no-index --find-links wheelhouse 'skilld[build]'
+
+# Build the container image (needs buildah and the base from ../shared/tools/oci-base).
+image: wheelhouse
+    buildah bud --isolation chroot --pull-never -t localhost/skilld:dev -f Containerfile .
+
+# Check that flake.nix parses (nix cannot build here: no binary cache).
+nix-check:
+    nix-instantiate --parse flake.nix >/dev/null && nix-instantiate --parse nix/wheels.nix >/dev/null

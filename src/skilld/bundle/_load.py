@@ -1,0 +1,187 @@
+"""Strict loading of a bundle: only what the lock names, every digest checked first.
+
+Refuses, naming the file, on: a missing or unknown file, a digest mismatch, a lock
+whose signature does not verify (when a key is configured), and native code built
+for another engine (unless told to recompile, which compiles from the verified
+packages into the cache, never into the read-only bundle).
+
+Digests are checked in parallel (hashlib releases the GIL); native code is hashed
+through the descriptor it is loaded from, so it is read once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from skilld.bundle._lock import LOCK, LOCK_SIG, Lock, LockedSkill
+from skilld.errors import BundleError, DigestMismatch, SkilldError
+from skilld.sandbox import Component, Sandbox, sha256_file
+
+log = logging.getLogger("skilld.bundle")
+
+# skill id -> the interfaces its policy grants (the caller derives it from the tables)
+GrantsOf = Callable[[str], Iterable[str]]
+
+
+@dataclass
+class LoadedBundle:
+    """A verified bundle: its lock, the policy tables' bytes and every skill's component."""
+
+    root: Path
+    lock: Lock
+    tables: bytes
+    components: dict[str, Component]
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+    def skill(self, skill_id: str) -> LockedSkill:
+        """The lock's record of one skill.
+
+        Raises:
+            BundleError: the bundle has no such skill.
+        """
+        for s in self.lock.skills:
+            if s.id == skill_id:
+                return s
+        raise BundleError(f"the bundle has no skill '{skill_id}'", location=str(self.root))
+
+
+def _check_file(root: Path, rel: str, expected: str) -> bytes | None:
+    path = root / rel
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise BundleError(f"listed in the lock but unreadable: {exc.strerror}",
+                          location=str(path)) from exc
+    try:
+        actual = sha256_file(fd)
+        if actual != expected:
+            raise BundleError(f"sha256 is {actual[:16]}…, the lock says {expected[:16]}…; the "
+                              "bundle was changed after it was built", location=str(path))
+        if rel.endswith(".json"):
+            os.lseek(fd, 0, os.SEEK_SET)
+            return path.read_bytes() if os.fstat(fd).st_size < (64 << 20) else None
+        return None
+    finally:
+        os.close(fd)
+
+
+def _inventory(root: Path, lock: Lock) -> None:
+    present = set()
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in filenames + [d for d in dirnames if (Path(dirpath) / d).is_symlink()]:
+            rel = (Path(dirpath) / name).relative_to(root).as_posix()
+            if rel in (LOCK, LOCK_SIG):
+                continue
+            if (Path(dirpath) / name).is_symlink():
+                raise BundleError("symlinks are not allowed in a bundle", location=str(root / rel))
+            if rel not in lock.files:
+                raise BundleError("file not named in bundle.lock; refusing to serve a bundle "
+                                  "with unknown content", location=str(root / rel))
+            present.add(rel)
+    missing = sorted(set(lock.files) - present)
+    if missing:
+        raise BundleError("named in bundle.lock but missing", location=str(root / missing[0]))
+
+
+def open_bundle(
+    root: Path,
+    sandbox: Sandbox,
+    grants_of: GrantsOf,
+    *,
+    recompile: bool = False,
+    verify_lock: Callable[[bytes, bytes | None], None] | None = None,
+) -> LoadedBundle:
+    """Verify and load the bundle at ``root``.
+
+    Args:
+        grants_of: the interfaces each skill's policy grants (imports are checked).
+        recompile: compile native code again when the engine fingerprint changed.
+        verify_lock: called with the lock bytes and the signature bytes (``None`` when
+            there is no ``bundle.lock.sig``); raises to refuse.
+
+    Raises:
+        BundleError: anything wrong with the bundle; the message names the file.
+        LinkError: a component imports what its policy does not grant.
+    """
+    root = Path(root)
+    timings: dict[str, float] = {}
+    t = time.perf_counter()
+    lock_path = root / LOCK
+    lock = Lock.read(lock_path)
+    if verify_lock is not None:
+        sig_path = root / LOCK_SIG
+        verify_lock(lock_path.read_bytes(), sig_path.read_bytes() if sig_path.exists() else None)
+    _inventory(root, lock)
+    timings["load"] = (time.perf_counter() - t) * 1000
+
+    same_engine = lock.engine == sandbox.engine.fingerprint
+    if not same_engine and not recompile:
+        raise BundleError(
+            f"native code was compiled for engine {lock.engine} ({lock.engine_description}); "
+            f"this host runs {sandbox.engine.fingerprint} ({sandbox.engine.description})",
+            location=str(lock_path),
+            hint="rebuild the bundle, or serve with --recompile to compile into the cache",
+        )
+    natives = {s.native for s in lock.skills}
+    t = time.perf_counter()
+    components: dict[str, Component] = {}
+    tables: bytes | None = None
+
+    def check(rel: str) -> bytes | None:
+        return _check_file(root, rel, lock.files[rel])
+
+    def load(skill: LockedSkill) -> Component:
+        granted = list(grants_of(skill.id))
+        native = root / skill.native
+        if same_engine:
+            try:
+                return sandbox.load_native(native, lock.files[skill.native], name=skill.id,
+                                           granted=granted)
+            except DigestMismatch as exc:
+                raise BundleError(f"{exc.message}; the bundle was changed after it was built",
+                                  location=str(native)) from exc
+        check(skill.native)  # still refuse a damaged bundle, even when not using the file
+        wasm = _component_bytes(root / skill.package, skill.component_sha256)
+        return sandbox.load(wasm, name=skill.id, granted=granted)
+
+    workers = max(2, os.cpu_count() or 2)
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="skilld-verify") as pool:
+        others = {rel: pool.submit(check, rel) for rel in lock.files if rel not in natives}
+        tables = others[lock.policy_path].result() if lock.policy_path in others else None
+        loading = {s.id: pool.submit(load, s) for s in lock.skills}
+        try:
+            for fut in others.values():
+                fut.result()
+            for sid, fut in loading.items():
+                components[sid] = fut.result()
+        except SkilldError:
+            for fut in [*others.values(), *loading.values()]:
+                fut.cancel()
+            raise
+    if tables is None:
+        raise BundleError("policy tables are missing from the lock", location=str(lock_path))
+    timings["verify_and_native"] = (time.perf_counter() - t) * 1000
+    log.info("bundle %s verified: %d skills, digest %s", root, len(components),
+             lock.bundle_digest[:16])
+    return LoadedBundle(root, lock, tables, components, timings)
+
+
+def _component_bytes(package: Path, expected: str) -> bytes:
+    """component.wasm from a package, for recompiling (the package digest is checked already)."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(package) as zf:
+            data = zf.read("component.wasm")
+    except (OSError, KeyError, zipfile.BadZipFile) as exc:
+        raise BundleError(f"cannot read component.wasm: {exc}", location=str(package)) from exc
+    if hashlib.sha256(data).hexdigest() != expected:
+        raise BundleError("component digest differs from the lock", location=str(package))
+    return data

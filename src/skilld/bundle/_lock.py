@@ -1,0 +1,119 @@
+"""``bundle.lock``: the digest of everything a bundle holds, and its canonical form.
+
+The lock names every file in the bundle with its sha256, each skill with its id,
+version, package, component and native-code digests, the engine fingerprint the
+native code was compiled for and the policy tables' digest. ``bundle_digest``
+identifies the bundle's *content*: it covers the engine, the policy and each
+skill's component and native code, but not signatures or keys, so that two builds
+from the same inputs agree even when each signed with its own ephemeral key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from skilld.errors import BundleError
+
+FORMAT = "skilld-bundle/1"
+LOCK = "bundle.lock"
+LOCK_SIG = "bundle.lock.sig"
+
+
+def canonical_json(value: Any) -> bytes:
+    """Sorted keys, no whitespace, UTF-8: the bytes that digests and signatures cover."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class LockedSkill:
+    """One skill as the lock records it."""
+
+    id: str
+    version: str
+    package: str  # bundle-relative path of the .skill
+    component_sha256: str
+    native: str  # bundle-relative path of the native code
+    native_sha256: str
+    signers: tuple[str, ...]
+    description: str
+    imports: tuple[str, ...]
+    spec: dict[str, Any]  # what describe returned, so serving need not ask again
+
+
+@dataclass(frozen=True, slots=True)
+class Lock:
+    """The parsed ``bundle.lock``."""
+
+    format: str
+    skilld_version: str
+    abi: str
+    engine: str
+    engine_description: str
+    policy_path: str
+    policy_digest: str
+    skills: tuple[LockedSkill, ...]
+    files: dict[str, str] = field(default_factory=dict)  # path -> sha256, every file but the lock
+    source_date_epoch: int = 0
+
+    @property
+    def bundle_digest(self) -> str:
+        """sha256 of the content identity (engine, policy, skills' code); see the module doc."""
+        identity = {
+            "abi": self.abi,
+            "engine": self.engine,
+            "policy": self.policy_digest,
+            "skills": [
+                [s.id, s.version, s.component_sha256, s.native_sha256]
+                for s in sorted(self.skills, key=lambda s: s.id)
+            ],
+        }
+        return hashlib.sha256(canonical_json(identity)).hexdigest()
+
+    def to_json(self) -> bytes:
+        """The lock file's bytes."""
+        body = asdict(self)
+        body["bundle_digest"] = self.bundle_digest
+        return canonical_json(body) + b"\n"
+
+    @classmethod
+    def read(cls, path: Path) -> Lock:
+        """Parse a lock file.
+
+        Raises:
+            BundleError: missing, not JSON, another format, or malformed (names the file).
+        """
+        try:
+            raw = json.loads(path.read_bytes())
+        except FileNotFoundError as exc:
+            raise BundleError("no bundle.lock: not a bundle", location=str(path)) from exc
+        except (OSError, ValueError) as exc:
+            raise BundleError(f"unreadable lock: {exc}", location=str(path)) from exc
+        if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+            raise BundleError(f"not a {FORMAT} lock", location=str(path))
+        try:
+            skills = tuple(
+                LockedSkill(**{**s, "signers": tuple(s["signers"]), "imports": tuple(s["imports"])})
+                for s in raw["skills"]
+            )
+            lock = cls(
+                format=raw["format"],
+                skilld_version=raw["skilld_version"],
+                abi=raw["abi"],
+                engine=raw["engine"],
+                engine_description=raw["engine_description"],
+                policy_path=raw["policy_path"],
+                policy_digest=raw["policy_digest"],
+                skills=skills,
+                files=dict(raw["files"]),
+                source_date_epoch=int(raw.get("source_date_epoch", 0)),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise BundleError(f"malformed lock: {exc}", location=str(path)) from exc
+        if raw.get("bundle_digest") != lock.bundle_digest:
+            raise BundleError("bundle_digest does not match the lock's content",
+                              location=str(path))
+        return lock
