@@ -190,6 +190,8 @@ def result_schema(fn: Callable[..., Any], method: str) -> dict[str, Any] | None:
     hints = get_type_hints(fn)
     if "return" not in hints or hints["return"] in (None, _NoneType, Any):
         return None
+    if getattr(hints["return"], "__name__", "") == "Rich":  # content, not a structured value
+        return None
     schema = type_schema(hints["return"], f"method '{method}', return value")
     return schema if schema.get("type") == "object" else None
 

@@ -1,0 +1,325 @@
+"""The MCP conformance suite's test tools, resources and prompts, as a sandboxed skill.
+
+Method names are plain; the policy's ``mcp.names`` maps them to the names the suite
+calls (``simple_text`` -> ``test_simple_text``), so the exposure overrides are
+exercised too.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import struct
+import time
+from typing import Any
+
+from skilld_sdk import Audio, Embedded, Image, Rich, Skill, SkillError, Text, mcp
+
+skill = Skill()
+
+# A 1x1 red pixel.
+PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8DwHwAFBQIAX8jx0gAAAABJRU5ErkJggg=="
+)
+
+
+def _wav() -> bytes:
+    rate, samples = 8000, 80
+    data = b"\x80" * samples
+    header = b"RIFF" + struct.pack("<I", 36 + len(data)) + b"WAVEfmt "
+    header += struct.pack("<IHHIIHH", 16, 1, 1, rate, rate, 1, 8) + b"data"
+    return header + struct.pack("<I", len(data)) + data
+
+
+WAV = _wav()
+
+
+@skill.method
+def simple_text() -> Rich:
+    """Return a simple text response."""
+    return Rich(content=[Text("This is a simple text response for testing.")])
+
+
+@skill.method
+def image_content() -> Rich:
+    """Return an image."""
+    return Rich(content=[Image(PNG, "image/png")])
+
+
+@skill.method
+def audio_content() -> Rich:
+    """Return audio."""
+    return Rich(content=[Audio(WAV, "audio/wav")])
+
+
+@skill.method
+def embedded_resource() -> Rich:
+    """Return an embedded resource."""
+    return Rich(
+        content=[
+            Embedded(
+                "test://embedded-resource",
+                text="This is an embedded resource content.",
+                mime_type="text/plain",
+            )
+        ]
+    )
+
+
+@skill.method
+def multiple_content_types() -> Rich:
+    """Return text, an image and an embedded resource."""
+    return Rich(
+        content=[
+            Text("Multiple content types test:"),
+            Image(PNG, "image/png"),
+            Embedded(
+                "test://mixed-content-resource",
+                text=json.dumps({"test": "data", "value": 123}),
+                mime_type="application/json",
+            ),
+        ]
+    )
+
+
+@skill.method
+def tool_with_logging() -> Rich:
+    """Send three log messages while running."""
+    mcp.log("info", "Tool execution started")
+    time.sleep(0.05)
+    mcp.log("info", "Tool processing data")
+    time.sleep(0.05)
+    mcp.log("info", "Tool execution completed")
+    return Rich(content=[Text("Tool with logging executed successfully")])
+
+
+@skill.method
+def tool_with_progress() -> Rich:
+    """Report progress 0, 50 and 100 of 100."""
+    for step, value in enumerate((0, 50, 100)):
+        if step:
+            time.sleep(0.05)
+        mcp.progress(value, 100, f"step {step + 1}")
+    return Rich(content=[Text("Tool with progress executed successfully")])
+
+
+@skill.method
+def error_handling() -> None:
+    """Always fail."""
+    raise SkillError("internal", "This tool intentionally returns an error for testing")
+
+
+@skill.method
+def sampling(prompt: str) -> Rich:
+    """Ask the client's model.
+
+    Args:
+        prompt: The prompt to send to the LLM.
+    """
+    result = mcp.sample(
+        {
+            "messages": [{"role": "user", "content": {"type": "text", "text": prompt}}],
+            "maxTokens": 100,
+        }
+    )
+    content = result.get("content") or {}
+    text = content.get("text") if isinstance(content, dict) else json.dumps(content)
+    return Rich(content=[Text(f"LLM response: {text}")])
+
+
+@skill.method
+def elicitation(message: str) -> Rich:
+    """Ask the user for a username and an email.
+
+    Args:
+        message: The message to show the user.
+    """
+    result = mcp.elicit(
+        {
+            "message": message,
+            "requestedSchema": {
+                "type": "object",
+                "properties": {
+                    "username": {"type": "string", "description": "User's response"},
+                    "email": {"type": "string", "description": "User's email address"},
+                },
+                "required": ["username", "email"],
+            },
+        }
+    )
+    action, content = result.get("action"), result.get("content")
+    return Rich(content=[Text(f"User response: action={action}, content={json.dumps(content)}")])
+
+
+def _elicited(result: dict[str, Any]) -> Rich:
+    text = f"Elicitation completed: action={result.get('action')}, "
+    return Rich(content=[Text(text + f"content={json.dumps(result.get('content'))}")])
+
+
+@skill.method
+def elicitation_sep1034_defaults() -> Rich:
+    """Elicit with defaults for every primitive type."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "description": "User name", "default": "John Doe"},
+            "age": {"type": "integer", "description": "User age", "default": 30},
+            "score": {"type": "number", "description": "User score", "default": 95.5},
+            "status": {
+                "type": "string",
+                "description": "User status",
+                "enum": ["active", "inactive", "pending"],
+                "default": "active",
+            },
+            "verified": {"type": "boolean", "description": "Verification status", "default": True},
+        },
+        "required": [],
+    }
+    return _elicited(
+        mcp.elicit(
+            {"message": "Please review and update the form fields", "requestedSchema": schema}
+        )
+    )
+
+
+@skill.method
+def elicitation_sep1330_enums() -> Rich:
+    """Elicit with all five enum variants."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "untitledSingle": {"type": "string", "enum": ["option1", "option2", "option3"]},
+            "titledSingle": {
+                "type": "string",
+                "oneOf": [
+                    {"const": "value1", "title": "First Option"},
+                    {"const": "value2", "title": "Second Option"},
+                    {"const": "value3", "title": "Third Option"},
+                ],
+            },
+            "legacyEnum": {
+                "type": "string",
+                "enum": ["opt1", "opt2", "opt3"],
+                "enumNames": ["Option One", "Option Two", "Option Three"],
+            },
+            "untitledMulti": {
+                "type": "array",
+                "items": {"type": "string", "enum": ["option1", "option2", "option3"]},
+            },
+            "titledMulti": {
+                "type": "array",
+                "items": {
+                    "anyOf": [
+                        {"const": "value1", "title": "First Choice"},
+                        {"const": "value2", "title": "Second Choice"},
+                        {"const": "value3", "title": "Third Choice"},
+                    ]
+                },
+            },
+        },
+        "required": [],
+    }
+    return _elicited(mcp.elicit({"message": "Please select options", "requestedSchema": schema}))
+
+
+@skill.resource(
+    "test://static-text",
+    name="static-text",
+    mime_type="text/plain",
+    description="A static text resource for testing",
+)
+def static_text() -> str:
+    """A static text resource."""
+    return "This is the content of the static text resource."
+
+
+@skill.resource(
+    "test://static-binary",
+    name="static-binary",
+    mime_type="image/png",
+    description="A static binary resource (a PNG image) for testing",
+)
+def static_binary() -> bytes:
+    """A static binary resource."""
+    return PNG
+
+
+@skill.resource(
+    "test://template/{id}/data",
+    name="template-data",
+    mime_type="application/json",
+    description="A resource template with an id parameter",
+)
+def template_data(id: str) -> str:  # noqa: A002  (the URI template names it id)
+    """Data for one id."""
+    return json.dumps({"id": id, "templateTest": True, "data": f"Data for ID: {id}"})
+
+
+@skill.resource(
+    "test://watched-resource",
+    name="watched-resource",
+    mime_type="text/plain",
+    description="A resource clients may subscribe to",
+)
+def watched() -> str:
+    """A resource to subscribe to."""
+    return "Watched resource content."
+
+
+@skill.prompt("test_simple_prompt")
+def simple_prompt() -> str:
+    """A simple prompt without arguments."""
+    return "This is a simple prompt for testing."
+
+
+@skill.prompt("test_prompt_with_arguments")
+def prompt_with_arguments(arg1: str, arg2: str) -> str:
+    """A prompt with two required arguments.
+
+    Args:
+        arg1: First test argument.
+        arg2: Second test argument.
+    """
+    return f"Prompt with arguments: arg1='{arg1}', arg2='{arg2}'"
+
+
+@skill.prompt("test_prompt_with_embedded_resource")
+def prompt_with_embedded_resource(resourceUri: str) -> list[dict[str, Any]]:  # noqa: N803
+    """A prompt that embeds a resource.
+
+    Args:
+        resourceUri: URI of the resource to embed.
+    """
+    return [
+        {
+            "role": "user",
+            "content": {
+                "type": "resource",
+                "resource": {
+                    "uri": resourceUri,
+                    "mimeType": "text/plain",
+                    "text": "Embedded resource content for testing.",
+                },
+            },
+        },
+        {
+            "role": "user",
+            "content": {"type": "text", "text": "Please process the embedded resource above."},
+        },
+    ]
+
+
+@skill.prompt("test_prompt_with_image")
+def prompt_with_image() -> list[dict[str, Any]]:
+    """A prompt with an image."""
+    return [
+        {
+            "role": "user",
+            "content": {
+                "type": "image",
+                "data": base64.b64encode(PNG).decode(),
+                "mimeType": "image/png",
+            },
+        },
+        {"role": "user", "content": {"type": "text", "text": "Please analyze the image above."}},
+    ]
