@@ -1,0 +1,527 @@
+"""The pattern languages of the policy, shared by the compiler and the checks.
+
+Each parser takes the operator's text and returns a normal form or raises
+``ValueError`` with a sentence the compiler turns into a ``file:line`` error.
+The checks (``skilld.permissions``) use the same functions on requests, so a
+pattern and the thing it is matched against are always normalised alike.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+from functools import cache
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+# -- file system globs -------------------------------------------------------
+
+_GLOB_FORBIDDEN = set("?[]{}\\")
+
+
+def parse_path_pattern(text: str) -> tuple[str, ...]:
+    """The segments of an absolute path pattern (``*`` one segment, ``**`` any depth).
+
+    ``/`` is the empty tuple. A trailing slash is dropped.
+
+    Raises:
+        ValueError: relative, non-canonical (``.``/``..``/empty segments) or bad glob.
+    """
+    if not isinstance(text, str) or not text:
+        raise ValueError("a path must be a non-empty string")
+    if not text.startswith("/"):
+        raise ValueError(f"path {text!r} must be absolute (start with '/')")
+    if "\x00" in text:
+        raise ValueError("path contains a NUL byte")
+    body = text[1:].removesuffix("/") if text != "/" else ""
+    if not body:
+        return ()
+    segments = tuple(body.split("/"))
+    for seg in segments:
+        if seg in ("", ".", ".."):
+            raise ValueError(f"path {text!r} is not canonical (empty, '.' or '..' segment)")
+        bad = _GLOB_FORBIDDEN.intersection(seg)
+        if bad:
+            raise ValueError(
+                f"bad glob {text!r}: {''.join(sorted(bad))!r} is not supported "
+                "(only '*' within a segment and '**' as a whole segment)"
+            )
+        if "**" in seg and seg != "**":
+            raise ValueError(f"bad glob {text!r}: '**' must be a whole path segment")
+    return segments
+
+
+def is_literal(segments: tuple[str, ...]) -> bool:
+    """True when no segment has a wildcard."""
+    return not any("*" in seg for seg in segments)
+
+
+def literal_prefix(segments: tuple[str, ...]) -> str:
+    """The directory before the first wildcard segment, as a path (``/`` for none)."""
+    out: list[str] = []
+    for seg in segments:
+        if "*" in seg:
+            break
+        out.append(seg)
+    return "/" + "/".join(out)
+
+
+def join_path(segments: tuple[str, ...]) -> str:
+    """Segments back to a path."""
+    return "/" + "/".join(segments)
+
+
+def path_regex(segments: tuple[str, ...]) -> str:
+    """A regex matching whole canonical paths; ``**`` matches zero or more segments."""
+    parts = ["^"]
+    for seg in segments:
+        if seg == "**":
+            parts.append("(?:/[^/]+)*")
+        else:
+            parts.append("/" + "[^/]*".join(re.escape(p) for p in seg.split("*")))
+    parts.append("/?$" if not segments else "$")
+    return "".join(parts)
+
+
+def _segment_covers(grant: str, need: str) -> bool:
+    # Sound because a grant's '*' is the only thing that can consume a need's
+    # '*' character, and it matches any string a need's '*' could stand for.
+    regex = "[^/]*".join(re.escape(p) for p in grant.split("*"))
+    return re.fullmatch(regex, need) is not None
+
+
+def pattern_covers(grant: tuple[str, ...], need: tuple[str, ...]) -> bool:
+    """True when every path ``need`` matches is matched by ``grant`` (conservative)."""
+
+    @cache
+    def sub(i: int, j: int) -> bool:
+        if i == len(need):
+            return all(seg == "**" for seg in grant[j:])
+        if j == len(grant):
+            return False
+        n, g = need[i], grant[j]
+        if g == "**":
+            return sub(i + 1, j) or sub(i, j + 1)
+        if n == "**":
+            return False
+        return _segment_covers(g, n) and sub(i + 1, j + 1)
+
+    return sub(0, 0)
+
+
+def tree(segments: tuple[str, ...]) -> tuple[str, ...]:
+    """The pattern a grant stands for: a literal path names its whole tree."""
+    return (*segments, "**") if is_literal(segments) else segments
+
+
+# -- hosts and addresses ----------------------------------------------------
+
+_LABEL = re.compile(r"^[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?$")
+_NUM_PART = re.compile(r"^(?:0x[0-9a-f]*|[0-9]+)$")
+
+METADATA: frozenset[IPAddress] = frozenset(
+    ipaddress.ip_address(a)
+    for a in (
+        "169.254.169.254",  # AWS, GCP, Azure, OpenStack, DigitalOcean
+        "169.254.170.2",  # AWS ECS task metadata
+        "169.254.169.123",  # AWS time sync
+        "100.100.100.200",  # Alibaba Cloud
+        "192.0.0.192",  # Oracle Cloud (legacy)
+        "fd00:ec2::254",  # AWS over IPv6
+        "fd00:ec2::23",  # AWS DNS over IPv6
+    )
+)
+METADATA_NAMES = frozenset({"metadata.google.internal", "metadata", "instance-data"})
+
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+
+
+def parse_ipv4_loose(host: str) -> ipaddress.IPv4Address | None:
+    """The IPv4 address ``inet_aton`` would read from ``host``, or None.
+
+    Browsers and C resolvers accept ``2130706433``, ``0x7f.1``, ``0177.0.0.1`` and
+    ``127.1`` as 127.0.0.1; so must the check, or they walk past it.
+    """
+    parts = host.split(".")
+    if not 1 <= len(parts) <= 4 or not all(_NUM_PART.match(p) for p in parts):
+        return None
+    values: list[int] = []
+    for p in parts:
+        if p.startswith("0x"):
+            values.append(int(p[2:] or "0", 16))
+        elif len(p) > 1 and p.startswith("0"):
+            if any(c in "89" for c in p):
+                return None
+            values.append(int(p, 8))
+        else:
+            values.append(int(p))
+    *head, last = values
+    if any(v > 255 for v in head) or last >= 256 ** (5 - len(values)):
+        return None
+    number = last
+    for i, v in enumerate(head):
+        number |= v << (8 * (3 - i))
+    return ipaddress.IPv4Address(number)
+
+
+def unwrap(ip: IPAddress) -> IPAddress:
+    """The IPv4 address inside an IPv4-mapped, NAT64 or 6to4 IPv6 address, else ``ip``."""
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return ip.ipv4_mapped
+        if ip in _NAT64:
+            return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+        if ip.sixtofour is not None:
+            return ip.sixtofour
+    return ip
+
+
+def is_special(ip: IPAddress) -> bool:
+    """True for addresses a grant must name: private, loopback, link-local, metadata, ..."""
+    return ip in METADATA or not ip.is_global or ip.is_multicast
+
+
+def normalize_host(text: str) -> str | IPAddress:
+    """A host name in canonical form (lowercase, no trailing dot, punycode) or its IP.
+
+    Raises:
+        ValueError: empty, bad characters, or not valid IDNA.
+    """
+    host = text.strip()
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            return unwrap(ipaddress.IPv6Address(host[1:-1]))
+        except ValueError as exc:
+            raise ValueError(f"bad IPv6 address {host!r}") from exc
+    host = host.lower()
+    if host.endswith("."):
+        host = host[:-1]
+    if not host:
+        raise ValueError("empty host")
+    if ":" in host:
+        try:
+            return unwrap(ipaddress.IPv6Address(host))
+        except ValueError as exc:
+            raise ValueError(f"bad host {text!r}") from exc
+    ip4 = parse_ipv4_loose(host)
+    if ip4 is not None:
+        return ip4
+    if not host.isascii():
+        try:
+            host = host.encode("idna").decode("ascii")
+        except UnicodeError as exc:
+            raise ValueError(f"host {text!r} is not a valid internationalised name") from exc
+    labels = host.split(".")
+    if len(host) > 253 or not all(_LABEL.match(label) for label in labels):
+        raise ValueError(f"bad host name {text!r}")
+    if labels[-1].isdigit() or _NUM_PART.match(labels[-1]):
+        # A name whose last label is numeric is an address in disguise (``1.2.3.999``).
+        raise ValueError(f"bad host {text!r}: looks like an IP address but is not one")
+    return host
+
+
+@dataclass(frozen=True, slots=True)
+class HostPattern:
+    """A host in a grant: ``*`` (any), ``*.suffix`` (any subdomain), a name, an IP or a CIDR."""
+
+    kind: str  # "any" | "suffix" | "name" | "ip" | "cidr"
+    value: str  # canonical text: suffix without "*.", name, IP text, CIDR text
+
+    def __str__(self) -> str:
+        return {"any": "*", "suffix": f"*.{self.value}"}.get(self.kind, self.value)
+
+
+def parse_host_pattern(text: str, *, cidr: bool) -> HostPattern:
+    """Parse a grant's host.
+
+    Raises:
+        ValueError: a bad name, wildcard, IP or CIDR (CIDRs only where ``cidr``).
+    """
+    if not isinstance(text, str) or not text:
+        raise ValueError("a host must be a non-empty string")
+    if text == "*":
+        return HostPattern("any", "*")
+    if "/" in text:
+        if not cidr:
+            raise ValueError(f"a CIDR is not allowed here: {text!r}")
+        try:
+            net = ipaddress.ip_network(text.strip("[]"), strict=True)
+        except ValueError as exc:
+            raise ValueError(f"bad CIDR {text!r}: {exc}") from exc
+        return HostPattern("cidr", str(net))
+    if text.startswith("*."):
+        rest = normalize_host(text[2:])
+        if not isinstance(rest, str):
+            raise ValueError(f"bad wildcard host {text!r}: '*.' needs a name after it")
+        return HostPattern("suffix", rest)
+    if "*" in text:
+        raise ValueError(f"bad host {text!r}: '*' only as the whole host or a leading '*.'")
+    host = normalize_host(text)
+    if isinstance(host, str):
+        return HostPattern("name", host)
+    return HostPattern("ip", str(host))
+
+
+def host_pattern_covers(grant: HostPattern, need: HostPattern) -> bool:
+    """True when every host ``need`` matches is matched by ``grant``."""
+    if grant.kind == "any":
+        return True
+    if grant == need:
+        return True
+    if grant.kind == "suffix":
+        return need.kind in ("name", "suffix") and need.value.endswith("." + grant.value)
+    if grant.kind == "cidr":
+        net = ipaddress.ip_network(grant.value)
+        if need.kind == "ip":
+            return ipaddress.ip_address(need.value) in net
+        if need.kind == "cidr":
+            inner = ipaddress.ip_network(need.value)
+            return inner.version == net.version and inner.subnet_of(net)  # type: ignore[arg-type]
+    return False
+
+
+# -- ports -------------------------------------------------------------------
+
+PortRanges = tuple[tuple[int, int], ...]
+ALL_PORTS: PortRanges = ((1, 65535),)
+
+
+def parse_ports(value: object) -> PortRanges:
+    """``5432``, ``"8000-8100"``, ``"*"`` or a list of those, as sorted merged ranges.
+
+    Raises:
+        ValueError: a port outside 1..65535 or a range whose start exceeds its end.
+    """
+    items = value if isinstance(value, list) else [value]
+    if not items:
+        raise ValueError("an empty port list grants nothing; leave the key out or list ports")
+    ranges: list[tuple[int, int]] = []
+    for item in items:
+        if item == "*":
+            ranges.append(ALL_PORTS[0])
+            continue
+        if isinstance(item, int) and not isinstance(item, bool):
+            lo = hi = item
+        elif isinstance(item, str) and re.fullmatch(r"\d+(?:-\d+)?", item.strip()):
+            a, _, b = item.strip().partition("-")
+            lo, hi = int(a), int(b or a)
+        else:
+            raise ValueError(f"bad port {item!r}: use 443, '8000-8100' or '*'")
+        if not (1 <= lo <= 65535 and 1 <= hi <= 65535):
+            raise ValueError(f"bad port {item!r}: ports are 1..65535")
+        if lo > hi:
+            raise ValueError(f"bad port range {item!r}: start is after end")
+        ranges.append((lo, hi))
+    ranges.sort()
+    merged: list[tuple[int, int]] = []
+    for lo, hi in ranges:
+        if merged and lo <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(hi, merged[-1][1]))
+        else:
+            merged.append((lo, hi))
+    return tuple(merged)
+
+
+def port_in(port: int, ranges: PortRanges) -> bool:
+    """True when ``port`` lies in one of ``ranges``."""
+    return any(lo <= port <= hi for lo, hi in ranges)
+
+
+def ports_cover(grant: PortRanges, need: PortRanges) -> bool:
+    """True when every port of ``need`` is in ``grant``."""
+    return all(any(g0 <= lo and hi <= g1 for g0, g1 in grant) for lo, hi in need)
+
+
+def ports_text(ranges: PortRanges) -> str:
+    """Ranges as operators write them."""
+    return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in ranges)
+
+
+# -- URL patterns ------------------------------------------------------------
+
+_SCHEMES = {"http": 80, "https": 443}
+
+
+@dataclass(frozen=True, slots=True)
+class UrlPattern:
+    """A grant's URL: schemes, host pattern, ports and a path prefix (segment-bounded)."""
+
+    schemes: tuple[str, ...]
+    host: HostPattern
+    ports: PortRanges | None  # None: the scheme's default port
+    path: str  # "/" or "/a/b" without trailing slash
+
+    def __str__(self) -> str:
+        scheme = self.schemes[0] if len(self.schemes) == 1 else "*"
+        port = f":{ports_text(self.ports)}" if self.ports else ""
+        return f"{scheme}://{self.host}{port}{self.path}"
+
+
+def parse_url_pattern(text: str) -> UrlPattern:
+    """Parse ``scheme://host[:port]/path-prefix`` with wildcards.
+
+    Raises:
+        ValueError: unknown scheme, userinfo, bad host, port or path.
+    """
+    if not isinstance(text, str) or "://" not in text:
+        raise ValueError(f"bad URL pattern {text!r}: expected scheme://host/path")
+    scheme, _, rest = text.partition("://")
+    scheme = scheme.lower()
+    if scheme == "*":
+        schemes: tuple[str, ...] = ("http", "https")
+    elif scheme in _SCHEMES:
+        schemes = (scheme,)
+    else:
+        raise ValueError(f"bad URL pattern {text!r}: scheme must be http, https or *")
+    if any(c in rest for c in "?#@\\ ") or any(ord(c) < 0x21 for c in rest):
+        raise ValueError(
+            f"bad URL pattern {text!r}: no userinfo, query, fragment or spaces allowed"
+        )
+    slash = rest.find("/")
+    authority, path = (rest, "/") if slash < 0 else (rest[:slash], rest[slash:])
+    if authority.startswith("["):
+        end = authority.find("]")
+        if end < 0:
+            raise ValueError(f"bad URL pattern {text!r}: unclosed '['")
+        host_text, port_text = authority[: end + 1], authority[end + 1 :]
+        if port_text and not port_text.startswith(":"):
+            raise ValueError(f"bad URL pattern {text!r}")
+        port_text = port_text[1:]
+    else:
+        host_text, _, port_text = authority.partition(":")
+    try:
+        host = parse_host_pattern(host_text, cidr=False)
+        ports = parse_ports(port_text) if port_text else None
+    except ValueError as exc:
+        raise ValueError(f"bad URL pattern {text!r}: {exc}") from exc
+    if path.endswith("/**"):
+        path = path[:-3]
+    elif path.endswith("/*"):
+        path = path[:-2]
+    if "*" in path:
+        raise ValueError(
+            f"bad URL pattern {text!r}: the path is a prefix; '*' only as a final '/*' or '/**'"
+        )
+    segments = [s for s in path.split("/") if s]
+    if any(s in (".", "..") for s in segments):
+        raise ValueError(f"bad URL pattern {text!r}: '.' or '..' in the path")
+    return UrlPattern(schemes, host, ports, "/" + "/".join(segments))
+
+
+def path_under(path: str, prefix: str) -> bool:
+    """True when ``path`` is ``prefix`` or below it, on segment boundaries."""
+    if prefix == "/":
+        return True
+    return path == prefix or path.startswith(prefix + "/")
+
+
+def url_pattern_covers(grant: UrlPattern, need: UrlPattern) -> bool:
+    """True when every URL ``need`` matches is matched by ``grant``."""
+    if not set(need.schemes) <= set(grant.schemes):
+        return False
+    if not host_pattern_covers(grant.host, need.host):
+        return False
+    for scheme in need.schemes:
+        default = ((_SCHEMES[scheme], _SCHEMES[scheme]),)
+        if not ports_cover(grant.ports or default, need.ports or default):
+            return False
+    return path_under(need.path, grant.path)
+
+
+def default_port(scheme: str) -> int:
+    """80 for http, 443 for https."""
+    return _SCHEMES[scheme]
+
+
+# -- shell argument patterns ---------------------------------------------------
+
+
+def arg_regex(pattern: str) -> str:
+    """A regex matching one whole argument; ``*`` is any run of characters."""
+    return "^" + ".*".join(re.escape(p) for p in pattern.split("*")) + "$"
+
+
+def args_cover(grant: tuple[str, ...], need: tuple[str, ...]) -> bool:
+    """True when every argv tail ``need`` allows is allowed by ``grant`` (conservative)."""
+    g_rest = bool(grant) and grant[-1] == "**"
+    n_rest = bool(need) and need[-1] == "**"
+    g_fixed = grant[:-1] if g_rest else grant
+    n_fixed = need[:-1] if n_rest else need
+    if n_rest and not g_rest:
+        return False
+    if len(n_fixed) < len(g_fixed) or (len(n_fixed) > len(g_fixed) and not g_rest):
+        return False
+    return all(
+        re.fullmatch(arg_regex(g).replace(".*", "(?s:.*)"), n) is not None
+        for g, n in zip(g_fixed, n_fixed, strict=False)
+    )
+
+
+# -- names (env variables, skills, nodes) ------------------------------------
+
+NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\*?$")
+SKILL_ID = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+
+
+def name_matches(pattern: str, name: str) -> bool:
+    """``FOO`` matches itself; ``FOO_*`` matches names starting with ``FOO_``."""
+    if pattern.endswith("*"):
+        return name.startswith(pattern[:-1])
+    return name == pattern
+
+
+def name_covers(grant: str, need: str) -> bool:
+    """True when every name ``need`` matches is matched by ``grant``."""
+    if grant.endswith("*"):
+        return need.startswith(grant[:-1])
+    return grant == need
+
+
+# -- sizes and durations -------------------------------------------------------
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "kib": 1024,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "mib": 1024**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "gib": 1024**3,
+}
+_TIME = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000}
+
+
+def parse_size(value: object) -> int:
+    """Bytes from ``1048576``, ``"64MiB"``, ``"10MB"``.
+
+    Raises:
+        ValueError: not a positive size.
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", value)
+        if m and m.group(2).lower() in _UNITS and int(m.group(1)) > 0:
+            return int(m.group(1)) * _UNITS[m.group(2).lower()]
+    raise ValueError(f"bad size {value!r}: use bytes or e.g. '64MiB', '10MB'")
+
+
+def parse_duration_ms(value: object) -> int:
+    """Milliseconds from ``500`` (ms), ``"500ms"``, ``"5s"``, ``"2m"``.
+
+    Raises:
+        ValueError: not a positive duration.
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*(\d+)\s*([a-z]+)\s*", value)
+        if m and m.group(2) in _TIME and int(m.group(1)) > 0:
+            return int(m.group(1)) * _TIME[m.group(2)]
+    raise ValueError(f"bad duration {value!r}: use milliseconds or e.g. '500ms', '5s', '2m'")
