@@ -17,6 +17,7 @@ from skilld.errors import PolicyError
 from skilld.policy import _patterns as p
 from skilld.policy._schema import (
     CAPABILITY_SECTIONS,
+    NEEDS_KEYS,
     POLICY_KEYS,
     Exposure,
     Grants,
@@ -29,7 +30,6 @@ from skilld.policy._yaml import load_yaml
 from skilld.types import Limits
 
 DEFAULTS = "defaults.yaml"
-NEEDS_KEYS = CAPABILITY_SECTIONS
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +55,24 @@ class CompileResult:
     tables: Tables
     warnings: tuple[Finding, ...] = ()
     problems: tuple[Finding, ...] = ()
+
+    @property
+    def digest(self) -> str:
+        """The tables' digest (sha256 of their canonical JSON)."""
+        return self.tables.digest
+
+    @property
+    def tables_bytes(self) -> bytes:
+        """The canonical JSON of the tables, as written to ``policy/tables.json``."""
+        return self.tables.to_json().encode()
+
+    def grants_of(self, skill_id: str) -> frozenset[str]:
+        """The host interfaces the skill's component may import (see :meth:`Tables.interfaces`).
+
+        Raises:
+            PolicyError: no such skill in the tables.
+        """
+        return self.tables.interfaces(skill_id)
 
     def raise_for_problems(self) -> None:
         """Make problems fatal.
@@ -253,6 +271,19 @@ def compile_documents(
         limits.update(defaults.limits)
         limits.update(own.limits)
         exposure = Exposure(**{**defaults.mcp, **own.mcp})
+        if needs is not None:
+            wanted = tuple(needs.mcp.get("client", ()))
+            missing = [c for c in wanted if c not in exposure.client]
+            if missing:
+                where = needs.lines.get("mcp", 0)
+                problems.append(
+                    Finding(
+                        f"{needs.source}:{where}" if where else needs.source,
+                        skill,
+                        f"mcp client feature(s) {', '.join(missing)} not granted to '{skill}'",
+                    )
+                )
+            exposure = replace(exposure, client=tuple(c for c in exposure.client if c in wanted))
         table["limits"] = limits
         table["mcp"] = exposure.table()
         table["needs_checked"] = needs is not None

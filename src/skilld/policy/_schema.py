@@ -35,6 +35,9 @@ _CLIENT_FEATURES = ("sample", "elicit")
 
 CAPABILITY_SECTIONS = ("fs", "http", "tcp", "shell", "env", "invoke", "transfer", "kv")
 POLICY_KEYS = ("skill", "description", *CAPABILITY_SECTIONS, "limits", "mcp")
+# Needs use the grants' vocabulary; ``mcp`` there is the client interface
+# (progress, logs, and ``client: [sample, elicit]``), ``log`` is always granted.
+NEEDS_KEYS = (*CAPABILITY_SECTIONS, "mcp", "log")
 
 
 @dataclass(frozen=True, slots=True)
@@ -672,8 +675,10 @@ def _str_map(
     return dict(m)
 
 
-def _mcp(m: Mapping[str, Any], where: Where) -> dict[str, Any]:
-    keys = ("tools", "hidden", "names", "titles", "descriptions", "client")
+def _mcp(m: Mapping[str, Any], where: Where, *, needs: bool = False) -> dict[str, Any]:
+    keys: tuple[str, ...] = ("tools", "hidden", "names", "titles", "descriptions", "client")
+    if needs:
+        keys = ("client",)
     _check_keys(m, keys, where, "mcp")
     out: dict[str, Any] = {}
     if "tools" in m:
@@ -761,10 +766,12 @@ def parse_grants(
         if "limits" in m
         else {}
     )
-    mcp = (
-        _mcp(_mapping(m["mcp"], _line(m, "mcp", top), "mcp"), _line(m, "mcp", top))
-        if "mcp" in m
-        else {}
-    )
+    needs = "skill" not in allowed and "limits" not in allowed
+    mcp: dict[str, Any] = {}
+    if "mcp" in m and m["mcp"] is not None:
+        mw = _line(m, "mcp", top)
+        mcp = _mcp(_mapping(m["mcp"], mw, "mcp"), mw, needs=needs)
+    if "log" in m and not (m["log"] is None or m["log"] is True or m["log"] == {}):
+        raise _fail(_line(m, "log", top), "log takes no settings: write 'log: {}'")
     lines = {k: _line(m, k, top).line for k in m}
     return Grants(source, rules, limits, mcp, lines)

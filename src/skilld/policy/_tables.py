@@ -128,6 +128,25 @@ class Tables:
             client=tuple(raw.get("client", ())),
         )
 
+    def interfaces(self, skill_id: str) -> frozenset[str]:
+        """The WIT host interfaces the skill may import: those with an effective grant.
+
+        ``log`` and ``mcp`` (progress and logs to the client) always; ``sample`` and
+        ``elicit`` are still checked per call against ``mcp.client``.
+
+        Raises:
+            PolicyError: the tables have no entry for ``skill_id``.
+        """
+        table = self.skill(skill_id)
+        out = {"log", "mcp"}
+        for name in ("fs", "http", "tcp", "shell", "env", "transfer", "kv"):
+            if table.get(name):
+                out.add(name)
+        invoke = table.get("invoke")
+        if invoke and invoke.get("calls"):
+            out.add("invoke")
+        return frozenset(out)
+
     def to_json(self) -> str:
         """The canonical JSON text (what :func:`load_tables` reads back)."""
         return canonical_json(self.data)
