@@ -1,0 +1,240 @@
+"""The policy compiler: file:line errors, defaults, needs against grants, canonical tables."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from skilld.errors import PolicyError
+from skilld.policy import Tables, compile_policies, load_tables
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def write(tmp_path: Path, files: dict[str, str]) -> Path:
+    """A policies directory holding ``files``."""
+    root = tmp_path / "policies"
+    root.mkdir()
+    for name, text in files.items():
+        (root / name).write_text(text)
+    return root
+
+
+def error_of(tmp_path: Path, files: dict[str, str], **kw: object) -> PolicyError:
+    """The PolicyError compiling ``files`` raises."""
+    with pytest.raises(PolicyError) as info:
+        compile_policies(write(tmp_path, files), **kw)  # type: ignore[arg-type]
+    return info.value
+
+
+def test_unknown_key_names_file_line_and_suggests(tmp_path: Path) -> None:
+    """A misspelt key is refused at its own line, with a did-you-mean."""
+    err = error_of(tmp_path, {"notes.yaml": "fs:\n  - path: /data\n    mdoe: ro\n"})
+    assert err.location == "policies/notes.yaml:3"
+    assert "unknown key 'mdoe'" in err.message
+    assert err.hint is not None and "mode" in err.hint
+
+
+def test_unknown_top_level_key(tmp_path: Path) -> None:
+    """An unknown section is refused at its line."""
+    err = error_of(tmp_path, {"notes.yaml": "kv: {}\nraed: []\n"})
+    assert err.location == "policies/notes.yaml:2"
+    assert "unknown key 'raed'" in str(err)
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "words"),
+    [
+        ("fs:\n  - path: /data/a**b\n", 2, "bad glob"),
+        ("fs:\n  - path: /data/[ab]\n", 2, "bad glob"),
+        ("fs:\n  - path: data/notes\n", 2, "absolute"),
+        ("fs:\n  - path: /data/../etc\n", 2, "not canonical"),
+        ("fs:\n  - path: /data\n    mode: rx\n", 3, "mode"),
+        ("tcp:\n  - host: 10.0.0.0/33\n    ports: 1\n", 2, "bad CIDR"),
+        ("tcp:\n  - host: 10.0.0.1/8\n    ports: 1\n", 2, "bad CIDR"),
+        ("tcp:\n  - host: db\n    ports: 9000-8000\n", 3, "start is after end"),
+        ("tcp:\n  - host: db\n    ports: 70000\n", 3, "1..65535"),
+        ("tcp:\n  - host: db\n    ports: [80, http]\n", 3, "bad port"),
+        ("http:\n  - url: ftp://example.com/\n", 2, "scheme"),
+        ("http:\n  - url: https://exa*mple.com/\n", 2, "bad URL pattern"),
+        ("http:\n  - url: https://user@example.com/\n", 2, "userinfo"),
+        ("http:\n  - url: https://example.com:0/\n", 2, "1..65535"),
+        ("http:\n  - url: https://example.com/a*b\n", 2, "prefix"),
+        ("http:\n  - url: example.com\n", 2, "scheme://"),
+        ("http:\n  - url: https://example.com/\n    methods: [FETCH]\n", 3, "unknown HTTP method"),
+        ("http:\n  - url: https://example.com/\n    addresses: [10.0.0.0/99]\n", 3, "bad CIDR"),
+        ("shell:\n  - program: git status\n", 2, "one name"),
+        ("shell:\n  - program: git\n    args: ['**', x]\n", 3, "last pattern"),
+        ("shell:\n  - program: git\n    cwd: [tmp]\n", 3, "absolute"),
+        ("env: ['1BAD']\n", 1, "environment variable"),
+        ("limits:\n  memory: lots\n", 2, "bad size"),
+        ("limits:\n  wall_time: 5 parsecs\n", 2, "bad duration"),
+        ("mcp:\n  tools: some\n", 2, "per-method or per-skill"),
+        ("invoke:\n  max_depth: 0\n", 2, "max_depth"),
+        ("fs:\n  - {path: /a, id: x}\n  - {path: /b, id: x}\n", 3, "already used"),
+        ("kv: {}\nkv: {}\n", 2, "duplicate key"),
+        ("fs: [\n", 2, "not valid YAML"),
+    ],
+)
+def test_bad_values_are_located(tmp_path: Path, text: str, line: int, words: str) -> None:
+    """Each kind of bad pattern or value is refused with the file and line that holds it."""
+    err = error_of(tmp_path, {"notes.yaml": text})
+    assert err.location == f"policies/notes.yaml:{line}", str(err)
+    assert words in str(err)
+
+
+def test_unknown_skill_reference_is_located(tmp_path: Path) -> None:
+    """invoke.calls naming a skill that does not exist is refused at that line."""
+    files = {"notes.yaml": "kv: {}\ninvoke:\n  max_depth: 2\n  calls: [ecko]\n"}
+    err = error_of(tmp_path, files, skills={"notes": None, "echo": None})
+    assert err.location == "policies/notes.yaml:4"
+    assert "unknown skill 'ecko'" in err.message
+    assert err.hint is not None and "echo" in err.hint
+
+
+def test_policy_for_unknown_skill(tmp_path: Path) -> None:
+    """A policy file for a skill that is not known is refused."""
+    err = error_of(tmp_path, {"nots.yaml": "kv: {}\n"}, skills={"notes": None})
+    assert err.location == "policies/nots.yaml:1"
+    assert "unknown skill 'nots'" in err.message
+
+
+def test_skill_key_must_match_file_name(tmp_path: Path) -> None:
+    """``skill:`` must agree with the file name."""
+    err = error_of(tmp_path, {"notes.yaml": "kv: {}\nskill: other\n"})
+    assert err.location == "policies/notes.yaml:2"
+
+
+def test_defaults_apply_and_skill_overrides(tmp_path: Path) -> None:
+    """defaults.yaml gives limits and rules to every skill; a skill's own values win."""
+    root = write(
+        tmp_path,
+        {
+            "defaults.yaml": "limits:\n  memory: 64MiB\n  wall_time: 2s\nenv: [LANG]\n",
+            "a.yaml": "limits:\n  wall_time: 500ms\n",
+            "b.yaml": "{}\n",
+        },
+    )
+    tables = compile_policies(root).tables
+    assert tables.limits("a").memory_bytes == 64 * 1024 * 1024
+    assert tables.limits("a").timeout_ms == 500
+    assert tables.limits("b").timeout_ms == 2000
+    assert tables.skill("b")["env"][0]["id"] == "defaults.env[0]"
+
+
+def test_needs_intersect_with_grants(tmp_path: Path) -> None:
+    """The effective grant is the intersection: narrower need wins, mode is the lesser."""
+    root = write(tmp_path, {"notes.yaml": "fs:\n  - path: /data\n    mode: rw\n"})
+    needs = {"notes": {"fs": [{"path": "/data/notes", "mode": "ro"}]}}
+    result = compile_policies(root, needs)
+    fs = result.tables.skill("notes")["fs"]
+    assert [(r["path"], r["mode"], r["id"]) for r in fs] == [("/data/notes", "ro", "notes.fs[0]")]
+    assert not result.problems and not result.warnings
+
+
+def test_need_without_grant_is_a_problem(tmp_path: Path) -> None:
+    """A need nothing grants is reported, and raise_for_problems makes it fatal."""
+    root = write(tmp_path, {"notes.yaml": "fs:\n  - path: /data/notes\n"})
+    needs = {"notes": {"http": [{"url": "https://api.example.com/"}], "kv": {}}}
+    result = compile_policies(root, needs)
+    assert len(result.problems) == 2
+    assert any("not granted" in p.message for p in result.problems)
+    assert result.tables.skill("notes")["http"] == ()
+    with pytest.raises(PolicyError):
+        result.raise_for_problems()
+
+
+def test_partly_granted_need_is_a_problem_and_narrowed(tmp_path: Path) -> None:
+    """A need wider than its grant keeps only the granted part and is reported."""
+    root = write(tmp_path, {"notes.yaml": "fs:\n  - path: /data/notes\n    mode: rw\n"})
+    result = compile_policies(root, {"notes": {"fs": [{"path": "/data", "mode": "rw"}]}})
+    assert [r["path"] for r in result.tables.skill("notes")["fs"]] == ["/data/notes"]
+    assert "partly granted" in result.problems[0].message
+
+
+def test_unneeded_grant_warns_and_is_dropped(tmp_path: Path) -> None:
+    """A grant the skill does not need is left out of the tables with a warning."""
+    root = write(tmp_path, {"notes.yaml": "kv: {}\nenv: [HOME]\n"})
+    result = compile_policies(root, {"notes": {"kv": {}}})
+    assert result.tables.skill("notes")["env"] == ()
+    assert result.warnings[0].location == "policies/notes.yaml:2"
+
+
+def test_glob_need_covered_by_double_star_grant(tmp_path: Path) -> None:
+    """A ``**`` grant covers ``*`` needs beneath it; a ``*`` grant does not cover ``**``."""
+    root = write(tmp_path, {"a.yaml": "fs:\n  - path: /srv/*/docs\n  - path: /data/**\n"})
+    ok = compile_policies(root, {"a": {"fs": [{"path": "/data/*/x.md"}]}})
+    assert not ok.problems
+    bad = compile_policies(root, {"a": {"fs": [{"path": "/srv/**/docs"}]}})
+    assert bad.problems
+
+
+def test_mcp_client_need(tmp_path: Path) -> None:
+    """Needing sampling without the grant is a problem; ``mcp: {}`` alone is fine."""
+    root = write(tmp_path, {"a.yaml": "mcp:\n  client: [sample]\n", "b.yaml": "{}\n"})
+    result = compile_policies(
+        root, {"a": {"mcp": {"client": ["sample", "elicit"]}}, "b": {"mcp": {}}}
+    )
+    assert [p.skill for p in result.problems] == ["a"]
+    assert result.tables.exposure("a").client == ("sample",)
+    assert "mcp" in result.grants_of("b") and "kv" not in result.grants_of("b")
+
+
+def test_invoke_cycle_warns(tmp_path: Path) -> None:
+    """Two skills that may call each other are reported as a cycle."""
+    root = write(
+        tmp_path,
+        {
+            "a.yaml": "invoke:\n  calls: [b]\n  called_by: [b]\n",
+            "b.yaml": "invoke:\n  calls: [a]\n  called_by: [a]\n",
+        },
+    )
+    result = compile_policies(root)
+    assert any("cycle" in w.message for w in result.warnings)
+
+
+def test_tables_are_canonical_and_round_trip(tmp_path: Path) -> None:
+    """The same policy gives the same digest; written tables load back equal."""
+    first = compile_policies(ROOT / "policies").tables
+    second = compile_policies(ROOT / "policies").tables
+    assert first.digest == second.digest
+    out = tmp_path / "tables.json"
+    first.write(out)
+    loaded = load_tables(out)
+    assert loaded.digest == first.digest
+    assert json.loads(out.read_text()) == json.loads(first.to_json())
+    assert list(json.loads(first.to_json())) == sorted(json.loads(first.to_json()))
+
+
+def test_tables_are_frozen() -> None:
+    """Compiled tables cannot be changed in place."""
+    tables = compile_policies(ROOT / "policies").tables
+    with pytest.raises(TypeError):
+        tables.data["skills"]["notes"]["fs"] = ()  # type: ignore[index]
+
+
+def test_load_tables_refuses_other_json(tmp_path: Path) -> None:
+    """A JSON file that is not tables is refused with a hint."""
+    path = tmp_path / "t.json"
+    path.write_text('{"format": "other"}')
+    with pytest.raises(PolicyError, match="not policy tables"):
+        load_tables(path)
+    with pytest.raises(PolicyError):
+        Tables.from_data({"format": "skilld-policy-tables/1"})
+
+
+def test_sample_policies_compile_against_sample_skills() -> None:
+    """The shipped policies compile against the shipped skills' needs without problems."""
+    import yaml
+
+    skills = {}
+    for d in (ROOT / "skills").iterdir():
+        if (d / "skill.yaml").is_file():
+            meta = yaml.safe_load((d / "skill.yaml").read_text())
+            skills[meta["id"]] = meta.get("needs") or {}
+    result = compile_policies(ROOT / "policies", skills)
+    assert not result.problems
+    assert result.tables.limits("notes").max_concurrency == 4
+    assert result.tables.exposure("notes").names == {"add": "notes_add"}
