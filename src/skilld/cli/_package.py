@@ -1,0 +1,352 @@
+"""``skilld keygen|pack|sign|verify|inspect``: make keys, write, sign and check ``.skill`` packages.
+
+The package library is imported inside the handlers so that ``skilld --help``
+does not load ``cryptography``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from skilld.errors import UsageError
+
+if TYPE_CHECKING:
+    from skilld.package import SigningKey
+
+_FORMAT_DOC = "docs/package-format.md"
+
+
+def _add_passphrase(p: argparse.ArgumentParser, what: str) -> None:
+    group = p.add_mutually_exclusive_group()
+    group.add_argument(
+        "--passphrase-env",
+        metavar="VAR",
+        help=f"read the passphrase {what} from environment variable VAR (never from argv)",
+    )
+    group.add_argument(
+        "--passphrase-file",
+        type=Path,
+        metavar="FILE",
+        help=f"read the passphrase {what} from FILE (one trailing newline is dropped)",
+    )
+
+
+def register(sub: Any) -> None:
+    """Add ``skilld keygen``, ``pack``, ``sign``, ``verify`` and ``inspect``."""
+    keygen = sub.add_parser(
+        "keygen",
+        help="create an Ed25519 signing key (and optionally its trust file)",
+        description="Write a new Ed25519 private key (PKCS#8 PEM, mode 0600) and print its "
+        "public key and key id. With --trust-out, also write the NAME.pub.json trust file "
+        "that lets an appliance accept the key's signatures for the skills in --scope.",
+        epilog="example: skilld keygen -o release.key --passphrase-env KEY_PASS "
+        "--trust-out policies/trust/release.pub.json --scope 'acme-*'",
+    )
+    keygen.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        required=True,
+        metavar="KEY",
+        help="where to write the private key (refuses to overwrite)",
+    )
+    _add_passphrase(keygen, "that encrypts the key")
+    keygen.add_argument("--force", action="store_true", help="overwrite an existing KEY")
+    keygen.add_argument(
+        "--trust-out",
+        type=Path,
+        metavar="FILE",
+        help="also write the public key as a trust file (NAME.pub.json)",
+    )
+    keygen.add_argument("--name", help="key name in the trust file (default: KEY's file stem)")
+    keygen.add_argument(
+        "--scope",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="skill ids the key may sign, '*' matches any run of id characters "
+        "(repeatable; required with --trust-out)",
+    )
+    keygen.add_argument(
+        "--threshold",
+        action="append",
+        default=[],
+        metavar="PATTERN=N",
+        help="require N distinct trusted keys for skill ids matching PATTERN (repeatable)",
+    )
+    keygen.set_defaults(handler=run_keygen)
+
+    pack = sub.add_parser(
+        "pack",
+        help="pack a skill directory into a signed .skill package",
+        description="Build DIR (skill.yaml + sources) into component.wasm, or take --component, "
+        "and write a deterministic .skill package: skill.json (id, version, needs and the "
+        "sha256 of every file), component.wasm, SKILL.md and resources/ when present, and one "
+        "signature per key. The same inputs and SOURCE_DATE_EPOCH give the same bytes. "
+        f"Format: {_FORMAT_DOC}.",
+    )
+    pack.add_argument("dir", type=Path, help="the skill source directory (holds skill.yaml)")
+    pack.add_argument("-o", "--output", type=Path, required=True, metavar="OUT.skill")
+    pack.add_argument(
+        "--key",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="sign with this private key (repeatable)",
+    )
+    _add_passphrase(pack, "of the keys")
+    pack.add_argument(
+        "--ephemeral-key-out",
+        type=Path,
+        metavar="DIR",
+        help="sign with a new throwaway key, written to DIR/<id>.key with a trust "
+        "file DIR/<id>.pub.json scoped to this skill (for samples and tests)",
+    )
+    pack.add_argument(
+        "--component",
+        type=Path,
+        metavar="FILE.wasm",
+        help="pack this component instead of building DIR",
+    )
+    pack.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="build cache (default: $SKILLD_CACHE or ~/.cache/skilld)",
+    )
+    pack.set_defaults(handler=run_pack)
+
+    sign = sub.add_parser(
+        "sign",
+        help="add a signature to a .skill package, in place",
+        description="Check PKG's format and digests, then add KEY's signature over its manifest "
+        "and replace the file atomically. Existing signatures are kept; signing twice with "
+        "the same key changes nothing. Use it to collect the signatures a threshold needs.",
+    )
+    sign.add_argument("package", type=Path, metavar="PKG")
+    sign.add_argument("--key", type=Path, required=True, metavar="KEY")
+    _add_passphrase(sign, "of the key")
+    sign.set_defaults(handler=run_sign)
+
+    verify = sub.add_parser(
+        "verify",
+        help="verify a .skill package against a trust directory",
+        description="Check everything skilld checks before running a skill: the archive's "
+        "form and limits, the manifest, every file's sha256, every signature, and that "
+        "enough trusted keys whose scope covers the skill id signed it. Exits 0 only when "
+        "the package is valid; otherwise prints why and exits 1.",
+    )
+    verify.add_argument("package", type=Path, metavar="PKG")
+    verify.add_argument(
+        "--trust",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="the trust directory (NAME.pub.json files), e.g. policies/trust",
+    )
+    verify.add_argument("--expect-id", metavar="ID", help="refuse a package of another skill")
+    verify.add_argument("--expect-version", metavar="V", help="refuse any other version")
+    verify.add_argument("--json", action="store_true", help="print the result as JSON")
+    verify.set_defaults(handler=run_verify)
+
+    inspect = sub.add_parser(
+        "inspect",
+        help="show a .skill package's manifest, files, needs and signers",
+        description="Print what a package declares: id, version, ABI, the needs it asks the "
+        "policy for, every file with its sha256 and size, and the key ids that signed it. "
+        "Format and digests are checked; signatures are NOT (use 'skilld verify').",
+    )
+    inspect.add_argument("package", type=Path, metavar="PKG")
+    inspect.add_argument("--json", action="store_true", help="print JSON instead of text")
+    inspect.set_defaults(handler=run_inspect)
+
+
+def _passphrase(args: argparse.Namespace) -> bytes | None:
+    if args.passphrase_env:
+        value = os.environ.get(args.passphrase_env)
+        if not value:
+            raise UsageError(f"environment variable {args.passphrase_env} is unset or empty")
+        return value.encode("utf-8")
+    if args.passphrase_file:
+        path: Path = args.passphrase_file
+        try:
+            raw = path.read_bytes()
+        except OSError as exc:
+            raise UsageError(f"cannot read {path}: {exc.strerror}") from exc
+        raw = raw.removesuffix(b"\n").removesuffix(b"\r")
+        if not raw:
+            raise UsageError(f"{path} holds an empty passphrase")
+        return raw
+    return None
+
+
+def _thresholds(specs: list[str]) -> dict[str, int]:
+    out = {}
+    for spec in specs:
+        pattern, sep, count = spec.rpartition("=")
+        if not sep or not pattern or not count.isdigit():
+            raise UsageError(f"--threshold {spec!r} must be PATTERN=N, e.g. 'acme-*=2'")
+        out[pattern] = int(count)
+    return out
+
+
+def run_keygen(args: argparse.Namespace) -> int:
+    """Handle ``skilld keygen``."""
+    from skilld.package import (
+        SigningKey,
+        trust_file_bytes,
+        trusted_key,
+        write_atomic,
+        write_private_key,
+    )
+
+    if (args.scope or args.threshold or args.name) and not args.trust_out:
+        raise UsageError("--scope, --threshold and --name only apply with --trust-out")
+    if args.trust_out and not args.scope:
+        raise UsageError("--trust-out needs at least one --scope PATTERN")
+    passphrase = _passphrase(args)
+    key = SigningKey.generate()
+    trusted = None
+    if args.trust_out:  # check the trust file's fields before writing anything
+        name = args.name or args.output.name.removesuffix(".pem").removesuffix(".key")
+        trusted = trusted_key(
+            name, key.public_raw, args.scope, thresholds=_thresholds(args.threshold)
+        )
+    write_private_key(key, args.output, passphrase=passphrase, force=args.force)
+    print(f"key id:     {key.key_id}")
+    print(f"public key: {key.public_b64}")
+    print(f"wrote {args.output} (mode 0600{', passphrase-protected' if passphrase else ''})")
+    if trusted is not None:
+        args.trust_out.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(args.trust_out, trust_file_bytes(trusted))
+        print(f"wrote {args.trust_out} (name {trusted.name}, scope {', '.join(trusted.scope)})")
+    return 0
+
+
+def _load_keys(paths: list[Path], args: argparse.Namespace) -> list[SigningKey]:
+    from skilld.package import load_private_key
+
+    passphrase = _passphrase(args)
+    return [load_private_key(p, passphrase=passphrase) for p in paths]
+
+
+def run_pack(args: argparse.Namespace) -> int:
+    """Handle ``skilld pack``."""
+    from skilld.package import (
+        pack_directory,
+        read_package,
+        read_skill_meta,
+        write_atomic,
+        write_ephemeral_signer,
+    )
+
+    if not args.dir.is_dir():
+        raise UsageError(f"no such directory: {args.dir}")
+    if not args.key and not args.ephemeral_key_out:
+        raise UsageError(
+            "give --key KEY to sign with, or --ephemeral-key-out DIR for a throwaway key"
+        )
+    meta = read_skill_meta(args.dir)  # refuse a bad skill.yaml before building
+    keys = _load_keys(args.key, args)
+    if args.component is not None:
+        try:
+            component = args.component.read_bytes()
+        except OSError as exc:
+            raise UsageError(f"cannot read {args.component}: {exc.strerror}") from exc
+    else:
+        from skilld.package.build import build_component
+
+        print(f"building {args.dir} ...", file=sys.stderr)
+        component = build_component(args.dir, cache_dir=args.cache_dir).read_bytes()
+    if args.ephemeral_key_out:
+        key, trust_file = write_ephemeral_signer(args.ephemeral_key_out, meta.id)
+        keys.append(key)
+        print(f"ephemeral key {key.key_id}: trust file {trust_file}", file=sys.stderr)
+    data = pack_directory(args.dir, component, keys=keys)
+    write_atomic(args.output, data)
+    contents = read_package(data)
+    signers = ", ".join(s.key_id for s in contents.signatures)
+    print(
+        f"wrote {args.output}: {meta.id} {meta.version}, {len(data)} bytes, "
+        f"sha256 {contents.sha256}, signed by {signers}"
+    )
+    return 0
+
+
+def run_sign(args: argparse.Namespace) -> int:
+    """Handle ``skilld sign``."""
+    from skilld.package import sign_package
+
+    (key,) = _load_keys([args.key], args)
+    if sign_package(args.package, key):
+        print(f"signed {args.package} with key {key.key_id}")
+    else:
+        print(f"{args.package} is already signed by key {key.key_id}; unchanged")
+    return 0
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    """Handle ``skilld verify``: exit 0 only for a valid package."""
+    from skilld.package import load_trust, verify_package
+
+    trust = load_trust(args.trust)
+    verified = verify_package(
+        args.package, trust, expect_id=args.expect_id, expect_version=args.expect_version
+    )
+    m = verified.manifest
+    signers = [f"{n} ({k})" for n, k in zip(verified.signer_names, verified.signers, strict=True)]
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "valid": True,
+                    "id": m.id,
+                    "version": m.version,
+                    "sha256": verified.sha256,
+                    "signers": list(verified.signers),
+                    "signer_names": list(verified.signer_names),
+                },
+                indent=2,
+            )
+        )
+    else:
+        print(f"OK: {m.id} {m.version} (sha256 {verified.sha256}) signed by {', '.join(signers)}")
+    return 0
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    """Handle ``skilld inspect``."""
+    from skilld.package import read_package
+
+    contents = read_package(args.package)
+    m = contents.manifest
+    signers = [s.key_id for s in contents.signatures]
+    if args.json:
+        doc = {
+            "sha256": contents.sha256,
+            "manifest": m.to_json(),
+            "signatures": signers,
+            "signatures_verified": False,
+        }
+        print(json.dumps(doc, indent=2, sort_keys=True))
+        return 0
+    print(f"{m.id} {m.version}: {m.name}")
+    if m.description:
+        print(f"  {m.description}")
+    print(f"package sha256: {contents.sha256}")
+    print(f"skill ABI:      {m.abi}")
+    print("needs:")
+    needs = json.dumps(dict(m.needs), indent=2, sort_keys=True) if m.needs else "(none)"
+    print("\n".join(f"  {line}" for line in needs.splitlines()))
+    print("files:")
+    for f in m.files:
+        print(f"  {f.sha256}  {f.size:>10}  {f.name}")
+    print("signed by (key ids; not verified here, run 'skilld verify'):")
+    print("\n".join(f"  {k}" for k in signers) if signers else "  (unsigned)")
+    return 0
