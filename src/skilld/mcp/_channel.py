@@ -1,0 +1,196 @@
+"""The guest's way back to its MCP client, from the worker thread that runs it.
+
+A guest call blocks its thread, so every method here is called from a worker
+thread started by ``anyio.to_thread.run_sync`` and crosses back to the event loop
+with ``anyio.from_thread.run``. Notifications (progress, logs) are best effort: a
+client that went away must not fail the call. Requests (sampling, elicitation)
+block the guest until the client answers, the call is cancelled or the timeout
+passes, and fail as ``GuestError`` with a WIT error code.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+import anyio
+import anyio.from_thread
+from mcp.server.session import ServerSession
+from mcp.shared.exceptions import MCPError
+from mcp.shared.message import ServerMessageMetadata
+from pydantic import BaseModel, ValidationError
+
+from mcp import types
+from skilld.errors import GuestError
+
+# RFC 5424 severities in the order MCP's logging/setLevel uses.
+LOG_LEVELS: tuple[types.LoggingLevel, ...] = (
+    "debug",
+    "info",
+    "notice",
+    "warning",
+    "error",
+    "critical",
+    "alert",
+    "emergency",
+)
+_ALIASES: dict[str, types.LoggingLevel] = {"warn": "warning", "fatal": "critical", "trace": "debug"}
+
+T = TypeVar("T")
+R = TypeVar("R", bound=BaseModel)
+
+
+def normalize_level(level: str) -> types.LoggingLevel:
+    """The MCP logging level a guest's level name stands for (unknown names read as ``info``)."""
+    name = level.lower()
+    for known in LOG_LEVELS:
+        if known == name:
+            return known
+    return _ALIASES.get(name, "info")
+
+
+class SessionChannel:
+    """A :class:`skilld.types.ClientChannel` bound to one MCP request of one session.
+
+    Args:
+        session: the SDK's per-request session proxy.
+        request_id: the JSON-RPC id of the call, so that messages ride its stream.
+        skill: the skill id, reported as the logger name of guest logs.
+        min_level: returns the session's current ``logging/setLevel`` threshold.
+        request_timeout_s: how long sampling and elicitation wait for the client.
+    """
+
+    def __init__(
+        self,
+        session: ServerSession,
+        request_id: types.RequestId | None,
+        *,
+        skill: str,
+        min_level: Callable[[], types.LoggingLevel],
+        request_timeout_s: float,
+    ):
+        self._session = session
+        self._request_id = request_id
+        self._skill = skill
+        self._min_level = min_level
+        self._timeout = request_timeout_s
+        self._cancelled = threading.Event()
+        # Touched only on the event loop thread (requests run there, cancel() is called there).
+        self._scopes: set[anyio.CancelScope] = set()
+
+    # -- called on the event loop -------------------------------------------
+
+    def cancel(self) -> None:
+        """Mark the call cancelled and abandon any sampling/elicitation it waits on."""
+        self._cancelled.set()
+        for scope in list(self._scopes):
+            scope.cancel()
+
+    # -- called from the guest's worker thread ------------------------------
+
+    def cancelled(self) -> bool:
+        """True once the client cancelled this call (or the server is abandoning it)."""
+        return self._cancelled.is_set()
+
+    def progress(self, progress: float, total: float | None, message: str | None) -> None:
+        """Send ``notifications/progress`` if the client gave a progress token."""
+        self._notify(lambda: self._session.report_progress(progress, total, message))
+
+    def log(self, level: str, data: Any) -> None:
+        """Send ``notifications/message`` at ``level`` unless the session filters it out."""
+        lvl = normalize_level(level)
+        if LOG_LEVELS.index(lvl) < LOG_LEVELS.index(self._min_level()):
+            return
+        note = types.LoggingMessageNotification(
+            params=types.LoggingMessageNotificationParams(level=lvl, data=data, logger=self._skill)
+        )
+        self._notify(lambda: self._session.send_notification(note, self._request_id))
+
+    def sample(self, params: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Send ``sampling/createMessage`` and return the client's result.
+
+        Raises:
+            GuestError: ``unavailable`` when the client cannot sample or refuses,
+                ``invalid-argument`` for malformed params, ``timeout``, ``cancelled``.
+        """
+        wanted = types.ClientCapabilities(sampling=types.SamplingCapability())
+        if not self._session.check_client_capability(wanted):
+            raise GuestError("unavailable", "the MCP client does not support sampling")
+        try:
+            request = types.CreateMessageRequest(
+                params=types.CreateMessageRequestParams.model_validate(dict(params))
+            )
+        except ValidationError as exc:
+            raise GuestError("invalid-argument", f"bad sampling request: {exc}") from exc
+        return self._request(request, types.CreateMessageResult)
+
+    def elicit(self, params: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Send ``elicitation/create`` and return the client's result.
+
+        Raises:
+            GuestError: as for :meth:`sample`.
+        """
+        wanted = types.ClientCapabilities(elicitation=types.ElicitationCapability())
+        if not self._session.check_client_capability(wanted):
+            raise GuestError("unavailable", "the MCP client does not support elicitation")
+        body = dict(params)
+        try:
+            elicit_params: types.ElicitRequestFormParams | types.ElicitRequestURLParams
+            if body.get("mode") == "url":
+                elicit_params = types.ElicitRequestURLParams.model_validate(body)
+            else:
+                elicit_params = types.ElicitRequestFormParams.model_validate(body)
+        except ValidationError as exc:
+            raise GuestError("invalid-argument", f"bad elicitation request: {exc}") from exc
+        return self._request(types.ElicitRequest(params=elicit_params), types.ElicitResult)
+
+    # -- crossing to the loop -----------------------------------------------
+
+    def _notify(self, send: Callable[[], Awaitable[None]]) -> None:
+        async def run() -> None:
+            await send()
+
+        try:
+            anyio.from_thread.run(run)
+        # A notification the client can no longer receive (closed stream, server
+        # shutting down) must not fail the guest's call: drop it.
+        except Exception:  # noqa: BLE001
+            return
+
+    def _request(self, request: types.ServerRequest, result_type: type[R]) -> dict[str, Any]:
+        if self._cancelled.is_set():
+            raise GuestError("cancelled", "the client cancelled this call")
+        metadata = ServerMessageMetadata(related_request_id=self._request_id)
+
+        async def run() -> R | None:
+            with anyio.CancelScope() as scope:
+                self._scopes.add(scope)
+                try:
+                    if self._cancelled.is_set():
+                        scope.cancel()
+                    with anyio.fail_after(self._timeout):
+                        return await self._session.send_request(
+                            request, result_type, metadata=metadata
+                        )
+                finally:
+                    self._scopes.discard(scope)
+            return None
+
+        try:
+            result = anyio.from_thread.run(run)
+        except TimeoutError as exc:
+            raise GuestError(
+                "timeout", f"the client did not answer within {self._timeout:g} s"
+            ) from exc
+        except MCPError as exc:
+            raise GuestError(
+                "unavailable", f"the client answered with an error: {exc.message}"
+            ) from exc
+        except ValidationError as exc:
+            raise GuestError("internal", f"the client's answer is malformed: {exc}") from exc
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, RuntimeError) as exc:
+            raise GuestError("unavailable", "the MCP client is gone") from exc
+        if result is None:
+            raise GuestError("cancelled", "the client cancelled this call")
+        return result.model_dump(by_alias=True, mode="json", exclude_none=True)

@@ -1,0 +1,122 @@
+"""How ``skilld serve`` serves: one frozen value, passed down explicitly."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from skilld.errors import UsageError
+
+# Host and Origin values a local client sends; always allowed, whatever the bind address.
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+
+
+@dataclass(frozen=True, slots=True)
+class ServeConfig:
+    """Everything the MCP layer needs to know to serve a dispatcher.
+
+    Attributes:
+        transport: ``stdio`` (the protocol on stdin/stdout, logs on stderr) or ``http``
+            (Streamable HTTP at ``/mcp`` and legacy SSE at ``/sse`` on one port).
+        host: the address to bind for ``http``; binding ``0.0.0.0`` does not widen the
+            Host/Origin allowlist.
+        port: the TCP port for ``http`` (0 picks a free one).
+        allowed_hosts: Host header values accepted besides the local ones, e.g.
+            ``skilld.internal:8080`` or ``skilld.internal:*`` (any port).
+        allowed_origins: Origin header values accepted besides local ones, e.g.
+            ``https://agent.example.com``.
+        token_file: a file holding bearer tokens, one per line (``#`` comments allowed).
+        token_env: the name of an environment variable holding a bearer token.
+        max_body_bytes: the largest HTTP request body accepted (larger: 413).
+        skill_concurrency: calls one skill may run at once over MCP.
+        queue_timeout_s: how long a call waits for a free slot before it fails as busy.
+        worker_threads: threads that run blocking guest calls (shared by all sessions).
+        client_request_timeout_s: how long a guest waits for a sampling or elicitation answer.
+        shutdown_grace_s: how long shutdown waits for calls in flight.
+        log_file: write the JSON log lines here instead of stderr.
+        log_level: the lowest level of skilld's own log lines.
+        server_name: the name reported in ``serverInfo``.
+        server_version: the version reported in ``serverInfo``.
+    """
+
+    transport: Literal["stdio", "http"] = "stdio"
+    host: str = "127.0.0.1"
+    port: int = 8080
+    allowed_hosts: tuple[str, ...] = ()
+    allowed_origins: tuple[str, ...] = ()
+    token_file: Path | None = None
+    token_env: str | None = None
+    max_body_bytes: int = 4 * 1024 * 1024
+    skill_concurrency: int = 8
+    queue_timeout_s: float = 2.0
+    worker_threads: int = 64
+    client_request_timeout_s: float = 300.0
+    shutdown_grace_s: float = 30.0
+    log_file: Path | None = None
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    server_name: str = "skilld"
+    server_version: str = "0.1.0"
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes <= 0:
+            raise UsageError("max_body_bytes must be positive", location="serve config")
+        if self.skill_concurrency <= 0 or self.worker_threads <= 0:
+            raise UsageError(
+                "skill_concurrency and worker_threads must be positive", location="serve config"
+            )
+        if not 0 <= self.port <= 65535:
+            raise UsageError(f"port {self.port} is out of range", location="serve config")
+
+    def host_allowlist(self) -> tuple[str, ...]:
+        """Host header patterns accepted: the local names on any port, then the configured ones."""
+        local = tuple(h for name in LOCAL_HOSTS for h in (name, f"{name}:*"))
+        return local + self.allowed_hosts
+
+    def origin_allowlist(self) -> tuple[str, ...]:
+        """Origin patterns accepted: local http(s) origins on any port, then the configured ones."""
+        local = tuple(
+            o
+            for name in LOCAL_HOSTS
+            for scheme in ("http", "https")
+            for o in (f"{scheme}://{name}", f"{scheme}://{name}:*")
+        )
+        return local + self.allowed_origins
+
+    def load_tokens(self) -> tuple[str, ...]:
+        """The bearer tokens HTTP clients must present; empty means no authentication.
+
+        Raises:
+            UsageError: the token file cannot be read or holds no token, or the
+                named environment variable is unset or empty.
+        """
+        tokens: list[str] = []
+        if self.token_file is not None:
+            try:
+                text = self.token_file.read_text(encoding="utf-8")
+            except OSError as exc:
+                raise UsageError(
+                    f"cannot read the token file: {exc.strerror}", location=str(self.token_file)
+                ) from exc
+            found = [
+                line.strip()
+                for line in text.splitlines()
+                if line.strip() and not line.lstrip().startswith("#")
+            ]
+            if not found:
+                raise UsageError(
+                    "the token file holds no token",
+                    location=str(self.token_file),
+                    hint="write one token per line",
+                )
+            tokens += found
+        if self.token_env is not None:
+            value = os.environ.get(self.token_env, "").strip()
+            if not value:
+                raise UsageError(
+                    f"environment variable {self.token_env} is unset or empty",
+                    hint="set it to the bearer token clients must send",
+                )
+            tokens.append(value)
+        return tuple(tokens)

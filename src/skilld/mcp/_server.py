@@ -1,0 +1,583 @@
+"""The MCP surface of a :class:`~skilld.registry.Dispatcher`, on the SDK's low-level ``Server``.
+
+Nothing here knows what a skill does: tools, resources and prompts come from the
+dispatcher, and every behaviour lives behind it. This module owns the protocol
+mapping (skill values and content blocks to MCP content, skilld errors to tool
+errors or JSON-RPC errors), argument validation before a guest runs, the per-skill
+concurrency slots, the worker threads that run blocking guest calls, cancellation,
+per-session state (log level, subscriptions), metrics and the call log.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from functools import partial
+from typing import Any, TypeVar
+
+import anyio
+import anyio.to_thread
+import structlog
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel.server import Server
+from mcp.shared.exceptions import MCPError
+from mcp.shared.uri_template import InvalidUriTemplate, UriTemplate
+from pydantic import ValidationError
+
+from mcp import types
+from skilld.errors import (
+    DeadlineExceeded,
+    GuestError,
+    GuestFault,
+    HostCallError,
+    MemoryExhausted,
+    PermissionDenied,
+    RegistryError,
+    SkilldError,
+    StackExhausted,
+    UsageError,
+)
+from skilld.mcp._channel import SessionChannel
+from skilld.mcp._config import ServeConfig
+from skilld.mcp._metrics import Metrics
+from skilld.mcp._schema import ArgumentValidator
+from skilld.registry import Dispatcher, Tool
+from skilld.types import CallOutput, ContentBlock, PromptSpec, ResourceSpec
+
+T = TypeVar("T")
+Ctx = ServerRequestContext[Any, Any]
+Logger = structlog.typing.FilteringBoundLogger
+
+RESOURCE_NOT_FOUND = -32002  # the MCP spec's code for an unknown resource URI
+_LEVEL_KEY = "skilld.log_level"
+_SUBS_KEY = "skilld.subscriptions"
+_DEFAULT_LEVEL: types.LoggingLevel = "info"
+
+
+def _session_state(ctx: Ctx) -> dict[str, Any]:
+    """Per-session scratch state, kept on the SDK's connection object.
+
+    ``ServerRequestContext`` does not expose the connection yet (the SDK's own
+    ``Context`` does, and replaces it in a later 2.x); this is the one place that
+    reaches for it.
+    """
+    state: dict[str, Any] = ctx.session._connection.state
+    return state
+
+
+def error_text(exc: SkilldError) -> tuple[str, str | None, str]:
+    """The WIT error code, the rule id (if any) and the message a tool error shows."""
+    rule: str | None = None
+    if isinstance(exc, PermissionDenied):
+        code, rule = "not-permitted", exc.rule
+    elif isinstance(exc, GuestError | HostCallError):
+        code, rule = exc.code, exc.rule
+    elif isinstance(exc, DeadlineExceeded):
+        code = "timeout"
+    elif isinstance(exc, MemoryExhausted | StackExhausted):
+        code = "limit-exceeded"
+    elif isinstance(exc, UsageError):
+        code = "invalid-argument"
+    elif isinstance(exc, GuestFault):
+        code = "fault"
+    else:
+        code = "internal"
+    head = f"[{code}, rule {rule}]" if rule else f"[{code}]"
+    return code, rule, f"{head} {SkilldError.__str__(exc)}"
+
+
+def _error_result(text: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=text)], is_error=True)
+
+
+def _b64(data: bytes | None) -> str:
+    return base64.b64encode(data or b"").decode("ascii")
+
+
+def content_block(block: ContentBlock) -> types.ContentBlock:
+    """One skill content block as MCP content.
+
+    Raises:
+        GuestError: the block's kind is unknown (code ``internal``).
+    """
+    if block.kind == "text":
+        return types.TextContent(type="text", text=block.text or "")
+    if block.kind == "image":
+        return types.ImageContent(
+            type="image", data=_b64(block.data), mime_type=block.mime_type or "image/png"
+        )
+    if block.kind == "audio":
+        return types.AudioContent(
+            type="audio", data=_b64(block.data), mime_type=block.mime_type or "audio/wav"
+        )
+    if block.kind == "embedded":
+        return types.EmbeddedResource(type="resource", resource=_resource_contents(block, ""))
+    raise GuestError("internal", f"the skill returned content of unknown kind '{block.kind}'")
+
+
+def _resource_contents(
+    block: ContentBlock, uri: str, default_mime: str | None = None
+) -> types.TextResourceContents | types.BlobResourceContents:
+    where = block.uri or uri
+    mime = block.mime_type or default_mime
+    if block.text is not None and block.data is None:
+        return types.TextResourceContents(
+            uri=where, mime_type=mime or "text/plain", text=block.text
+        )
+    return types.BlobResourceContents(
+        uri=where, mime_type=mime or "application/octet-stream", blob=_b64(block.data)
+    )
+
+
+def resource_contents(
+    uri: str, outputs: Sequence[CallOutput], mime: str | None
+) -> list[types.TextResourceContents | types.BlobResourceContents]:
+    """What ``resources/read`` returns for the outputs a skill produced.
+
+    Content blocks become contents (text or base64 blob; an embedded block keeps
+    its own URI); an output without blocks contributes its value: a string as
+    text, anything else as JSON.
+    """
+    contents: list[types.TextResourceContents | types.BlobResourceContents] = []
+    for output in outputs:
+        if output.content:
+            contents += [_resource_contents(b, uri, mime) for b in output.content]
+        elif isinstance(output.value, str):
+            contents.append(
+                types.TextResourceContents(
+                    uri=uri, mime_type=mime or "text/plain", text=output.value
+                )
+            )
+        else:
+            contents.append(
+                types.TextResourceContents(
+                    uri=uri,
+                    mime_type=mime or "application/json",
+                    text=json.dumps(output.value, separators=(",", ":")),
+                )
+            )
+    return contents
+
+
+def _object_schema(schema: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+    """An output schema MCP accepts (an object) and whether values are wrapped as ``result``."""
+    if schema.get("type") == "object":
+        return dict(schema), False
+    return {"type": "object", "properties": {"result": dict(schema)}, "required": ["result"]}, True
+
+
+class McpService:
+    """A dispatcher served over MCP; build once per server run, inside its event loop.
+
+    Args:
+        dispatcher: what is served.
+        config: limits and timeouts.
+        log: where the call log goes (one JSON line per call).
+        metrics: the counters ``/metrics`` reports.
+    """
+
+    def __init__(
+        self, dispatcher: Dispatcher, config: ServeConfig, log: Logger, metrics: Metrics
+    ) -> None:
+        self.dispatcher = dispatcher
+        self.config = config
+        self.metrics = metrics
+        self._log = log
+        self._limiter = anyio.CapacityLimiter(config.worker_threads)
+        self._slots: dict[str, anyio.Semaphore] = {}
+        self._tools: dict[str, Tool] = {}
+        self._validators: dict[str, ArgumentValidator] = {}
+        self._in_flight = 0
+        self._idle: anyio.Event | None = None
+        self.draining = False
+        self.server = self._build()
+
+    # -- lifecycle ------------------------------------------------------------
+
+    async def drain(self, timeout: float) -> bool:
+        """Refuse new calls and wait up to ``timeout`` seconds for calls in flight.
+
+        Returns True when every call finished in time.
+        """
+        self.draining = True
+        if self._in_flight == 0:
+            return True
+        self._idle = anyio.Event()
+        self._log.info("draining", in_flight=self._in_flight, grace_s=timeout)
+        with anyio.move_on_after(timeout):
+            await self._idle.wait()
+        return self._in_flight == 0
+
+    def _build(self) -> Server[Any]:
+        server: Server[Any] = Server(
+            self.config.server_name,
+            version=self.config.server_version,
+            get_tool_input_schema=self._input_schema,
+            on_list_tools=self._list_tools,
+            on_call_tool=self._call_tool,
+            on_list_resources=self._list_resources,
+            on_list_resource_templates=self._list_templates,
+            on_read_resource=self._read_resource,
+            on_subscribe_resource=self._subscribe,
+            on_unsubscribe_resource=self._unsubscribe,
+            on_list_prompts=self._list_prompts,
+            on_get_prompt=self._get_prompt,
+            on_completion=self._complete,
+        )
+        # Registered by hand: the constructor argument warns that the 2026-07-28
+        # revision drops logging, but the handshake revisions clients speak today have it.
+        server.add_request_handler("logging/setLevel", types.SetLevelRequestParams, self._set_level)
+        return server
+
+    # -- tools ------------------------------------------------------------------
+
+    def _tool(self, name: str) -> Tool | None:
+        if name not in self._tools:
+            # Tools are fixed at build time, but the dispatcher may finish loading after we start.
+            self._tools = {t.name: t for t in self.dispatcher.tools()}
+        return self._tools.get(name)
+
+    def _input_schema(self, name: str) -> Mapping[str, Any] | None:
+        tool = self._tool(name)
+        return None if tool is None else tool.input_schema
+
+    def _validator(self, tool: Tool) -> ArgumentValidator:
+        if tool.name not in self._validators:
+            self._validators[tool.name] = ArgumentValidator(
+                tool.input_schema, where=f"tool {tool.name}"
+            )
+        return self._validators[tool.name]
+
+    async def _list_tools(
+        self, ctx: Ctx, params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        tools = []
+        for tool in self.dispatcher.tools():
+            output = None if tool.output_schema is None else _object_schema(tool.output_schema)[0]
+            hints = tool.annotations
+            tools.append(
+                types.Tool(
+                    name=tool.name,
+                    title=tool.title,
+                    description=tool.description,
+                    input_schema=dict(tool.input_schema),
+                    output_schema=output,
+                    annotations=types.ToolAnnotations(
+                        title=tool.title,
+                        read_only_hint=hints.read_only,
+                        destructive_hint=hints.destructive,
+                        idempotent_hint=hints.idempotent,
+                        open_world_hint=hints.open_world,
+                    ),
+                )
+            )
+        return types.ListToolsResult(tools=tools)
+
+    async def _call_tool(
+        self, ctx: Ctx, params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        name = params.name
+        tool = self._tool(name)
+        if tool is None:
+            raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {name}")
+        skill = tool.skill_id
+        arguments = dict(params.arguments or {})
+        if self.draining:
+            self.metrics.refused(skill, name, "draining")
+            return _error_result("[unavailable] the server is shutting down; retry elsewhere")
+        try:
+            self._validator(tool).check(arguments)
+        except UsageError as exc:
+            self.metrics.refused(skill, name, "invalid-argument")
+            return _error_result(error_text(exc)[2])
+
+        slots = self._slots.setdefault(skill, anyio.Semaphore(self.config.skill_concurrency))
+        try:
+            with anyio.fail_after(self.config.queue_timeout_s):
+                await slots.acquire()
+        except TimeoutError:
+            self.metrics.refused(skill, name, "busy")
+            self._log.warning("busy", tool=name, skill=skill, limit=self.config.skill_concurrency)
+            return _error_result(
+                f"[limit-exceeded] skill {skill} is busy "
+                f"({self.config.skill_concurrency} calls running); retry later"
+            )
+        try:
+            return await self._run_call(ctx, tool, arguments)
+        finally:
+            slots.release()
+
+    async def _run_call(
+        self, ctx: Ctx, tool: Tool, arguments: dict[str, Any]
+    ) -> types.CallToolResult:
+        channel = self._channel(ctx, tool.skill_id)
+        outcome = "cancelled"
+        rule: str | None = None
+        started = time.perf_counter()
+        self._enter()
+        try:
+            output = await self._blocking(
+                partial(self.dispatcher.call, tool.name, arguments, channel), channel
+            )
+        except RegistryError as exc:
+            outcome = "unknown-tool"
+            raise MCPError(types.INVALID_PARAMS, str(exc)) from exc
+        except SkilldError as exc:
+            outcome, rule, text = error_text(exc)
+            if outcome == "not-permitted":
+                self.metrics.denied(tool.skill_id, rule or "default-deny")
+            return _error_result(text)
+        # A bug below the seam costs this one call, never the session: report and go on.
+        except Exception as exc:  # noqa: BLE001 - logged with its traceback just below
+            outcome = "internal"
+            self._log.exception("tool_crashed", tool=tool.name, skill=tool.skill_id)
+            return _error_result(f"[internal] the call failed unexpectedly: {type(exc).__name__}")
+        else:
+            try:
+                result = self._result(tool, output)
+            except SkilldError as exc:
+                outcome, rule, text = error_text(exc)
+                return _error_result(text)
+            outcome = "ok"
+            return result
+        finally:
+            seconds = time.perf_counter() - started
+            self._leave()
+            self.metrics.finished(tool.skill_id, tool.name, outcome, seconds)
+            self._log.info(
+                "tool_call",
+                tool=tool.name,
+                skill=tool.skill_id,
+                outcome=outcome,
+                rule=rule,
+                ms=round(seconds * 1000, 3),
+                request_id=ctx.request_id,
+            )
+
+    def _result(self, tool: Tool, output: CallOutput) -> types.CallToolResult:
+        value = output.value
+        content: list[types.ContentBlock] = []
+        if not (value is None and output.content):
+            text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+            content.append(types.TextContent(type="text", text=text))
+        content += [content_block(b) for b in output.content]
+        structured: dict[str, Any] | None = None
+        if tool.output_schema is not None:
+            _schema, wrapped = _object_schema(tool.output_schema)
+            if wrapped:
+                structured = {"result": value}
+            elif isinstance(value, dict):
+                structured = value
+        return types.CallToolResult(content=content, structured_content=structured)
+
+    # -- running blocking dispatcher calls -----------------------------------
+
+    def _enter(self) -> None:
+        self._in_flight += 1
+        self.metrics.started()
+
+    def _leave(self) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0 and self._idle is not None:
+            self._idle.set()
+
+    def _channel(self, ctx: Ctx, skill: str) -> SessionChannel:
+        state = _session_state(ctx)
+        return SessionChannel(
+            ctx.session,
+            ctx.request_id,
+            skill=skill,
+            min_level=lambda: state.get(_LEVEL_KEY, _DEFAULT_LEVEL),
+            request_timeout_s=self.config.client_request_timeout_s,
+        )
+
+    async def _blocking(self, fn: Callable[[], T], channel: SessionChannel | None) -> T:
+        """Run ``fn`` on a worker thread; a cancelled request marks the channel and waits.
+
+        The guest cannot be interrupted from outside its thread, so a cancellation
+        (the client's ``notifications/cancelled``, or shutdown) sets the channel's
+        flag for the guest to observe, and the call still ends before we return.
+        """
+        values: list[T] = []
+        errors: list[Exception] = []
+        done = anyio.Event()
+
+        async def work() -> None:
+            with anyio.CancelScope(shield=True):
+                try:
+                    values.append(await anyio.to_thread.run_sync(fn, limiter=self._limiter))
+                except Exception as exc:  # noqa: BLE001 - re-raised by the caller below
+                    errors.append(exc)
+                finally:
+                    done.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(work)
+            try:
+                await done.wait()
+            except anyio.get_cancelled_exc_class():
+                if channel is not None:
+                    channel.cancel()
+                raise
+        if errors:
+            raise errors[0]
+        return values[0]
+
+    # -- resources ----------------------------------------------------------------
+
+    def _resource_spec(self, uri: str) -> ResourceSpec | None:
+        specs = self.dispatcher.resources()
+        for spec in specs:
+            if not spec.template and spec.uri == uri:
+                return spec
+        for spec in specs:
+            if spec.template:
+                try:
+                    if UriTemplate.parse(spec.uri).match(uri) is not None:
+                        return spec
+                except InvalidUriTemplate:
+                    continue
+        return None
+
+    async def _list_resources(
+        self, ctx: Ctx, params: types.PaginatedRequestParams | None
+    ) -> types.ListResourcesResult:
+        return types.ListResourcesResult(
+            resources=[
+                types.Resource(
+                    name=r.name, uri=r.uri, description=r.description, mime_type=r.mime_type
+                )
+                for r in self.dispatcher.resources()
+                if not r.template
+            ]
+        )
+
+    async def _list_templates(
+        self, ctx: Ctx, params: types.PaginatedRequestParams | None
+    ) -> types.ListResourceTemplatesResult:
+        return types.ListResourceTemplatesResult(
+            resource_templates=[
+                types.ResourceTemplate(
+                    name=r.name,
+                    uri_template=r.uri,
+                    description=r.description,
+                    mime_type=r.mime_type,
+                )
+                for r in self.dispatcher.resources()
+                if r.template
+            ]
+        )
+
+    async def _read_resource(
+        self, ctx: Ctx, params: types.ReadResourceRequestParams
+    ) -> types.ReadResourceResult:
+        uri = str(params.uri)
+        spec = self._resource_spec(uri)
+        if spec is None:
+            raise MCPError(RESOURCE_NOT_FOUND, f"Resource not found: {uri}", data={"uri": uri})
+        channel = self._channel(ctx, spec.name)
+        try:
+            outputs = await self._blocking(
+                partial(self.dispatcher.read_resource, uri, channel), channel
+            )
+            contents = resource_contents(uri, outputs, spec.mime_type)
+        except RegistryError as exc:
+            raise MCPError(RESOURCE_NOT_FOUND, str(exc), data={"uri": uri}) from exc
+        except SkilldError as exc:
+            raise MCPError(types.INTERNAL_ERROR, error_text(exc)[2]) from exc
+        return types.ReadResourceResult(contents=contents)
+
+    async def _subscribe(self, ctx: Ctx, params: types.SubscribeRequestParams) -> types.EmptyResult:
+        uri = str(params.uri)
+        if self._resource_spec(uri) is None:
+            raise MCPError(RESOURCE_NOT_FOUND, f"Resource not found: {uri}", data={"uri": uri})
+        _session_state(ctx).setdefault(_SUBS_KEY, set()).add(uri)
+        return types.EmptyResult()
+
+    async def _unsubscribe(
+        self, ctx: Ctx, params: types.UnsubscribeRequestParams
+    ) -> types.EmptyResult:
+        _session_state(ctx).setdefault(_SUBS_KEY, set()).discard(str(params.uri))
+        return types.EmptyResult()
+
+    # -- prompts --------------------------------------------------------------
+
+    def _prompt_spec(self, name: str) -> PromptSpec | None:
+        return next((p for p in self.dispatcher.prompts() if p.name == name), None)
+
+    async def _list_prompts(
+        self, ctx: Ctx, params: types.PaginatedRequestParams | None
+    ) -> types.ListPromptsResult:
+        prompts = []
+        for spec in self.dispatcher.prompts():
+            props: Mapping[str, Any] = spec.arguments_schema.get("properties", {})
+            required = set(spec.arguments_schema.get("required", ()))
+            prompts.append(
+                types.Prompt(
+                    name=spec.name,
+                    description=spec.description,
+                    arguments=[
+                        types.PromptArgument(
+                            name=arg,
+                            description=schema.get("description"),
+                            required=arg in required,
+                        )
+                        for arg, schema in props.items()
+                    ],
+                )
+            )
+        return types.ListPromptsResult(prompts=prompts)
+
+    async def _get_prompt(
+        self, ctx: Ctx, params: types.GetPromptRequestParams
+    ) -> types.GetPromptResult:
+        spec = self._prompt_spec(params.name)
+        if spec is None:
+            raise MCPError(types.INVALID_PARAMS, f"Unknown prompt: {params.name}")
+        arguments = dict(params.arguments or {})
+        try:
+            ArgumentValidator(spec.arguments_schema, where=f"prompt {spec.name}").check(arguments)
+        except UsageError as exc:
+            raise MCPError(types.INVALID_PARAMS, str(exc)) from exc
+        try:
+            messages = await self._blocking(
+                partial(self.dispatcher.get_prompt, spec.name, arguments), None
+            )
+            return types.GetPromptResult(
+                description=spec.description,
+                messages=[types.PromptMessage.model_validate(m) for m in messages],
+            )
+        except RegistryError as exc:
+            raise MCPError(types.INVALID_PARAMS, str(exc)) from exc
+        except SkilldError as exc:
+            raise MCPError(types.INTERNAL_ERROR, error_text(exc)[2]) from exc
+        except ValidationError as exc:
+            raise MCPError(
+                types.INTERNAL_ERROR, f"prompt {spec.name} rendered malformed messages"
+            ) from exc
+
+    async def _complete(
+        self, ctx: Ctx, params: types.CompleteRequestParams
+    ) -> types.CompleteResult:
+        # Completion is answered from the schema alone: the choices an argument's
+        # ``enum`` (or ``examples``) lists, filtered by the typed prefix.
+        choices: list[str] = []
+        if isinstance(params.ref, types.PromptReference):
+            spec = self._prompt_spec(params.ref.name)
+            if spec is not None:
+                schema = spec.arguments_schema.get("properties", {}).get(params.argument.name, {})
+                choices = [str(v) for v in schema.get("enum", schema.get("examples", []))]
+        matches = [c for c in choices if c.startswith(params.argument.value)]
+        return types.CompleteResult(
+            completion=types.Completion(
+                values=matches[:100], total=len(matches), has_more=len(matches) > 100
+            )
+        )
+
+    # -- logging ----------------------------------------------------------------
+
+    async def _set_level(self, ctx: Ctx, params: types.SetLevelRequestParams) -> types.EmptyResult:
+        _session_state(ctx)[_LEVEL_KEY] = params.level
+        return types.EmptyResult()
