@@ -83,7 +83,10 @@ def _parents(path: str) -> list[str]:
 
 
 def _named(
-    named: Mapping[tuple[int, int], Mapping[int, Sequence[_Net]]], addr: p.IPAddress, port: int
+    named: Mapping[tuple[int, int], Mapping[int, Sequence[_Net]]],
+    addr: p.IPAddress,
+    port: int,
+    only: frozenset[str] | None = None,
 ) -> _Net | None:
     value = int(addr)
     width = 32 if addr.version == 4 else 128
@@ -92,7 +95,7 @@ def _named(
             continue
         shift = width - prefixlen
         for net in networks.get((value >> shift) << shift, ()):
-            if net.port_ok(port):
+            if net.port_ok(port) and (only is None or net.rule in only):
                 return net
     return None
 
@@ -104,6 +107,8 @@ def _split_hostport(target: str) -> tuple[str, int]:
     else:
         host, sep, port_text = target.rpartition(":")
         rest = sep + port_text
+        if ":" in host:
+            raise ValueError(f"an IPv6 address needs brackets: {target!r}")
     if not rest.startswith(":") or not rest[1:].isdigit() or not host:
         raise ValueError(f"expected HOST:PORT, got {target!r}")
     port = int(rest[1:])
@@ -341,16 +346,18 @@ class SkillPermissions:
                 return self.check_path(target, write=action in _WRITE_ACTIONS, action=action)
         elif capability == "http":
             if action == "address":
-                ip, port = _split_hostport(target)
-                return self.check_address(ip, port, "http")
+                addr, _, host = target.partition(" ")
+                ip, port = _split_hostport(addr)
+                return self.check_address(ip, port, "http", host or None)
             return self.check_url(target, action)
         elif capability == "tcp":
             if action == "connect":
                 host, port = _split_hostport(target)
                 return self.check_tcp(host, port)
             if action == "address":
-                ip, port = _split_hostport(target)
-                return self.check_address(ip, port, "tcp")
+                addr, _, host = target.partition(" ")
+                ip, port = _split_hostport(addr)
+                return self.check_address(ip, port, "tcp", host or None)
         elif capability == "shell":
             if action == "run":
                 return self.check_argv(shlex.split(target))
@@ -459,25 +466,59 @@ class SkillPermissions:
             "http", method, url, f"no http rule allows {method} {shown}; add '- url: {shown}'"
         )
 
-    def check_address(self, ip: str, port: int, capability: str = "http") -> Decision:
+    def _rules_for_host(self, capability: str, host: str) -> frozenset[str] | None:
+        # None: no narrowing (an IP literal names itself; the address check decides).
+        try:
+            norm = p.normalize_host(host)
+        except ValueError:
+            return frozenset()
+        if not isinstance(norm, str):
+            return None
+        key = norm
+        labels = key.split(".")
+        suffixes = [".".join(labels[i:]) for i in range(1, len(labels))]
+        if capability == "http":
+            rules = [r.rule for r in self._http_host.get(key, ())]
+            rules += [r.rule for s in suffixes for r in self._http_suffix.get(s, ())]
+            rules += [r.rule for r in self._http_any]
+        else:
+            nets = list(self._tcp_host.get(key, ()))
+            nets += [n for s in suffixes for n in self._tcp_suffix.get(s, ())]
+            nets += self._tcp_any
+            rules = [net.rule for net, _allow in nets]
+        return frozenset(rules)
+
+    def check_address(
+        self, ip: str, port: int, capability: str = "http", host: str | None = None
+    ) -> Decision:
         """May the skill's ``capability`` (http or tcp) connect to the resolved ``ip``?
 
         Private, loopback, link-local and metadata addresses need a rule that names
         them (an IP, a CIDR, ``addresses:``); ``allow_private`` covers all but metadata.
+        With ``host`` (the name that resolved to ``ip``; string form ``"IP:PORT HOST"``)
+        only the rules that match that host count, so one rule's ``allow_private``
+        cannot help another host that resolves to a private address.
         """
         target = f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+        if host:
+            target += f" {host}"
         named, private, every = self._http_addr if capability == "http" else self._tcp_addr
+        only = self._rules_for_host(capability, host) if host else None
+        if only is not None:
+            private = [n for n in private if n.rule in only]
+            every = [n for n in every if n.rule in only]
         try:
             addr = p.unwrap(ipaddress.ip_address(ip.strip("[]")))
         except ValueError:
             return self._deny(
                 capability, "address", target, f"{ip!r} is not an IP address", "bad-request"
             )
+        hit = _named(named, addr, port, only)
+        if hit is not None:
+            return self._allow(capability, "address", target, hit.rule, f"{addr} is named")
         if not every:
-            return self._deny(capability, "address", target, f"no {capability} rule at all")
-        net = _named(named, addr, port)
-        if net is not None:
-            return self._allow(capability, "address", target, net.rule, f"{addr} is named")
+            scope = f" for {host}" if host else ""
+            return self._deny(capability, "address", target, f"no {capability} rule{scope}")
         if addr in p.METADATA:
             return self._deny(
                 capability,
