@@ -260,6 +260,17 @@ def read_zip(
             raise PackageFormatError(f"archive entry {c.name!r} appears twice")
         seen.add(c.name)
         _check_kind(c)
+        # Declared sizes first: a bomb is refused before any of its bytes is looked at.
+        if c.usize > max_file_bytes or c.csize > max_file_bytes:
+            raise PackageFormatError(
+                f"archive entry {c.name!r} declares {max(c.usize, c.csize)} bytes, "
+                f"over the per-file limit of {max_file_bytes}"
+            )
+        total += c.usize
+        if total > max_total_bytes:
+            raise PackageFormatError(
+                f"archive expands to more than the total limit of {max_total_bytes} bytes"
+            )
         if c.flags & 0x1:
             raise PackageFormatError(f"archive entry {c.name!r} is encrypted")
         if c.method != 0:
@@ -267,20 +278,10 @@ def read_zip(
                 f"archive entry {c.name!r} is compressed (method {c.method}); "
                 "package entries are stored uncompressed"
             )
-        if c.usize > max_file_bytes or c.csize > max_file_bytes:
-            raise PackageFormatError(
-                f"archive entry {c.name!r} declares {max(c.usize, c.csize)} bytes, "
-                f"over the per-file limit of {max_file_bytes}"
-            )
         if c.csize != c.usize:
             raise PackageFormatError(
                 f"archive entry {c.name!r} declares {c.csize} stored bytes but {c.usize} "
                 "expanded bytes"
-            )
-        total += c.usize
-        if total > max_total_bytes:
-            raise PackageFormatError(
-                f"archive expands to more than the total limit of {max_total_bytes} bytes"
             )
 
     names = [c.name for c in centrals]
