@@ -1,0 +1,121 @@
+"""One audit record per call, built while the call runs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from skilld.types import AuditSink, Decision
+
+# Keys every call record has (the registry writes the same shape).
+RECORD_KEYS = (
+    "event",
+    "skill",
+    "version",
+    "method",
+    "caller",
+    "depth",
+    "input_sha256",
+    "output_sha256",
+    "start",
+    "duration_ms",
+    "outcome",
+    "limits_hit",
+    "error",
+    "decisions",
+)
+
+
+def digest(value: Any) -> str:
+    """sha256 hex of bytes, of a string's UTF-8, or of a value's canonical JSON."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        data = bytes(value)
+    elif isinstance(value, str):
+        data = value.encode()
+    else:
+        data = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return hashlib.sha256(data).hexdigest()
+
+
+class CallRecorder:
+    """Collects one call's decisions and limits, then yields its audit record.
+
+    ::
+
+        rec = CallRecorder("notes", "0.1.0", "add", caller="mcp:stdio", input=args_json)
+        rec.record(checker.check("fs", "read", path))
+        sink.emit(rec.finish("ok", output=result))
+    """
+
+    def __init__(
+        self,
+        skill: str,
+        version: str,
+        method: str,
+        *,
+        caller: str,
+        input: Any,  # noqa: A002 - the record's field is called input
+        depth: int = 0,
+        clock: Callable[[], float] = time.time,
+        timer: Callable[[], float] = time.perf_counter,
+    ):
+        """Start the call now; ``input`` is hashed, never stored."""
+        self.skill, self.version, self.method = skill, version, method
+        self.caller, self.depth = caller, depth
+        self.input_sha256 = digest(input)
+        self.decisions: list[Decision] = []
+        self.limits_hit: list[str] = []
+        self._timer = timer
+        self.start = clock()
+        self._t0 = timer()
+
+    def record(self, decision: Decision) -> Decision:
+        """Keep a permission decision; returns it (so a check can be wrapped inline)."""
+        self.decisions.append(decision)
+        return decision
+
+    def limit_hit(self, name: str) -> None:
+        """Note that a limit (``deadline``, ``memory``, ``output``, ...) was reached."""
+        if name not in self.limits_hit:
+            self.limits_hit.append(name)
+
+    def finish(
+        self, outcome: str, *, output: Any = None, error: BaseException | str | None = None
+    ) -> dict[str, Any]:
+        """The finished record (``outcome``: ``ok``, ``error``, ``denied``, ``deadline``...)."""
+        return {
+            "event": "call",
+            "skill": self.skill,
+            "version": self.version,
+            "method": self.method,
+            "caller": self.caller,
+            "depth": self.depth,
+            "input_sha256": self.input_sha256,
+            "output_sha256": None if output is None else digest(output),
+            "start": self.start,
+            "duration_ms": round((self._timer() - self._t0) * 1000, 3),
+            "outcome": outcome,
+            "limits_hit": list(self.limits_hit),
+            "error": None if error is None else str(error),
+            "decisions": [d.as_dict() for d in self.decisions],
+        }
+
+    def emit(
+        self,
+        sink: AuditSink,
+        outcome: str,
+        *,
+        output: Any = None,
+        error: BaseException | str | None = None,
+    ) -> dict[str, Any]:
+        """Finish and send the record to ``sink``; returns it.
+
+        Raises:
+            AuditError: the sink could not record.
+        """
+        record = self.finish(outcome, output=output, error=error)
+        sink.emit(record)
+        return record
