@@ -1,0 +1,212 @@
+"""The HTTP front door: Host/Origin allowlist, body limit, bearer tokens, malformed input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+from mcp_fakes import fake_dispatcher, running_http
+
+from skilld.errors import UsageError
+from skilld.mcp import ServeConfig
+
+pytestmark = pytest.mark.anyio
+
+BINDS = ["127.0.0.1", "0.0.0.0"]
+INIT = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "1"},
+    },
+}
+ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+
+
+def _body(response: httpx2.Response) -> Any:
+    """The JSON-RPC message of a JSON or single-event SSE response."""
+    text = response.text
+    if response.headers.get("content-type", "").startswith("text/event-stream"):
+        text = next(
+            line[5:] for line in text.splitlines() if line.startswith("data:") and line[5:].strip()
+        )
+    return json.loads(text)
+
+
+@pytest.mark.parametrize("bind", BINDS)
+async def test_bad_host_origin_and_body(bind: str) -> None:
+    """Foreign Host is 421, foreign Origin 403, an oversized body 413, on any bind address."""
+    config = ServeConfig(transport="http", host=bind, port=0, max_body_bytes=2048)
+    with anyio.fail_after(30):
+        async with running_http(fake_dispatcher(), config) as server:
+            url = f"http://127.0.0.1:{server.port}/mcp"
+            async with httpx2.AsyncClient(timeout=10) as http:
+                ok = await http.post(url, json=INIT, headers=ACCEPT)
+                assert ok.status_code == 200
+                assert _body(ok)["result"]["serverInfo"]["name"] == "skilld"
+
+                host = await http.post(
+                    url, json=INIT, headers={**ACCEPT, "Host": "evil.example.com"}
+                )
+                assert host.status_code == 421
+                rebound = await http.post(
+                    url, json=INIT, headers={**ACCEPT, "Host": f"evil.example.com:{server.port}"}
+                )
+                assert rebound.status_code == 421
+                origin = await http.post(
+                    url, json=INIT, headers={**ACCEPT, "Origin": "http://evil.example.com"}
+                )
+                assert origin.status_code == 403
+                local = await http.post(
+                    url, json=INIT, headers={**ACCEPT, "Origin": f"http://localhost:{server.port}"}
+                )
+                assert local.status_code == 200
+
+                big = dict(INIT, params={**INIT["params"], "pad": "x" * 4096})  # type: ignore[dict-item]
+                assert (await http.post(url, json=big, headers=ACCEPT)).status_code == 413
+
+                sse = await http.get(
+                    f"http://127.0.0.1:{server.port}/sse", headers={"Host": "evil.example.com"}
+                )
+                assert sse.status_code == 421
+                probe = await http.get(
+                    f"http://127.0.0.1:{server.port}/healthz", headers={"Host": "10.0.0.7:8080"}
+                )
+                assert probe.status_code == 200
+
+
+@pytest.mark.parametrize("bind", BINDS)
+async def test_malformed_json_rpc_gets_an_error_response(bind: str) -> None:
+    """Unparsable JSON and a non-JSON-RPC object get JSON-RPC errors, and the server stays up."""
+    config = ServeConfig(transport="http", host=bind, port=0)
+    with anyio.fail_after(30):
+        async with running_http(fake_dispatcher(), config) as server:
+            url = f"http://127.0.0.1:{server.port}/mcp"
+            async with httpx2.AsyncClient(timeout=10) as http:
+                broken = await http.post(
+                    url, content=b'{"jsonrpc": "2.0", "id": 1,', headers=ACCEPT
+                )
+                assert broken.status_code == 400
+                assert _body(broken)["error"]["code"] == -32700
+                wrong = await http.post(url, json={"hello": "world"}, headers=ACCEPT)
+                assert wrong.status_code == 400
+                assert "error" in _body(wrong)
+                assert (await http.post(url, json=INIT, headers=ACCEPT)).status_code == 200
+
+
+@pytest.mark.parametrize("bind", BINDS)
+async def test_bearer_tokens(bind: str, tmp_path: Path) -> None:
+    """No token or a wrong one: 401 with WWW-Authenticate: Bearer; any listed token works."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text("# clients\nalpha-token-1\n\nbeta-token-2\n")
+    config = ServeConfig(transport="http", host=bind, port=0, token_file=tokens)
+    with anyio.fail_after(30):
+        async with running_http(fake_dispatcher(), config) as server:
+            base = f"http://127.0.0.1:{server.port}"
+            async with httpx2.AsyncClient(timeout=10) as http:
+                missing = await http.post(f"{base}/mcp", json=INIT, headers=ACCEPT)
+                assert missing.status_code == 401
+                assert missing.headers["www-authenticate"].startswith("Bearer ")
+                wrong = await http.post(
+                    f"{base}/mcp", json=INIT, headers={**ACCEPT, "Authorization": "Bearer alpha"}
+                )
+                assert wrong.status_code == 401
+                assert wrong.headers["www-authenticate"].startswith("Bearer ")
+                for token in ("alpha-token-1", "beta-token-2"):
+                    good = await http.post(
+                        f"{base}/mcp",
+                        json=INIT,
+                        headers={**ACCEPT, "Authorization": f"Bearer {token}"},
+                    )
+                    assert good.status_code == 200
+                assert (await http.get(f"{base}/sse")).status_code == 401
+                assert (await http.get(f"{base}/metrics")).status_code == 401
+                assert (await http.get(f"{base}/healthz")).status_code == 200
+
+
+async def test_session_belongs_to_its_token(tmp_path: Path) -> None:
+    """A session opened with one token cannot be driven with another (per-session isolation)."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text("alpha-token-1\nbeta-token-2\n")
+    config = ServeConfig(transport="http", port=0, token_file=tokens)
+    with anyio.fail_after(30):
+        async with (
+            running_http(fake_dispatcher(), config) as server,
+            httpx2.AsyncClient(timeout=10) as http,
+        ):
+            alpha = {**ACCEPT, "Authorization": "Bearer alpha-token-1"}
+            opened = await http.post(server.url, json=INIT, headers=alpha)
+            session = opened.headers["mcp-session-id"]
+            listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+            beta = {**ACCEPT, "Authorization": "Bearer beta-token-2", "mcp-session-id": session}
+            stolen = await http.post(server.url, json=listing, headers=beta)
+            assert stolen.status_code in (403, 404)
+            mine = await http.post(
+                server.url, json=listing, headers={**alpha, "mcp-session-id": session}
+            )
+            assert mine.status_code in (200, 202)
+
+
+async def test_token_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A token named by token_env is required and accepted."""
+    monkeypatch.setenv("SKILLD_TEST_TOKEN", "from-env-0123")
+    config = ServeConfig(transport="http", port=0, token_env="SKILLD_TEST_TOKEN")
+    with anyio.fail_after(30):
+        async with (
+            running_http(fake_dispatcher(), config) as server,
+            httpx2.AsyncClient(timeout=10) as http,
+        ):
+            assert (await http.post(server.url, json=INIT, headers=ACCEPT)).status_code == 401
+            auth = {**ACCEPT, "Authorization": "Bearer from-env-0123"}
+            assert (await http.post(server.url, json=INIT, headers=auth)).status_code == 200
+
+
+async def test_allowed_hosts_extend_the_allowlist() -> None:
+    """A configured Host and Origin are accepted beside the local ones; others still are not."""
+    config = ServeConfig(
+        transport="http",
+        host="0.0.0.0",
+        port=0,
+        allowed_hosts=("skilld.internal:*",),
+        allowed_origins=("https://agent.example.com",),
+    )
+    with anyio.fail_after(30):
+        async with (
+            running_http(fake_dispatcher(), config) as server,
+            httpx2.AsyncClient(timeout=10) as http,
+        ):
+            url = f"http://127.0.0.1:{server.port}/mcp"
+            named = {
+                **ACCEPT,
+                "Host": "skilld.internal:8080",
+                "Origin": "https://agent.example.com",
+            }
+            assert (await http.post(url, json=INIT, headers=named)).status_code == 200
+            assert (
+                await http.post(url, json=INIT, headers={**ACCEPT, "Host": "skilld.internal"})
+            ).status_code == 421
+            sibling = {**ACCEPT, "Host": "skilld.internal.evil:1"}
+            assert (await http.post(url, json=INIT, headers=sibling)).status_code == 421
+            other = {**ACCEPT, "Origin": "https://agent.example.com.evil"}
+            assert (await http.post(url, json=INIT, headers=other)).status_code == 403
+
+
+def test_token_configuration_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A missing or empty token file or an unset variable is a usage error, never an open door."""
+    with pytest.raises(UsageError, match="cannot read the token file"):
+        ServeConfig(token_file=tmp_path / "absent").load_tokens()
+    empty = tmp_path / "empty"
+    empty.write_text("# nothing\n\n")
+    with pytest.raises(UsageError, match="holds no token"):
+        ServeConfig(token_file=empty).load_tokens()
+    monkeypatch.delenv("SKILLD_UNSET_TOKEN", raising=False)
+    with pytest.raises(UsageError, match="SKILLD_UNSET_TOKEN"):
+        ServeConfig(token_env="SKILLD_UNSET_TOKEN").load_tokens()
+    assert ServeConfig().load_tokens() == ()
