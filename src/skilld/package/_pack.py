@@ -151,7 +151,10 @@ def read_skill_meta(src_dir: Path) -> SkillMeta:
         raise PackageFormatError(f"{SKILL_YAML} must be a mapping", location=where)
     for key in ("id", "version"):
         if not isinstance(doc.get(key), str):
-            raise PackageFormatError(f"'{key}' is required and must be a string", location=where)
+            hint = "quote it in YAML: version: '1.0.0'" if key in doc else None
+            raise PackageFormatError(
+                f"'{key}' is required and must be a string", location=where, hint=hint
+            )
     needs = doc.get("needs") or {}
     if not isinstance(needs, dict):
         raise PackageFormatError("'needs' must be a mapping", location=where)
