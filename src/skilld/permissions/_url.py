@@ -15,6 +15,13 @@ from urllib.parse import urlsplit
 from skilld.policy._patterns import IPAddress, default_port, normalize_host
 
 _ENCODED_DOT = re.compile("%2e", re.IGNORECASE)
+# The common shape (lowercase scheme and name, optional port, plain path): parsed
+# without urlsplit. Anything else, including every trick, takes the general path.
+_SIMPLE = re.compile(
+    r"(https?)://((?:[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?\.)*[a-z][a-z0-9_-]{0,62})"
+    r"(?::([1-9][0-9]{0,4}))?(/[A-Za-z0-9_~!$&'()*+,;=:@%/-]*(?:\.[A-Za-z0-9_~!$&'()*+,;=:@%/-]+)*)?"
+    r"(?:[?#][^\x00-\x20\x7f]*)?"
+)
 _ENCODED_SEP = re.compile("%2f|%5c", re.IGNORECASE)
 
 
@@ -70,6 +77,12 @@ def normalize_url(url: str) -> NormalUrl:
     Raises:
         UrlRefused: unsupported scheme, userinfo, a bad host or port, control characters.
     """
+    m = _SIMPLE.fullmatch(url)
+    if m is not None and "%" not in (m.group(4) or ""):
+        scheme, host, port_text, path = m.groups()
+        if "/." not in (path or "") and (port_text is None or int(port_text) <= 65535):
+            port = int(port_text) if port_text else default_port(scheme)
+            return NormalUrl(scheme, host, None, port, path or "/")
     if any(ord(c) < 0x21 or c == "\x7f" for c in url):
         raise UrlRefused("URLs with spaces or control characters are refused", "http.bad-url")
     try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import ipaddress
 import re
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -119,6 +119,10 @@ def tree(segments: tuple[str, ...]) -> tuple[str, ...]:
 # -- hosts and addresses ----------------------------------------------------
 
 _LABEL = re.compile(r"^[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?$")
+# Already-canonical names (the common case) skip the general path below.
+_CANONICAL_NAME = re.compile(
+    r"(?:[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?\.)*[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?"
+)
 _NUM_PART = re.compile(r"^(?:0x[0-9a-f]*|[0-9]+)$")
 
 METADATA: frozenset[IPAddress] = frozenset(
@@ -178,17 +182,42 @@ def unwrap(ip: IPAddress) -> IPAddress:
     return ip
 
 
+@lru_cache(maxsize=4096)
+def parse_address(text: str) -> tuple[IPAddress, bool, bool]:
+    """``(address, is_metadata, is_special)`` of a resolved IP's text (unwrapped).
+
+    Raises:
+        ValueError: not an IP address.
+    """
+    addr = unwrap(ipaddress.ip_address(text))
+    return addr, addr in METADATA, is_special(addr)
+
+
+@lru_cache(maxsize=4096)
 def is_special(ip: IPAddress) -> bool:
-    """True for addresses a grant must name: private, loopback, link-local, metadata, ..."""
+    """True for addresses a grant must name: private, loopback, link-local, metadata, ...
+
+    Cached: ``is_global`` walks ipaddress's range tables, and the addresses one
+    appliance resolves are few.
+    """
     return ip in METADATA or not ip.is_global or ip.is_multicast
 
 
+@lru_cache(maxsize=4096)
 def normalize_host(text: str) -> str | IPAddress:
     """A host name in canonical form (lowercase, no trailing dot, punycode) or its IP.
+
+    Cached by text (failures are not): one appliance talks to few hosts.
 
     Raises:
         ValueError: empty, bad characters, or not valid IDNA.
     """
+    if (
+        _CANONICAL_NAME.fullmatch(text)
+        and len(text) <= 253
+        and not _NUM_PART.match(text[text.rfind(".") + 1 :])
+    ):
+        return text
     host = text.strip()
     if host.startswith("[") and host.endswith("]"):
         try:
