@@ -21,7 +21,8 @@ import hashlib
 import os
 import re
 import stat
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -54,6 +55,7 @@ SIG_ALGORITHM = "ed25519"
 _SIG_NAME = re.compile(r"^signatures/([0-9a-f]{16})\.sig$")
 
 PackageSource = Path | str | bytes
+_THREADED_DIGEST_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +116,26 @@ def signed_message(manifest_bytes: bytes) -> bytes:
     return SIGNING_CONTEXT + manifest_bytes
 
 
+def _sha256_beside(data: bytes) -> Callable[[], str]:
+    """Start hashing ``data`` on another thread (when large); the result comes from the call."""
+    if len(data) < _THREADED_DIGEST_BYTES:
+        digest = hashlib.sha256(data).hexdigest()
+        return lambda: digest
+    out: list[str] = []
+    thread = threading.Thread(
+        target=lambda: out.append(hashlib.sha256(data).hexdigest()),
+        name="skilld-package-digest",
+        daemon=True,
+    )
+    thread.start()
+
+    def result() -> str:
+        thread.join()
+        return out[0]
+
+    return result
+
+
 def read_bytes(source: PackageSource, limits: PackageLimits) -> bytes:
     """The bytes of a package given as bytes or a path, refusing oversize input unread.
 
@@ -141,13 +163,14 @@ def read_bytes(source: PackageSource, limits: PackageLimits) -> bytes:
                 location=path,
             )
         with os.fdopen(fd, "rb", closefd=False) as fh:
-            data = fh.read(limits.max_package_bytes + 1)
+            # One byte past the size stat gave, to notice a file that grew meanwhile.
+            data = fh.read(min(st.st_size, limits.max_package_bytes) + 1)
     except OSError as exc:
         raise PackageFormatError(f"cannot read package: {exc.strerror}", location=path) from exc
     finally:
         os.close(fd)
-    if len(data) > limits.max_package_bytes:
-        raise PackageFormatError("package grew past the size limit while read", location=path)
+    if len(data) > st.st_size:
+        raise PackageFormatError("package changed while it was read", location=path)
     return data
 
 
@@ -175,7 +198,7 @@ def _parse_signature(entry: ZipEntry, limits: PackageLimits) -> Signature:
     return Signature(m[1], raw)
 
 
-def _contents(data: bytes, limits: PackageLimits, *, digests: bool) -> PackageContents:
+def _contents(data: bytes, limits: PackageLimits, *, digests: bool, sha256: str) -> PackageContents:
     archive = read_zip(
         data,
         max_entries=limits.max_entries,
@@ -224,7 +247,7 @@ def _contents(data: bytes, limits: PackageLimits, *, digests: bool) -> PackageCo
         signatures=signatures,
         files=MappingProxyType({n: entries[n].data for n in sorted(listed)}),
         archive=archive,
-        sha256=hashlib.sha256(data).hexdigest(),
+        sha256=sha256,
     )
 
 
@@ -254,7 +277,8 @@ def read_package(source: PackageSource, limits: PackageLimits | None = None) -> 
     """
     limits = limits or PackageLimits()
     try:
-        return _contents(read_bytes(source, limits), limits, digests=True)
+        data = read_bytes(source, limits)
+        return _contents(data, limits, digests=True, sha256=hashlib.sha256(data).hexdigest())
     except (PackageFormatError, DigestMismatch, SignatureError) as exc:
         if exc.location is None and not isinstance(source, bytes):
             exc.location = str(source)
@@ -341,7 +365,10 @@ def verify_package(
     limits = limits or PackageLimits()
     try:
         data = read_bytes(source, limits)
-        contents = _contents(data, limits, digests=False)
+        # The package digest is for the caller (the bundle lock), not a check: compute
+        # it beside the checks; hashlib releases the GIL, so it costs no wall time.
+        package_sha256 = _sha256_beside(data)
+        contents = _contents(data, limits, digests=False, sha256="")
         signers = _check_trust(contents, trust)
         manifest = contents.manifest
         _check_expected(manifest, expect_id, expect_version)
@@ -359,5 +386,5 @@ def verify_package(
         files=MappingProxyType({n: bytes(v) for n, v in contents.files.items() if n != COMPONENT}),
         signers=signers,
         signer_names=tuple(names[k] for k in signers),
-        sha256=contents.sha256,
+        sha256=package_sha256(),
     )
