@@ -81,8 +81,8 @@ def normalize_url(url: str) -> NormalUrl:
     if m is not None and "%" not in (m.group(4) or ""):
         scheme, host, port_text, path = m.groups()
         if "/." not in (path or "") and (port_text is None or int(port_text) <= 65535):
-            port = int(port_text) if port_text else default_port(scheme)
-            return NormalUrl(scheme, host, None, port, path or "/")
+            fast_port = int(port_text) if port_text else default_port(scheme)
+            return NormalUrl(scheme, host, None, fast_port, path or "/")
     if any(ord(c) < 0x21 or c == "\x7f" for c in url):
         raise UrlRefused("URLs with spaces or control characters are refused", "http.bad-url")
     try:
