@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import Make
-from skilld.permissions import SkillPermissions, normalize_url
+from skilld.permissions import SkillPermissions, UrlRefused, normalize_url
 
 POLICY = """
 http:
@@ -235,3 +235,29 @@ def test_url_never_allowed_outside_grant(
             elif s != ".":
                 resolved.append(s)
         assert resolved[:1] == ["v1"]
+
+
+_label = st.from_regex(r"[a-z][a-z0-9-]{0,8}[a-z0-9]", fullmatch=True)
+_path_chars = st.text(alphabet="abz09-_.~/%;=:@", max_size=20)
+
+
+@given(
+    st.sampled_from(["http", "https"]),
+    st.lists(_label, min_size=1, max_size=4),
+    st.sampled_from(["", ":80", ":443", ":8080", ":65535"]),
+    _path_chars,
+    st.sampled_from(["", "?q=1", "#frag", "?a=b@c"]),
+)
+def test_fast_path_agrees_with_general_parser(
+    scheme: str, labels: list[str], port: str, path: str, tail: str
+) -> None:
+    """Property: the fast path for simple URLs gives what the general parser gives."""
+    url = f"{scheme}://{'.'.join(labels)}{port}/{path}{tail}"
+    general = f"{scheme.upper()}://{'.'.join(labels)}{port}/{path}{tail}"  # skips the fast path
+    try:
+        slow = normalize_url(general)
+    except UrlRefused:
+        with pytest.raises(UrlRefused):
+            normalize_url(url)
+        return
+    assert normalize_url(url) == slow
