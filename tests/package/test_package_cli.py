@@ -219,7 +219,7 @@ def test_sign_refuses_a_damaged_package(
 
 
 def test_pack_with_ephemeral_key(tmp_path: Path, skill_dir: Path) -> None:
-    """--ephemeral-key-out signs with a fresh key and writes a trust file scoped to the skill."""
+    """--ephemeral-key-out signs with a fresh key (reused on re-runs) and a trust file for it."""
     keys = tmp_path / "ephemeral"
     out = tmp_path / "notes.skill"
     rc = main(["pack", str(skill_dir), "--ephemeral-key-out", str(keys), "--component",
@@ -228,6 +228,11 @@ def test_pack_with_ephemeral_key(tmp_path: Path, skill_dir: Path) -> None:
     assert stat.S_IMODE((keys / "notes.key").stat().st_mode) == 0o600
     assert [k.scope for k in load_trust(keys).keys] == [("notes",)]
     assert main(["verify", str(out), "--trust", str(keys)]) == 0
+    again = tmp_path / "again.skill"
+    rc = main(["pack", str(skill_dir), "--ephemeral-key-out", str(keys), "--component",
+               str(skill_dir.parent / "component.wasm"), "-o", str(again)])  # fmt: skip
+    assert rc == 0
+    assert again.read_bytes() == out.read_bytes()  # the key in DIR is reused
 
 
 def test_pack_needs_a_key(tmp_path: Path, skill_dir: Path) -> None:

@@ -105,8 +105,9 @@ def register(sub: Any) -> None:
         "--ephemeral-key-out",
         type=Path,
         metavar="DIR",
-        help="sign with a new throwaway key, written to DIR/<id>.key with a trust "
-        "file DIR/<id>.pub.json scoped to this skill (for samples and tests)",
+        help="sign with a throwaway key DIR/<id>.key (made if absent, reused if present) "
+        "and write a trust file DIR/<id>.pub.json scoped to this skill (for samples, CI, "
+        "tests; never commit DIR)",
     )
     pack.add_argument(
         "--component",

@@ -20,7 +20,7 @@ import yaml
 
 from skilld import ABI_VERSION
 from skilld.errors import PackageFormatError, UsageError
-from skilld.package._keys import SigningKey, b64encode, write_private_key
+from skilld.package._keys import SigningKey, b64encode, load_private_key, write_private_key
 from skilld.package._manifest import (
     COMPONENT,
     MANIFEST,
@@ -278,24 +278,28 @@ def sign_package(path: Path, key: SigningKey, limits: PackageLimits | None = Non
     return True
 
 
-def write_ephemeral_signer(
-    key_dir: Path, skill_id: str, *, key: SigningKey | None = None
-) -> tuple[SigningKey, Path]:
-    """Make a throwaway key for ``skill_id`` and a trust file scoped to exactly that id.
+def write_ephemeral_signer(key_dir: Path, skill_id: str) -> tuple[SigningKey, Path]:
+    """A throwaway key for ``skill_id`` and a trust file scoped to exactly that id.
 
     Writes ``KEY_DIR/<id>.key`` (mode 0600, unencrypted: it is meant to be thrown
-    away) and ``KEY_DIR/<id>.pub.json``; returns the key and the trust file's path.
-    For recipes and tests that pack sample skills; never commit the key.
+    away with the directory) and ``KEY_DIR/<id>.pub.json``; returns the key and the
+    trust file's path. When ``KEY_DIR`` already holds a key for the id, that key is
+    reused, so that re-running a recipe gives the same bytes. For recipes and tests
+    that pack sample skills; never commit the directory.
 
     Raises:
-        UsageError: the key file exists already or cannot be written.
+        UsageError: the key file cannot be written, or an existing one not read.
         PackageFormatError: ``skill_id`` is not a valid id.
     """
     check_id(skill_id)
-    key = key or SigningKey.generate()
     key_dir = Path(key_dir)
     key_dir.mkdir(parents=True, exist_ok=True)
-    write_private_key(key, key_dir / f"{skill_id}.key")
+    key_path = key_dir / f"{skill_id}.key"
+    if key_path.exists():
+        key = load_private_key(key_path)
+    else:
+        key = SigningKey.generate()
+        write_private_key(key, key_path)
     trust_path = key_dir / f"{skill_id}{TRUST_SUFFIX}"
     trusted = trusted_key(f"ephemeral-{skill_id}", key.public_raw, [skill_id])
     write_atomic(trust_path, trust_file_bytes(trusted))
