@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import Make
 from skilld.permissions import SkillPermissions
 from skilld.types import PermissionChecker
 
@@ -19,6 +20,8 @@ fs:
   - path: /data/md/**/*.md
   - path: /srv/*
 """
+
+Make = Callable[..., SkillPermissions]
 
 
 @pytest.fixture

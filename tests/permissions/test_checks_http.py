@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import Make
 from skilld.permissions import SkillPermissions, UrlRefused, normalize_url
 
 POLICY = """
@@ -28,6 +29,8 @@ http:
     addresses: [10.1.0.0/16]
   - url: "https://xn--bcher-kva.example/"
 """
+
+Make = Callable[..., SkillPermissions]
 
 
 @pytest.fixture

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import Make
 from skilld.permissions import SkillPermissions, explain
 from skilld.policy import compile_policies
 
@@ -27,6 +27,8 @@ tcp:
   - host: "*"
     ports: 443
 """
+
+Make = Callable[..., SkillPermissions]
 
 
 @pytest.mark.parametrize(
