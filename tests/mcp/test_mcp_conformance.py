@@ -1,0 +1,32 @@
+"""The official MCP conformance suite against skilld's server and the conformance dispatcher."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import anyio
+import pytest
+from mcp_fakes import running_http
+
+from skilld.mcp.testing import conformance_dispatcher
+
+SUITE = Path(os.environ.get("SKILLD_MCP_CONFORMANCE", "/work/shared/tools/mcp-conformance"))
+ACTIVE_SERVER_SCENARIOS = 30
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_conformance_suite_passes_every_server_scenario() -> None:
+    """Every active server scenario of @modelcontextprotocol/conformance passes over HTTP."""
+    if not SUITE.exists():
+        pytest.skip(f"the conformance runner is not at {SUITE} (set SKILLD_MCP_CONFORMANCE)")
+    with anyio.fail_after(900):
+        async with running_http(conformance_dispatcher()) as server:
+            done = await anyio.run_process([str(SUITE), server.url], check=False)
+    output = done.stdout.decode(errors="replace")
+    summary = output.strip().splitlines()[-1]
+    assert re.fullmatch(r"scenarios: (\d+) passed, 0 failed", summary), output[-4000:]
+    assert summary == f"scenarios: {ACTIVE_SERVER_SCENARIOS} passed, 0 failed", output[-4000:]
+    assert done.returncode == 0
