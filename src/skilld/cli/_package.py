@@ -198,7 +198,12 @@ def _thresholds(specs: list[str]) -> dict[str, int]:
 
 
 def run_keygen(args: argparse.Namespace) -> int:
-    """Handle ``skilld keygen``."""
+    """Handle ``skilld keygen``.
+
+    Raises:
+        UsageError: conflicting options, an unreadable passphrase, or KEY exists.
+        TrustError: a bad --name, --scope or --threshold for the trust file.
+    """
     from skilld.package import (
         SigningKey,
         trust_file_bytes,
@@ -238,7 +243,13 @@ def _load_keys(paths: list[Path], args: argparse.Namespace) -> list[SigningKey]:
 
 
 def run_pack(args: argparse.Namespace) -> int:
-    """Handle ``skilld pack``."""
+    """Handle ``skilld pack``.
+
+    Raises:
+        UsageError: no key given, or a key or component that cannot be read.
+        PackageFormatError: a bad skill.yaml or an unsafe file under DIR.
+        BuildError: building the component failed.
+    """
     from skilld.package import (
         pack_directory,
         read_package,
@@ -281,7 +292,12 @@ def run_pack(args: argparse.Namespace) -> int:
 
 
 def run_sign(args: argparse.Namespace) -> int:
-    """Handle ``skilld sign``."""
+    """Handle ``skilld sign``.
+
+    Raises:
+        UsageError: the key cannot be read, or the package cannot be rewritten.
+        PackageError: the package is damaged (it is left untouched).
+    """
     from skilld.package import sign_package
 
     (key,) = _load_keys([args.key], args)
@@ -293,7 +309,11 @@ def run_sign(args: argparse.Namespace) -> int:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    """Handle ``skilld verify``: exit 0 only for a valid package."""
+    """Handle ``skilld verify``: exit 0 only for a valid package.
+
+    Raises:
+        PackageError: the package is invalid; the message says why.
+    """
     from skilld.package import load_trust, verify_package
 
     trust = load_trust(args.trust)
@@ -322,7 +342,11 @@ def run_verify(args: argparse.Namespace) -> int:
 
 
 def run_inspect(args: argparse.Namespace) -> int:
-    """Handle ``skilld inspect``."""
+    """Handle ``skilld inspect``.
+
+    Raises:
+        PackageError: the package's format or digests are broken.
+    """
     from skilld.package import read_package
 
     contents = read_package(args.package)
