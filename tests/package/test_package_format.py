@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
 import stat
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pkg_helpers import COMPONENT, META
@@ -113,11 +115,10 @@ def test_second_signature_keeps_the_first(package: bytes, key: SigningKey) -> No
 )
 def test_bad_metadata_is_refused_when_packing(field: str, value: str, cause: str) -> None:
     """Packing refuses an invalid skill id or a version that is not semver, saying which."""
-    fields = {"id": META.id, "name": META.name, "version": META.version,
-              "description": META.description}  # fmt: skip
-    fields[field] = value
+    changes: dict[str, Any] = {field: value}
+    meta = dataclasses.replace(META, **changes)
     with pytest.raises(PackageFormatError, match=cause):
-        build_package(SkillMeta(**fields), COMPONENT)
+        build_package(meta, COMPONENT)
 
 
 def test_semver_prerelease_and_build_are_accepted(key: SigningKey, trust: TrustStore) -> None:

@@ -24,7 +24,9 @@ def _write(directory: Path, name: str, doc: Any) -> Path:
 
 
 def _doc(key: SigningKey, **changes: Any) -> dict[str, Any]:
-    doc = json.loads(trust_file_bytes(trusted_key("alice", key.public_raw, ["notes", "acme-*"])))
+    doc: dict[str, Any] = json.loads(
+        trust_file_bytes(trusted_key("alice", key.public_raw, ["notes", "acme-*"]))
+    )
     doc.update(changes)
     return doc
 
