@@ -138,6 +138,13 @@ def test_duplicate_entries_refused(trust: TrustStore) -> None:
         verify_package(data, trust)
 
 
+def test_names_differing_in_case_refused(trust: TrustStore) -> None:
+    """Two names equal but for case (one file on macOS or Windows) are refused."""
+    data = raw_zip([RawEntry("SKILL.md"), RawEntry("component.wasm"), RawEntry("skill.md")])
+    with pytest.raises(PackageFormatError, match=r"'SKILL\.md' and 'skill\.md' differ only in case"):
+        verify_package(data, trust)
+
+
 def test_duplicate_from_zipfile_refused(trust: TrustStore) -> None:
     """A duplicate written by Python's own zipfile module is refused too."""
     buf = io.BytesIO()

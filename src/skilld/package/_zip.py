@@ -253,12 +253,20 @@ def read_zip(
     centrals = _parse_central(view, cd_offset, end_at, n_total)
 
     seen: set[str] = set()
+    folded: dict[str, str] = {}
     total = 0
     for c in centrals:
         check_name(c.name)
         if c.name in seen:
             raise PackageFormatError(f"archive entry {c.name!r} appears twice")
+        # Names that differ only in case would overwrite each other when unpacked on a
+        # case-insensitive file system (macOS, Windows).
+        if c.name.lower() in folded:
+            raise PackageFormatError(
+                f"archive entries {folded[c.name.lower()]!r} and {c.name!r} differ only in case"
+            )
         seen.add(c.name)
+        folded[c.name.lower()] = c.name
         _check_kind(c)
         # Declared sizes first: a bomb is refused before any of its bytes is looked at.
         if c.usize > max_file_bytes or c.csize > max_file_bytes:
