@@ -141,7 +141,7 @@ def test_duplicate_entries_refused(trust: TrustStore) -> None:
 def test_names_differing_in_case_refused(trust: TrustStore) -> None:
     """Two names equal but for case (one file on macOS or Windows) are refused."""
     data = raw_zip([RawEntry("SKILL.md"), RawEntry("component.wasm"), RawEntry("skill.md")])
-    with pytest.raises(PackageFormatError, match=r"'SKILL\.md' and 'skill\.md' differ only in case"):
+    with pytest.raises(PackageFormatError, match=r"'SKILL\.md' and 'skill\.md' differ only"):
         verify_package(data, trust)
 
 
