@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from collections.abc import AsyncIterator, Mapping
@@ -68,6 +69,24 @@ def _progress(args: Mapping[str, Any], ch: ClientChannel) -> Any:
     ch.log("info", {"msg": "working", "steps": 3})
     ch.log("debug", "fine detail")
     return {"done": True}
+
+
+def _noisy(args: Mapping[str, Any], ch: ClientChannel) -> Any:
+    # Stray output from a careless skill or library must never reach the protocol stream.
+    print("stray print to stdout")
+    sys.stdout.flush()
+    os.write(1, b"stray write to fd 1\n")
+    return {"quiet": True}
+
+
+def _nested(args: Mapping[str, Any], ch: ClientChannel) -> Any:
+    # A dispatcher may run part of a call on a thread of its own (an invoke of another skill).
+    inner = threading.Thread(
+        target=lambda: (ch.log("warning", "from a nested thread"), ch.progress(1, 1, None))
+    )
+    inner.start()
+    inner.join()
+    return {"nested": True}
 
 
 def _raise(exc: Exception) -> Any:
@@ -149,6 +168,8 @@ def fake_dispatcher(gate: Gate | None = None) -> StaticDispatcher:
                 title="Rich output",
             ),
             static_tool("work/progress", _progress, skill_id="work"),
+            static_tool("work/noisy", _noisy, skill_id="work"),
+            static_tool("work/nested", _nested, skill_id="work"),
             static_tool("work/wait", _wait(gate), skill_id="work"),
             static_tool(
                 "net/fetch",

@@ -62,6 +62,26 @@ async def test_denied_permission_is_a_tool_error(transport: str) -> None:
             assert not after.is_error
 
 
+async def test_channel_works_from_a_dispatcher_thread() -> None:
+    """Logs and progress sent from a thread the dispatcher started still reach the client."""
+    inbox = Inbox()
+    with anyio.fail_after(30):
+        async with connect("streamable-http", inbox=inbox) as session:
+            result = await session.call_tool("work/nested", {}, progress_callback=inbox.on_progress)
+            assert not result.is_error
+    assert [log.data for log in inbox.logs] == ["from a nested thread"]
+    assert inbox.progress == [(1, 1, None)]
+
+
+async def test_stdout_carries_only_the_protocol() -> None:
+    """A tool printing to stdout (and writing to fd 1) does not corrupt the stdio stream."""
+    with anyio.fail_after(30):
+        async with connect("stdio") as session:
+            noisy = await session.call_tool("work/noisy", {})
+            assert text_of(noisy) == '{"quiet": true}'
+            assert not (await session.call_tool("notes/echo", {"text": "ok"})).is_error
+
+
 @pytest.mark.parametrize("transport", ["sse", "streamable-http"])
 async def test_sampling_and_elicitation_round_trip(transport: str) -> None:
     """A guest's sampling and elicitation requests reach the client and its answers come back."""

@@ -1,11 +1,12 @@
 """The guest's way back to its MCP client, from the worker thread that runs it.
 
-A guest call blocks its thread, so every method here is called from a worker
-thread started by ``anyio.to_thread.run_sync`` and crosses back to the event loop
-with ``anyio.from_thread.run``. Notifications (progress, logs) are best effort: a
-client that went away must not fail the call. Requests (sampling, elicitation)
-block the guest until the client answers, the call is cancelled or the timeout
-passes, and fail as ``GuestError`` with a WIT error code.
+A guest call blocks its thread, so every method here is called off the event loop
+(from the worker thread the call runs on, or from a thread the dispatcher starts for
+a nested call) and crosses back to the loop with ``anyio.from_thread.run``.
+Notifications (progress, logs) are best effort: a client that went away must not
+fail the call. Requests (sampling, elicitation) block the guest until the client
+answers, the call is cancelled or the timeout passes, and fail as ``GuestError``
+with a WIT error code.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, TypeVar
 
 import anyio
 import anyio.from_thread
+import anyio.lowlevel
 from mcp.server.session import ServerSession
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import ServerMessageMetadata
@@ -76,6 +78,9 @@ class SessionChannel:
         self._min_level = min_level
         self._timeout = request_timeout_s
         self._cancelled = threading.Event()
+        # Built on the event loop; the token lets any thread reach it (the guest's
+        # worker thread, or a thread the dispatcher starts for a nested call).
+        self._loop = anyio.lowlevel.current_token()
         # Touched only on the event loop thread (requests run there, cancel() is called there).
         self._scopes: set[anyio.CancelScope] = set()
 
@@ -152,7 +157,7 @@ class SessionChannel:
             await send()
 
         try:
-            anyio.from_thread.run(run)
+            anyio.from_thread.run(run, token=self._loop)
         # A notification the client can no longer receive (closed stream, server
         # shutting down) must not fail the guest's call: drop it.
         except Exception:  # noqa: BLE001
@@ -178,7 +183,7 @@ class SessionChannel:
             return None
 
         try:
-            result = anyio.from_thread.run(run)
+            result = anyio.from_thread.run(run, token=self._loop)
         except TimeoutError as exc:
             raise GuestError(
                 "timeout", f"the client did not answer within {self._timeout:g} s"
