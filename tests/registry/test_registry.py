@@ -59,7 +59,7 @@ def registry(
                 name, Limits(), NullChannel()
             )
         )
-        exposure = Exposure(hidden=frozenset({"fail"})) if name == "echo" else Exposure()
+        exposure = Exposure(hidden=("fail",)) if name == "echo" else Exposure()
         if name == "notes":
             exposure = Exposure(per_skill=True)
         reg.add(

@@ -6,6 +6,7 @@ they were verified against. ``open_bundle`` checks all of it before any byte
 reaches the wasm engine.
 """
 
+from skilld.bundle._build import BuildResult, build_bundle, sign_lock, verify_lock_signature
 from skilld.bundle._load import LoadedBundle, open_bundle
 from skilld.bundle._lock import FORMAT, LOCK, LOCK_SIG, Lock, LockedSkill, canonical_json
 
@@ -13,9 +14,13 @@ __all__ = [
     "FORMAT",
     "LOCK",
     "LOCK_SIG",
+    "BuildResult",
     "LoadedBundle",
     "Lock",
     "LockedSkill",
+    "build_bundle",
     "canonical_json",
     "open_bundle",
+    "sign_lock",
+    "verify_lock_signature",
 ]

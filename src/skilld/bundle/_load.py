@@ -16,12 +16,14 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from skilld.bundle._lock import LOCK, LOCK_SIG, Lock, LockedSkill
 from skilld.errors import BundleError, DigestMismatch, SkilldError
+from skilld.package import load_trust, verify_package
 from skilld.sandbox import Component, Sandbox, sha256_file
 
 log = logging.getLogger("skilld.bundle")
@@ -53,20 +55,29 @@ class LoadedBundle:
 
 
 def _check_file(root: Path, rel: str, expected: str) -> bytes | None:
+    """Check one file's sha256; return its bytes when it is JSON (the tables)."""
     path = root / rel
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError as exc:
-        raise BundleError(f"listed in the lock but unreadable: {exc.strerror}",
-                          location=str(path)) from exc
+        raise BundleError(
+            f"listed in the lock but unreadable: {exc.strerror}", location=str(path)
+        ) from exc
     try:
         actual = sha256_file(fd)
         if actual != expected:
-            raise BundleError(f"sha256 is {actual[:16]}…, the lock says {expected[:16]}…; the "
-                              "bundle was changed after it was built", location=str(path))
+            raise BundleError(
+                f"sha256 is {actual[:16]}…, the lock says {expected[:16]}…; the "
+                "bundle was changed after it was built",
+                location=str(path),
+            )
         if rel.endswith(".json"):
+            # Read through the descriptor that was hashed: the same bytes.
             os.lseek(fd, 0, os.SEEK_SET)
-            return path.read_bytes() if os.fstat(fd).st_size < (64 << 20) else None
+            chunks = []
+            while chunk := os.read(fd, 1 << 20):
+                chunks.append(chunk)
+            return b"".join(chunks)
         return None
     finally:
         os.close(fd)
@@ -82,8 +93,11 @@ def _inventory(root: Path, lock: Lock) -> None:
             if (Path(dirpath) / name).is_symlink():
                 raise BundleError("symlinks are not allowed in a bundle", location=str(root / rel))
             if rel not in lock.files:
-                raise BundleError("file not named in bundle.lock; refusing to serve a bundle "
-                                  "with unknown content", location=str(root / rel))
+                raise BundleError(
+                    "file not named in bundle.lock; refusing to serve a bundle "
+                    "with unknown content",
+                    location=str(root / rel),
+                )
             present.add(rel)
     missing = sorted(set(lock.files) - present)
     if missing:
@@ -142,46 +156,47 @@ def open_bundle(
         native = root / skill.native
         if same_engine:
             try:
-                return sandbox.load_native(native, lock.files[skill.native], name=skill.id,
-                                           granted=granted)
+                return sandbox.load_native(
+                    native, lock.files[skill.native], name=skill.id, granted=granted
+                )
             except DigestMismatch as exc:
-                raise BundleError(f"{exc.message}; the bundle was changed after it was built",
-                                  location=str(native)) from exc
+                raise BundleError(
+                    f"{exc.message}; the bundle was changed after it was built",
+                    location=str(native),
+                ) from exc
         check(skill.native)  # still refuse a damaged bundle, even when not using the file
-        wasm = _component_bytes(root / skill.package, skill.component_sha256)
-        return sandbox.load(wasm, name=skill.id, granted=granted)
+        verified = verify_package(
+            root / skill.package,
+            load_trust(root / "trust"),
+            expect_id=skill.id,
+            expect_version=skill.version,
+        )
+        if hashlib.sha256(verified.component).hexdigest() != skill.component_sha256:
+            raise BundleError(
+                "component digest differs from the lock", location=str(root / skill.package)
+            )
+        return sandbox.load(verified.component, name=skill.id, granted=granted)
 
     workers = max(2, os.cpu_count() or 2)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="skilld-verify") as pool:
         others = {rel: pool.submit(check, rel) for rel in lock.files if rel not in natives}
-        tables = others[lock.policy_path].result() if lock.policy_path in others else None
         loading = {s.id: pool.submit(load, s) for s in lock.skills}
         try:
-            for fut in others.values():
-                fut.result()
-            for sid, fut in loading.items():
-                components[sid] = fut.result()
+            for rel, checked in others.items():
+                data = checked.result()
+                if rel == lock.policy_path:
+                    tables = data
+            for sid, loaded in loading.items():
+                components[sid] = loaded.result()
         except SkilldError:
-            for fut in [*others.values(), *loading.values()]:
+            pending: list[Future[Any]] = [*others.values(), *loading.values()]
+            for fut in pending:
                 fut.cancel()
             raise
     if tables is None:
         raise BundleError("policy tables are missing from the lock", location=str(lock_path))
     timings["verify_and_native"] = (time.perf_counter() - t) * 1000
-    log.info("bundle %s verified: %d skills, digest %s", root, len(components),
-             lock.bundle_digest[:16])
+    log.info(
+        "bundle %s verified: %d skills, digest %s", root, len(components), lock.bundle_digest[:16]
+    )
     return LoadedBundle(root, lock, tables, components, timings)
-
-
-def _component_bytes(package: Path, expected: str) -> bytes:
-    """component.wasm from a package, for recompiling (the package digest is checked already)."""
-    import zipfile
-
-    try:
-        with zipfile.ZipFile(package) as zf:
-            data = zf.read("component.wasm")
-    except (OSError, KeyError, zipfile.BadZipFile) as exc:
-        raise BundleError(f"cannot read component.wasm: {exc}", location=str(package)) from exc
-    if hashlib.sha256(data).hexdigest() != expected:
-        raise BundleError("component digest differs from the lock", location=str(package))
-    return data

@@ -114,6 +114,5 @@ class Lock:
         except (KeyError, TypeError, ValueError) as exc:
             raise BundleError(f"malformed lock: {exc}", location=str(path)) from exc
         if raw.get("bundle_digest") != lock.bundle_digest:
-            raise BundleError("bundle_digest does not match the lock's content",
-                              location=str(path))
+            raise BundleError("bundle_digest does not match the lock's content", location=str(path))
         return lock

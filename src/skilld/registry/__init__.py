@@ -20,13 +20,14 @@ One tool call, end to end:
 See ``_contract.py`` for the seam the MCP layer is built against.
 """
 
+from skilld.policy import Exposure
 from skilld.registry._contract import (
     Dispatcher,
     NullChannel,
     Tool,
     ToolAnnotations,
 )
-from skilld.registry._registry import Exposure, Registry, SkillEntry
+from skilld.registry._registry import Registry, SkillEntry, annotations_for
 from skilld.types import ClientChannel
 
 __all__ = [
@@ -38,4 +39,5 @@ __all__ = [
     "SkillEntry",
     "Tool",
     "ToolAnnotations",
+    "annotations_for",
 ]

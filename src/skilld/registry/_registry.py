@@ -26,6 +26,7 @@ from skilld.errors import (
     SkilldError,
     StackExhausted,
 )
+from skilld.policy import Exposure
 from skilld.registry._contract import NullChannel, Tool, ToolAnnotations
 from skilld.sandbox import CallContext, Component
 from skilld.types import (
@@ -40,21 +41,28 @@ from skilld.types import (
     SkillSpec,
 )
 
+_READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
-@dataclass(frozen=True, slots=True)
-class Exposure:
-    """How a skill appears over MCP (the policy's ``mcp`` section).
 
-    ``per_skill``: one tool named after the skill whose arguments are
-    ``{"method": ..., "args": {...}}``; otherwise one tool per method, named
-    ``skill/method`` unless ``names`` overrides it. ``hidden`` methods get no tool.
+def annotations_for(grants: Mapping[str, Any]) -> ToolAnnotations:
+    """MCP tool hints from a skill's *effective* grants (its policy table), never its claims.
+
+    Read-only: no rw files, no state, no shell, no non-GET HTTP, no TCP, no transfer.
+    Destructive: it may change or delete (rw files, state, shell, transfer).
+    Open world: it reaches other systems (HTTP, TCP, transfer, invoke).
     """
-
-    per_skill: bool = False
-    hidden: frozenset[str] = frozenset()
-    names: Mapping[str, str] = field(default_factory=dict)
-    titles: Mapping[str, str] = field(default_factory=dict)
-    descriptions: Mapping[str, str] = field(default_factory=dict)
+    rw_files = any(rule.get("mode") == "rw" for rule in grants.get("fs") or ())
+    writes_http = any(
+        set(rule.get("methods") or ("GET",)) - _READ_METHODS for rule in grants.get("http") or ()
+    )
+    changes = bool(rw_files or grants.get("kv") or grants.get("shell") or grants.get("transfer"))
+    open_world = bool(
+        grants.get("http") or grants.get("tcp") or grants.get("transfer") or grants.get("invoke")
+    )
+    read_only = not (changes or writes_http or grants.get("tcp"))
+    return ToolAnnotations(
+        read_only=read_only, destructive=changes, idempotent=read_only, open_world=open_world
+    )
 
 
 @dataclass
@@ -137,18 +145,18 @@ class Registry:
                 "additionalProperties": False,
             }
             listing = "; ".join(f"{m.name}: {m.description}" for m in methods)
-            desc = exp.descriptions.get("", entry.description or spec.description)
+            desc = exp.descriptions.get(spec.id, entry.description or spec.description)
             return [
                 (
                     Tool(
-                        exp.names.get("", spec.id),
+                        exp.names.get(spec.id, spec.id),
                         f"{desc}\nMethods: {listing}",
                         schema,
                         None,
                         entry.annotations,
                         spec.id,
                         None,
-                        exp.titles.get(""),
+                        exp.titles.get(spec.id),
                     ),
                     None,
                 )
@@ -215,6 +223,7 @@ class Registry:
         *,
         caller: str = "local",
         depth: int = 0,
+        chain: tuple[str, ...] = (),
     ) -> CallOutput:
         """Call ``method`` of ``skill_id`` directly (tools, ``invoke``, ``skilld call``).
 
@@ -235,6 +244,7 @@ class Registry:
             invoker=lambda callee, m, a, d: self._invoke(skill_id, callee, m, a, d, ctx),
             services=entry.services,
             depth=depth,
+            chain=chain,
         )
         started = time.time()
         t0 = time.perf_counter()
@@ -281,7 +291,12 @@ class Registry:
         checker = self._skills[caller].checker
         decision = None
         if checker is not None:
-            decision = ctx.record(checker.check("invoke", "call", callee))
+            # The compiled checker knows depth limits and cycles; a plain one only the edge.
+            check_invoke = getattr(checker, "check_invoke", None)
+            if check_invoke is not None:
+                decision = ctx.record(check_invoke(callee, depth, ctx.chain))
+            else:
+                decision = ctx.record(checker.check("invoke", "call", callee))
         if decision is None or not decision.allowed:
             rule = decision.rule if decision else "default-deny"
             reason = decision.reason if decision else "no policy allows invoke"
@@ -296,7 +311,13 @@ class Registry:
             ) from exc
         try:
             out = self.call_method(
-                callee, method, args, ctx.channel, caller=f"skill:{caller}", depth=depth
+                callee,
+                method,
+                args,
+                ctx.channel,
+                caller=f"skill:{caller}",
+                depth=depth,
+                chain=(*ctx.chain, caller),
             )
         except RegistryError as exc:
             raise HostCallError("not-found", exc.message) from exc

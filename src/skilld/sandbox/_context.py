@@ -34,6 +34,8 @@ class CallContext:
     invoker: Invoker | None = None
     services: dict[str, Any] = field(default_factory=dict)
     depth: int = 0
+    # The skills that invoked this call, outermost first (for cycle checks).
+    chain: tuple[str, ...] = ()
     decisions: list[Decision] = field(default_factory=list)
     logs: list[tuple[str, str]] = field(default_factory=list)
     stdout: bytearray = field(default_factory=bytearray)

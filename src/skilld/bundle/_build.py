@@ -1,0 +1,419 @@
+"""``skilld build``: verify, compile and lock an appliance bundle.
+
+Steps, each timed and reported through ``progress``:
+
+1. collect skills: ``.skill`` files are used as they are; source directories
+   (``skill.yaml``) are built and packed, signed with the given skill key or an
+   ephemeral build key whose public half joins the bundle's trust set;
+2. verify every package against the trust directory (scopes, thresholds);
+3. compile the policy with each skill's declared needs;
+4. AOT-compile every component for this engine (cached by digest);
+5. ask each skill to describe itself (kept in the lock, so serving need not);
+6. write the bundle (packages, native code, tables, trust set) and ``bundle.lock``,
+   optionally signed with a bundle key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from skilld import ABI_VERSION, __version__, package
+from skilld.bundle._lock import FORMAT, LOCK, LOCK_SIG, Lock, LockedSkill, canonical_json
+from skilld.errors import BundleError, SkilldError, UsageError
+from skilld.package.build import build_component
+from skilld.policy import compile_policies
+from skilld.sandbox import CallContext, Sandbox, write_native
+from skilld.types import Limits
+
+LOCK_SIGNING_CONTEXT = b"skilld bundle lock v1\n"
+EPHEMERAL_TRUST = "ephemeral-build.pub.json"
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class BuildSummaryRow:
+    """One line of the build's summary table."""
+
+    id: str
+    version: str
+    methods: int
+    grants: str
+    package_bytes: int
+    native_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class BuildResult:
+    """What ``build_bundle`` produced."""
+
+    out: Path
+    lock: Lock
+    rows: tuple[BuildSummaryRow, ...]
+    warnings: tuple[str, ...]
+
+
+class _NoChannel:
+    def progress(self, progress: float, total: float | None, message: str | None) -> None: ...
+    def log(self, level: str, data: Any) -> None: ...
+    def sample(self, params: Any) -> Any:
+        raise BundleError("describe may not sample")
+
+    def elicit(self, params: Any) -> Any:
+        raise BundleError("describe may not elicit")
+
+    def cancelled(self) -> bool:
+        return False
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _versions_key(version: str) -> tuple[int, ...]:
+    core = version.split("+")[0].split("-")[0]
+    try:
+        return tuple(int(p) for p in core.split("."))
+    except ValueError:
+        return (0,)
+
+
+def _check_downgrades(
+    previous: Lock | None, skills: Iterable[tuple[str, str]], allow_downgrade: bool
+) -> None:
+    if previous is None:
+        return
+    before = {s.id: s.version for s in previous.skills}
+    for sid, version in skills:
+        downgrade = sid in before and _versions_key(version) < _versions_key(before[sid])
+        if downgrade and not allow_downgrade:
+            raise BundleError(
+                f"skill '{sid}' would go from {before[sid]} down to {version}",
+                location="--previous",
+                hint="pass --allow-downgrade if this is intended",
+            )
+
+
+def _write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    path.chmod(0o444)
+
+
+@dataclass(frozen=True, slots=True)
+class _Collected:
+    path: Path  # where the package sits in the stage
+    origin: Path  # the .skill file or source directory it came from
+    expect: tuple[str, str] | None  # (id, version) for packages built here
+
+
+def _collect(
+    skills_dir: Path,
+    stage: Path,
+    trust_src: Path,
+    skill_key: Path | None,
+    cache_dir: Path | None,
+    epoch: int,
+    progress: Progress,
+) -> list[_Collected]:
+    """Copy pre-signed packages and build+sign source skills into ``stage/packages``."""
+    pkg_dir = stage / "packages"
+    pkg_dir.mkdir(parents=True)
+    trust_dir = stage / "trust"
+    trust_dir.mkdir()
+    if trust_src.is_dir():
+        for f in sorted(trust_src.iterdir()):
+            if f.is_file() and f.name.endswith(".pub.json"):
+                shutil.copyfile(f, trust_dir / f.name)
+    sources = [d for d in sorted(skills_dir.iterdir()) if (d / "skill.yaml").is_file()]
+    prebuilt = sorted(skills_dir.glob("*.skill"))
+    if not sources and not prebuilt:
+        raise BundleError(
+            "no skills found (expected *.skill files or directories with skill.yaml)",
+            location=str(skills_dir),
+        )
+    out: list[_Collected] = []
+    for f in prebuilt:
+        progress(f"using pre-signed package {f.name}")
+        target = pkg_dir / f.name
+        shutil.copyfile(f, target)
+        out.append(_Collected(target, f, None))
+    if sources:
+        if skill_key is not None:
+            key = package.load_private_key(skill_key)
+            progress(f"signing source skills with key {key.key_id}")
+        else:
+            key = package.SigningKey.generate()
+            metas = [package.read_skill_meta(d) for d in sources]
+            trusted = package.trusted_key(
+                "ephemeral-build", key.public_raw, sorted(m.id for m in metas)
+            )
+            (trust_dir / EPHEMERAL_TRUST).write_bytes(package.trust_file_bytes(trusted))
+            progress(f"signing source skills with ephemeral build key {key.key_id}")
+        for d in sources:
+            meta = package.read_skill_meta(d)
+            progress(f"building {meta.id} {meta.version} from {d}")
+            component = build_component(d, cache_dir=cache_dir).read_bytes()
+            data = package.pack_directory(d, component, keys=[key], epoch=epoch)
+            target = pkg_dir / f"{meta.id}-{meta.version}.skill"
+            target.write_bytes(data)
+            out.append(_Collected(target, d, (meta.id, meta.version)))
+    return out
+
+
+def sign_lock(key_path: Path, lock_bytes: bytes) -> bytes:
+    """A detached signature of the lock: JSON with the key id and the signature.
+
+    Raises:
+        UsageError: the key cannot be read.
+    """
+    key = package.load_private_key(key_path)
+    sig = key.sign(LOCK_SIGNING_CONTEXT + lock_bytes)
+    import base64
+
+    return canonical_json({"key_id": key.key_id, "signature": base64.b64encode(sig).decode()})
+
+
+def verify_lock_signature(trust_file: Path) -> Any:
+    """A ``verify_lock`` callback for :func:`open_bundle` that requires a valid signature.
+
+    Raises:
+        TrustError: the trust file is malformed.
+    """
+    import base64
+    import binascii
+    import json
+
+    trusted = package.load_trust_file(trust_file)
+
+    def verify(lock_bytes: bytes, sig_bytes: bytes | None) -> None:
+        where = "bundle.lock.sig"
+        if sig_bytes is None:
+            raise BundleError(
+                "the bundle is not signed, but a lock key is configured", location=where
+            )
+        try:
+            body = json.loads(sig_bytes)
+            sig = base64.b64decode(body["signature"], validate=True)
+        except (ValueError, KeyError, TypeError, binascii.Error) as exc:
+            raise BundleError(f"malformed lock signature: {exc}", location=where) from exc
+        if body.get("key_id") != trusted.key_id:
+            raise BundleError(
+                f"the lock is signed by key {body.get('key_id')}, not by "
+                f"{trusted.name} ({trusted.key_id})",
+                location=where,
+            )
+        if not package.verify_signature(trusted.public_raw, sig, LOCK_SIGNING_CONTEXT + lock_bytes):
+            raise BundleError(
+                "the lock signature does not verify: bundle.lock was changed "
+                "or signed by another key",
+                location=where,
+            )
+
+    return verify
+
+
+def build_bundle(
+    skills_dir: Path,
+    policies_dir: Path,
+    out: Path,
+    *,
+    sandbox: Sandbox,
+    skill_key: Path | None = None,
+    bundle_key: Path | None = None,
+    previous: Path | None = None,
+    allow_downgrade: bool = False,
+    strict: bool = True,
+    cache_dir: Path | None = None,
+    progress: Progress = lambda _msg: None,
+) -> BuildResult:
+    """Build a bundle from ``skills_dir`` and ``policies_dir`` into ``out``.
+
+    Args:
+        skill_key: signs skills built from source; without it an ephemeral key does,
+            and its public half (scoped to exactly those skills) joins the trust set.
+        bundle_key: signs ``bundle.lock`` (``bundle.lock.sig``).
+        previous: an earlier ``bundle.lock``; lower skill versions are refused
+            unless ``allow_downgrade``.
+        strict: needs that no grant covers are errors (otherwise warnings).
+
+    Raises:
+        BundleError: a skill, package, policy or downgrade problem (names the file).
+        PackageError, PolicyError: from verification and compilation.
+        UsageError: missing input directories.
+    """
+    if not skills_dir.is_dir():
+        raise UsageError(f"no skills directory: {skills_dir}")
+    if not policies_dir.is_dir():
+        raise UsageError(f"no policies directory: {policies_dir}")
+    epoch = package.source_date_epoch()
+    previous_lock = Lock.read(previous) if previous else None
+
+    with tempfile.TemporaryDirectory(prefix="skilld-bundle-") as tmp:
+        stage = Path(tmp) / "bundle"
+        stage.mkdir()
+        progress(f"collecting skills from {skills_dir}")
+        collected = _collect(
+            skills_dir, stage, policies_dir / "trust", skill_key, cache_dir, epoch, progress
+        )
+        trust = package.load_trust(stage / "trust")
+        verified: list[tuple[_Collected, package.VerifiedPackage]] = []
+        seen: dict[str, Path] = {}
+        for c in collected:
+            exp_id, exp_version = c.expect or (None, None)
+            try:
+                v = package.verify_package(
+                    c.path, trust, expect_id=exp_id, expect_version=exp_version
+                )
+            except SkilldError as exc:
+                exc.location = str(c.origin)
+                raise
+            sid = v.manifest.id
+            if sid in seen:
+                raise BundleError(
+                    f"skill '{sid}' comes from both {seen[sid]} and {c.origin}",
+                    location=str(c.origin),
+                )
+            seen[sid] = c.origin
+            progress(
+                f"verified {sid} {v.manifest.version} (signed by "
+                f"{', '.join(v.signer_names) or ', '.join(v.signers)})"
+            )
+            final = stage / "packages" / f"{sid}-{v.manifest.version}.skill"
+            if c.path != final:
+                c.path.rename(final)
+            verified.append((_Collected(final, c.origin, c.expect), v))
+        _check_downgrades(
+            previous_lock,
+            [(v.manifest.id, v.manifest.version) for _, v in verified],
+            allow_downgrade,
+        )
+        progress("compiling policies")
+        compiled = compile_policies(
+            policies_dir, {v.manifest.id: dict(v.manifest.needs) for _, v in verified}
+        )
+        for finding in compiled.warnings:
+            progress(f"warning: {finding}")
+        if strict:
+            compiled.raise_for_problems()
+        _write(stage / "policy" / "tables.json", compiled.tables_bytes)
+        locked: list[LockedSkill] = []
+        rows: list[BuildSummaryRow] = []
+        for c, v in verified:
+            sid, version = v.manifest.id, v.manifest.version
+            progress(f"compiling {sid} {version} to native code")
+            granted = compiled.grants_of(sid)
+            comp = sandbox.load(v.component, name=sid, granted=granted)
+            native_rel = f"native/{sid}.cwasm"
+            native_sha = write_native(comp.native, stage / native_rel)
+            (stage / native_rel).chmod(0o444)
+            spec = comp.describe(CallContext(sid, Limits(), _NoChannel()))
+            if (spec.id, spec.version) != (sid, version):
+                raise BundleError(
+                    f"the component describes itself as {spec.id} {spec.version}, but its "
+                    f"signed manifest says {sid} {version}",
+                    location=str(c.origin),
+                )
+            spec_json = {
+                "description": spec.description,
+                "methods": [
+                    {
+                        "name": m.name,
+                        "description": m.description,
+                        "params": m.params_schema,
+                        "result": m.result_schema,
+                    }
+                    for m in spec.methods
+                ],
+                "resources": [
+                    {
+                        "uri": r.uri,
+                        "name": r.name,
+                        "description": r.description,
+                        "mime_type": r.mime_type,
+                        "template": r.template,
+                    }
+                    for r in spec.resources
+                ],
+                "prompts": [
+                    {"name": p.name, "description": p.description, "arguments": p.arguments_schema}
+                    for p in spec.prompts
+                ],
+            }
+            rel = c.path.relative_to(stage).as_posix()
+            locked.append(
+                LockedSkill(
+                    id=sid,
+                    version=version,
+                    package=rel,
+                    component_sha256=_sha256(v.component),
+                    native=native_rel,
+                    native_sha256=native_sha,
+                    signers=tuple(v.signers),
+                    description=v.manifest.description or spec.description,
+                    imports=tuple(sorted(comp.imports)),
+                    spec=spec_json,
+                )
+            )
+            rows.append(
+                BuildSummaryRow(
+                    sid,
+                    version,
+                    len(spec.methods),
+                    ", ".join(sorted(granted - {"log", "mcp"})) or "-",
+                    c.path.stat().st_size,
+                    (stage / native_rel).stat().st_size,
+                )
+            )
+        files = {}
+        for path in sorted(stage.rglob("*")):
+            if path.is_file():
+                files[path.relative_to(stage).as_posix()] = _sha256(path.read_bytes())
+        lock = Lock(
+            format=FORMAT,
+            skilld_version=__version__,
+            abi=ABI_VERSION,
+            engine=sandbox.engine.fingerprint,
+            engine_description=sandbox.engine.description,
+            policy_path="policy/tables.json",
+            policy_digest=compiled.digest,
+            skills=tuple(sorted(locked, key=lambda s: s.id)),
+            files=files,
+            source_date_epoch=epoch,
+        )
+        lock_bytes = lock.to_json()
+        _write(stage / LOCK, lock_bytes)
+        if bundle_key is not None:
+            _write(stage / LOCK_SIG, sign_lock(bundle_key, lock_bytes))
+        for path in stage.rglob("*"):
+            if path.is_file():
+                path.chmod(0o444)
+            os.utime(path, (epoch, epoch), follow_symlinks=False)
+        _replace(out, stage)
+        progress(f"wrote {out} (bundle digest {lock.bundle_digest[:16]})")
+        return BuildResult(out, lock, tuple(rows), tuple(str(w) for w in compiled.warnings))
+
+
+def _replace(out: Path, stage: Path) -> None:
+    if out.exists():
+        if not (out / LOCK).is_file():
+            raise BundleError(f"{out} exists and is not a bundle; not replacing it")
+        for path in [out, *out.rglob("*")]:
+            if path.is_dir():
+                path.chmod(0o755)
+        shutil.rmtree(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(stage, out)
+    for path in sorted(out.rglob("*"), reverse=True):
+        if path.is_dir():
+            path.chmod(0o555)
+
+
+__all__ = ["BuildResult", "BuildSummaryRow", "build_bundle", "sign_lock", "verify_lock_signature"]

@@ -1,0 +1,92 @@
+"""``skilld build``: verify packages, compile policy and native code, write a locked bundle."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from skilld.cli._common import cache_dir_default
+
+
+def register(sub: Any) -> None:
+    """Add ``skilld build``."""
+    p: argparse.ArgumentParser = sub.add_parser(
+        "build",
+        help="build an appliance bundle from skills/ and policies/",
+        description="Verify every package against policies/trust/, build and sign source "
+        "skills, compile the policy, AOT-compile every component for this engine and write "
+        "a read-only bundle with bundle.lock. Same inputs and SOURCE_DATE_EPOCH give the "
+        "same bundle digest.",
+    )
+    p.add_argument("--skills", type=Path, default=Path("skills"), help="skills directory (skills/)")
+    p.add_argument(
+        "--policies",
+        type=Path,
+        default=Path("policies"),
+        help="policies directory with trust/ inside (policies/)",
+    )
+    p.add_argument("-o", "--output", type=Path, default=Path("bundle"), help="bundle directory")
+    p.add_argument(
+        "--skill-key",
+        type=Path,
+        help="private key that signs skills built from source (default: an "
+        "ephemeral build key, trusted for exactly those skills)",
+    )
+    p.add_argument("--bundle-key", type=Path, help="private key that signs bundle.lock")
+    p.add_argument(
+        "--previous",
+        type=Path,
+        metavar="LOCK",
+        help="an earlier bundle.lock: refuse skill version downgrades",
+    )
+    p.add_argument("--allow-downgrade", action="store_true", help="permit lower versions")
+    p.add_argument(
+        "--lenient",
+        action="store_true",
+        help="report needs that no grant covers as warnings, not errors",
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Handle ``skilld build``."""
+    from skilld.bundle import build_bundle
+    from skilld.sandbox import Sandbox
+
+    start = time.monotonic()
+
+    def progress(message: str) -> None:
+        if not args.quiet:
+            print(f"[{time.monotonic() - start:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+    cache = cache_dir_default()
+    with Sandbox(cache) as sandbox:
+        result = build_bundle(
+            args.skills,
+            args.policies,
+            args.output,
+            sandbox=sandbox,
+            skill_key=args.skill_key,
+            bundle_key=args.bundle_key,
+            previous=args.previous,
+            allow_downgrade=args.allow_downgrade,
+            strict=not args.lenient,
+            cache_dir=cache,
+            progress=progress,
+        )
+    print(f"{'skill':<14} {'version':<9} {'methods':>7}  {'package':>9} {'native':>9}  grants")
+    for row in result.rows:
+        print(
+            f"{row.id:<14} {row.version:<9} {row.methods:>7}  "
+            f"{row.package_bytes / 1e6:>7.1f}MB {row.native_bytes / 1e6:>7.1f}MB  {row.grants}"
+        )
+    print(f"bundle {result.out}  digest {result.lock.bundle_digest}")
+    print(
+        f"policy {result.lock.policy_digest[:16]}  engine {result.lock.engine}  "
+        f"({len(result.warnings)} warnings)"
+    )
+    return 0

@@ -1,0 +1,287 @@
+"""``skilld serve``: load a bundle strictly and serve it over MCP."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from skilld.cli._common import cache_dir_default, state_dir_default
+from skilld.errors import UsageError
+
+log = logging.getLogger("skilld.serve")
+
+
+def register(sub: Any) -> None:
+    """Add ``skilld serve``."""
+    p: argparse.ArgumentParser = sub.add_parser(
+        "serve",
+        help="serve a bundle's skills as MCP tools",
+        description="Verify the bundle (lock, signature, every digest) and serve its skills "
+        "over MCP. Without --bundle, serves the demo bundle, building it first when missing. "
+        "Only the state directory is written; nothing is fetched.",
+    )
+    p.add_argument("--bundle", type=Path, help="bundle directory (default: the demo bundle)")
+    p.add_argument(
+        "--transport",
+        choices=("stdio", "http"),
+        default="stdio",
+        help="stdio (default) or http: Streamable HTTP at /mcp and SSE at /sse",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to bind for http (127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="port for http (8080; 0 = any free)")
+    p.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="HOST[:PORT|:*]",
+        help="accept this Host header besides localhost (repeatable)",
+    )
+    p.add_argument(
+        "--allowed-origin",
+        action="append",
+        default=[],
+        metavar="ORIGIN",
+        help="accept this Origin besides local ones (repeatable)",
+    )
+    p.add_argument("--token-file", type=Path, help="bearer tokens for http, one per line")
+    p.add_argument("--token-env", metavar="VAR", help="environment variable holding a bearer token")
+    p.add_argument("--state-dir", type=Path, help=f"key-value state ({state_dir_default()})")
+    p.add_argument(
+        "--audit-log",
+        metavar="FILE|-",
+        help="audit records as JSON lines (default: STATE_DIR/audit.jsonl; - = stderr)",
+    )
+    p.add_argument("--log-file", type=Path, help="skilld's own logs (default: stderr)")
+    p.add_argument(
+        "--lock-key",
+        type=Path,
+        metavar="TRUST.pub.json",
+        help="require bundle.lock to be signed by this key",
+    )
+    p.add_argument(
+        "--recompile",
+        action="store_true",
+        help="compile native code into the cache when the engine changed",
+    )
+    p.set_defaults(handler=run)
+
+
+def _stage(timings: dict[str, float], name: str, since: float) -> float:
+    now = time.perf_counter()
+    timings[name] = round((now - since) * 1000, 2)
+    return now
+
+
+def load_registry(
+    bundle_dir: Path,
+    state_dir: Path,
+    *,
+    audit: Any,
+    recompile: bool = False,
+    lock_key: Path | None = None,
+) -> tuple[Any, Any, dict[str, float]]:
+    """Verify and load a bundle into a ready registry; returns (registry, sandbox, timings).
+
+    Raises:
+        BundleError: the bundle is damaged, unknown content, or for another engine.
+        PolicyError: its tables are malformed.
+    """
+    from skilld.bundle import open_bundle, verify_lock_signature
+    from skilld.permissions import SkillPermissions
+    from skilld.policy import Tables
+    from skilld.registry import Registry, SkillEntry, annotations_for
+    from skilld.sandbox import Sandbox
+    from skilld.state import SqliteState
+    from skilld.types import MethodSpec, PromptSpec, ResourceSpec, SkillSpec
+
+    timings: dict[str, float] = {}
+    t = time.perf_counter()
+    sandbox = Sandbox(cache_dir_default())
+    tables_cache: dict[str, Tables] = {}
+
+    def grants_of(skill_id: str) -> frozenset[str]:
+        return tables_cache["t"].interfaces(skill_id)
+
+    # The tables are needed before native code loads (imports are checked against the
+    # grants), so read and check them first from the lock's own digest.
+    from skilld.bundle import Lock
+    from skilld.sandbox import sha256_file
+
+    lock = Lock.read(bundle_dir / "bundle.lock")
+    tables_path = bundle_dir / lock.policy_path
+    fd = os.open(tables_path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        from skilld.errors import BundleError
+
+        if sha256_file(fd) != lock.files.get(lock.policy_path):
+            raise BundleError("policy tables differ from the lock", location=str(tables_path))
+    finally:
+        os.close(fd)
+    tables_cache["t"] = Tables.from_data(json.loads(tables_path.read_bytes()), str(tables_path))
+    verify = verify_lock_signature(lock_key) if lock_key else None
+    t = _stage(timings, "load", t)
+    loaded = open_bundle(bundle_dir, sandbox, grants_of, recompile=recompile, verify_lock=verify)
+    tables = Tables.from_data(json.loads(loaded.tables), str(tables_path))
+    if tables.digest != loaded.lock.policy_digest:
+        raise BundleError("policy digest differs from the lock", location=str(tables_path))
+    t = _stage(timings, "verify_and_native", t)
+    state = SqliteState(state_dir / "state.sqlite3")
+    registry = Registry(audit=audit)
+    for locked in loaded.lock.skills:
+        spec_raw = locked.spec
+        spec = SkillSpec(
+            id=locked.id,
+            version=locked.version,
+            description=spec_raw["description"],
+            methods=tuple(
+                MethodSpec(m["name"], m["description"], m["params"], m["result"])
+                for m in spec_raw["methods"]
+            ),
+            resources=tuple(
+                ResourceSpec(r["uri"], r["name"], r["description"], r["mime_type"], r["template"])
+                for r in spec_raw["resources"]
+            ),
+            prompts=tuple(
+                PromptSpec(p["name"], p["description"], p["arguments"]) for p in spec_raw["prompts"]
+            ),
+        )
+        checker = SkillPermissions.from_tables(tables, locked.id)
+        limits = tables.limits(locked.id)
+        grants = tables.skill(locked.id)
+        registry.add(
+            SkillEntry(
+                spec=spec,
+                component=loaded.components[locked.id],
+                limits=limits,
+                kv=state.store(
+                    locked.id, value_limit=limits.kv_value_bytes, total_limit=limits.kv_total_bytes
+                )
+                if grants.get("kv")
+                else None,
+                checker=checker,
+                exposure=tables.exposure(locked.id),
+                annotations=annotations_for(grants),
+                description=locked.description,
+            )
+        )
+    t = _stage(timings, "register", t)
+    registry.mark_ready()
+    return registry, sandbox, timings
+
+
+def run(args: argparse.Namespace) -> int:
+    """Handle ``skilld serve``."""
+    from skilld.audit import JsonLinesSink
+    from skilld.mcp import ServeConfig, serve
+
+    _setup_logging(args.log_file)
+    state_dir = args.state_dir or state_dir_default()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    bundle_dir = args.bundle or _demo_bundle()
+    if not (bundle_dir / "bundle.lock").is_file():
+        raise UsageError(
+            f"{bundle_dir} is not a bundle (no bundle.lock)",
+            hint="build one with 'skilld build -o DIR'",
+        )
+    if args.audit_log == "-":
+        audit = JsonLinesSink(sys.stderr)
+    else:
+        audit = JsonLinesSink(Path(args.audit_log) if args.audit_log else state_dir / "audit.jsonl")
+    started = time.perf_counter()
+    registry, sandbox, timings = load_registry(
+        bundle_dir, state_dir, audit=audit, recompile=args.recompile, lock_key=args.lock_key
+    )
+    log.info(
+        "skilld ready: %s",
+        json.dumps(
+            {
+                "event": "ready",
+                "bundle": str(bundle_dir),
+                "skills": len(registry.skills()),
+                "tools": len(registry.tools()),
+                "stages_ms": timings,
+                "total_ms": round((time.perf_counter() - started) * 1000, 2),
+            }
+        ),
+    )
+    config = ServeConfig(
+        transport=args.transport,
+        host=args.host,
+        port=args.port,
+        allowed_hosts=tuple(args.allowed_host),
+        allowed_origins=tuple(args.allowed_origin),
+        token_file=args.token_file,
+        token_env=args.token_env,
+        log_file=args.log_file,
+    )
+    try:
+        serve(registry, config)
+    finally:
+        sandbox.close()
+        audit.close()
+    return 0
+
+
+def _setup_logging(log_file: Path | None) -> None:
+    handler: logging.Handler = (
+        logging.FileHandler(log_file) if log_file else logging.StreamHandler(sys.stderr)
+    )
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    root = logging.getLogger("skilld")
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)
+
+
+def _demo_sources() -> tuple[Path, Path]:
+    """skills/ and policies/ of the demo: $SKILLD_DEMO_DIR, else the source checkout."""
+    base = Path(os.environ.get("SKILLD_DEMO_DIR") or Path(__file__).resolve().parents[3])
+    skills, policies = base / "skills", base / "policies"
+    if not (skills.is_dir() and policies.is_dir()):
+        raise UsageError(
+            "no demo skills and policies found",
+            hint="pass --bundle DIR, or set SKILLD_DEMO_DIR to a directory holding "
+            "skills/ and policies/",
+        )
+    return skills, policies
+
+
+def _demo_bundle() -> Path:
+    """The demo bundle in the cache, built from the demo sources when missing or stale."""
+    import hashlib
+
+    from skilld.bundle import build_bundle
+    from skilld.sandbox import Sandbox
+
+    skills, policies = _demo_sources()
+    h = hashlib.sha256()
+    for root in (skills, policies):
+        for path in sorted(root.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                h.update(path.relative_to(root.parent).as_posix().encode() + b"\0")
+                h.update(path.read_bytes())
+    out = cache_dir_default() / "demo-bundle" / h.hexdigest()[:16]
+    if not (out / "bundle.lock").is_file():
+        print(
+            f"building the demo bundle from {skills} and {policies} (first run only) ...",
+            file=sys.stderr,
+            flush=True,
+        )
+        start = time.monotonic()
+        with Sandbox(cache_dir_default()) as sandbox:
+            build_bundle(
+                skills,
+                policies,
+                out,
+                sandbox=sandbox,
+                cache_dir=cache_dir_default(),
+                progress=lambda m: print(
+                    f"[{time.monotonic() - start:6.1f}s] {m}", file=sys.stderr, flush=True
+                ),
+            )
+    return out
