@@ -8,8 +8,8 @@ concurrency 1 and 16, then skilld/bare ratios.
 skilld serves through the Dispatcher seam: by default the in-process
 ``skilld.mcp.testing:echo_dispatcher`` (plain Python, so the numbers are the MCP
 layer's own cost: validation, worker thread, metrics, call log); pass
-``--dispatcher module:factory`` to serve anything else, e.g. the wasm echo skill
-through the registry.
+``--dispatcher module:factory`` (and ``--tool NAME`` if its echo tool has another
+name) to serve anything else, e.g. the wasm echo skill through the registry.
 
     python bench/bench_mcp.py                    # 2000 calls per cell
     python bench/bench_mcp.py --requests 500 --dispatcher mypkg.bench:echo_registry
@@ -89,7 +89,7 @@ async def _wait_up(port: int) -> None:
                     return
 
 
-async def _caller(url: str, calls: int, latencies: list[float], warmup: int) -> None:
+async def _caller(url: str, tool: str, calls: int, latencies: list[float], warmup: int) -> None:
     async with (
         streamable_http_client(url) as (read, write),
         ClientSession(read, write) as session,
@@ -97,15 +97,17 @@ async def _caller(url: str, calls: int, latencies: list[float], warmup: int) -> 
         await session.initialize()
         await session.list_tools()
         for _ in range(warmup):
-            await session.call_tool("echo", {"text": "warm"})
+            await session.call_tool(tool, {"text": "warm"})
         for i in range(calls):
             started = time.perf_counter()
-            result = await session.call_tool("echo", {"text": f"hello {i}"})
+            result = await session.call_tool(tool, {"text": f"hello {i}"})
             latencies.append(time.perf_counter() - started)
             assert not result.is_error, result
 
 
-async def measure(port: int, concurrency: int, requests: int) -> tuple[list[float], float]:
+async def measure(
+    port: int, tool: str, concurrency: int, requests: int
+) -> tuple[list[float], float]:
     """Latencies of ``requests`` calls spread over ``concurrency`` sessions, and the wall time."""
     url = f"http://127.0.0.1:{port}/mcp"
     latencies: list[float] = []
@@ -113,7 +115,7 @@ async def measure(port: int, concurrency: int, requests: int) -> tuple[list[floa
     started = time.perf_counter()
     async with anyio.create_task_group() as tg:
         for _ in range(concurrency):
-            tg.start_soon(_caller, url, per_caller, latencies, 10)
+            tg.start_soon(_caller, url, tool, per_caller, latencies, 10)
     return latencies, time.perf_counter() - started
 
 
@@ -127,7 +129,7 @@ def _spawn(args: Sequence[str]) -> subprocess.Popen[bytes]:
     )
 
 
-async def run(requests: int, dispatcher: str, log_level: str) -> None:
+async def run(requests: int, dispatcher: str, tool: str, log_level: str) -> None:
     """Start both servers, measure each cell, print the table and ratios."""
     ports = {"skilld": _free_port(), "bare": _free_port()}
     procs = [
@@ -152,7 +154,8 @@ async def run(requests: int, dispatcher: str, log_level: str) -> None:
         for concurrency in (1, 16):
             for kind in ("bare", "skilld"):
                 # Calls are wall-clock bound; throughput includes the client's own cost.
-                lat, wall = await measure(ports[kind], concurrency, requests)
+                name = tool if kind == "skilld" else "echo"
+                lat, wall = await measure(ports[kind], name, concurrency, requests)
                 results[(kind, concurrency)] = (
                     statistics.median(lat) * 1e3,
                     pct(lat, 0.99) * 1e3,
@@ -187,7 +190,10 @@ def main() -> None:
     parser.add_argument(
         "--dispatcher",
         default="skilld.mcp.testing:echo_dispatcher",
-        help="module:factory returning the Dispatcher skilld serves (its tool must be 'echo')",
+        help="module:factory returning the Dispatcher skilld serves",
+    )
+    parser.add_argument(
+        "--tool", default="echo", help="the dispatcher's echo tool, taking {'text': str}"
     )
     parser.add_argument(
         "--log-level", default="info", help="skilld's log level (info logs each call)"
@@ -200,7 +206,7 @@ def main() -> None:
     elif args.serve == "bare":
         serve_bare(args.port)
     else:
-        anyio.run(run, args.requests, args.dispatcher, args.log_level)
+        anyio.run(run, args.requests, args.dispatcher, args.tool, args.log_level)
 
 
 if __name__ == "__main__":
