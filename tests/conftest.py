@@ -51,3 +51,11 @@ def sandbox() -> Iterator[Sandbox]:
     """One sandbox (engine, linker, native cache) for the whole run."""
     with Sandbox(cache_dir()) as sb:
         yield sb
+
+
+@pytest.fixture(scope="session")
+def demo_bundle(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> object:
+    """The demo bundle built once per run from skills/ and policies/ (read-only)."""
+    from tests_bundle_util import build
+
+    return build(sandbox, tmp_path_factory.mktemp("demo") / "bundle")

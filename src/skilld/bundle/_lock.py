@@ -74,9 +74,10 @@ class Lock:
         return hashlib.sha256(canonical_json(identity)).hexdigest()
 
     def to_json(self) -> bytes:
-        """The lock file's bytes."""
+        """The lock file's bytes, ending in a digest of everything before it."""
         body = asdict(self)
         body["bundle_digest"] = self.bundle_digest
+        body["lock_digest"] = hashlib.sha256(canonical_json(body)).hexdigest()
         return canonical_json(body) + b"\n"
 
     @classmethod
@@ -113,6 +114,13 @@ class Lock:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise BundleError(f"malformed lock: {exc}", location=str(path)) from exc
+        claimed = raw.pop("lock_digest", None)
+        if claimed != hashlib.sha256(canonical_json(raw)).hexdigest():
+            raise BundleError(
+                "the lock's own digest does not match its content: bundle.lock was changed "
+                "after it was built",
+                location=str(path),
+            )
         if raw.get("bundle_digest") != lock.bundle_digest:
             raise BundleError("bundle_digest does not match the lock's content", location=str(path))
         return lock

@@ -94,3 +94,9 @@ def chatty(steps: int = 3) -> int:
         mcp.progress(i + 1, steps, f"step {i + 1}")
     mcp.log("info", {"done": steps})
     return steps
+
+
+@skill.method
+def read_file(path: str) -> str:
+    """Read a file without catching a denial (it becomes the call's typed error)."""
+    return fs.read(path).decode(errors="replace")

@@ -1,0 +1,206 @@
+"""Bundles: built reproducibly, loaded strictly, refused when anything differs from the lock."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from skilld.bundle import LOCK, BuildResult, Lock, open_bundle, verify_lock_signature
+from skilld.cli import main
+from skilld.errors import BundleError
+from skilld.package import SigningKey, trust_file_bytes, trusted_key, write_private_key
+from skilld.policy import Tables
+from skilld.sandbox import Sandbox
+from tests_bundle_util import build
+
+
+def grants(bundle: Path) -> object:
+    """The grants_of callback for a bundle, from its tables."""
+    lock = Lock.read(bundle / LOCK)
+    tables = Tables.from_data(json.loads((bundle / lock.policy_path).read_bytes()))
+    return tables.interfaces
+
+
+@pytest.fixture(scope="module")
+def copy(demo_bundle: BuildResult, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A writable copy of the demo bundle that tests damage and repair."""
+    target = tmp_path_factory.mktemp("copy") / "bundle"
+    shutil.copytree(demo_bundle.out, target)
+    for path in [target, *target.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    yield target
+
+
+def test_lock_names_everything(demo_bundle: BuildResult) -> None:
+    """The lock lists every file with its digest, each skill, the engine and the policy."""
+    lock = demo_bundle.lock
+    files = {
+        p.relative_to(demo_bundle.out).as_posix() for p in demo_bundle.out.rglob("*") if p.is_file()
+    } - {LOCK}
+    assert set(lock.files) == files
+    assert {s.id for s in lock.skills} == {"echo", "notes", "conformance"}
+    assert len(lock.bundle_digest) == 64 and lock.policy_digest and lock.engine
+
+
+def test_loads_clean(demo_bundle: BuildResult, sandbox: Sandbox) -> None:
+    """An untouched bundle loads: every component ready, tables returned."""
+    loaded = open_bundle(demo_bundle.out, sandbox, grants(demo_bundle.out))  # type: ignore[arg-type]
+    assert set(loaded.components) == {"echo", "notes", "conformance"}
+    assert json.loads(loaded.tables)
+
+
+def _files(bundle_root: Path) -> list[str]:
+    return sorted(
+        p.relative_to(bundle_root).as_posix() for p in bundle_root.rglob("*") if p.is_file()
+    )
+
+
+def test_flipped_byte_is_refused_naming_the_file(copy: Path, sandbox: Sandbox) -> None:
+    """Flipping one byte of any file in the bundle makes loading refuse, naming that file."""
+    files = _files(copy)
+    assert len(files) >= 9
+    for rel in files:
+        path = copy / rel
+        original = path.read_bytes()
+        damaged = bytearray(original)
+        damaged[len(damaged) // 2] ^= 0x01
+        path.write_bytes(bytes(damaged))
+        try:
+            with pytest.raises(BundleError) as info:
+                # damaged tables cannot answer grants; any grant set will do for the check
+                grants_of = (
+                    (lambda _sid: ["log", "kv", "mcp"])
+                    if rel.startswith("policy/")
+                    else grants(copy)
+                )
+                open_bundle(copy, sandbox, grants_of)  # type: ignore[arg-type]
+            assert rel in str(info.value), (rel, str(info.value))
+        finally:
+            path.write_bytes(original)
+    open_bundle(copy, sandbox, grants(copy))  # type: ignore[arg-type]  (repaired: loads again)
+
+
+def test_unknown_file_is_refused(copy: Path, sandbox: Sandbox) -> None:
+    """A file the lock does not name makes loading refuse, naming it."""
+    extra = copy / "native" / "evil.cwasm"
+    extra.write_bytes(b"x")
+    try:
+        with pytest.raises(BundleError, match="evil.cwasm"):
+            open_bundle(copy, sandbox, grants(copy))  # type: ignore[arg-type]
+    finally:
+        extra.unlink()
+
+
+def test_missing_file_is_refused(copy: Path, sandbox: Sandbox) -> None:
+    """A file the lock names but that is gone makes loading refuse, naming it."""
+    victim = next((copy / "trust").iterdir())
+    data = victim.read_bytes()
+    victim.unlink()
+    try:
+        with pytest.raises(BundleError, match=victim.name):
+            open_bundle(copy, sandbox, grants(copy))  # type: ignore[arg-type]
+    finally:
+        victim.write_bytes(data)
+
+
+def test_other_engine_is_refused(copy: Path, sandbox: Sandbox) -> None:
+    """Native code for another engine fingerprint is refused unless recompiling is asked for."""
+    lock_path = copy / LOCK
+    original = lock_path.read_bytes()
+    raw = json.loads(original)
+    raw["engine"] = "0" * 16
+    lock = Lock.read(lock_path)
+    forged = Lock(
+        **{**{f: getattr(lock, f) for f in lock.__dataclass_fields__}, "engine": "0" * 16}
+    )
+    lock_path.write_bytes(forged.to_json())
+    try:
+        with pytest.raises(BundleError, match="compiled for engine") as info:
+            open_bundle(copy, sandbox, grants(copy))  # type: ignore[arg-type]
+        assert "bundle.lock" in str(info.value)
+        loaded = open_bundle(copy, sandbox, grants(copy), recompile=True)  # type: ignore[arg-type]
+        assert set(loaded.components) == {"echo", "notes", "conformance"}
+    finally:
+        lock_path.write_bytes(original)
+
+
+def test_same_inputs_same_digest(
+    demo_bundle: BuildResult, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    """Two builds from the same inputs give the same bundle digest."""
+    again = build(sandbox, tmp_path / "again")
+    assert again.lock.bundle_digest == demo_bundle.lock.bundle_digest
+    assert again.lock.policy_digest == demo_bundle.lock.policy_digest
+
+
+def test_signed_lock(sandbox: Sandbox, tmp_path: Path) -> None:
+    """A lock signed with a bundle key verifies with its trust file; a changed lock does not."""
+    key = SigningKey.generate()
+    write_private_key(key, tmp_path / "bundle.key")
+    trust = tmp_path / "bundle.pub.json"
+    trust.write_bytes(trust_file_bytes(trusted_key("bundle", key.public_raw, ["*"])))
+    out = build(sandbox, tmp_path / "signed", bundle_key=tmp_path / "bundle.key").out
+    verify = verify_lock_signature(trust)
+    open_bundle(out, sandbox, grants(out), verify_lock=verify)  # type: ignore[arg-type]
+    sig = out / "bundle.lock.sig"
+    sig.chmod(0o644)
+    sig.write_bytes(sig.read_bytes().replace(b'"signature":"', b'"signature":"AAAA'))
+    with pytest.raises(BundleError, match="lock signature"):
+        open_bundle(out, sandbox, grants(out), verify_lock=verify)  # type: ignore[arg-type]
+    other = SigningKey.generate()
+    other_trust = tmp_path / "other.pub.json"
+    other_trust.write_bytes(trust_file_bytes(trusted_key("other", other.public_raw, ["*"])))
+    with pytest.raises(BundleError, match="signed by key"):
+        open_bundle(out, sandbox, grants(out), verify_lock=verify_lock_signature(other_trust))  # type: ignore[arg-type]
+
+
+def test_downgrade_refused(demo_bundle: BuildResult, sandbox: Sandbox, tmp_path: Path) -> None:
+    """A skill version below the previous lock's is refused unless --allow-downgrade."""
+    lock = json.loads((demo_bundle.out / LOCK).read_bytes())
+    for skill in lock["skills"]:
+        if skill["id"] == "echo":
+            skill["version"] = "9.0.0"
+    lock_obj = Lock.read(demo_bundle.out / LOCK)
+    raised = Lock(
+        **{
+            **{f: getattr(lock_obj, f) for f in lock_obj.__dataclass_fields__},
+            "skills": tuple(
+                s
+                if s.id != "echo"
+                else type(s)(
+                    **{**{f: getattr(s, f) for f in s.__dataclass_fields__}, "version": "9.0.0"}
+                )
+                for s in lock_obj.skills
+            ),
+        }
+    )
+    previous = tmp_path / "previous.lock"
+    previous.write_bytes(raised.to_json())
+    with pytest.raises(BundleError, match="'echo' would go from 9.0.0 down to 0.1.0"):
+        build(sandbox, tmp_path / "down", previous=previous)
+    build(sandbox, tmp_path / "down", previous=previous, allow_downgrade=True)
+
+
+def test_build_cli_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """skilld build prints a summary table with skills, methods, sizes and the digest."""
+    from conftest import ROOT
+
+    code = main(
+        [
+            "build",
+            "--skills",
+            str(ROOT / "skills"),
+            "--policies",
+            str(ROOT / "policies"),
+            "-o",
+            str(tmp_path / "b"),
+            "-q",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "echo" in out and "notes" in out and "digest" in out
