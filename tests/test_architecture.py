@@ -31,6 +31,9 @@ ALLOWED: dict[str, set[str]] = {
 BOUNDARIES = {
     "wasmtime": {"sandbox"},
     "mcp": {"mcp"},
+    "uvicorn": {"mcp"},
+    "starlette": {"mcp"},
+    "jsonschema": {"mcp"},
     "nats": {"cluster", "state"},
     "cryptography": {"package"},
 }

@@ -13,13 +13,13 @@ from typing import Any
 
 import anyio
 import httpx2
+from mcp import types
 from mcp.client.session import ClientSession
 from mcp.client.sse import sse_client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.memory import create_client_server_memory_streams
 
-from mcp import types
 from skilld.errors import (
     DeadlineExceeded,
     GuestError,

@@ -6,10 +6,9 @@ import base64
 
 import anyio
 import pytest
+from mcp import types
 from mcp.shared.exceptions import MCPError
 from mcp_fakes import connect, fake_dispatcher, text_of
-
-from mcp import types
 
 pytestmark = pytest.mark.anyio
 

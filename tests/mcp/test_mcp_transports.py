@@ -5,9 +5,8 @@ from __future__ import annotations
 import anyio
 import anyio.to_thread
 import pytest
-from mcp_fakes import Gate, Inbox, connect, fake_dispatcher, text_of
-
 from mcp import types
+from mcp_fakes import Gate, Inbox, connect, fake_dispatcher, text_of
 
 pytestmark = pytest.mark.anyio
 

@@ -18,12 +18,12 @@ from typing import Any, TypeVar
 import anyio
 import anyio.from_thread
 import anyio.lowlevel
+from mcp import types
 from mcp.server.session import ServerSession
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import ServerMessageMetadata
 from pydantic import BaseModel, ValidationError
 
-from mcp import types
 from skilld.errors import GuestError
 
 # RFC 5424 severities in the order MCP's logging/setLevel uses.

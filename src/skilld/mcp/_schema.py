@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import jsonschema  # type: ignore[import-untyped]  # ships no type information
+import jsonschema  # ships no type information
 
 from skilld.errors import UsageError
 

@@ -20,13 +20,13 @@ from typing import Any, TypeVar
 import anyio
 import anyio.to_thread
 import structlog
+from mcp import types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import Server
 from mcp.shared.exceptions import MCPError
 from mcp.shared.uri_template import InvalidUriTemplate, UriTemplate
 from pydantic import ValidationError
 
-from mcp import types
 from skilld.errors import (
     DeadlineExceeded,
     GuestError,
