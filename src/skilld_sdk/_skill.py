@@ -95,13 +95,38 @@ class Rich:
 
 @dataclass(frozen=True)
 class Method:
-    """One exported method: its function and its schemas."""
+    """One exported method: its function, its schemas and its parameters.
+
+    Everything is worked out at registration, which runs at build time: every call
+    starts from the interpreter snapshot taken after the skill module was imported,
+    so work done here is free at call time and work left for later is repeated on
+    every call.
+    """
 
     name: str
     fn: Callable[..., Any]
     description: str
     params: dict[str, Any]
     result: dict[str, Any] | None
+    # (name, annotation, required) per parameter, in order.
+    signature: tuple[tuple[str, Any, bool], ...] = ()
+
+    @classmethod
+    def of(
+        cls,
+        name: str,
+        fn: Callable[..., Any],
+        description: str,
+        params: dict[str, Any],
+        result: dict[str, Any] | None,
+    ) -> Method:
+        """Build a method, resolving its signature once."""
+        hints = get_type_hints(fn)
+        sig = tuple(
+            (pname, hints.get(pname, Any), p.default is inspect.Parameter.empty)
+            for pname, p in inspect.signature(fn).parameters.items()
+        )
+        return cls(name, fn, description, params, result, sig)
 
     def invoke(self, args_json: str) -> Any:
         """Parse ``args_json``, check it against the signature and call the function.
@@ -115,19 +140,18 @@ class Method:
             raise SkillError("invalid-argument", f"arguments are not JSON: {exc}") from None
         if not isinstance(args, dict):
             raise SkillError("invalid-argument", "arguments must be a JSON object")
-        hints = get_type_hints(self.fn)
-        sig = inspect.signature(self.fn)
-        unknown = set(args) - set(sig.parameters)
+        known = {name for name, _, _ in self.signature}
+        unknown = set(args) - known
         if unknown:
             raise SkillError("invalid-argument", f"unknown argument(s): {sorted(unknown)}")
         kwargs: dict[str, Any] = {}
-        for name, param in sig.parameters.items():
+        for name, hint, required in self.signature:
             if name not in args:
-                if param.default is inspect.Parameter.empty:
+                if required:
                     raise SkillError("invalid-argument", f"missing argument '{name}'")
                 continue
             try:
-                kwargs[name] = coerce(args[name], hints[name], name)
+                kwargs[name] = coerce(args[name], hint, name)
             except TypeError as exc:
                 raise SkillError("invalid-argument", str(exc)) from None
         return self.fn(**kwargs)
@@ -201,7 +225,7 @@ class Skill:
             if mname in self.methods:
                 raise ValueError(f"method '{mname}' is defined twice")
             summary, _ = doc_parts(f)
-            self.methods[mname] = Method(
+            self.methods[mname] = Method.of(
                 mname, f, summary, params_schema(f, mname), result_schema(f, mname)
             )
             return f

@@ -25,6 +25,8 @@ class SetChecker:
         self.allowed = allowed
 
     def check(self, capability: str, action: str, target: str) -> Decision:
+        if action == "address":  # "IP:PORT HOST": this checker lists addresses only
+            target = target.split(" ")[0]
         ok = (capability, action, target) in self.allowed
         return Decision(
             ok,

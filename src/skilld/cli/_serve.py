@@ -153,6 +153,7 @@ def load_registry(
         )
         checker = SkillPermissions.from_tables(tables, locked.id)
         limits = tables.limits(locked.id)
+        loaded.components[locked.id].prewarm(limits)
         grants = tables.skill(locked.id)
         registry.add(
             SkillEntry(
