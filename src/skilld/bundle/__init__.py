@@ -6,9 +6,31 @@ they were verified against. ``open_bundle`` checks all of it before any byte
 reaches the wasm engine.
 """
 
-from skilld.bundle._build import BuildResult, build_bundle, sign_lock, verify_lock_signature
+from typing import TYPE_CHECKING, Any
+
 from skilld.bundle._load import LoadedBundle, open_bundle
 from skilld.bundle._lock import FORMAT, LOCK, LOCK_SIG, Lock, LockedSkill, canonical_json
+
+if TYPE_CHECKING:
+    from skilld.bundle._build import (
+        BuildResult,
+        build_bundle,
+        sign_lock,
+        verify_lock_signature,
+    )
+
+_BUILD = ("BuildResult", "build_bundle", "sign_lock", "verify_lock_signature")
+
+
+def __getattr__(name: str) -> Any:
+    # The build side pulls in the package toolchain (cryptography, componentize);
+    # serving does not need it, so it is imported on first use only.
+    if name in _BUILD:
+        from skilld.bundle import _build
+
+        return getattr(_build, name)
+    raise AttributeError(f"module 'skilld.bundle' has no attribute {name!r}")
+
 
 __all__ = [
     "FORMAT",

@@ -178,8 +178,9 @@ def load_registry(
 
 def run(args: argparse.Namespace) -> int:
     """Handle ``skilld serve``."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from skilld.audit import JsonLinesSink
-    from skilld.mcp import ServeConfig, serve
 
     _setup_logging(args.log_file)
     state_dir = args.state_dir or state_dir_default()
@@ -195,9 +196,20 @@ def run(args: argparse.Namespace) -> int:
     else:
         audit = JsonLinesSink(Path(args.audit_log) if args.audit_log else state_dir / "audit.jsonl")
     started = time.perf_counter()
-    registry, sandbox, timings = load_registry(
-        bundle_dir, state_dir, audit=audit, recompile=args.recompile, lock_key=args.lock_key
-    )
+    # Verifying and loading the bundle is mostly hashing and mapping native code,
+    # which runs outside the GIL: do it while this thread imports the MCP SDK.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="skilld-load") as pool:
+        loading = pool.submit(
+            load_registry,
+            bundle_dir,
+            state_dir,
+            audit=audit,
+            recompile=args.recompile,
+            lock_key=args.lock_key,
+        )
+        from skilld.mcp import ServeConfig, serve
+
+        registry, sandbox, timings = loading.result()
     log.info(
         "skilld ready: %s",
         json.dumps(

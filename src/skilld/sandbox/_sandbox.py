@@ -227,10 +227,10 @@ class Component:
 
     def prewarm(self, limits: Limits, depth: int = 2) -> None:
         """Keep ``depth`` fresh, initialised instances ready for calls under ``limits``."""
+        # Filled after the first call, not now: warming at start-up would compete
+        # with serving's own start for the CPU.
         self._pool_limits = limits
         self._pool_depth = depth
-        for _ in range(depth):
-            self.sandbox.background.submit(self._warm_one)
 
     def _fresh(self, memory_bytes: int) -> _Instance:
         engine = self.sandbox.engine
@@ -288,8 +288,9 @@ class Component:
         # replacement. Doing either during a call slows it (both map and unmap
         # memory, which stalls the running guest's page faults).
         inst.store.close()
-        if self._pool_limits is not None and self._pool.qsize() < self._pool_depth:
-            self._warm_one()
+        if self._pool_limits is not None:
+            for _ in range(self._pool_depth - self._pool.qsize()):
+                self._warm_one()
 
     def close(self) -> None:
         """Stop refilling the pool and drop the ready instances."""
