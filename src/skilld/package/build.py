@@ -13,38 +13,24 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from skilld.errors import BuildError
+from skilld.package._pack import read_skill_meta
 
 INTERFACES = ("log", "kv", "fs", "http", "tcp", "shell", "invoke", "transfer", "env", "mcp")
 _SKIP = {"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
-_ID = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
 
 
-@dataclass(frozen=True, slots=True)
-class SkillSource:
-    """What ``skill.yaml`` says about a skill."""
-
-    id: str
-    name: str
-    version: str
-    description: str
-    needs: dict[str, Any]
-
-    @property
-    def imports(self) -> tuple[str, ...]:
-        """The host interfaces the built component imports."""
-        return tuple(i for i in INTERFACES if i == "log" or i in self.needs)
+def imports_of(needs: Mapping[str, Any]) -> tuple[str, ...]:
+    """The host interfaces a component built with these needs imports (``log`` always)."""
+    return tuple(i for i in INTERFACES if i == "log" or i in needs)
 
 
 def wit_dir() -> Path:
@@ -63,42 +49,6 @@ def default_cache_dir() -> Path:
     """``$SKILLD_CACHE`` or ``~/.cache/skilld``."""
     root = os.environ.get("SKILLD_CACHE") or Path.home() / ".cache" / "skilld"
     return Path(root)
-
-
-def read_source(src_dir: Path) -> SkillSource:
-    """Read and check ``skill.yaml``.
-
-    Raises:
-        BuildError: the file is missing or malformed (names the file and field).
-    """
-    meta_path = src_dir / "skill.yaml"
-    if not meta_path.is_file():
-        raise BuildError(
-            f"no skill.yaml in {src_dir}", hint="run 'skilld skill new NAME' for a template"
-        )
-    try:
-        meta = yaml.safe_load(meta_path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise BuildError(f"{meta_path}: not valid YAML: {exc}") from exc
-    if not isinstance(meta, dict):
-        raise BuildError(f"{meta_path}: must be a mapping")
-    for key in ("id", "version"):
-        if not isinstance(meta.get(key), str):
-            raise BuildError(f"{meta_path}: '{key}' is required and must be a string")
-    if not _ID.match(meta["id"]):
-        raise BuildError(f"{meta_path}: id {meta['id']!r} must match {_ID.pattern}")
-    needs = meta.get("needs") or {}
-    if not isinstance(needs, dict):
-        raise BuildError(f"{meta_path}: 'needs' must be a mapping")
-    if not (src_dir / "skill.py").is_file():
-        raise BuildError(f"no skill.py in {src_dir}")
-    return SkillSource(
-        id=meta["id"],
-        name=str(meta.get("name", meta["id"])),
-        version=meta["version"],
-        description=str(meta.get("description", "")),
-        needs=needs,
-    )
 
 
 def _files(root: Path) -> list[Path]:
@@ -158,7 +108,9 @@ def build_component(
             holds its output, including the Python traceback).
     """
     src_dir = Path(src_dir)
-    source = read_source(src_dir)
+    source = read_skill_meta(src_dir)
+    if not (src_dir / "skill.py").is_file():
+        raise BuildError(f"no skill.py in {src_dir}", hint="the skill's module must be skill.py")
     digest = source_digest(src_dir)
     cache = (cache_dir or default_cache_dir()) / "components"
     cached = cache / f"{digest}.wasm"
@@ -178,7 +130,7 @@ def build_component(
             wit = stage / "wit"
             wit.mkdir()
             abi = (wit_dir() / "skill.wit").read_text()
-            (wit / "skill.wit").write_text(abi + _world(source.imports))
+            (wit / "skill.wit").write_text(abi + _world(imports_of(source.needs)))
             target = stage / "component.wasm"
             cmd = [
                 *_componentize(),
