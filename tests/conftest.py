@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,21 +9,7 @@ import pytest
 
 from skilld.package.build import build_component
 from skilld.sandbox import Sandbox
-
-ROOT = Path(__file__).resolve().parent.parent
-SKILLS = {
-    "echo": ROOT / "skills" / "echo",
-    "notes": ROOT / "skills" / "notes",
-    "hostile": ROOT / "tests" / "skills" / "hostile",
-    "prober": ROOT / "tests" / "skills" / "prober",
-}
-
-
-def cache_dir() -> Path:
-    """The build and native-code cache shared by every test (and CI run)."""
-    path = Path(os.environ.get("SKILLD_CACHE") or ROOT / ".cache" / "skilld")
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return path
+from tests_env import SKILLS, cache_dir
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

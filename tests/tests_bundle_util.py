@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import ROOT, cache_dir
+from tests_env import ROOT, cache_dir
 from skilld.bundle import BuildResult, build_bundle
 from skilld.sandbox import Sandbox
 

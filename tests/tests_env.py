@@ -1,8 +1,28 @@
-"""Environment for subprocesses the tests start: the same caches as this run."""
+"""Paths, caches and environment shared by the tests and the processes they start.
+
+A plain module (not conftest.py): several test directories have a conftest of their
+own, so ``from conftest import ...`` would be ambiguous.
+"""
 
 from __future__ import annotations
 
-from conftest import cache_dir
+import os
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SKILLS = {
+    "echo": ROOT / "skills" / "echo",
+    "notes": ROOT / "skills" / "notes",
+    "hostile": ROOT / "tests" / "skills" / "hostile",
+    "prober": ROOT / "tests" / "skills" / "prober",
+}
+
+
+def cache_dir() -> Path:
+    """The build and native-code cache shared by every test (and CI run)."""
+    path = Path(os.environ.get("SKILLD_CACHE") or ROOT / ".cache" / "skilld")
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return path
 
 
 def cache_env() -> dict[str, str]:

@@ -187,7 +187,7 @@ def test_downgrade_refused(demo_bundle: BuildResult, sandbox: Sandbox, tmp_path:
 
 def test_build_cli_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """skilld build prints a summary table with skills, methods, sizes and the digest."""
-    from conftest import ROOT
+    from tests_env import ROOT
 
     code = main(
         [

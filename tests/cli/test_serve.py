@@ -15,7 +15,7 @@ import anyio
 import pytest
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
-from conftest import ROOT, SKILLS, cache_dir
+from tests_env import ROOT, SKILLS, cache_dir
 from mcp import ClientSession
 from skilld.bundle import build_bundle
 from skilld.sandbox import Sandbox

@@ -102,7 +102,7 @@ _WRITER = textwrap.dedent("""
     import sys
     from pathlib import Path
     sys.path.insert(0, {tests!r})
-    from conftest import SKILLS, cache_dir
+    from tests_env import SKILLS, cache_dir
     from skilld.package.build import build_component
     from skilld.registry import NullChannel
     from skilld.sandbox import CallContext, Sandbox
