@@ -12,7 +12,11 @@ from mcp_fakes import running_http
 
 from skilld.mcp.testing import conformance_dispatcher
 
-SUITE = Path(os.environ.get("SKILLD_MCP_CONFORMANCE", "/work/shared/tools/mcp-conformance"))
+# shared/ sits beside the repository (as in CI); SKILLD_MCP_CONFORMANCE overrides it.
+SUITE = Path(
+    os.environ.get("SKILLD_MCP_CONFORMANCE")
+    or Path(__file__).resolve().parents[3] / "shared" / "tools" / "mcp-conformance"
+)
 ACTIVE_SERVER_SCENARIOS = 30
 
 
