@@ -17,3 +17,11 @@ def echo_registry() -> Any:
         _demo_bundle(), state, audit=JsonLinesSink(state / "audit.jsonl")
     )
     return registry
+
+
+def echo_registry_cold() -> Any:
+    """As :func:`echo_registry`, but every call instantiates (no pre-warmed instances)."""
+    registry = echo_registry()
+    for entry in registry.skills():
+        entry.component._pool_limits = None
+    return registry
