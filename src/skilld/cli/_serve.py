@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from skilld import __version__
 from skilld.cli._common import cache_dir_default, state_dir_default
 from skilld.errors import UsageError
 
@@ -269,11 +270,14 @@ def _demo_bundle() -> Path:
     import hashlib
 
     from skilld.bundle import build_bundle
-    from skilld.sandbox import Sandbox
+    from skilld.package.build import sdk_dir, wit_dir
+    from skilld.sandbox import Sandbox, engine_fingerprint
 
     skills, policies = _demo_sources()
-    h = hashlib.sha256()
-    for root in (skills, policies):
+    # Everything the demo bundle is made of: its sources, the SDK and ABI compiled into
+    # every skill, and this skilld (engine included) that compiles it.
+    h = hashlib.sha256(f"{__version__} {engine_fingerprint()[1]}".encode())
+    for root in (skills, policies, sdk_dir(), wit_dir()):
         for path in sorted(root.rglob("*")):
             if path.is_file() and "__pycache__" not in path.parts:
                 h.update(path.relative_to(root.parent).as_posix().encode() + b"\0")

@@ -4,7 +4,7 @@ Only this package imports ``wasmtime``; its errors become skilld's here.
 """
 
 from skilld.sandbox._context import CallContext
-from skilld.sandbox._engine import Engine
+from skilld.sandbox._engine import Engine, engine_fingerprint
 from skilld.sandbox._host import INTERFACES
 from skilld.sandbox._native import NativeCache, load_native, sha256_file, write_native
 from skilld.sandbox._sandbox import Component, Sandbox
@@ -16,6 +16,7 @@ __all__ = [
     "Engine",
     "NativeCache",
     "Sandbox",
+    "engine_fingerprint",
     "load_native",
     "sha256_file",
     "write_native",

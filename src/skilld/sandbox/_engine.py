@@ -68,6 +68,12 @@ class Ticker:
         self._thread.join(timeout=1)
 
 
+def engine_fingerprint() -> tuple[str, str]:
+    """(description, 16-hex fingerprint) of the engine this process creates."""
+    ident = f"wasmtime {version('wasmtime')};{platform.machine()};{platform.system()};{_CONFIG_TAG}"
+    return ident, hashlib.sha256(ident.encode()).hexdigest()[:16]
+
+
 class Engine:
     """The wasmtime engine skilld runs every guest on, with epoch interruption.
 
@@ -82,11 +88,7 @@ class Engine:
         config.cranelift_opt_level = "speed"
         self.wasmtime = wasmtime.Engine(config)
         self.ticker = Ticker(self.wasmtime)
-        ident = (
-            f"wasmtime {version('wasmtime')};{platform.machine()};{platform.system()};{_CONFIG_TAG}"
-        )
-        self.fingerprint = hashlib.sha256(ident.encode()).hexdigest()[:16]
-        self.description = ident
+        self.description, self.fingerprint = engine_fingerprint()
 
     def close(self) -> None:
         """Stop the ticker thread."""
