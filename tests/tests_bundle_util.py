@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests_env import ROOT, cache_dir
 from skilld.bundle import BuildResult, build_bundle
 from skilld.sandbox import Sandbox
+from tests_env import ROOT, cache_dir
 
 
 def build(sandbox: Sandbox, out: Path, **kw: object) -> BuildResult:

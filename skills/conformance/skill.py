@@ -284,7 +284,7 @@ def prompt_with_arguments(arg1: str, arg2: str) -> str:
 
 
 @skill.prompt("test_prompt_with_embedded_resource")
-def prompt_with_embedded_resource(resourceUri: str) -> list[dict[str, Any]]:  # noqa: N803
+def prompt_with_embedded_resource(resourceUri: str) -> list[dict[str, Any]]:
     """A prompt that embeds a resource.
 
     Args:

@@ -1,4 +1,4 @@
-"""skilld serve end to end: a real bundle, a real MCP client, stdio in an empty network namespace."""
+"""skilld serve end to end: a real bundle, a real MCP client, stdio in an empty netns."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from pathlib import Path
 
 import anyio
 import pytest
+from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
-from tests_env import ROOT, SKILLS, cache_dir
-from mcp import ClientSession
 from skilld.bundle import build_bundle
 from skilld.sandbox import Sandbox
+from tests_env import ROOT, SKILLS, cache_dir
 
 POLICIES = {
     "echo.yaml": "skill: echo\ninvoke:\n  called_by: [hostile]\n",
@@ -108,7 +108,7 @@ def test_stdio_in_empty_network_namespace(served: dict[str, Path]) -> None:
 
 
 def test_denied_permission_is_a_tool_error(served: dict[str, Path]) -> None:
-    """A guest denied by the policy gets a tool error naming the code and rule; the server lives on."""
+    """A policy denial is a tool error naming the code and rule; the server lives on."""
     argv = [
         sys.executable,
         "-m",
