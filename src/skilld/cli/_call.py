@@ -10,10 +10,9 @@ from typing import Any
 
 from skilld.cli._common import cache_dir_default, parse_json_object, state_dir_default
 from skilld.errors import UsageError
-from skilld.registry import NullChannel
-from skilld.sandbox import CallContext, Sandbox
-from skilld.state import SqliteState
-from skilld.types import Limits
+
+# The runtime is imported by the handler, not here: every command's parser is built on
+# each start (also `skilld serve`'s), and none of them should pay for wasmtime.
 
 
 def register(sub: Any) -> None:
@@ -51,6 +50,11 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Handle ``skilld call``."""
+    from skilld.registry import NullChannel
+    from skilld.sandbox import CallContext, Sandbox
+    from skilld.state import SqliteState
+    from skilld.types import Limits
+
     if not args.component.is_file():
         raise UsageError(f"no such component: {args.component}")
     if args.timeout_ms <= 0 or args.memory_mb <= 0:
@@ -88,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         state.close()
 
 
-def _show_guest_output(ctx: CallContext) -> None:
+def _show_guest_output(ctx: Any) -> None:
     for level, message in ctx.logs:
         print(f"guest {level}: {message}", file=sys.stderr)
     for name, stream in (("stdout", ctx.stdout), ("stderr", ctx.stderr)):

@@ -8,11 +8,12 @@ import sys
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from skilld.errors import PolicyError, UsageError
-from skilld.permissions import explain
-from skilld.policy import Tables, compile_policies, load_tables, load_yaml
+
+if TYPE_CHECKING:
+    from skilld.policy import Tables
 
 
 def register(sub: Any) -> None:
@@ -69,6 +70,8 @@ def _help(parser: argparse.ArgumentParser) -> int:
 def _read_needs(skills_dir: Path) -> tuple[dict[str, Mapping[str, Any] | None], dict[str, str]]:
     if not skills_dir.is_dir():
         raise UsageError(f"--skills {skills_dir}: not a directory")
+    from skilld.policy import load_yaml
+
     needs: dict[str, Mapping[str, Any] | None] = {}
     sources: dict[str, str] = {}
     for entry in sorted(skills_dir.iterdir()):
@@ -95,6 +98,8 @@ def _read_needs(skills_dir: Path) -> tuple[dict[str, Mapping[str, Any] | None], 
 
 
 def _compile(args: argparse.Namespace) -> int:
+    from skilld.policy import compile_policies
+
     skills, sources = (None, None)
     if args.skills is not None:
         skills, sources = _read_needs(args.skills)
@@ -119,6 +124,9 @@ def _compile(args: argparse.Namespace) -> int:
 
 
 def _explain(args: argparse.Namespace) -> int:
+    from skilld.permissions import explain
+    from skilld.policy import compile_policies, load_tables
+
     tables: Tables
     if args.tables is not None:
         tables = load_tables(args.tables)
