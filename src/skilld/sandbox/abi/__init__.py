@@ -11,7 +11,7 @@ record, so the value must be tagged). No module here imports wasmtime.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from skilld.errors import HostCallError
@@ -49,3 +49,16 @@ def decide(
             rule=decision.rule,
         )
     return decision
+
+
+def rule_settings(ctx: CallContext, decision: Decision) -> Mapping[str, Any]:
+    """The deciding rule's settings (caps, timeouts, env), or ``{}`` when the checker has none.
+
+    Only a checker built from compiled tables knows its rules (``.rule(rule_id)``);
+    a plain :class:`~skilld.types.PermissionChecker` leaves the host defaults in force.
+    """
+    lookup = getattr(ctx.checker, "rule", None)
+    if lookup is None:
+        return {}
+    found = lookup(decision.rule)
+    return found if isinstance(found, Mapping) else {}

@@ -13,15 +13,20 @@ from skilld.sandbox.abi import decide
 def resolve_checked(ctx: CallContext, capability: str, host: str, port: int) -> str:
     """Resolve ``host`` once and return the first address the tables allow.
 
-    Every candidate is checked as ``check(capability, "address", "IP:PORT")`` (IPv6 in
-    brackets), where private, loopback, link-local and metadata addresses are refused
-    unless a rule names them. The caller connects to the returned address, never to
-    the name, so a second lookup cannot answer differently.
+    Every candidate is checked as ``check(capability, "address", "IP:PORT HOST")`` (IPv6
+    in brackets), where private, loopback, link-local and metadata addresses are refused
+    unless a rule names them; the host name narrows the check to the rules for that
+    host, so one host's ``allow_private`` cannot let another name reach a private address.
+    The caller connects to the returned address, never to the name, so a second lookup
+    cannot answer differently.
 
     Raises:
-        HostCallError: ``unavailable`` when the name does not resolve, ``not-permitted``
-            when no resolved address is allowed.
+        HostCallError: ``invalid-argument`` for a host with spaces or NUL, ``unavailable``
+            when the name does not resolve, ``not-permitted`` when no resolved address
+            is allowed.
     """
+    if not host or any(c.isspace() for c in host) or "\x00" in host:
+        raise HostCallError("invalid-argument", f"bad host name {host!r}")
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as exc:
@@ -39,7 +44,7 @@ def resolve_checked(ctx: CallContext, capability: str, host: str, port: int) -> 
             addr = addr.ipv4_mapped
         target = f"[{ip}]:{port}" if addr.version == 6 else f"{ip}:{port}"
         try:
-            decide(ctx, capability, "address", target, shown=f"{host} ({target})")
+            decide(ctx, capability, "address", f"{target} {host}", shown=f"{host} ({target})")
         except HostCallError as exc:
             last = exc
             continue

@@ -6,7 +6,12 @@ trailing slashes dropped. The canonical path is checked against the tables
 (``check("fs", "read" | "write", path)``), then opened by walking it from ``/``
 one component at a time with ``O_NOFOLLOW``: a symlink planted after the check
 (by the guest through another capability, or by anyone) makes the open fail
-instead of leading outside the grant.
+instead of leading outside the grant. Files open non-blocking, so a FIFO the
+guest planted (through an allowed ``shell`` rule) is refused, never waited on.
+
+Linux paths are case-sensitive and so are the checks: a grant for ``/data/Notes``
+says nothing about ``/data/notes``. ``//``, ``.``, ``..`` and trailing slashes
+are folded by the canonicalisation, so they can neither widen nor dodge a check.
 """
 
 from __future__ import annotations
@@ -81,7 +86,9 @@ def _parent_fd(canon: str) -> Iterator[tuple[int, str]]:
 
 def _open(canon: str, flags: int, mode: int = 0o644) -> int:
     with _parent_fd(canon) as (dfd, name):
-        return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dfd)
+        return os.open(
+            name, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode, dir_fd=dfd
+        )
 
 
 def read(ctx: CallContext, path: str) -> bytes:

@@ -2,9 +2,11 @@
 
 Each hop (the first request and every redirect) is checked as
 ``check("http", METHOD, URL)``; the host name is resolved once, the address is
-checked (``check("http", "address", "IP:PORT")``) and the connection goes to that
-address, with the name kept for the Host header, SNI and certificate checks.
-URLs with userinfo are refused outright.
+checked (``check("http", "address", "IP:PORT HOST")``) and the connection goes to
+that address, with the name kept for the Host header, SNI and certificate checks.
+URLs with userinfo and schemes other than http and https are refused outright.
+The body is capped by the deciding rule's ``max_response_bytes`` (host cap: 8 MiB);
+credentials headers are dropped when a redirect leaves the origin.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from urllib.parse import urljoin, urlsplit
 
 from skilld.errors import HostCallError
 from skilld.sandbox._context import CallContext
-from skilld.sandbox.abi import Functions, decide
+from skilld.sandbox.abi import Functions, decide, rule_settings
 from skilld.sandbox.abi._net import connect, resolve_checked
+from skilld.types import Decision
 
 MAX_REDIRECTS = 5
 MAX_BODY = 8 * 1024 * 1024
@@ -31,6 +34,8 @@ _HOP_HEADERS = {
     "proxy-authorization",
     "content-length",
 }
+# Not forwarded to another origin when a redirect leaves it.
+_CREDENTIAL_HEADERS = {"authorization", "cookie", "proxy-authorization"}
 
 
 class _PinnedHTTP(http.client.HTTPConnection):
@@ -71,8 +76,20 @@ def _split(url: str) -> tuple[str, str, int, str]:
     return parts.scheme, host, port or (443 if parts.scheme == "https" else 80), path
 
 
+def _cap(ctx: CallContext, decision: Decision) -> int:
+    cap = rule_settings(ctx, decision).get("max_response_bytes")
+    return min(int(cap), MAX_BODY) if cap is not None else MAX_BODY
+
+
 def fetch(ctx: CallContext, req: dict[str, Any]) -> dict[str, Any]:
-    """Send one request, following checked redirects; the body is capped."""
+    """Send one request, following checked redirects; the body is capped.
+
+    Raises:
+        HostCallError: ``not-permitted`` for a hop or address the tables refuse (or a
+            scheme other than http and https), ``limit-exceeded`` for an oversized
+            response or too many redirects, ``invalid-argument``, ``timeout``,
+            ``unavailable``.
+    """
     method = str(req["method"]).upper()
     if method not in _METHODS:
         raise HostCallError("invalid-argument", f"unsupported HTTP method {method!r}")
@@ -80,16 +97,23 @@ def fetch(ctx: CallContext, req: dict[str, Any]) -> dict[str, Any]:
     body: bytes | None = None if req.get("body") is None else bytes(req["body"])
     timeout = (req.get("timeout_ms") or DEFAULT_TIMEOUT_MS) / 1000
     headers = {k: v for k, v in req.get("headers") or [] if k.lower() not in _HOP_HEADERS}
+    origin: tuple[str, str, int] | None = None
     for _hop in range(MAX_REDIRECTS + 1):
+        # The tables judge the URL first: they refuse other schemes, userinfo and
+        # malformed URLs with a rule id; _split is the host's own backstop.
+        decision = decide(ctx, "http", method, url)
         scheme, host, port, path = _split(url)
-        decide(ctx, "http", method, url)
+        if origin is not None and origin != (scheme, host, port):
+            headers = {k: v for k, v in headers.items() if k.lower() not in _CREDENTIAL_HEADERS}
+        origin = (scheme, host, port)
+        cap = _cap(ctx, decision)
         ip = resolve_checked(ctx, "http", host, port)
         cls = _PinnedHTTPS if scheme == "https" else _PinnedHTTP
         conn = cls(host, port, ip, timeout)
         try:
             conn.request(method, path, body=body, headers=headers)
             resp = conn.getresponse()
-            data = resp.read(MAX_BODY + 1)
+            data = resp.read(cap + 1)
         except HostCallError:
             raise
         except TimeoutError as exc:
@@ -98,6 +122,8 @@ def fetch(ctx: CallContext, req: dict[str, Any]) -> dict[str, Any]:
             raise HostCallError("unavailable", f"TLS with {host} failed: {exc.reason}") from exc
         except (OSError, http.client.HTTPException) as exc:
             raise HostCallError("unavailable", f"{method} {url} failed: {exc}") from exc
+        except ValueError as exc:  # http.client refuses CR/LF in header names and values
+            raise HostCallError("invalid-argument", f"bad request header: {exc}") from exc
         finally:
             conn.close()
         location = resp.getheader("Location")
@@ -106,8 +132,12 @@ def fetch(ctx: CallContext, req: dict[str, Any]) -> dict[str, Any]:
             if resp.status == 303 or (resp.status in (301, 302) and method == "POST"):
                 method, body = "GET", None
             continue
-        if len(data) > MAX_BODY:
-            raise HostCallError("limit-exceeded", f"response from {url} exceeds {MAX_BODY} bytes")
+        if len(data) > cap:
+            raise HostCallError(
+                "limit-exceeded",
+                f"response from {url} exceeds {cap} bytes ({decision.rule})",
+                rule=decision.rule,
+            )
         return {
             "status": resp.status,
             "headers": [(k, v) for k, v in resp.getheaders()],

@@ -1,20 +1,27 @@
-"""``kv``: the calling skill's own key-value namespace."""
+"""``kv``: the calling skill's own key-value namespace.
+
+A call has a store only when the skill has state; under a policy the tables
+must also grant ``kv`` (``check("kv", ACTION, KEY)``), so a store handed to a
+skill its policy gives none stays out of reach.
+"""
 
 from __future__ import annotations
 
 from skilld.errors import HostCallError, QuotaExceeded, StateError
 from skilld.sandbox._context import CallContext
-from skilld.sandbox.abi import Functions
+from skilld.sandbox.abi import Functions, decide
 from skilld.types import KeyValueStore
 
 MAX_KEY = 1024
 
 
-def _store(ctx: CallContext, key: str | None = None) -> KeyValueStore:
-    if ctx.kv is None:
-        raise HostCallError("not-permitted", "no key-value state for this skill", rule="kv")
+def _store(ctx: CallContext, action: str, key: str | None = None) -> KeyValueStore:
     if key is not None and (not key or len(key.encode()) > MAX_KEY):
         raise HostCallError("invalid-argument", f"keys must be 1 to {MAX_KEY} bytes")
+    if ctx.checker is not None:
+        decide(ctx, "kv", action, key or "*")
+    if ctx.kv is None:
+        raise HostCallError("not-permitted", "no key-value state for this skill", rule="kv")
     return ctx.kv
 
 
@@ -26,7 +33,7 @@ def _guard(exc: StateError) -> HostCallError:
 def get(ctx: CallContext, key: str) -> bytes:
     """The value under ``key``; ``not-found`` when absent."""
     try:
-        value = _store(ctx, key).get(key)
+        value = _store(ctx, "get", key).get(key)
     except StateError as exc:
         raise _guard(exc) from exc
     if value is None:
@@ -37,7 +44,7 @@ def get(ctx: CallContext, key: str) -> bytes:
 def set_(ctx: CallContext, key: str, value: bytes) -> None:
     """Store ``value`` durably."""
     try:
-        _store(ctx, key).set(key, bytes(value))
+        _store(ctx, "set", key).set(key, bytes(value))
     except StateError as exc:
         raise _guard(exc) from exc
 
@@ -45,7 +52,7 @@ def set_(ctx: CallContext, key: str, value: bytes) -> None:
 def delete(ctx: CallContext, key: str) -> bool:
     """Remove ``key``."""
     try:
-        return _store(ctx, key).delete(key)
+        return _store(ctx, "delete", key).delete(key)
     except StateError as exc:
         raise _guard(exc) from exc
 
@@ -53,7 +60,7 @@ def delete(ctx: CallContext, key: str) -> bool:
 def keys(ctx: CallContext, prefix: str, limit: int) -> list[str]:
     """Keys with ``prefix``, in order."""
     try:
-        return list(_store(ctx).keys(prefix, min(limit, 10_000)))
+        return list(_store(ctx, "keys").keys(prefix, min(limit, 10_000)))
     except StateError as exc:
         raise _guard(exc) from exc
 

@@ -1,4 +1,9 @@
-"""``mcp``: the guest talks to the MCP client of its call through the channel."""
+"""``mcp``: the guest talks to the MCP client of its call through the channel.
+
+Progress, logs and the cancellation flag are always allowed; sampling and
+elicitation reach the client only when the policy lists them under ``mcp.client``
+(``check("mcp", "sample" | "elicit", SKILL)``).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ from typing import Any
 
 from skilld.errors import GuestError, HostCallError
 from skilld.sandbox._context import CallContext
-from skilld.sandbox.abi import Functions
+from skilld.sandbox.abi import Functions, decide
 
 
 def progress(ctx: CallContext, value: float, total: float | None, message: str | None) -> None:
@@ -25,6 +30,7 @@ def notify_log(ctx: CallContext, level: str, data: str) -> None:
 
 
 def _ask(kind: str, ctx: CallContext, params: str) -> str:
+    decide(ctx, "mcp", kind, ctx.skill_id, shown=f"for skill '{ctx.skill_id}'")
     try:
         body = json.loads(params)
     except json.JSONDecodeError as exc:
@@ -37,12 +43,20 @@ def _ask(kind: str, ctx: CallContext, params: str) -> str:
 
 
 def sample(ctx: CallContext, params: str) -> str:
-    """A sampling request to the client."""
+    """A sampling request to the client, when the policy allows it.
+
+    Raises:
+        HostCallError: ``not-permitted`` without ``sample`` in ``mcp.client``.
+    """
     return _ask("sample", ctx, params)
 
 
 def elicit(ctx: CallContext, params: str) -> str:
-    """An elicitation request to the client."""
+    """An elicitation request to the client, when the policy allows it.
+
+    Raises:
+        HostCallError: ``not-permitted`` without ``elicit`` in ``mcp.client``.
+    """
     return _ask("elicit", ctx, params)
 
 

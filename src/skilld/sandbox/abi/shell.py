@@ -2,66 +2,166 @@
 
 The check is ``check("shell", "run", shlex.join(argv))`` (an unambiguous quoting
 of the argv, so metacharacters are data) plus ``check("shell", "cwd", DIR)`` for
-the working directory. The child gets a scrubbed environment, no stdin unless
-given, a timeout and an output cap.
+the working directory, which must also lie under the deciding rule's ``cwd``
+list (a rule with a list runs in its first directory when no cwd is given).
+The child gets a scrubbed environment (PATH, LANG, plus the variables the rule
+passes through by name), no stdin unless given, its own process group, the
+smaller of the rule's and the request's timeout, and the rule's output cap:
+output past the cap is read and dropped, so a chatty child can neither block
+nor fill the host's memory.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shlex
+import signal
 import subprocess
+import threading
+import time
+from collections.abc import Mapping
+from typing import IO, Any
 
 from skilld.errors import HostCallError
 from skilld.sandbox._context import CallContext
-from skilld.sandbox.abi import Functions, decide
+from skilld.sandbox.abi import Functions, decide, rule_settings
 from skilld.sandbox.abi.fs import canonical
+from skilld.types import Decision
 
 DEFAULT_TIMEOUT_MS = 10_000
 MAX_TIMEOUT_MS = 300_000
 OUTPUT_CAP = 1 << 20
 SCRUBBED_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+# After the child exits, how long its pipes may stay open (held by a grandchild).
+_DRAIN_GRACE_S = 1.0
+
+
+def _under(path: str, directory: str) -> bool:
+    root = directory.rstrip("/") or "/"
+    return path == root or path.startswith("/" if root == "/" else root + "/")
+
+
+def _working_dir(
+    ctx: CallContext, requested: object, decision: Decision, rule: Mapping[str, Any]
+) -> str:
+    allowed = [str(d) for d in rule.get("cwd") or ()]
+    if requested is None:
+        return allowed[0] if allowed else "/"
+    cwd = canonical(str(requested))
+    decide(ctx, "shell", "cwd", cwd)
+    if rule and not any(_under(cwd, d) for d in allowed):
+        # check("shell", "cwd") accepts a directory any rule lists; the command's
+        # own rule must list it too.
+        listed = ", ".join(allowed) or "no directory"
+        reason = f"{decision.rule} allows running in {listed}, not {cwd}"
+        ctx.record(Decision(False, "shell", "cwd", cwd, decision.rule, reason))
+        raise HostCallError(
+            "not-permitted", f"shell.cwd {cwd} denied: {reason}", rule=decision.rule
+        )
+    return cwd
+
+
+def _environment(rule: Mapping[str, Any]) -> dict[str, str]:
+    env = dict(SCRUBBED_ENV)
+    for name in rule.get("env") or ():
+        value = os.environ.get(str(name))
+        if value is not None:
+            env[str(name)] = value
+    return env
+
+
+def _drain(stream: IO[bytes], cap: int, out: bytearray, over: list[bool]) -> None:
+    while chunk := stream.read1(65536):  # type: ignore[attr-defined]
+        room = cap - len(out)
+        if room > 0:
+            out += chunk[:room]
+        if len(chunk) > room:
+            over[0] = True
+    stream.close()
+
+
+def _feed(stream: IO[bytes], data: bytes) -> None:
+    # A child that closes its stdin early gets what it read.
+    with contextlib.suppress(OSError):
+        stream.write(data)
+    with contextlib.suppress(OSError):
+        stream.close()
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def run(ctx: CallContext, cmd: dict[str, object]) -> dict[str, object]:
-    """Run one command to completion (or its timeout)."""
+    """Run one command to completion (or its timeout).
+
+    Raises:
+        HostCallError: ``not-permitted`` for an argv or cwd the tables refuse,
+            ``invalid-argument``, ``not-found``, ``timeout``, ``io``.
+    """
     argv = [str(a) for a in cmd["argv"]]  # type: ignore[attr-defined]
     if not argv or not argv[0]:
         raise HostCallError("invalid-argument", "argv must name a program")
     if any("\x00" in a for a in argv):
         raise HostCallError("invalid-argument", "argv must not contain NUL bytes")
-    decide(ctx, "shell", "run", shlex.join(argv))
-    cwd = None
-    if cmd.get("cwd") is not None:
-        cwd = canonical(str(cmd["cwd"]))
-        decide(ctx, "shell", "cwd", cwd)
+    decision = decide(ctx, "shell", "run", shlex.join(argv))
+    rule = rule_settings(ctx, decision)
+    cwd = _working_dir(ctx, cmd.get("cwd"), decision, rule)
     timeout_ms = min(int(cmd.get("timeout_ms") or DEFAULT_TIMEOUT_MS), MAX_TIMEOUT_MS)  # type: ignore[call-overload]
+    if rule.get("timeout_ms"):
+        timeout_ms = min(timeout_ms, int(rule["timeout_ms"]))
+    cap = int(rule.get("output_bytes") or OUTPUT_CAP)
     stdin = cmd.get("stdin")
+    data = bytes(stdin) if isinstance(stdin, (bytes, bytearray, list)) else b""
     try:
-        proc = subprocess.run(
+        proc = subprocess.Popen(
             argv,
-            cwd=cwd or "/",
-            env=dict(SCRUBBED_ENV),
-            input=bytes(stdin) if isinstance(stdin, (bytes, bytearray, list)) else b"",
-            capture_output=True,
-            timeout=timeout_ms / 1000,
-            check=False,
+            cwd=cwd,
+            env=_environment(rule),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             shell=False,
             start_new_session=True,
         )
     except FileNotFoundError as exc:
         raise HostCallError("not-found", f"program {argv[0]!r} not found") from exc
+    except OSError as exc:
+        raise HostCallError("io", f"cannot run {argv[0]!r}: {exc.strerror or exc}") from exc
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+    assert proc.stderr is not None
+    out, err = bytearray(), bytearray()
+    over = [False]
+    workers = [
+        threading.Thread(target=_feed, args=(proc.stdin, data), daemon=True),
+        threading.Thread(target=_drain, args=(proc.stdout, cap, out, over), daemon=True),
+        threading.Thread(target=_drain, args=(proc.stderr, cap, err, over), daemon=True),
+    ]
+    for worker in workers:
+        worker.start()
+    deadline = time.monotonic() + timeout_ms / 1000
+    try:
+        code = proc.wait(timeout=timeout_ms / 1000)
     except subprocess.TimeoutExpired as exc:
+        _kill_group(proc)
+        proc.wait()
         raise HostCallError(
             "timeout", f"{argv[0]} ran past {timeout_ms} ms and was killed"
         ) from exc
-    except OSError as exc:
-        raise HostCallError("io", f"cannot run {argv[0]!r}: {exc.strerror or exc}") from exc
-    truncated = len(proc.stdout) > OUTPUT_CAP or len(proc.stderr) > OUTPUT_CAP
+    finally:
+        for worker in workers:
+            worker.join(max(deadline - time.monotonic(), 0) + _DRAIN_GRACE_S)
+        # A grandchild that kept the pipes open goes with its group.
+        if any(worker.is_alive() for worker in workers):
+            _kill_group(proc)
     return {
-        "exit_code": proc.returncode,
-        "stdout": proc.stdout[:OUTPUT_CAP],
-        "stderr": proc.stderr[:OUTPUT_CAP],
-        "truncated": truncated,
+        "exit_code": code,
+        "stdout": bytes(out),
+        "stderr": bytes(err),
+        "truncated": over[0],
     }
 
 
