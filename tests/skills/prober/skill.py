@@ -10,7 +10,7 @@ import base64
 from collections.abc import Callable
 from typing import Any
 
-from skilld_sdk import HostError, Skill, env, fs, http, shell, tcp, transfer
+from skilld_sdk import HostError, Skill, env, fs, http, invoke, kv, mcp, shell, tcp, transfer
 
 skill = Skill()
 
@@ -117,3 +117,46 @@ def env_get(name: str) -> dict[str, Any]:
 def transfer_send(node: str, local_path: str, remote_path: str) -> dict[str, Any]:
     """Send a file to another node."""
     return _report(lambda: transfer.send(node, local_path, remote_path))
+
+
+@skill.method
+def shell_run_timed(
+    argv: list[str], timeout_ms: int, cwd: str | None = None, stdin: str | None = None
+) -> dict[str, Any]:
+    """Run a command with the given timeout and stdin; report exit code and output sizes."""
+
+    def go() -> dict[str, Any]:
+        data = None if stdin is None else stdin.encode()
+        out = shell.run(argv, cwd=cwd, stdin=data, timeout_ms=timeout_ms)
+        return {
+            "exit": out.exit_code,
+            "stdout": out.stdout.decode(errors="replace")[:2000],
+            "stdout_bytes": len(out.stdout),
+            "truncated": out.truncated,
+        }
+
+    return _report(go)
+
+
+@skill.method
+def kv_set(key: str, value: str) -> dict[str, Any]:
+    """Store a value under a key."""
+    return _report(lambda: kv.set(key, value))
+
+
+@skill.method
+def kv_get(key: str) -> dict[str, Any]:
+    """Read the value under a key."""
+    return _report(lambda: (lambda v: None if v is None else v.decode())(kv.get(key)))
+
+
+@skill.method
+def invoke_call(skill_id: str, method: str, args: dict[str, Any]) -> dict[str, Any]:
+    """Call another skill's method (which may itself be invoke_call: a chain)."""
+    return _report(lambda: invoke.call(skill_id, method, args))
+
+
+@skill.method
+def mcp_ask(kind: str, params: dict[str, Any]) -> dict[str, Any]:
+    """Send a sampling ("sample") or elicitation ("elicit") request to the client."""
+    return _report(lambda: mcp.sample(params) if kind == "sample" else mcp.elicit(params))

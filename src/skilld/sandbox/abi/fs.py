@@ -74,9 +74,16 @@ def _parent_fd(canon: str) -> Iterator[tuple[int, str]]:
     fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         for part in parts[:-1]:
-            nxt = os.open(
-                part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
-            )
+            try:
+                nxt = os.open(
+                    part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
+                )
+            except NotADirectoryError:
+                # Linux answers ENOTDIR, not ELOOP, for a symlink opened with
+                # O_DIRECTORY | O_NOFOLLOW: say which it was.
+                if stat_mod.S_ISLNK(os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode):
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), part) from None
+                raise
             os.close(fd)
             fd = nxt
         yield fd, (parts[-1] if parts else ".")
@@ -86,9 +93,7 @@ def _parent_fd(canon: str) -> Iterator[tuple[int, str]]:
 
 def _open(canon: str, flags: int, mode: int = 0o644) -> int:
     with _parent_fd(canon) as (dfd, name):
-        return os.open(
-            name, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode, dir_fd=dfd
-        )
+        return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode, dir_fd=dfd)
 
 
 def read(ctx: CallContext, path: str) -> bytes:

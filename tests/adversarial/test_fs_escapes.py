@@ -1,0 +1,501 @@
+"""fs escapes, from the real prober under real compiled tables: no path leaves its grant."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from adversarial_harness import Probe, assert_outcome, case_ids, compile_dir, fill
+
+from skilld.permissions import SkillPermissions
+from skilld.policy import Tables
+from skilld.sandbox import Component
+from skilld.types import Decision
+
+POLICY = """\
+fs:
+  - id: notes
+    path: {R}/data/Notes
+  - id: work
+    path: {R}/rw
+    mode: rw
+  - id: docs
+    path: {R}/docs/*/*.md
+shell:
+  - id: ln
+    program: /bin/ln
+    args: ["-s", "*", "{R}/rw/*"]
+  - id: mkfifo
+    program: /usr/bin/mkfifo
+    args: ["{R}/rw/*"]
+"""
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tree with grants, secrets beside them, case and prefix siblings, and symlinks."""
+    root = Path(os.path.realpath(tmp_path_factory.mktemp("fs")))
+    files = {
+        "data/Notes/a.txt": "notes-a",
+        "data/Notes/sub/b.txt": "notes-b",
+        "data/Notes/%2e%2e/f.txt": "literal-dots",
+        "data/notes/secret.txt": "lower",
+        "data/NOTES/secret.txt": "upper",
+        "data/Notes-evil/x.txt": "evil",
+        "data/Notesx.txt": "evil",
+        "secret.txt": "TOP SECRET",
+        "rw/w.txt": "w",
+        "rw-evil/x.txt": "evil",
+        "docs/a/x.md": "x",
+        "docs/a/y.txt": "y",
+        "docs/b/deep/z.md": "z",
+    }
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    links = {
+        "data/Notes/inside": "data/Notes/a.txt",
+        "data/Notes/subdir-link": "data/Notes/sub",
+        "data/Notes/escape": "secret.txt",
+        "data/Notes/up": ".",
+        "data/Notes/dangling": "newfile",
+        "rw/link-out": "secret.txt",
+        "rw/dir-out": "data",
+        "docs/a/leak.md": "secret.txt",
+    }
+    for rel, target in links.items():
+        (root / rel).symlink_to(root / target)
+    return root
+
+
+@pytest.fixture(scope="module")
+def tables(world: Path, tmp_path_factory: pytest.TempPathFactory) -> Tables:
+    """The prober's policy for this tree, compiled."""
+    return compile_dir(
+        tmp_path_factory.mktemp("policies"), {"prober": POLICY.replace("{R}", str(world))}
+    )
+
+
+@pytest.fixture
+def probe(prober: Component, tables: Tables) -> Probe:
+    """The prober under the compiled fs policy."""
+    return Probe(prober, tables)
+
+
+NOTES = "prober.notes"
+DENY = "default-deny"
+
+# (id, method, args with {R} for the tree's root, expected)
+CASES: list[tuple[str, str, dict[str, Any], tuple[Any, ...]]] = [
+    # inside the grant, however the path is spelled
+    ("plain", "fs_read", {"path": "{R}/data/Notes/a.txt"}, ("ok", "notes-a")),
+    ("nested", "fs_read", {"path": "{R}/data/Notes/sub/b.txt"}, ("ok", "notes-b")),
+    ("double-slash", "fs_read", {"path": "{R}/data/Notes//a.txt"}, ("ok", "notes-a")),
+    ("many-slashes", "fs_read", {"path": "{R}//data///Notes/a.txt"}, ("ok", "notes-a")),
+    ("leading-double-slash", "fs_read", {"path": "/{R}/data/Notes/a.txt"}, ("ok", "notes-a")),
+    ("dot-segment", "fs_read", {"path": "{R}/data/Notes/./a.txt"}, ("ok", "notes-a")),
+    ("dotdot-inside", "fs_read", {"path": "{R}/data/Notes/sub/../a.txt"}, ("ok", "notes-a")),
+    ("trailing-slash", "fs_read", {"path": "{R}/data/Notes/a.txt/"}, ("ok", "notes-a")),
+    ("trailing-dot", "fs_read", {"path": "{R}/data/Notes/a.txt/."}, ("ok", "notes-a")),
+    (
+        "pct-2e-is-a-name",
+        "fs_read",
+        {"path": "{R}/data/Notes/%2e%2e/f.txt"},
+        ("ok", "literal-dots"),
+    ),
+    (
+        "pct-2f-is-a-name",
+        "fs_read",
+        {"path": "{R}/data/Notes/..%2fsecret.txt"},
+        ("error", "not-found", "does not exist"),
+    ),
+    ("symlink-inside", "fs_read", {"path": "{R}/data/Notes/inside"}, ("ok", "notes-a")),
+    (
+        "symlink-dir-inside",
+        "fs_read",
+        {"path": "{R}/data/Notes/subdir-link/b.txt"},
+        ("ok", "notes-b"),
+    ),
+    (
+        "symlink-loop-back-in",
+        "fs_read",
+        {"path": "{R}/data/Notes/up/data/Notes/a.txt"},
+        ("ok", "notes-a"),
+    ),
+    (
+        "grant-dir-trailing-slash",
+        "fs_stat",
+        {"path": "{R}/data/Notes/"},
+        ("ok", lambda v: v["is_dir"] is True),
+    ),
+    ("list-trailing-slash", "fs_list", {"path": "{R}/data/Notes/sub/"}, ("ok", ["b.txt"])),
+    (
+        "directory-is-not-a-file",
+        "fs_read",
+        {"path": "{R}/data/Notes/sub/.."},
+        ("error", "invalid-argument", "not a regular file"),
+    ),
+    (
+        "missing-inside",
+        "fs_read",
+        {"path": "{R}/data/Notes/nope"},
+        ("error", "not-found", "does not exist"),
+    ),
+    # outside the grant
+    (
+        "dotdot-out",
+        "fs_read",
+        {"path": "{R}/data/Notes/../../secret.txt"},
+        ("deny", DENY, "resolves to"),
+    ),
+    (
+        "dotdot-deep-out",
+        "fs_read",
+        {"path": "{R}/data/Notes/sub/../../../secret.txt"},
+        ("deny", DENY, "resolves to"),
+    ),
+    (
+        "dotdot-to-case-sibling",
+        "fs_read",
+        {"path": "{R}/data/Notes/../notes/secret.txt"},
+        ("deny", DENY, "no fs rule covers"),
+    ),
+    (
+        "dotdot-to-prefix-sibling",
+        "fs_read",
+        {"path": "{R}/data/Notes/../Notes-evil/x.txt"},
+        ("deny", DENY, "no fs rule covers"),
+    ),
+    (
+        "pct-dir-then-dotdot",
+        "fs_read",
+        {"path": "{R}/data/Notes/%2e%2e/../../secret.txt"},
+        ("deny", DENY, "resolves to"),
+    ),
+    (
+        "dotdot-past-root",
+        "fs_read",
+        {"path": "{R}/data/Notes/../../../../../../../../etc/passwd"},
+        ("deny", DENY, "/etc/passwd"),
+    ),
+    (
+        "case-lower",
+        "fs_read",
+        {"path": "{R}/data/notes/secret.txt"},
+        ("deny", DENY, "no fs rule covers"),
+    ),
+    (
+        "case-upper",
+        "fs_read",
+        {"path": "{R}/data/NOTES/secret.txt"},
+        ("deny", DENY, "no fs rule covers"),
+    ),
+    (
+        "case-parent",
+        "fs_read",
+        {"path": "{R}/DATA/Notes/a.txt"},
+        ("deny", DENY, "no fs rule covers"),
+    ),
+    (
+        "prefix-sibling-dir",
+        "fs_read",
+        {"path": "{R}/data/Notes-evil/x.txt"},
+        ("deny", DENY, "no fs rule covers"),
+    ),
+    (
+        "prefix-sibling-file",
+        "fs_read",
+        {"path": "{R}/data/Notesx.txt"},
+        ("deny", DENY, "no fs rule covers"),
+    ),
+    (
+        "symlink-file-out",
+        "fs_read",
+        {"path": "{R}/data/Notes/escape"},
+        ("deny", DENY, "resolves to"),
+    ),
+    (
+        "symlink-dir-out",
+        "fs_read",
+        {"path": "{R}/data/Notes/up/secret.txt"},
+        ("deny", DENY, "resolves to"),
+    ),
+    (
+        "symlink-dangling-out",
+        "fs_read",
+        {"path": "{R}/data/Notes/dangling"},
+        ("deny", DENY, "resolves to"),
+    ),
+    ("parent-of-grant", "fs_list", {"path": "{R}/data"}, ("deny", DENY, "no fs rule covers")),
+    ("root", "fs_list", {"path": "/"}, ("deny", DENY, "no fs rule covers /")),
+    ("etc-passwd", "fs_read", {"path": "/etc/passwd"}, ("deny", DENY, "no fs rule covers")),
+    ("proc-self", "fs_read", {"path": "/proc/self/environ"}, ("deny", DENY, "no fs rule covers")),
+    ("stat-outside", "fs_stat", {"path": "{R}/secret.txt"}, ("deny", DENY, "no fs rule covers")),
+    (
+        "nul-byte",
+        "fs_read",
+        {"path": "{R}/data/Notes/a.txt\u0000/../../secret.txt"},
+        ("error", "invalid-argument", "NUL"),
+    ),
+    (
+        "relative",
+        "fs_read",
+        {"path": "data/Notes/a.txt"},
+        ("error", "invalid-argument", "must be absolute"),
+    ),
+    ("empty", "fs_read", {"path": ""}, ("error", "invalid-argument", "empty")),
+    # writes
+    (
+        "write-read-only-grant",
+        "fs_write",
+        {"path": "{R}/data/Notes/new.txt", "data": "x"},
+        ("deny", NOTES, "read only"),
+    ),
+    ("write-rw", "fs_write", {"path": "{R}/rw/new.txt", "data": "x"}, ("ok", None)),
+    (
+        "write-rw-dotdot-inside",
+        "fs_write",
+        {"path": "{R}/rw//deep/../n2.txt", "data": "x"},
+        ("ok", None),
+    ),
+    (
+        "write-through-symlink-out",
+        "fs_write",
+        {"path": "{R}/rw/link-out", "data": "x"},
+        ("deny", DENY, "resolves to"),
+    ),
+    (
+        "write-through-dir-link-into-ro",
+        "fs_write",
+        {"path": "{R}/rw/dir-out/Notes/a.txt", "data": "x"},
+        ("deny", NOTES, "read only"),
+    ),
+    (
+        "write-dotdot-out",
+        "fs_write",
+        {"path": "{R}/rw/../secret.txt", "data": "x"},
+        ("deny", DENY, "resolves to"),
+    ),
+    (
+        "write-prefix-sibling",
+        "fs_write",
+        {"path": "{R}/rw-evil/x.txt", "data": "x"},
+        ("deny", DENY, "no fs rule covers"),
+    ),
+    (
+        "write-case-variant",
+        "fs_write",
+        {"path": "{R}/RW/x.txt", "data": "x"},
+        ("deny", DENY, "no fs rule covers"),
+    ),
+    ("mkdir-rw", "fs_mkdir", {"path": "{R}/rw/m/n/o"}, ("ok", None)),
+    ("mkdir-out", "fs_mkdir", {"path": "{R}/rw/../mk"}, ("deny", DENY, "resolves to")),
+    ("remove-ro", "fs_remove", {"path": "{R}/data/Notes/a.txt"}, ("deny", NOTES, "read only")),
+    (
+        "remove-symlink-target-out",
+        "fs_remove",
+        {"path": "{R}/rw/link-out"},
+        ("deny", DENY, "resolves to"),
+    ),
+    # globs: every match is judged on its own canonical path
+    (
+        "glob-filters-links",
+        "fs_glob",
+        {"pattern": "{R}/data/Notes/*"},
+        (
+            "ok",
+            [
+                "{R}/data/Notes/%2e%2e",
+                "{R}/data/Notes/a.txt",
+                "{R}/data/Notes/inside",
+                "{R}/data/Notes/sub",
+                "{R}/data/Notes/subdir-link",
+            ],
+        ),
+    ),
+    (
+        "glob-suffix",
+        "fs_glob",
+        {"pattern": "{R}/data/Notes/*.txt"},
+        ("ok", ["{R}/data/Notes/a.txt"]),
+    ),
+    (
+        "glob-deep-no-link-descent",
+        "fs_glob",
+        {"pattern": "{R}/data/Notes/**/b.txt"},
+        ("ok", ["{R}/data/Notes/sub/b.txt"]),
+    ),
+    ("glob-dotdot-after-wildcard", "fs_glob", {"pattern": "{R}/data/Notes/*/../../*"}, ("ok", [])),
+    (
+        "glob-dotdot-in-prefix",
+        "fs_glob",
+        {"pattern": "{R}/data/Notes/../*"},
+        ("deny", DENY, "resolves to"),
+    ),
+    (
+        "glob-through-symlink-prefix",
+        "fs_glob",
+        {"pattern": "{R}/data/Notes/up/*"},
+        ("deny", DENY, "resolves to"),
+    ),
+    (
+        "glob-case-variant",
+        "fs_glob",
+        {"pattern": "{R}/data/notes/*"},
+        ("deny", DENY, "no fs rule covers"),
+    ),
+    (
+        "glob-wildcard-above-grant",
+        "fs_glob",
+        {"pattern": "{R}/data/N*/*"},
+        ("deny", DENY, "no fs rule covers"),
+    ),
+    (
+        "glob-relative",
+        "fs_glob",
+        {"pattern": "data/*"},
+        ("error", "invalid-argument", "must be absolute"),
+    ),
+    (
+        "glob-nul",
+        "fs_glob",
+        {"pattern": "{R}/data/Notes/\u0000*"},
+        ("error", "invalid-argument", "must be absolute"),
+    ),
+    (
+        "glob-grant-root-unreadable",
+        "fs_glob",
+        {"pattern": "{R}/docs/*/*.md"},
+        ("deny", DENY, "no fs rule covers"),
+    ),
+    ("read-glob-grant-match", "fs_read", {"path": "{R}/docs/a/x.md"}, ("ok", "x")),
+    (
+        "read-glob-grant-other-suffix",
+        "fs_read",
+        {"path": "{R}/docs/a/y.txt"},
+        ("deny", DENY, "no fs rule covers"),
+    ),
+    (
+        "read-glob-grant-too-deep",
+        "fs_read",
+        {"path": "{R}/docs/b/deep/z.md"},
+        ("deny", DENY, "no fs rule covers"),
+    ),
+    (
+        "read-glob-grant-symlink-out",
+        "fs_read",
+        {"path": "{R}/docs/a/leak.md"},
+        ("deny", DENY, "resolves to"),
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "method", "args", "expected"), CASES, ids=case_ids(CASES))
+def test_fs_case(
+    probe: Probe,
+    world: Path,
+    name: str,
+    method: str,
+    args: dict[str, Any],
+    expected: tuple[Any, ...],
+) -> None:
+    """Each path trick gets exactly the outcome in the table, and the secrets stay unread."""
+    root = str(world)
+    expected = fill(expected, root)
+    out = probe(method, **fill(args, root))
+    assert_outcome(out, expected)
+    assert "TOP SECRET" not in str(out.report)
+    assert (world / "secret.txt").read_text() == "TOP SECRET"
+    if expected[0] == "deny":
+        denied = [d for d in out.decisions if not d.allowed]
+        assert denied and denied[-1].rule == expected[1]
+
+
+def test_guest_made_symlink_cannot_escape(probe: Probe, world: Path) -> None:
+    """A symlink the guest plants through an allowed ln rule is judged by its target."""
+    made = probe("shell_run", argv=["/bin/ln", "-s", f"{world}/secret.txt", f"{world}/rw/made"])
+    assert made.report["ok"]["exit"] == 0
+    out = probe("fs_read", path=f"{world}/rw/made")
+    assert_outcome(out, ("deny", DENY, "resolves to"))
+    out = probe("fs_write", path=f"{world}/rw/made", data="pwned")
+    assert_outcome(out, ("deny", DENY, "resolves to"))
+    dir_link = probe("shell_run", argv=["/bin/ln", "-s", f"{world}/data", f"{world}/rw/d"])
+    assert dir_link.report["ok"]["exit"] == 0
+    out = probe("fs_write", path=f"{world}/rw/d/notes/secret.txt", data="pwned")
+    assert_outcome(out, ("deny", DENY, "resolves to"))
+    assert (world / "secret.txt").read_text() == "TOP SECRET"
+    assert (world / "data/notes/secret.txt").read_text() == "lower"
+
+
+def test_guest_made_fifo_is_not_waited_on(probe: Probe, world: Path) -> None:
+    """A FIFO planted inside the grant is refused as not a regular file, never blocks the host."""
+    made = probe("shell_run", argv=["/usr/bin/mkfifo", f"{world}/rw/pipe"])
+    assert made.report["ok"]["exit"] == 0
+    out = probe("fs_read", path=f"{world}/rw/pipe")
+    assert_outcome(out, ("error", "invalid-argument", "not a regular file"))
+
+
+class SwapAfterCheck:
+    """The real checker, plus a hook that runs right after the decision for one target."""
+
+    def __init__(self, inner: SkillPermissions, target: str, hook: Callable[[], None]):
+        self.inner, self.target, self.hook = inner, target, hook
+
+    def check(self, capability: str, action: str, target: str) -> Decision:
+        decision = self.inner.check(capability, action, target)
+        if capability == "fs" and target == self.target:
+            self.hook()
+        return decision
+
+    def rule(self, rule_id: str) -> Any:
+        return self.inner.rule(rule_id)
+
+
+@pytest.mark.parametrize(
+    ("name", "method", "swap"),
+    [
+        ("file-read", "fs_read", "file"),
+        ("file-write", "fs_write", "file"),
+        ("parent-dir-read", "fs_read", "dir"),
+        ("parent-dir-write", "fs_write", "dir"),
+    ],
+)
+def test_symlink_planted_after_check(
+    prober: Component, tables: Tables, world: Path, name: str, method: str, swap: str
+) -> None:
+    """A path replaced by a symlink between the check and the open is refused (fs.no-follow)."""
+    import json
+
+    from skilld.registry import NullChannel
+    from skilld.sandbox import CallContext
+
+    base = world / "rw" / f"race-{name}"
+    base.mkdir()
+    (base / "f.txt").write_text("mine")
+    checked = base / "f.txt"
+    if swap == "file":
+
+        def hook() -> None:
+            checked.unlink()
+            checked.symlink_to(world / "secret.txt")
+
+    else:
+        moved = world / "rw" / f"moved-{name}"
+
+        def hook() -> None:
+            base.rename(moved)
+            base.symlink_to(world / "data" / "notes")
+            (world / "data" / "notes" / "f.txt").write_text("lower-f")
+
+    checker = SwapAfterCheck(SkillPermissions.from_tables(tables, "prober"), str(checked), hook)
+    ctx = CallContext("prober", checker.inner.limits, NullChannel(), checker=checker)
+    args = {"path": str(checked)} | ({"data": "pwned"} if method == "fs_write" else {})
+    out = prober.call(method, json.dumps(args), ctx).value
+    assert out["error"] == "not-permitted" and out["rule"] == "fs.no-follow", out
+    assert "symlink" in out["message"]
+    assert (world / "secret.txt").read_text() == "TOP SECRET"
+    if swap == "dir":
+        assert (world / "data" / "notes" / "f.txt").read_text() == "lower-f"
