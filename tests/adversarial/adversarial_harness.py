@@ -50,11 +50,11 @@ class Probe:
     kv: KeyValueStore | None = None
     channel: ClientChannel = field(default_factory=NullChannel)
 
-    def __call__(self, method: str, **args: Any) -> Outcome:
-        """Run ``method`` with ``args``; return the report and the decisions."""
+    def __call__(self, prober_method: str, /, **args: Any) -> Outcome:
+        """Run ``prober_method`` with ``args``; return the report and the decisions."""
         checker = SkillPermissions.from_tables(self.tables, self.skill_id)
         ctx = CallContext(self.skill_id, checker.limits, self.channel, kv=self.kv, checker=checker)
-        value = self.component.call(method, json.dumps(args), ctx).value
+        value = self.component.call(prober_method, json.dumps(args), ctx).value
         assert isinstance(value, dict), value
         assert not ctx.host_faults, ctx.host_faults
         return Outcome(value, list(ctx.decisions))

@@ -34,7 +34,8 @@ FAKE_DNS: dict[str, tuple[str, ...]] = {
     "six.test": ("::1",),
     "meta.test": ("169.254.169.254",),
     "ten.test": ("10.1.2.3",),
-    "rebind.test": ("127.0.0.1",),
+    "xn--bcher-kva.test": ("127.0.0.1",),
+    "range.test": ("127.0.0.1",),
 }
 
 
@@ -45,6 +46,8 @@ def fake_dns(monkeypatch: pytest.MonkeyPatch) -> None:
 
     def getaddrinfo(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
         name = str(host).lower().rstrip(".")
+        if not name.isascii():
+            name = name.encode("idna").decode("ascii")
         if name.endswith(".test"):
             if name not in FAKE_DNS:
                 raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
