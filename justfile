@@ -32,17 +32,24 @@ build-skills:
 bench:
     for b in bench/bench_*.py; do {{py}} "$b"; done
 
-# Collect skilld and every dependency as wheels in wheelhouse/ (for air-gapped installs).
+# Collect skilld and every dependency as wheels in wheelhouse/ (air-gapped installs; skilld's wheel reproducible).
 wheelhouse:
-    rm -rf wheelhouse && {{venv}}/bin/pip wheel -q --wheel-dir wheelhouse '.[build]'
+    rm -rf wheelhouse && SOURCE_DATE_EPOCH=315532800 {{venv}}/bin/pip wheel -q --wheel-dir wheelhouse '.[build]'
 
 # Install from wheelhouse/ with no network into VENV (default: /tmp/skilld-airgap).
 airgap-install VENV="/tmp/skilld-airgap":
     python3 -m venv {{VENV}} && {{VENV}}/bin/pip install -q --no-index --find-links wheelhouse 'skilld[build]'
 
-# Build the container image (needs buildah and the base from ../shared/tools/oci-base).
-image: wheelhouse
-    buildah bud --isolation chroot --pull-never -t localhost/skilld:dev -f Containerfile .
+# Build the container image (buildah, base from ../shared/tools/oci-base; docker format keeps HEALTHCHECK).
+image TAG="localhost/skilld:dev": wheelhouse
+    buildah bud --isolation chroot --pull-never --layers --format docker -t {{TAG}} -f Containerfile .
+
+# Serve the image on PORT (host network) as its unprivileged user, state in STATE.
+image-run PORT="8080" STATE="/tmp/skilld-state" TAG="localhost/skilld:dev":
+    mkdir -p {{STATE}} && chown 10001 {{STATE}}
+    ../shared/tools/oci-run {{TAG}} --volume {{STATE}}:/var/lib/skilld \
+      -- /opt/skilld/bin/skilld serve --bundle /opt/skilld-bundle --transport http \
+      --host 0.0.0.0 --port {{PORT}}
 
 # Check that flake.nix parses (nix cannot build here: no binary cache).
 nix-check:
