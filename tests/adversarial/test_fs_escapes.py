@@ -430,6 +430,25 @@ def test_guest_made_symlink_cannot_escape(probe: Probe, world: Path) -> None:
     assert (world / "data/notes/secret.txt").read_text() == "lower"
 
 
+@pytest.mark.parametrize(
+    ("name", "link", "expected"),
+    [
+        ("dotdot-out-of-pattern", "{R}/rw/../planted", ("deny", "prober.ln", "outside {R}/rw/*")),
+        ("symlinked-dir-out", "{R}/rw/dir-out/planted", ("deny", "prober.ln", "outside {R}/rw/*")),
+        ("dot-segment-inside", "{R}/rw/./inside-link", ("ok", lambda v: v["exit"] == 0)),
+    ],
+)
+def test_path_pattern_args_stay_in_their_directory(
+    probe: Probe, world: Path, name: str, link: str, expected: tuple[Any, ...]
+) -> None:
+    """A path argument matched by '/dir/*' must still be under /dir once canonical."""
+    root = str(world)
+    out = probe("shell_run", argv=["/bin/ln", "-s", "/etc/passwd", fill(link, root)])
+    assert_outcome(out, fill(expected, root))
+    assert not (world / "planted").exists()
+    assert not (world / "data" / "planted").exists()
+
+
 def test_guest_made_fifo_is_not_waited_on(probe: Probe, world: Path) -> None:
     """A FIFO planted inside the grant is refused as not a regular file, never blocks the host."""
     made = probe("shell_run", argv=["/usr/bin/mkfifo", f"{world}/rw/pipe"])

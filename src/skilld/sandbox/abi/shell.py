@@ -4,6 +4,10 @@ The check is ``check("shell", "run", shlex.join(argv))`` (an unambiguous quoting
 of the argv, so metacharacters are data) plus ``check("shell", "cwd", DIR)`` for
 the working directory, which must also lie under the deciding rule's ``cwd``
 list (a rule with a list runs in its first directory when no cwd is given).
+An argument matched by a path-shaped pattern (``/data/out/*``) must still match
+it once made canonical: ``*`` matches any characters, so ``/data/out/../x`` or a
+path through a symlink out of ``/data/out`` would otherwise satisfy the pattern
+and let the command write outside the directory the operator meant.
 The child gets a scrubbed environment (PATH, LANG, plus the variables the rule
 passes through by name), no stdin unless given, its own process group, the
 smaller of the rule's and the request's timeout, and the rule's output cap:
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -60,6 +65,28 @@ def _working_dir(
             "not-permitted", f"shell.cwd {cwd} denied: {reason}", rule=decision.rule
         )
     return cwd
+
+
+def _pattern_regex(pattern: str) -> re.Pattern[str]:
+    # The policy's whole-argument glob (``*``: any characters). The sandbox may not
+    # import the policy package (tests/test_architecture.py), hence this short copy.
+    return re.compile(".*".join(re.escape(part) for part in pattern.split("*")), re.DOTALL)
+
+
+def _check_path_args(
+    ctx: CallContext, argv: list[str], decision: Decision, rule: Mapping[str, Any]
+) -> None:
+    patterns = [str(a) for a in rule.get("args") or ()]
+    fixed = patterns[:-1] if patterns and patterns[-1] == "**" else patterns
+    for pattern, arg in zip(fixed, argv[1:], strict=False):
+        if not (pattern.startswith("/") and "*" in pattern and arg.startswith("/")):
+            continue
+        canon = canonical(arg)
+        if _pattern_regex(pattern).fullmatch(canon):
+            continue
+        reason = f"argument {arg} resolves to {canon}, outside {pattern} of {decision.rule}"
+        ctx.record(Decision(False, "shell", "run", shlex.join(argv), decision.rule, reason))
+        raise HostCallError("not-permitted", f"shell.run denied: {reason}", rule=decision.rule)
 
 
 def _environment(rule: Mapping[str, Any]) -> dict[str, str]:
@@ -108,6 +135,7 @@ def run(ctx: CallContext, cmd: dict[str, object]) -> dict[str, object]:
         raise HostCallError("invalid-argument", "argv must not contain NUL bytes")
     decision = decide(ctx, "shell", "run", shlex.join(argv))
     rule = rule_settings(ctx, decision)
+    _check_path_args(ctx, argv, decision, rule)
     cwd = _working_dir(ctx, cmd.get("cwd"), decision, rule)
     timeout_ms = min(int(cmd.get("timeout_ms") or DEFAULT_TIMEOUT_MS), MAX_TIMEOUT_MS)  # type: ignore[call-overload]
     if rule.get("timeout_ms"):
