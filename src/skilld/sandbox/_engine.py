@@ -68,9 +68,26 @@ class Ticker:
         self._thread.join(timeout=1)
 
 
+def _cpu_features() -> str:
+    # Cranelift compiles for the host CPU's features: native code built on a newer CPU
+    # may not run on an older one, so the features belong in the fingerprint.
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    flags = " ".join(sorted(line.split(":", 1)[1].split()))
+                    return hashlib.sha256(flags.encode()).hexdigest()[:8]
+    except OSError:
+        pass
+    return "unknown"
+
+
 def engine_fingerprint() -> tuple[str, str]:
     """(description, 16-hex fingerprint) of the engine this process creates."""
-    ident = f"wasmtime {version('wasmtime')};{platform.machine()};{platform.system()};{_CONFIG_TAG}"
+    ident = (
+        f"wasmtime {version('wasmtime')};{platform.machine()};{platform.system()};"
+        f"cpu {_cpu_features()};{_CONFIG_TAG}"
+    )
     return ident, hashlib.sha256(ident.encode()).hexdigest()[:16]
 
 
