@@ -171,6 +171,61 @@ class SkillSpec:
     resources: tuple[ResourceSpec, ...] = ()
     prompts: tuple[PromptSpec, ...] = ()
 
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready form (kept in ``bundle.lock``; printed by ``skilld call --describe``)."""
+        return {
+            "id": self.id,
+            "version": self.version,
+            "description": self.description,
+            "methods": [
+                {
+                    "name": m.name,
+                    "description": m.description,
+                    "params": m.params_schema,
+                    "result": m.result_schema,
+                }
+                for m in self.methods
+            ],
+            "resources": [
+                {
+                    "uri": r.uri,
+                    "name": r.name,
+                    "description": r.description,
+                    "mime_type": r.mime_type,
+                    "template": r.template,
+                }
+                for r in self.resources
+            ],
+            "prompts": [
+                {"name": p.name, "description": p.description, "arguments": p.arguments_schema}
+                for p in self.prompts
+            ],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SkillSpec:
+        """The inverse of :meth:`as_dict`.
+
+        Raises:
+            KeyError, TypeError: ``data`` is not in that form.
+        """
+        return cls(
+            id=data["id"],
+            version=data["version"],
+            description=data["description"],
+            methods=tuple(
+                MethodSpec(m["name"], m["description"], m["params"], m["result"])
+                for m in data["methods"]
+            ),
+            resources=tuple(
+                ResourceSpec(r["uri"], r["name"], r["description"], r["mime_type"], r["template"])
+                for r in data["resources"]
+            ),
+            prompts=tuple(
+                PromptSpec(p["name"], p["description"], p["arguments"]) for p in data["prompts"]
+            ),
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class ContentBlock:

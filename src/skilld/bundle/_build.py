@@ -321,32 +321,7 @@ def build_bundle(
                     f"signed manifest says {sid} {version}",
                     location=str(c.origin),
                 )
-            spec_json = {
-                "description": spec.description,
-                "methods": [
-                    {
-                        "name": m.name,
-                        "description": m.description,
-                        "params": m.params_schema,
-                        "result": m.result_schema,
-                    }
-                    for m in spec.methods
-                ],
-                "resources": [
-                    {
-                        "uri": r.uri,
-                        "name": r.name,
-                        "description": r.description,
-                        "mime_type": r.mime_type,
-                        "template": r.template,
-                    }
-                    for r in spec.resources
-                ],
-                "prompts": [
-                    {"name": p.name, "description": p.description, "arguments": p.arguments_schema}
-                    for p in spec.prompts
-                ],
-            }
+            spec_json = spec.as_dict()
             rel = c.path.relative_to(stage).as_posix()
             locked.append(
                 LockedSkill(

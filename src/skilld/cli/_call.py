@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
             probe = CallContext("?", limits, NullChannel())
             spec = comp.describe(probe)
             if args.describe:
-                print(json.dumps(_spec_json(spec), indent=2))
+                print(json.dumps(spec.as_dict(), indent=2))
                 return 0
             limits_kv = state.store(
                 spec.id, value_limit=limits.kv_value_bytes, total_limit=limits.kv_total_bytes
@@ -98,22 +98,3 @@ def _show_guest_output(ctx: Any) -> None:
     for name, stream in (("stdout", ctx.stdout), ("stderr", ctx.stderr)):
         if stream:
             print(f"guest {name}:\n{bytes(stream).decode(errors='replace')}", file=sys.stderr)
-
-
-def _spec_json(spec: Any) -> dict[str, Any]:
-    return {
-        "id": spec.id,
-        "version": spec.version,
-        "description": spec.description,
-        "methods": [
-            {
-                "name": m.name,
-                "description": m.description,
-                "params": m.params_schema,
-                "result": m.result_schema,
-            }
-            for m in spec.methods
-        ],
-        "resources": [r.uri for r in spec.resources],
-        "prompts": [p.name for p in spec.prompts],
-    }

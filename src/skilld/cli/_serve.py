@@ -99,7 +99,7 @@ def load_registry(
     from skilld.registry import Registry, SkillEntry, annotations_for
     from skilld.sandbox import Sandbox
     from skilld.state import SqliteState
-    from skilld.types import MethodSpec, PromptSpec, ResourceSpec, SkillSpec
+    from skilld.types import SkillSpec
 
     timings: dict[str, float] = {}
     t = time.perf_counter()
@@ -135,23 +135,7 @@ def load_registry(
     state = SqliteState(state_dir / "state.sqlite3")
     registry = Registry(audit=audit)
     for locked in loaded.lock.skills:
-        spec_raw = locked.spec
-        spec = SkillSpec(
-            id=locked.id,
-            version=locked.version,
-            description=spec_raw["description"],
-            methods=tuple(
-                MethodSpec(m["name"], m["description"], m["params"], m["result"])
-                for m in spec_raw["methods"]
-            ),
-            resources=tuple(
-                ResourceSpec(r["uri"], r["name"], r["description"], r["mime_type"], r["template"])
-                for r in spec_raw["resources"]
-            ),
-            prompts=tuple(
-                PromptSpec(p["name"], p["description"], p["arguments"]) for p in spec_raw["prompts"]
-            ),
-        )
+        spec = SkillSpec.from_dict({**locked.spec, "id": locked.id, "version": locked.version})
         checker = SkillPermissions.from_tables(tables, locked.id)
         limits = tables.limits(locked.id)
         loaded.components[locked.id].prewarm(limits)
