@@ -23,7 +23,6 @@ from typing import Any
 
 from skilld.bundle._lock import LOCK, LOCK_SIG, Lock, LockedSkill
 from skilld.errors import BundleError, DigestMismatch, SkilldError
-from skilld.package import load_trust, verify_package
 from skilld.sandbox import Component, Sandbox, sha256_file
 
 log = logging.getLogger("skilld.bundle")
@@ -165,6 +164,9 @@ def open_bundle(
                     location=str(native),
                 ) from exc
         check(skill.native)  # still refuse a damaged bundle, even when not using the file
+        # Only recompiling opens packages; serving never needs the package toolchain.
+        from skilld.package import load_trust, verify_package
+
         verified = verify_package(
             root / skill.package,
             load_trust(root / "trust"),

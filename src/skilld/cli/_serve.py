@@ -182,7 +182,13 @@ def run(args: argparse.Namespace) -> int:
         audit = JsonLinesSink(Path(args.audit_log) if args.audit_log else state_dir / "audit.jsonl")
     started = time.perf_counter()
     # Verifying and loading the bundle is mostly hashing and mapping native code,
-    # which runs outside the GIL: do it while this thread imports the MCP SDK.
+    # which runs outside the GIL: do it while this thread imports the MCP SDK. The
+    # runtime's own modules are imported first, here: imports hold the GIL, and two
+    # threads importing at once only slow each other down.
+    import skilld.bundle
+    import skilld.permissions
+    import skilld.registry
+    import skilld.state  # noqa: F401
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="skilld-load") as pool:
         loading = pool.submit(
             load_registry,

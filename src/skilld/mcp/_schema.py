@@ -8,9 +8,10 @@ references do not (a sealed appliance fetches nothing).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jsonschema  # ships no type information
+if TYPE_CHECKING:
+    pass
 
 from skilld.errors import UsageError
 
@@ -23,6 +24,10 @@ class ArgumentValidator:
     """
 
     def __init__(self, schema: Mapping[str, Any], *, where: str):
+        # Imported on the first validation, not at start-up: it costs ~33 ms and no
+        # argument needs checking before the first call.
+        import jsonschema
+
         self._where = where
         cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
         try:
@@ -38,6 +43,8 @@ class ArgumentValidator:
             UsageError: the arguments do not satisfy the schema; the message names
                 the offending path and the failed keyword.
         """
+        import jsonschema
+
         error = jsonschema.exceptions.best_match(self._validator.iter_errors(dict(arguments)))
         if error is None:
             return

@@ -9,11 +9,13 @@ error, since silently keeping the last one hides typos.
 
 from __future__ import annotations
 
-from typing import Any
-
-import yaml
+from functools import cache
+from typing import TYPE_CHECKING, Any
 
 from skilld.errors import PolicyError
+
+if TYPE_CHECKING:
+    import yaml
 
 
 class LMap(dict[str, Any]):
@@ -38,13 +40,21 @@ class LList(list[Any]):
         return self.item_lines[index] if index < len(self.item_lines) else self.line
 
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader building :class:`LMap`/:class:`LList`; one per document."""
+@cache
+def _loader_class() -> type[Any]:
+    """The SafeLoader subclass building :class:`LMap`/:class:`LList` (built on first use:
+    serving reads compiled tables, never YAML, and need not import the parser)."""
+    import yaml
 
-    source = "<yaml>"
+    class _Loader(yaml.SafeLoader):
+        source = "<yaml>"
+
+    _Loader.add_constructor("tag:yaml.org,2002:map", _map)
+    _Loader.add_constructor("tag:yaml.org,2002:seq", _seq)
+    return _Loader
 
 
-def _map(loader: _Loader, node: yaml.MappingNode) -> LMap:
+def _map(loader: Any, node: yaml.MappingNode) -> LMap:
     loader.flatten_mapping(node)
     out = LMap()
     out.line = node.start_mark.line + 1
@@ -63,15 +73,11 @@ def _map(loader: _Loader, node: yaml.MappingNode) -> LMap:
     return out
 
 
-def _seq(loader: _Loader, node: yaml.SequenceNode) -> LList:
+def _seq(loader: Any, node: yaml.SequenceNode) -> LList:
     out = LList(loader.construct_object(child, deep=True) for child in node.value)
     out.line = node.start_mark.line + 1
     out.item_lines = [child.start_mark.line + 1 for child in node.value]
     return out
-
-
-_Loader.add_constructor("tag:yaml.org,2002:map", _map)
-_Loader.add_constructor("tag:yaml.org,2002:seq", _seq)
 
 
 def load_yaml(text: str, source: str) -> Any:
@@ -80,7 +86,9 @@ def load_yaml(text: str, source: str) -> Any:
     Raises:
         PolicyError: the text is not YAML, or has duplicate or non-string keys.
     """
-    loader = _Loader(text)
+    import yaml
+
+    loader = _loader_class()(text)
     loader.source = source
     try:
         return loader.get_single_data()

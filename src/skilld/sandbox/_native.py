@@ -9,6 +9,7 @@ were hashed are the bytes that load (the inode cannot be swapped in between).
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import stat
 import tempfile
@@ -24,12 +25,17 @@ _CHUNK = 1 << 20
 
 
 def sha256_file(fd: int) -> str:
-    """sha256 of everything readable from ``fd`` (from its start)."""
-    h = hashlib.sha256()
-    os.lseek(fd, 0, os.SEEK_SET)
-    while chunk := os.read(fd, _CHUNK):
-        h.update(chunk)
-    return h.hexdigest()
+    """sha256 of everything readable from ``fd`` (from its start).
+
+    The file is mapped and hashed in one call: hashlib then releases the GIL for the
+    whole file, where chunked reads would take it back for every chunk and stall
+    behind whatever else the process is doing (at start-up: importing the MCP SDK).
+    """
+    size = os.fstat(fd).st_size
+    if size == 0:
+        return hashlib.sha256(b"").hexdigest()
+    with mmap.mmap(fd, size, prot=mmap.PROT_READ) as mapped:
+        return hashlib.sha256(mapped).hexdigest()
 
 
 def compile_component(engine: Engine, wasm: bytes, *, name: str) -> component.Component:
