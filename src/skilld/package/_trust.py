@@ -28,7 +28,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
-from skilld.errors import SignatureError, TrustError
+from skilld.errors import PackageFormatError, SignatureError, TrustError
 from skilld.package._keys import (
     PUBLIC_KEY_BYTES,
     b64decode_exact,
@@ -36,6 +36,7 @@ from skilld.package._keys import (
     check_public_key,
     key_id,
 )
+from skilld.package._manifest import _no_duplicates
 
 TRUST_SUFFIX = ".pub.json"
 MAX_TRUST_FILE = 64 * 1024
@@ -148,15 +149,6 @@ def trusted_key(
     return TrustedKey(name, key_id(public_raw), public_raw, patterns, rules, source)
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise ValueError(f"duplicate key {key!r}")
-        out[key] = value
-    return out
-
-
 def load_trust_file(path: Path) -> TrustedKey:
     """Read and check one ``NAME.pub.json`` trust file.
 
@@ -175,7 +167,7 @@ def load_trust_file(path: Path) -> TrustedKey:
         raise TrustError(f"trust file is larger than {MAX_TRUST_FILE} bytes", location=where)
     try:
         doc = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, PackageFormatError) as exc:
         raise TrustError(f"not a valid JSON trust file: {exc}", location=where) from exc
     if not isinstance(doc, dict):
         raise TrustError("a trust file must hold a JSON object", location=where)
