@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from skilld.cli import main
-from skilld.package import load_private_key, load_trust, read_package
+from skilld.package import SkillMeta, build_package, load_private_key, load_trust, read_package
 
 SKILL_YAML = """\
 id: notes
@@ -180,6 +180,27 @@ def test_inspect_shows_needs_and_signer(
     assert doc["manifest"]["needs"] == {"kv": {}, "http": ["https://api.example.com/*"]}
     assert doc["signatures"] == [kid]
     assert doc["signatures_verified"] is False
+
+
+def test_inspect_escapes_what_it_prints(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """inspect escapes invisible characters in the unverified name and indents every line."""
+    meta = SkillMeta("notes", "Notes\u202egnp.exe", "1.0.0", "One.\nsigned by: x\u200b")
+    out = tmp_path / "notes.skill"
+    out.write_bytes(build_package(meta, b"\0asm"))
+    assert main(["inspect", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:3] == ["notes 1.0.0: Notes\\u202egnp.exe", "  One.", "  signed by: x\\u200b"]
+
+
+def test_pack_refuses_control_characters_in_skill_yaml(
+    tmp_path: Path, skill_dir: Path, signer: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A control character in skill.yaml's name is refused before building, naming the file."""
+    (skill_dir / "skill.yaml").write_text(SKILL_YAML.replace("name: Notes", 'name: "No\\ttes"'))
+    with pytest.raises(AssertionError):
+        _pack(skill_dir, signer[0], tmp_path / "x.skill")
+    err = capsys.readouterr().err
+    assert "skill.yaml" in err and "'name' holds the control character '\\t'" in err
 
 
 def test_sign_meets_a_threshold(

@@ -111,10 +111,15 @@ def test_second_signature_keeps_the_first(package: bytes, key: SigningKey) -> No
         ("version", "1.2", "not a semantic version"),
         ("version", "v1.2.3", "not a semantic version"),
         ("version", "01.2.3", "not a semantic version"),
+        ("id", "notes\n", "must match"),
+        ("version", "1.2.3\n", "not a semantic version"),
+        ("name", "Notes\x1b[31m", "'name' holds the control character"),
+        ("name", "Notes\nsigned by alice", "'name' holds the control character"),
+        ("description", "Keeps\x00notes.", "'description' holds the control character"),
     ],
 )
 def test_bad_metadata_is_refused_when_packing(field: str, value: str, cause: str) -> None:
-    """Packing refuses an invalid skill id or a version that is not semver, saying which."""
+    """Packing refuses a bad id, a non-semver version or control characters, saying which."""
     changes: dict[str, Any] = {field: value}
     meta = dataclasses.replace(META, **changes)
     with pytest.raises(PackageFormatError, match=cause):
@@ -126,6 +131,19 @@ def test_semver_prerelease_and_build_are_accepted(key: SigningKey, trust: TrustS
     meta = SkillMeta("notes", "Notes", "1.0.0-rc.1+build.5", "")
     data = build_package(meta, COMPONENT, keys=[key])
     assert verify_package(data, trust).manifest.version == "1.0.0-rc.1+build.5"
+
+
+def test_multiline_description_is_accepted(key: SigningKey, trust: TrustStore) -> None:
+    """A description may span lines and hold tabs (YAML block scalars make such text)."""
+    meta = SkillMeta("notes", "Notes", "1.0.0", "Keeps notes.\n\tOne per key.\n")
+    data = build_package(meta, COMPONENT, keys=[key])
+    assert verify_package(data, trust).manifest.description == meta.description
+
+
+def test_same_key_twice_signs_once(key: SigningKey) -> None:
+    """Passing one key twice to build_package writes one signature entry."""
+    data = build_package(META, COMPONENT, keys=[key, key])
+    assert [s.key_id for s in read_package(data).signatures] == [key.key_id]
 
 
 @pytest.mark.parametrize("name", ["skill.json", "component.wasm", "signatures/x.sig", "../x"])

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
+import os
 import stat
+import threading
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -24,13 +27,17 @@ from skilld.package import (
     PackageLimits,
     SigningKey,
     SkillMeta,
+    TrustedKey,
     TrustStore,
     build_package,
     canonical_json,
     read_package,
+    sign_package,
     verify_package,
 )
-from skilld.package._zip import dos_datetime, write_zip
+from skilld.package._pack import signature_entry
+from skilld.package._verify import _parse_signature
+from skilld.package._zip import ZipEntry, dos_datetime, write_zip
 
 MakeTrust = Callable[..., TrustStore]
 
@@ -88,6 +95,48 @@ def test_not_a_regular_file_refused(tmp_path: Path, trust: TrustStore) -> None:
         verify_package(tmp_path, trust)
 
 
+@pytest.mark.parametrize("reader", ["verify_package", "read_package", "sign_package"])
+def test_fifo_refused_without_blocking(
+    reader: str, tmp_path: Path, key: SigningKey, trust: TrustStore
+) -> None:
+    """A FIFO given as a package is refused at once, not waited on for a writer."""
+    fifo = tmp_path / "pipe.skill"
+    os.mkfifo(fifo)
+    calls: dict[str, Callable[[], object]] = {
+        "verify_package": lambda: verify_package(fifo, trust),
+        "read_package": lambda: read_package(fifo),
+        "sign_package": lambda: sign_package(fifo, key),
+    }
+    errors: list[Exception] = []
+
+    def run() -> None:
+        try:
+            calls[reader]()
+        except Exception as exc:  # handed to the test thread below
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout=30)  # a bound on a hang, not a wait for an event
+    if thread.is_alive():  # release the blocked open() so the thread can end
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        thread.join()
+        pytest.fail(f"{reader} blocked opening a FIFO")
+    assert len(errors) == 1 and isinstance(errors[0], PackageFormatError), errors
+    assert "not a regular file" in str(errors[0])
+    assert errors[0].location == str(fifo)
+
+
+def test_sign_refuses_oversize_file_unread(tmp_path: Path, package: bytes, key: SigningKey) -> None:
+    """sign_package refuses a file over the limit from its size, naming the file."""
+    path = tmp_path / "notes.skill"
+    path.write_bytes(package)
+    with pytest.raises(PackageFormatError, match="over the limit") as err:
+        sign_package(path, key, PackageLimits(max_package_bytes=len(package) - 1))
+    assert err.value.location == str(path)
+    assert path.read_bytes() == package
+
+
 def test_garbage_refused(trust: TrustStore) -> None:
     """Bytes that are not a ZIP archive are refused as such."""
     with pytest.raises(PackageFormatError, match="end-of-archive"):
@@ -117,6 +166,8 @@ def test_prepended_bytes_refused(package: bytes, trust: TrustStore) -> None:
         ("resources//x", "segment"),
         (".hidden", "segment"),
         ("resources/", "directory"),
+        ("SKILL.md\n", "segment"),
+        ("resources/help.txt\n", "segment"),
     ],
 )
 def test_unsafe_names_refused(name: str, cause: str, trust: TrustStore) -> None:
@@ -274,7 +325,14 @@ def test_changed_size_is_a_digest_mismatch(package: bytes, trust: TrustStore) ->
     ("changes", "cause"),
     [
         ({"id": "Notes"}, "manifest id 'Notes' must match"),
+        ({"id": "notes\n"}, r"manifest id 'notes\\n' must match"),
         ({"version": "1.2"}, "not a semantic version"),
+        ({"version": "1.2.3\n"}, r"manifest version '1\.2\.3\\n' is not a semantic version"),
+        ({"abi": "0.1.0\n"}, r"manifest abi '0\.1\.0\\n' is not a semantic version"),
+        ({"name": "Notes\x1b[2J"}, r"'name' holds the control character '\\x1b' at index 5"),
+        ({"name": "Notes\n"}, r"'name' holds the control character '\\n'"),
+        ({"description": "ok\r\x1b]0;x\x07"}, r"'description' holds the control character '\\r'"),
+        ({"description": "ok\x9b2J"}, r"'description' holds the control character '\\x9b'"),
         ({"abi": "9.0.0"}, "built for skill ABI 9.0.0"),
         ({"format": "other/1"}, "manifest format"),
         ({"needs": []}, "'needs' must be a JSON object"),
@@ -288,6 +346,16 @@ def test_bad_manifest_fields_refused(
     """A signed manifest with a malformed field is still refused, naming the field."""
     data = signed_archive(_manifest(**changes), {"component.wasm": COMPONENT}, [key])
     with pytest.raises(PackageFormatError, match=cause):
+        verify_package(data, trust)
+
+
+def test_digest_with_trailing_newline_refused(key: SigningKey, trust: TrustStore) -> None:
+    """A manifest sha256 followed by a newline is not 64 hex digits and is refused."""
+    entry = {"sha256": hashlib.sha256(COMPONENT).hexdigest() + "\n", "size": len(COMPONENT)}
+    data = signed_archive(
+        _manifest(files={"component.wasm": entry}), {"component.wasm": COMPONENT}, [key]
+    )
+    with pytest.raises(PackageFormatError, match=r"sha256 of 'component\.wasm' is not 64"):
         verify_package(data, trust)
 
 
@@ -375,6 +443,21 @@ def test_signature_under_another_keys_name_refused(
         verify_package(data, trust)
 
 
+def test_signature_name_with_trailing_newline_refused(package: bytes, key: SigningKey) -> None:
+    """A second copy of a signature filed as 'signatures/<id>.sig\\n' is refused, naming it."""
+    sig_name = f"signatures/{key.key_id}.sig"
+    entries = read_package(package).archive.entries
+    copy = [RawEntry(e.name, bytes(e.data)) for e in entries]
+    sig = next(e for e in entries if e.name == sig_name)
+    copy.append(RawEntry(sig_name + "\n", bytes(sig.data)))
+    with pytest.raises(PackageFormatError, match=rf"'{sig_name}\\n' has a segment"):
+        read_package(raw_zip(copy))
+    # The signature-name check stands on its own too, not only behind the archive's.
+    entry = ZipEntry(sig_name + "\n", sig.data, sig.crc)
+    with pytest.raises(SignatureError, match=r"must be named signatures/<16-hex key id>\.sig"):
+        _parse_signature(entry, PackageLimits())
+
+
 def test_threshold_needs_distinct_keys(key: SigningKey, make_trust: MakeTrust) -> None:
     """With threshold 2, one signature is refused and two distinct trusted keys pass."""
     second = SigningKey.generate()
@@ -382,18 +465,35 @@ def test_threshold_needs_distinct_keys(key: SigningKey, make_trust: MakeTrust) -
     one = build_package(META, COMPONENT, keys=[key])
     with pytest.raises(TrustError, match="needs 2 distinct trusted keys, has 1"):
         verify_package(one, trust)
-    same_twice = build_package(META, COMPONENT, keys=[key, key])
-    with pytest.raises(TrustError, match="needs 2 distinct trusted keys, has 1"):
-        verify_package(same_twice, trust)
     both = build_package(META, COMPONENT, keys=[key, second])
     assert set(verify_package(both, trust).signers) == {key.key_id, second.key_id}
 
 
-def test_same_key_under_two_names_counts_once(key: SigningKey, make_trust: MakeTrust) -> None:
-    """A key listed twice in a store built by hand still counts once toward a threshold."""
-    trust = make_trust(("alice", key, ["notes"], {"notes": 2}), ("alice-again", key, ["notes"]))
-    data = build_package(META, COMPONENT, keys=[key])
-    with pytest.raises(TrustError, match="has 1"):
+def test_one_key_signing_under_two_key_ids_counts_once(key: SigningKey) -> None:
+    """Two valid signatures by one public key, filed under two key ids, do not meet threshold 2."""
+    alias = "f" * 16  # sorts after the real key id, so the real one is counted first
+    # A store built by hand may hold one public key under a second, made-up key id
+    # (load_trust refuses that); each signature entry then finds "its" trusted key.
+    trust = TrustStore(
+        (
+            TrustedKey("alice", key.key_id, key.public_raw, ("notes",), (("notes", 2),)),
+            TrustedKey("alias", alias, key.public_raw, ("notes",)),
+        )
+    )
+    raw = canonical_json(_manifest())
+    name, sig = signature_entry(key, raw)
+    aliased = canonical_json(json.loads(sig) | {"key_id": alias})
+    data = write_zip(
+        [("skill.json", raw), ("component.wasm", COMPONENT), (name, sig),
+         (f"signatures/{alias}.sig", aliased)],
+        dos=dos_datetime(0),
+    )  # fmt: skip
+    assert len(read_package(data).signatures) == 2
+    with pytest.raises(
+        TrustError,
+        match=rf"'alias' \({alias}\) is the same public key as {key.key_id} and counts once; "
+        rf"threshold not met: skill 'notes' needs 2 distinct trusted keys, has 1 \({key.key_id}\)",
+    ):
         verify_package(data, trust)
 
 

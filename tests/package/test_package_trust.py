@@ -74,6 +74,9 @@ def test_missing_directory(tmp_path: Path) -> None:
         ({"threshold": {"notes": "2"}}, "integer 1..64"),
         ({"threshold": ["notes"]}, "'threshold' must map"),
         ({"name": "has space"}, "key name"),
+        ({"name": "alice\n"}, r"key name 'alice\\n' must match"),
+        ({"scope": ["notes\n"]}, r"scope pattern 'notes\\n'"),
+        ({"threshold": {"notes\n": 2}}, r"scope pattern 'notes\\n'"),
         ({"owner": "me"}, "unknown field"),
     ],
 )

@@ -341,6 +341,18 @@ def run_verify(args: argparse.Namespace) -> int:
     return 0
 
 
+def _printable(text: str) -> str:
+    """``text`` with every non-printable character escaped, for a terminal.
+
+    The manifest refuses control characters, but ``inspect`` reads packages whose
+    signatures are not checked, so what it prints from them is escaped here too
+    (also invisible format characters such as bidi overrides, which the manifest allows).
+    """
+    return "".join(
+        c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text
+    )
+
+
 def run_inspect(args: argparse.Namespace) -> int:
     """Handle ``skilld inspect``.
 
@@ -361,9 +373,9 @@ def run_inspect(args: argparse.Namespace) -> int:
         }
         print(json.dumps(doc, indent=2, sort_keys=True))
         return 0
-    print(f"{m.id} {m.version}: {m.name}")
-    if m.description:
-        print(f"  {m.description}")
+    print(f"{m.id} {m.version}: {_printable(m.name)}")
+    for line in m.description.splitlines():
+        print(f"  {_printable(line)}")
     print(f"package sha256: {contents.sha256}")
     print(f"skill ABI:      {m.abi}")
     print("needs:")

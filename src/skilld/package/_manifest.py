@@ -22,17 +22,23 @@ MANIFEST = "skill.json"
 COMPONENT = "component.wasm"
 SIG_DIR = "signatures/"
 
-ID_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}$")
-# semver.org's recommended regex (2.0.0), anchored.
+# Every pattern here is used with fullmatch: "$" would also match before a trailing
+# newline, letting "notes\n" or "1.2.3\n" through.
+ID_RE = re.compile(r"[a-z][a-z0-9-]{0,62}")
+# semver.org's recommended regex (2.0.0).
 SEMVER_RE = re.compile(
-    r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+    r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
     r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
-    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$",
+    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?",
     re.ASCII,
 )
-_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+_SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _MANIFEST_KEYS = {"format", "id", "name", "version", "description", "abi", "needs", "files"}
 MAX_TEXT = 4096
+# C0 controls, DEL and C1 controls: they would reach terminals (``skilld inspect``) and
+# logs verbatim. A description may span lines and hold tabs; a name is one line.
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_MULTILINE_CONTROL_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 def canonical_json(value: Any) -> bytes:
@@ -94,7 +100,7 @@ def check_id(value: object, what: str = "id") -> str:
     Raises:
         PackageFormatError: not a string matching ``[a-z][a-z0-9-]{0,62}``.
     """
-    if not isinstance(value, str) or not ID_RE.match(value):
+    if not isinstance(value, str) or not ID_RE.fullmatch(value):
         raise PackageFormatError(f"{what} {value!r} must match {ID_RE.pattern}")
     return value
 
@@ -105,7 +111,7 @@ def check_version(value: object, what: str = "version") -> str:
     Raises:
         PackageFormatError: not a string, or not semver (e.g. ``1.2`` or ``v1.2.3``).
     """
-    if not isinstance(value, str) or not SEMVER_RE.match(value):
+    if not isinstance(value, str) or not SEMVER_RE.fullmatch(value):
         raise PackageFormatError(f"{what} {value!r} is not a semantic version like 1.2.3")
     return value
 
@@ -116,8 +122,8 @@ def abi_compatible(package_abi: str, host_abi: str) -> bool:
     Same major version, and a minor no newer than the host's; for 0.x the minor
     versions must be equal (0.x makes no compatibility promise across minors).
     """
-    pm = SEMVER_RE.match(package_abi)
-    hm = SEMVER_RE.match(host_abi)
+    pm = SEMVER_RE.fullmatch(package_abi)
+    hm = SEMVER_RE.fullmatch(host_abi)
     if not pm or not hm:
         return False
     p_major, p_minor, h_major, h_minor = (int(pm[1]), int(pm[2]), int(hm[1]), int(hm[2]))
@@ -181,12 +187,27 @@ class Manifest:
         return canonical_json(self.to_json())
 
 
-def _text(doc: Mapping[str, Any], key: str, *, required: bool = True) -> str:
-    value = doc.get(key, None if required else "")
+def check_text(value: object, key: str, *, multiline: bool = False) -> str:
+    """Return ``value`` when it is valid free text for manifest field ``key``.
+
+    ``multiline`` allows line feeds and tabs (a description); no other control
+    character is ever allowed.
+
+    Raises:
+        PackageFormatError: not a string, longer than ``MAX_TEXT``, or holding a
+            control character (names the field and the character).
+    """
     if not isinstance(value, str):
         raise PackageFormatError(f"manifest field '{key}' must be a string")
     if len(value) > MAX_TEXT:
         raise PackageFormatError(f"manifest field '{key}' is longer than {MAX_TEXT} characters")
+    control = (_MULTILINE_CONTROL_RE if multiline else _CONTROL_RE).search(value)
+    if control:
+        allowed = " (line feeds and tabs are allowed)" if multiline else ""
+        raise PackageFormatError(
+            f"manifest field '{key}' holds the control character {control[0]!r} at "
+            f"index {control.start()}{allowed}"
+        )
     return value
 
 
@@ -229,7 +250,7 @@ def manifest_from_json(doc: object) -> Manifest:
         if not isinstance(spec, dict) or set(spec) != {"sha256", "size"}:
             raise PackageFormatError(f"manifest entry for {name!r} must hold exactly sha256, size")
         digest, size = spec["sha256"], spec["size"]
-        if not isinstance(digest, str) or not _SHA256_RE.match(digest):
+        if not isinstance(digest, str) or not _SHA256_RE.fullmatch(digest):
             raise PackageFormatError(f"manifest sha256 of {name!r} is not 64 lowercase hex digits")
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             raise PackageFormatError(f"manifest size of {name!r} must be a non-negative integer")
@@ -238,9 +259,9 @@ def manifest_from_json(doc: object) -> Manifest:
         raise PackageFormatError(f"the manifest does not list {COMPONENT}")
     return Manifest(
         id=skill_id,
-        name=_text(doc, "name"),
+        name=check_text(doc["name"], "name"),
         version=version,
-        description=_text(doc, "description"),
+        description=check_text(doc["description"], "description", multiline=True),
         abi=abi,
         needs=MappingProxyType(needs),
         files=tuple(entries),

@@ -29,6 +29,7 @@ from skilld.package._manifest import (
     Manifest,
     canonical_json,
     check_id,
+    check_text,
     check_version,
     manifest_from_json,
 )
@@ -36,6 +37,7 @@ from skilld.package._trust import TRUST_SUFFIX, trust_file_bytes, trusted_key
 from skilld.package._verify import (
     SIG_ALGORITHM,
     PackageLimits,
+    read_bytes,
     read_package,
     signed_message,
 )
@@ -162,9 +164,9 @@ def read_skill_meta(src_dir: Path) -> SkillMeta:
         canonical_json(needs)  # YAML dates, sets and the like have no JSON form
         return SkillMeta(
             id=check_id(doc["id"]),
-            name=str(doc.get("name", doc["id"])),
+            name=check_text(str(doc.get("name", doc["id"])), "name"),
             version=check_version(doc["version"]),
-            description=str(doc.get("description", "")),
+            description=check_text(str(doc.get("description", "")), "description", multiline=True),
             needs=MappingProxyType(needs),
         )
     except PackageFormatError as exc:
@@ -270,7 +272,8 @@ def sign_package(path: Path, key: SigningKey, limits: PackageLimits | None = Non
         UsageError: the file cannot be rewritten.
     """
     path = Path(path)
-    data = path.read_bytes()
+    limits = limits or PackageLimits()
+    data = read_bytes(path, limits)
     signed = add_signature(data, key, limits)
     if signed is data:
         return False

@@ -41,8 +41,9 @@ from skilld.package._manifest import _no_duplicates
 TRUST_SUFFIX = ".pub.json"
 MAX_TRUST_FILE = 64 * 1024
 MAX_THRESHOLD = 64
-_PATTERN_RE = re.compile(r"^[a-z0-9*][a-z0-9*-]{0,62}$")
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# Used with fullmatch: "$" would also match before a trailing newline.
+_PATTERN_RE = re.compile(r"[a-z0-9*][a-z0-9*-]{0,62}")
+_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _KEYS = {"name", "key_id", "public_key", "scope", "threshold"}
 
 
@@ -52,7 +53,7 @@ def check_scope_pattern(pattern: object) -> str:
     Raises:
         ValueError: anything else, with a sentence saying why.
     """
-    if not isinstance(pattern, str) or not _PATTERN_RE.match(pattern):
+    if not isinstance(pattern, str) or not _PATTERN_RE.fullmatch(pattern):
         raise ValueError(f"scope pattern {pattern!r} must be skill-id characters [a-z0-9-] and '*'")
     return pattern
 
@@ -133,7 +134,7 @@ def trusted_key(
         TrustError: a bad name, public key, scope pattern or threshold.
     """
     where = source or name
-    if not isinstance(name, str) or not _NAME_RE.match(name):
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise TrustError(f"key name {name!r} must match {_NAME_RE.pattern}", location=where)
     try:
         check_public_key(public_raw)

@@ -52,7 +52,7 @@ from skilld.package._zip import ZipArchive, ZipEntry, check_crc, read_zip
 # else the same key signs (a bundle lock, say), and vice versa.
 SIGNING_CONTEXT = b"skilld-skill/1 manifest\x00"
 SIG_ALGORITHM = "ed25519"
-_SIG_NAME = re.compile(r"^signatures/([0-9a-f]{16})\.sig$")
+_SIG_NAME = re.compile(r"signatures/([0-9a-f]{16})\.sig")  # fullmatch: "$" allows a final "\n"
 
 PackageSource = Path | str | bytes
 _THREADED_DIGEST_BYTES = 1024 * 1024
@@ -150,13 +150,19 @@ def read_bytes(source: PackageSource, limits: PackageLimits) -> bytes:
         return source
     path = str(source)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer,
+        # forever, before fstat could refuse it.
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as exc:
         raise PackageFormatError(f"cannot open package: {exc.strerror}", location=path) from exc
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise PackageFormatError("package is not a regular file", location=path)
+            raise PackageFormatError(
+                "package is not a regular file (a directory, FIFO, socket or device)",
+                location=path,
+            )
+        os.set_blocking(fd, True)
         if st.st_size > limits.max_package_bytes:
             raise PackageFormatError(
                 f"package is {st.st_size} bytes, over the limit of {limits.max_package_bytes}",
@@ -175,7 +181,7 @@ def read_bytes(source: PackageSource, limits: PackageLimits) -> bytes:
 
 
 def _parse_signature(entry: ZipEntry, limits: PackageLimits) -> Signature:
-    m = _SIG_NAME.match(entry.name)
+    m = _SIG_NAME.fullmatch(entry.name)
     if not m:
         raise SignatureError(
             f"signature entry {entry.name!r} must be named signatures/<16-hex key id>.sig"
@@ -294,6 +300,7 @@ def _check_trust(contents: PackageContents, trust: TrustStore) -> tuple[str, ...
         )
     message = signed_message(contents.manifest_bytes)
     counted: dict[bytes, str] = {}  # raw public key -> key id: a key counts once
+    repeated: list[str] = []
     unknown: list[str] = []
     out_of_scope: list[str] = []
     for sig in contents.signatures:
@@ -312,13 +319,19 @@ def _check_trust(contents: PackageContents, trust: TrustStore) -> tuple[str, ...
                 f"scope is {list(key.scope)} ({key.source or 'trust store'})"
             )
             continue
-        counted.setdefault(key.public_raw, key.key_id)
+        if key.public_raw in counted:
+            # The same public key under a second key id (a trust store built by hand):
+            # one signer, however many signatures it made.
+            repeated.append(
+                f"key {key.name!r} ({key.key_id}) is the same public key as "
+                f"{counted[key.public_raw]} and counts once"
+            )
+            continue
+        counted[key.public_raw] = key.key_id
     needed = trust.threshold(manifest.id)
     if len(counted) >= needed:
         return tuple(sorted(counted.values()))
-    reasons = []
-    if out_of_scope:
-        reasons += out_of_scope
+    reasons = out_of_scope + repeated
     if unknown:
         reasons.append(f"signed by unknown key(s) {', '.join(unknown)} (not in the trust store)")
     if counted:

@@ -41,7 +41,7 @@ _MODE = stat.S_IFREG | 0o644
 _ATTR = _MODE << 16
 _DOS_EPOCH = 315532800  # 1980-01-01T00:00:00Z, the earliest time a ZIP header can carry
 _DOS_LAST = 4354819199  # 2107-12-31T23:59:59Z, the latest
-_SEGMENT = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
+_SEGMENT = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")  # fullmatch: "$" allows a final "\n"
 MAX_NAME = 255
 
 
@@ -93,7 +93,7 @@ def check_name(name: str) -> None:
     if len(name) > MAX_NAME:
         raise PackageFormatError(f"archive entry name is longer than {MAX_NAME} characters")
     for part in parts:
-        if not _SEGMENT.match(part):
+        if not _SEGMENT.fullmatch(part):
             raise PackageFormatError(
                 f"archive entry {name!r} has a segment {part!r} outside [A-Za-z0-9._-] "
                 "(or empty, or starting with '.' or '-')"
