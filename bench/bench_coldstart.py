@@ -11,7 +11,6 @@ loading verified native code per extra 18 MB skill (opening a 1-skill bundle vs 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -79,12 +78,7 @@ def _bundle_with(skills: list[str], out: Path) -> Path:
 def native_costs(demo: Path, single: Path, runs: int) -> dict[str, float]:
     """Median ms to open the 1-skill and 3-skill bundles, and one native load alone."""
     from skilld.bundle import LOCK, Lock, open_bundle
-    from skilld.policy import Tables
     from skilld.sandbox import Sandbox
-
-    def grants(bundle: Path):  # type: ignore[no-untyped-def]
-        lock = Lock.read(bundle / LOCK)
-        return Tables.from_data(json.loads((bundle / lock.policy_path).read_bytes())).interfaces
 
     out: dict[str, float] = {}
     with Sandbox() as sandbox:
@@ -92,7 +86,7 @@ def native_costs(demo: Path, single: Path, runs: int) -> dict[str, float]:
             times = []
             for _ in range(runs):
                 t = time.perf_counter()
-                open_bundle(bundle, sandbox, grants(bundle))
+                open_bundle(bundle, sandbox)
                 times.append(time.perf_counter() - t)
             out[label] = statistics.median(times) * 1000
         lock = Lock.read(demo / LOCK)

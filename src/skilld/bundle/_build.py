@@ -77,12 +77,16 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _versions_key(version: str) -> tuple[int, ...]:
-    core = version.split("+")[0].split("-")[0]
-    try:
-        return tuple(int(p) for p in core.split("."))
-    except ValueError:
-        return (0,)
+def _versions_key(version: str) -> tuple[Any, ...]:
+    """Semantic Versioning 2.0 precedence: numeric core, then a pre-release sorts below
+    its release, identifiers compared numerically or as text; build metadata ignored.
+    Versions reaching here passed the manifest's semver check."""
+    core, _, pre = version.split("+")[0].partition("-")
+    numbers = tuple(int(p) for p in core.split("."))
+    if not pre:
+        return (numbers, (1,))
+    ids = tuple((0, int(i), "") if i.isdigit() else (1, 0, i) for i in pre.split("."))
+    return (numbers, (0, ids))
 
 
 def _check_downgrades(
@@ -377,18 +381,40 @@ def build_bundle(
 
 
 def _replace(out: Path, stage: Path) -> None:
-    if out.exists():
-        if not (out / LOCK).is_file():
-            raise BundleError(f"{out} exists and is not a bundle; not replacing it")
-        for path in [out, *out.rglob("*")]:
-            if path.is_dir():
-                path.chmod(0o755)
-        shutil.rmtree(out)
+    """Put ``stage`` at ``out`` so that ``out`` is never a half-written bundle.
+
+    The copy goes to a sibling first (same file system) and is renamed into place;
+    an interrupted build leaves the old bundle, or none, never a lock beside
+    missing files.
+    """
+    if out.exists() and not (out / LOCK).is_file():
+        raise BundleError(f"{out} exists and is not a bundle; not replacing it")
     out.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(stage, out)
-    for path in sorted(out.rglob("*"), reverse=True):
-        if path.is_dir():
-            path.chmod(0o555)
+    fresh = Path(tempfile.mkdtemp(prefix=f".{out.name}.new-", dir=out.parent))
+    old = fresh.with_name(fresh.name.replace(".new-", ".old-"))
+    try:
+        shutil.copytree(stage, fresh, dirs_exist_ok=True)
+        for path in sorted(fresh.rglob("*"), reverse=True):
+            if path.is_dir():
+                path.chmod(0o555)
+        if out.exists():
+            out.rename(old)
+        fresh.rename(out)
+    except BaseException:
+        _remove_tree(fresh)
+        if old.exists() and not out.exists():
+            old.rename(out)
+        raise
+    _remove_tree(old)
+
+
+def _remove_tree(root: Path) -> None:
+    if not root.exists():
+        return
+    for path in [root, *root.rglob("*")]:
+        if path.is_dir() and not path.is_symlink():
+            path.chmod(0o755)
+    shutil.rmtree(root)
 
 
 __all__ = ["BuildResult", "BuildSummaryRow", "build_bundle", "sign_lock", "verify_lock_signature"]

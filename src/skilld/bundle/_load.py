@@ -12,10 +12,11 @@ through the descriptor it is loaded from, so it is read once.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,21 +24,22 @@ from typing import Any
 
 from skilld.bundle._lock import LOCK, LOCK_SIG, Lock, LockedSkill
 from skilld.errors import BundleError, DigestMismatch, SkilldError
+from skilld.policy import Tables
 from skilld.sandbox import Component, Sandbox, sha256_file
 
 log = logging.getLogger("skilld.bundle")
 
-# skill id -> the interfaces its policy grants (the caller derives it from the tables)
-GrantsOf = Callable[[str], Iterable[str]]
+# A lock is a few KiB per skill; anything near this is not one.
+_LOCK_MAX = 16 << 20
 
 
 @dataclass
 class LoadedBundle:
-    """A verified bundle: its lock, the policy tables' bytes and every skill's component."""
+    """A verified bundle: its lock, its policy tables and every skill's component."""
 
     root: Path
     lock: Lock
-    tables: bytes
+    tables: Tables
     components: dict[str, Component]
     timings_ms: dict[str, float] = field(default_factory=dict)
 
@@ -103,35 +105,71 @@ def _inventory(root: Path, lock: Lock) -> None:
         raise BundleError("named in bundle.lock but missing", location=str(root / missing[0]))
 
 
+def _read_lock(path: Path) -> bytes:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError as exc:
+        raise BundleError("no bundle.lock: not a bundle", location=str(path)) from exc
+    except OSError as exc:
+        raise BundleError(f"unreadable lock: {exc.strerror}", location=str(path)) from exc
+    try:
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            return f.read(_LOCK_MAX + 1)
+    finally:
+        os.close(fd)
+
+
 def open_bundle(
     root: Path,
     sandbox: Sandbox,
-    grants_of: GrantsOf,
     *,
     recompile: bool = False,
     verify_lock: Callable[[bytes, bytes | None], None] | None = None,
 ) -> LoadedBundle:
     """Verify and load the bundle at ``root``.
 
+    The order is the point: the lock's bytes are read once, their signature checked
+    (when ``verify_lock`` is given) and only then parsed; every file is inventoried;
+    the policy tables are hashed and parsed from the bytes that were hashed, and
+    each component's imports are checked against them while its native code loads.
+
     Args:
-        grants_of: the interfaces each skill's policy grants (imports are checked).
         recompile: compile native code again when the engine fingerprint changed.
         verify_lock: called with the lock bytes and the signature bytes (``None`` when
             there is no ``bundle.lock.sig``); raises to refuse.
 
     Raises:
         BundleError: anything wrong with the bundle; the message names the file.
+        PolicyError: the tables (whose digest matched) are not tables this version reads.
         LinkError: a component imports what its policy does not grant.
     """
     root = Path(root)
     timings: dict[str, float] = {}
     t = time.perf_counter()
     lock_path = root / LOCK
-    lock = Lock.read(lock_path)
+    lock_bytes = _read_lock(lock_path)
+    if len(lock_bytes) > _LOCK_MAX:
+        raise BundleError(f"larger than {_LOCK_MAX} bytes", location=str(lock_path))
+    sig_path = root / LOCK_SIG
     if verify_lock is not None:
-        sig_path = root / LOCK_SIG
-        verify_lock(lock_path.read_bytes(), sig_path.read_bytes() if sig_path.exists() else None)
+        verify_lock(lock_bytes, sig_path.read_bytes() if sig_path.exists() else None)
+    elif sig_path.exists():
+        log.warning(
+            "%s is present but not checked: no lock key is configured (serve --lock-key)",
+            sig_path,
+        )
+    lock = Lock.parse(lock_bytes, str(lock_path))
     _inventory(root, lock)
+    tables_path = root / lock.policy_path
+    tables_bytes = _check_file(root, lock.policy_path, lock.files[lock.policy_path])
+    if tables_bytes is None:
+        raise BundleError("policy tables must be a .json file", location=str(tables_path))
+    try:
+        tables = Tables.from_data(json.loads(tables_bytes), str(tables_path))
+    except ValueError as exc:
+        raise BundleError(f"policy tables are not JSON: {exc}", location=str(tables_path)) from exc
+    if tables.digest != lock.policy_digest:
+        raise BundleError("policy digest differs from the lock", location=str(tables_path))
     timings["load"] = (time.perf_counter() - t) * 1000
 
     same_engine = lock.engine == sandbox.engine.fingerprint
@@ -145,13 +183,12 @@ def open_bundle(
     natives = {s.native for s in lock.skills}
     t = time.perf_counter()
     components: dict[str, Component] = {}
-    tables: bytes | None = None
 
-    def check(rel: str) -> bytes | None:
-        return _check_file(root, rel, lock.files[rel])
+    def check(rel: str) -> None:
+        _check_file(root, rel, lock.files[rel])
 
     def load(skill: LockedSkill) -> Component:
-        granted = list(grants_of(skill.id))
+        granted = tables.interfaces(skill.id)
         native = root / skill.native
         if same_engine:
             try:
@@ -179,24 +216,21 @@ def open_bundle(
             )
         return sandbox.load(verified.component, name=skill.id, granted=granted)
 
+    others = [rel for rel in lock.files if rel not in natives and rel != lock.policy_path]
     workers = max(2, os.cpu_count() or 2)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="skilld-verify") as pool:
-        others = {rel: pool.submit(check, rel) for rel in lock.files if rel not in natives}
+        checking = [pool.submit(check, rel) for rel in others]
         loading = {s.id: pool.submit(load, s) for s in lock.skills}
         try:
-            for rel, checked in others.items():
-                data = checked.result()
-                if rel == lock.policy_path:
-                    tables = data
+            for checked in checking:
+                checked.result()
             for sid, loaded in loading.items():
                 components[sid] = loaded.result()
         except SkilldError:
-            pending: list[Future[Any]] = [*others.values(), *loading.values()]
+            pending: list[Future[Any]] = [*checking, *loading.values()]
             for fut in pending:
                 fut.cancel()
             raise
-    if tables is None:
-        raise BundleError("policy tables are missing from the lock", location=str(lock_path))
     timings["verify_and_native"] = (time.perf_counter() - t) * 1000
     log.info(
         "bundle %s verified: %d skills, digest %s", root, len(components), lock.bundle_digest[:16]

@@ -82,19 +82,33 @@ class Lock:
 
     @classmethod
     def read(cls, path: Path) -> Lock:
-        """Parse a lock file.
+        """Read and parse a lock file.
 
         Raises:
             BundleError: missing, not JSON, another format, or malformed (names the file).
         """
         try:
-            raw = json.loads(path.read_bytes())
+            data = path.read_bytes()
         except FileNotFoundError as exc:
             raise BundleError("no bundle.lock: not a bundle", location=str(path)) from exc
-        except (OSError, ValueError) as exc:
-            raise BundleError(f"unreadable lock: {exc}", location=str(path)) from exc
+        except OSError as exc:
+            raise BundleError(f"unreadable lock: {exc.strerror}", location=str(path)) from exc
+        return cls.parse(data, str(path))
+
+    @classmethod
+    def parse(cls, data: bytes, location: str) -> Lock:
+        """Parse a lock's bytes (the bytes a signature was checked over).
+
+        Raises:
+            BundleError: not JSON, another format, malformed, a skill whose files the
+                lock does not list, or a digest that does not match (names ``location``).
+        """
+        try:
+            raw = json.loads(data)
+        except ValueError as exc:
+            raise BundleError(f"unreadable lock: {exc}", location=location) from exc
         if not isinstance(raw, dict) or raw.get("format") != FORMAT:
-            raise BundleError(f"not a {FORMAT} lock", location=str(path))
+            raise BundleError(f"not a {FORMAT} lock", location=location)
         try:
             skills = tuple(
                 LockedSkill(**{**s, "signers": tuple(s["signers"]), "imports": tuple(s["imports"])})
@@ -113,14 +127,25 @@ class Lock:
                 source_date_epoch=int(raw.get("source_date_epoch", 0)),
             )
         except (KeyError, TypeError, ValueError) as exc:
-            raise BundleError(f"malformed lock: {exc}", location=str(path)) from exc
+            raise BundleError(f"malformed lock: {exc}", location=location) from exc
         claimed = raw.pop("lock_digest", None)
         if claimed != hashlib.sha256(canonical_json(raw)).hexdigest():
             raise BundleError(
                 "the lock's own digest does not match its content: bundle.lock was changed "
                 "after it was built",
-                location=str(path),
+                location=location,
             )
         if raw.get("bundle_digest") != lock.bundle_digest:
-            raise BundleError("bundle_digest does not match the lock's content", location=str(path))
+            raise BundleError("bundle_digest does not match the lock's content", location=location)
+        for rel in [lock.policy_path] + [r for s in lock.skills for r in (s.package, s.native)]:
+            if rel not in lock.files:
+                raise BundleError(
+                    f"malformed lock: {rel} is not in its file list", location=location
+                )
+        for s in lock.skills:
+            if lock.files[s.native] != s.native_sha256:
+                raise BundleError(
+                    f"malformed lock: skill {s.id}'s native digest differs from its file's",
+                    location=location,
+                )
         return lock

@@ -95,7 +95,6 @@ def load_registry(
     """
     from skilld.bundle import open_bundle, verify_lock_signature
     from skilld.permissions import SkillPermissions
-    from skilld.policy import Tables
     from skilld.registry import Registry, SkillEntry, annotations_for
     from skilld.sandbox import Sandbox
     from skilld.state import SqliteState
@@ -104,38 +103,22 @@ def load_registry(
     timings: dict[str, float] = {}
     t = time.perf_counter()
     sandbox = Sandbox(cache_dir_default())
-    tables_cache: dict[str, Tables] = {}
-
-    def grants_of(skill_id: str) -> frozenset[str]:
-        return tables_cache["t"].interfaces(skill_id)
-
-    # The tables are needed before native code loads (imports are checked against the
-    # grants), so read and check them first from the lock's own digest.
-    from skilld.bundle import Lock
-    from skilld.sandbox import sha256_file
-
-    lock = Lock.read(bundle_dir / "bundle.lock")
-    tables_path = bundle_dir / lock.policy_path
-    fd = os.open(tables_path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        from skilld.errors import BundleError
-
-        if sha256_file(fd) != lock.files.get(lock.policy_path):
-            raise BundleError("policy tables differ from the lock", location=str(tables_path))
-    finally:
-        os.close(fd)
-    tables_cache["t"] = Tables.from_data(json.loads(tables_path.read_bytes()), str(tables_path))
     verify = verify_lock_signature(lock_key) if lock_key else None
-    t = _stage(timings, "load", t)
-    loaded = open_bundle(bundle_dir, sandbox, grants_of, recompile=recompile, verify_lock=verify)
-    tables = Tables.from_data(json.loads(loaded.tables), str(tables_path))
-    if tables.digest != loaded.lock.policy_digest:
-        raise BundleError("policy digest differs from the lock", location=str(tables_path))
-    t = _stage(timings, "verify_and_native", t)
+    loaded = open_bundle(bundle_dir, sandbox, recompile=recompile, verify_lock=verify)
+    timings.update({k: round(v, 2) for k, v in loaded.timings_ms.items()})
+    tables = loaded.tables
+    t = time.perf_counter()
+    # describe: what each skill's describe export returned at build time, from the lock
+    # (verified above), so serving never runs guest code before the first call.
+    specs = {
+        locked.id: SkillSpec.from_dict({**locked.spec, "id": locked.id, "version": locked.version})
+        for locked in loaded.lock.skills
+    }
+    t = _stage(timings, "describe", t)
     state = SqliteState(state_dir / "state.sqlite3")
     registry = Registry(audit=audit)
     for locked in loaded.lock.skills:
-        spec = SkillSpec.from_dict({**locked.spec, "id": locked.id, "version": locked.version})
+        spec = specs[locked.id]
         checker = SkillPermissions.from_tables(tables, locked.id)
         limits = tables.limits(locked.id)
         loaded.components[locked.id].prewarm(limits)
@@ -189,6 +172,7 @@ def run(args: argparse.Namespace) -> int:
     import skilld.permissions
     import skilld.registry
     import skilld.state  # noqa: F401
+
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="skilld-load") as pool:
         loading = pool.submit(
             load_registry,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import time
 from dataclasses import dataclass, field
 
 import anyio
@@ -80,6 +81,7 @@ async def serve_http_async(
     Raises:
         UsageError: the tokens cannot be loaded or the address cannot be bound.
     """
+    started = time.perf_counter()
     tokens = config.load_tokens()
     log = log or make_logger(config)
     service = McpService(dispatcher, config, log, Metrics())
@@ -97,7 +99,13 @@ async def serve_http_async(
     )
     server = _DrainingServer(uv_config, service)
     handle = HttpServer(config.host, port, service, server)
-    log.info("serving", transport="http", url=handle.url, auth=bool(tokens))
+    log.info(
+        "serving",
+        transport="http",
+        url=handle.url,
+        auth=bool(tokens),
+        expose_ms=round((time.perf_counter() - started) * 1000, 2),
+    )
     task_status.started(handle)
     with sock:
         await server.serve(sockets=[sock])
@@ -112,10 +120,13 @@ async def serve_stdio_async(
     While serving, file descriptor 1 points at stderr (the SDK's stdio transport
     does this), so nothing but protocol messages can reach stdout.
     """
+    started = time.perf_counter()
     log = log or make_logger(config)
     service = McpService(dispatcher, config, log, Metrics())
     server = service.server
-    log.info("serving", transport="stdio")
+    log.info(
+        "serving", transport="stdio", expose_ms=round((time.perf_counter() - started) * 1000, 2)
+    )
     async with stdio_server() as (read, write):
         await server.run(read, write, server.create_initialization_options())
     await service.drain(config.shutdown_grace_s)
