@@ -23,6 +23,7 @@ into this tree at the one boundary that uses the library (``raise X(...) from ex
     │   └── GuestFault              the guest failed, costing this one call
     │       ├── GuestTrap               a trap (unreachable, bad memory access, ...)
     │       ├── DeadlineExceeded        the call ran past its wall-clock deadline
+    │       ├── CallCancelled           the client cancelled the call; the guest was stopped
     │       ├── MemoryExhausted         the guest hit its memory cap
     │       └── StackExhausted          the guest overflowed its stack
     ├── GuestError              the guest returned a typed error (code, message, rule)
@@ -128,6 +129,10 @@ class GuestTrap(GuestFault):
 
 class DeadlineExceeded(GuestFault):
     """The call ran past its wall-clock deadline."""
+
+
+class CallCancelled(GuestFault):
+    """The client cancelled the call and the guest was stopped where it was."""
 
 
 class MemoryExhausted(GuestFault):

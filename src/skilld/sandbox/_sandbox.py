@@ -9,11 +9,13 @@ wrote (key-value state, files). Traps, deadlines and memory exhaustion become
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import math
 import queue
 import re
+import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -21,9 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import wasmtime
+from wasmtime import _ffi as ffi
 from wasmtime import component
 
 from skilld.errors import (
+    CallCancelled,
     CompileError,
     DeadlineExceeded,
     GuestError,
@@ -51,6 +55,8 @@ log = logging.getLogger("skilld.sandbox")
 
 # Instantiating (guest start code included) must finish within this.
 _INSTANTIATE_BUDGET_S = 10.0
+# A running guest is looked at this often (in epoch ticks): is its call cancelled?
+_CHECK_TICKS = 10
 
 GUEST = f"{PACKAGE}/guest"
 _WASI_OK = re.compile(r"^wasi:(io|clocks|random|cli|filesystem|sockets)/")
@@ -126,12 +132,73 @@ class _Streams:
             self.ctx.capture(self.ctx.stderr, bytes(data))
 
 
+# wasmtime's epoch-deadline callback: (context, data, *delta, *update kind) -> error or 0
+_EpochCallback = ctypes.CFUNCTYPE(
+    ctypes.c_size_t,
+    ctypes.POINTER(ffi.wasmtime_context_t),
+    ctypes.c_void_p,
+    ctypes.POINTER(ctypes.c_uint64),
+    ctypes.POINTER(ctypes.c_uint8),
+)
+_NO_FINALIZER = ctypes.cast(0, ctypes.CFUNCTYPE(None, ctypes.c_void_p))
+_CONTINUE = 0  # WASMTIME_UPDATE_DEADLINE_CONTINUE
+
+
+class _Interrupt:
+    """Stops a running guest at its deadline or when its client cancels the call.
+
+    wasmtime calls back into the host when a store's epoch deadline is reached, on
+    the guest's own thread. The deadline is set at most ``_CHECK_TICKS`` ahead, so the
+    callback sees the guest at least that often: it traps the guest when the wall
+    clock passed the call's deadline or the channel says cancelled, and otherwise
+    lets it run to the next check. A store is only ever touched from the thread
+    running it, which a cancel from another thread could not do safely.
+    """
+
+    __slots__ = ("at", "callback", "ctx", "reason")
+
+    def __init__(self, store: wasmtime.Store, budget_s: float):
+        self.at = time.monotonic() + budget_s
+        self.ctx: CallContext | None = None
+        self.reason: str | None = None
+        self.callback = _EpochCallback(self._on_deadline)  # kept alive with the store
+        ffi.wasmtime_store_epoch_deadline_callback(store.ptr(), self.callback, None, _NO_FINALIZER)
+        store.set_epoch_deadline(self._next_check())
+
+    def arm(self, store: wasmtime.Store, ctx: CallContext | None, budget_s: float) -> None:
+        """Start the clock for one call (or warm-up) of ``budget_s`` seconds."""
+        self.at = time.monotonic() + budget_s
+        self.ctx = ctx
+        self.reason = None
+        store.set_epoch_deadline(self._next_check())
+
+    def _next_check(self) -> int:
+        remaining = math.ceil((self.at - time.monotonic()) / TICK_S)
+        return max(1, min(remaining, _CHECK_TICKS))
+
+    def _on_deadline(self, _context: Any, _data: Any, delta: Any, kind: Any) -> int:
+        try:
+            if self.ctx is not None and self.ctx.channel.cancelled():
+                self.reason = "cancelled"
+            elif time.monotonic() >= self.at:
+                self.reason = "deadline"
+            else:
+                delta[0] = self._next_check()
+                kind[0] = _CONTINUE
+                return 0
+        except Exception:  # noqa: BLE001 - an exception must not unwind through wasm frames
+            self.reason = "deadline"
+        error = ffi.wasmtime_error_new(f"skilld: call stopped ({self.reason})".encode())
+        return ctypes.cast(error, ctypes.c_void_p).value or 0
+
+
 @dataclass(slots=True)
 class _Instance:
     store: wasmtime.Store
     instance: component.Instance
     streams: _Streams
     memory_bytes: int
+    interrupt: _Interrupt
 
 
 class _NoClient:
@@ -233,6 +300,7 @@ class Component:
         self._pool_depth = depth
 
     def _fresh(self, memory_bytes: int) -> _Instance:
+        """A new store and instance; the caller keeps the epoch ticker running."""
         engine = self.sandbox.engine
         holder = _Streams()
         store = wasmtime.Store(engine.wasmtime)
@@ -242,10 +310,10 @@ class Component:
         store.set_wasi(wasi)
         store.set_limits(memory_size=memory_bytes)
         # Instantiation runs guest start code, which the epoch interrupts too; the
-        # deadline of the call proper is set again right before the call.
-        store.set_epoch_deadline(math.ceil(_INSTANTIATE_BUDGET_S / TICK_S))
+        # deadline of the call proper is armed again right before the call.
+        interrupt = _Interrupt(store, _INSTANTIATE_BUDGET_S)
         instance = self.sandbox.linker.instantiate(store, self.native)
-        return _Instance(store, instance, holder, memory_bytes)
+        return _Instance(store, instance, holder, memory_bytes, interrupt)
 
     def _warm_one(self) -> None:
         limits = self._pool_limits
@@ -254,11 +322,12 @@ class Component:
         engine = self.sandbox.engine
         warm_ctx = CallContext(f"{self.name} (warm-up)", limits, _NO_CLIENT)
         try:
-            inst = self._fresh(limits.memory_bytes)
-            inst.streams.ctx = warm_ctx
-            inst.store.set_epoch_deadline(60_000)
+            # The ticker runs from before instantiation: guest start code can loop too.
             engine.ticker.enter()
             try:
+                inst = self._fresh(limits.memory_bytes)
+                inst.streams.ctx = warm_ctx
+                inst.interrupt.arm(inst.store, None, _INSTANTIATE_BUDGET_S)
                 with entered(warm_ctx):
                     func = inst.instance.get_func(inst.store, self._exports.describe)
                     if func is None:  # pragma: no cover - checked at load
@@ -308,8 +377,7 @@ class Component:
         try:
             inst = self._take(ctx)
             inst.streams.ctx = ctx
-            # +1: the first tick may land at once, since the ticker runs on its own phase.
-            inst.store.set_epoch_deadline(math.ceil(ctx.limits.timeout_ms / 1000 / TICK_S) + 1)
+            inst.interrupt.arm(inst.store, ctx, ctx.limits.timeout_ms / 1000)
             with entered(ctx):
                 func = inst.instance.get_func(inst.store, export)
                 if func is None:  # pragma: no cover - checked at load
@@ -318,7 +386,7 @@ class Component:
                 func.post_return(inst.store)
                 return result
         except wasmtime.WasmtimeError as exc:
-            raise self._fault(exc, ctx) from None
+            raise self._fault(exc, ctx, inst.interrupt.reason if inst else None) from None
         finally:
             engine.ticker.leave()
             ctx.close_handles()
@@ -326,7 +394,9 @@ class Component:
                 inst.streams.ctx = None
                 self.sandbox.background.submit(self._retire, inst)
 
-    def _fault(self, exc: wasmtime.WasmtimeError, ctx: CallContext) -> SandboxError:
+    def _fault(
+        self, exc: wasmtime.WasmtimeError, ctx: CallContext, stopped: str | None
+    ) -> SandboxError:
         text = str(exc)
         cause = (
             text.split("Caused by:")[-1].strip().splitlines()[0]
@@ -334,13 +404,20 @@ class Component:
             else text.splitlines()[0]
         )
         where = f"skill '{ctx.skill_id}'"
-        stderr = bytes(ctx.stderr).decode(errors="replace")
-        if "wasm trap: interrupt" in text:
+        # What the host itself did (stopped the guest) decides first: a guest cannot
+        # make a deadline look like anything else.
+        if stopped == "cancelled":
+            return CallCancelled(f"{where} was stopped: the client cancelled the call")
+        if stopped == "deadline" or "wasm trap: interrupt" in text:
             return DeadlineExceeded(
                 f"{where} ran past its deadline of {ctx.limits.timeout_ms} ms and was stopped"
             )
         if "call stack exhausted" in text:
             return StackExhausted(f"{where} overflowed its stack")
+        stderr = bytes(ctx.stderr).decode(errors="replace")
+        # CPython in the guest reports a failed memory.grow as MemoryError and may then
+        # abort; wasmtime does not say the cap was the cause. A guest could print
+        # MemoryError itself, but that only mislabels its own failed call.
         if "MemoryError" in stderr or ("memory" in cause and "limit" in cause):
             return MemoryExhausted(
                 f"{where} exceeded its memory cap of {ctx.limits.memory_bytes // (1 << 20)} MiB"
@@ -404,7 +481,9 @@ class Component:
         result = self._run(ctx, self._exports.call, method, args_json)
         if result.tag == "err":
             raise self._guest_error(result.payload, ctx)
-        return _output(to_py(result.payload))
+        out = to_py(result.payload)
+        _check_size(_raw_size(out), ctx)
+        return _output(out)
 
     def read_resource(self, uri: str, ctx: CallContext) -> list[CallOutput]:
         """Read a resource the skill serves.
@@ -415,7 +494,9 @@ class Component:
         result = self._run(ctx, self._exports.read_resource, uri)
         if isinstance(result, component.Record):
             raise self._guest_error(result, ctx)
-        return [_output(to_py(o)) for o in result]
+        outs = [to_py(o) for o in result]
+        _check_size(sum(_raw_size(o) for o in outs), ctx)
+        return [_output(o) for o in outs]
 
     def get_prompt(self, name: str, args_json: str, ctx: CallContext) -> list[dict[str, Any]]:
         """Render a prompt to MCP messages.
@@ -430,6 +511,28 @@ class Component:
         if not isinstance(messages, list):
             raise GuestError("internal", "get-prompt did not return a JSON array")
         return messages
+
+
+def _raw_size(out: dict[str, Any]) -> int:
+    """Bytes of a guest output record: its JSON value and every content payload."""
+    size = len(out["value"])
+    for tag, payload in out["content"]:
+        if tag == "text":
+            size += len(payload)
+        else:
+            size += len(payload.get("data") or payload.get("blob") or b"")
+            size += len(payload.get("text") or "")
+    return size
+
+
+def _check_size(size: int, ctx: CallContext) -> None:
+    limit = ctx.limits.output_bytes
+    if size > limit:
+        raise GuestError(
+            "limit-exceeded",
+            f"the result is {size} bytes, over the skill's output limit of {limit} bytes",
+            location=f"skill '{ctx.skill_id}'",
+        )
 
 
 def _output(out: dict[str, Any]) -> CallOutput:
