@@ -1,19 +1,29 @@
 """Sandbox costs, side by side in one run.
 
-1. Loading a Python component: from the native-code cache vs JIT compiling it.
-2. Instantiate + call for ``echo`` (a fresh store and instance per call).
-3. A call's cost against the same skill function called as plain Python.
+1. Loading a Python component: from the native-code cache vs JIT compiling it, and
+   the sha256 of the native file alone (the share of a cached load spent checking it).
+2. One call of ``echo``: instantiating alone; a call in a new store and instance; a
+   call on a pre-warmed instance (``Component.prewarm``, its worker given time to warm
+   between calls); the same SDK method called as plain Python.
 
-Run: ``python bench/bench_sandbox.py`` (builds ``skills/echo`` first, cached).
+Run: ``python bench/bench_sandbox.py [--scale F]`` (builds ``skills/echo`` first,
+cached; ``--scale 0.1`` runs a tenth of the iterations, to check the bench works).
 """
 
 from __future__ import annotations
 
+import argparse
+import hashlib
 import importlib.util
 import json
+import os
 import statistics
 import sys
 import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -21,32 +31,106 @@ from _util import row, timings
 
 from skilld.package.build import build_component, default_cache_dir
 from skilld.registry import NullChannel
-from skilld.sandbox import CallContext, Sandbox
-from skilld.sandbox._native import compile_component
+from skilld.sandbox import CallContext, Component, Sandbox
+from skilld.sandbox._native import compile_component, sha256_file
 from skilld.types import Limits
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def settle(pool: ThreadPoolExecutor) -> None:
+    """Return once every task submitted to ``pool`` so far has finished."""
+    # Its queue is first in, first out, so its workers can all meet at the barrier
+    # only after each has finished what it took before.
+    workers = pool._max_workers  # no public "wait until idle" on an executor
+    barrier = threading.Barrier(workers + 1, timeout=60)
+    for _ in range(workers):
+        pool.submit(barrier.wait)
+    barrier.wait()
+
+
+def settled_timings(
+    fn: Callable[[], object], pool: ThreadPoolExecutor, *, n: int, warmup: int
+) -> list[float]:
+    """Seconds per run of ``fn``, with ``pool``'s background work finished before each."""
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(n):
+        settle(pool)
+        t = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def hash_native(path: Path) -> str:
+    """The sha256 of a native file, read the way a cached load reads it."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return sha256_file(fd)
+    finally:
+        os.close(fd)
+
+
+def instantiate(comp: Component, limits: Limits) -> None:
+    """A new store and instance of ``comp``, no call, then freed."""
+    # Private: instantiating alone has no public entry point; it is what every
+    # call without a pre-warmed instance pays before the guest runs.
+    ticker = comp.sandbox.engine.ticker
+    ticker.enter()
+    try:
+        inst = comp._fresh(limits.memory_bytes)
+    finally:
+        ticker.leave()
+    inst.store.close()
+
+
 def main() -> None:
-    """Print the three comparisons as Markdown tables."""
+    """Print the comparisons as Markdown tables."""
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--scale", type=float, default=1.0, help="iteration count factor")
+    args = parser.parse_args()
+
+    def n(count: int) -> int:
+        return max(1, round(count * args.scale))
+
     wasm_path = build_component(ROOT / "skills" / "echo", cache_dir=default_cache_dir())
     wasm = wasm_path.read_bytes()
     print(f"echo component: {len(wasm) / 1e6:.1f} MB")
     with tempfile.TemporaryDirectory() as tmp, Sandbox(Path(tmp)) as sb:
-        compile_t = timings(lambda: compile_component(sb.engine, wasm, name="echo"), n=3, warmup=0)
+        compile_t = timings(
+            lambda: compile_component(sb.engine, wasm, name="echo"), n=n(3), warmup=0
+        )
         sb.load(wasm, name="echo")  # fills the cache
-        cached_t = timings(lambda: sb.load(wasm, name="echo"), n=20)
+        cached_t = timings(lambda: sb.load(wasm, name="echo"), n=n(20))
+        assert sb.cache is not None
+        native = sb.cache.root / f"{hashlib.sha256(wasm).hexdigest()}.cwasm"
+        sha_t = timings(lambda: hash_native(native), n=n(20))
+        size_mb = native.stat().st_size / 1e6
         print("\n## Loading a Python component (ms)\n\n| path | median | p99 |\n|---|---|---|")
         print(row("JIT compile", compile_t))
         print(row("native-code cache (digest checked)", cached_t))
+        print(row(f"sha256 of the native file alone ({size_mb:.0f} MB)", sha_t))
         ratio = statistics.median(compile_t) / statistics.median(cached_t)
-        print(f"\nratio compile / cached: {ratio:.0f}x")
+        share = statistics.median(sha_t) / statistics.median(cached_t)
+        print(f"\nratio compile / cached: {ratio:.0f}x; sha256 share of a cached load: {share:.0%}")
 
+        limits = Limits()
+        ctx = CallContext("echo", limits, NullChannel())
+        args_json = json.dumps({"text": "hello"})
         comp = sb.load(wasm, name="echo")
-        ctx = CallContext("echo", Limits(), NullChannel())
-        args = json.dumps({"text": "hello"})
-        call_t = timings(lambda: comp.call("echo", args, ctx), n=300, warmup=10)
+        inst_t = settled_timings(
+            lambda: instantiate(comp, limits), sb.background, n=n(100), warmup=5
+        )
+        call_t = settled_timings(
+            lambda: comp.call("echo", args_json, ctx), sb.background, n=n(300), warmup=10
+        )
+        warm = sb.load(wasm, name="echo")
+        warm.prewarm(limits)
+        warm_t = settled_timings(
+            lambda: warm.call("echo", args_json, ctx), sb.background, n=n(300), warmup=10
+        )
 
         spec = importlib.util.spec_from_file_location(
             "echo_skill", ROOT / "skills" / "echo" / "skill.py"
@@ -55,9 +139,11 @@ def main() -> None:
         mod = importlib.util.module_from_spec(spec)
         sys.modules["echo_skill"] = mod
         spec.loader.exec_module(mod)
-        plain_t = timings(lambda: mod.skill.call("echo", args), n=3000, warmup=100)
+        plain_t = timings(lambda: mod.skill.call("echo", args_json), n=n(3000), warmup=100)
         print("\n## One call of echo (ms)\n\n| path | median | p99 |\n|---|---|---|")
+        print(row("instantiate only: new store + instance, no call", inst_t))
         print(row("sandbox: new store + instance + call", call_t))
+        print(row("sandbox: call on a pre-warmed instance", warm_t))
         print(row("plain Python: same SDK method in-process", plain_t))
         ratio = statistics.median(call_t) / statistics.median(plain_t)
         print(f"\nratio sandboxed / plain: {ratio:.0f}x")

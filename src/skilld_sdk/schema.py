@@ -4,9 +4,11 @@ Pure Python with no dependencies: it runs on the host (tests, ``skilld skill``)
 and inside componentize-py guests alike.
 
 Supported: ``str``, ``int``, ``float``, ``bool``, ``None``, ``list[T]``,
-``dict[str, T]``, ``Optional[T]`` / ``T | None``, ``Literal[...]``, ``TypedDict``,
-dataclasses, and ``Any``. Anything else raises :class:`SchemaError` naming the
-parameter.
+``tuple[T, ...]``, ``set[T]``, ``dict[str, T]``, ``Optional[T]`` / ``T | None``,
+unions, ``Literal[...]``, ``TypedDict``, dataclasses, and ``Any``. Anything else
+raises :class:`SchemaError` naming the parameter. :func:`coerce` is never looser
+than the schema (a bool is never a ``Literal`` int, a TypedDict's required keys are
+required); it is stricter in one place: ``1.0`` is not an ``int``.
 """
 
 from __future__ import annotations
@@ -219,7 +221,8 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
                 errors.append(str(exc))
         raise TypeError(f"{where}: {value!r} matches none of the allowed types")
     if origin is Literal:
-        if value not in args:
+        # Equality alone is looser than the schema's enum: True == 1 and 0 == False.
+        if not any(type(value) is type(a) and value == a for a in args):
             raise TypeError(f"{where}: must be one of {list(args)}, got {value!r}")
         return value
     if tp is float:
@@ -256,6 +259,10 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
         unknown = set(value) - set(hints)
         if unknown:
             raise TypeError(f"{where}: unknown field(s) {sorted(unknown)}")
+        # A dataclass's constructor refuses missing fields; a TypedDict's does not.
+        missing = set(getattr(tp, "__required_keys__", ())) - set(value)
+        if missing:
+            raise TypeError(f"{where}: missing field(s) {sorted(missing)}")
         fields = {k: coerce(v, hints[k], f"{where}.{k}") for k, v in value.items()}
         try:
             return tp(**fields)

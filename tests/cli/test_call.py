@@ -82,3 +82,39 @@ def test_skill_new_refuses_overwrite(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert (tmp_path / "fresh" / "skill.yaml").is_file()
     assert main(["skill", "new", "fresh", "--dir", str(tmp_path)]) == 2
     assert "already exists" in capsys.readouterr().err
+
+
+def test_claimed_id_does_not_reach_that_skills_keys(
+    tmp_path: Path,
+    component_path: Callable[[str], Path],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A component describing itself as 'notes' gets a namespace derived from its bytes, not
+    notes' keys; only --skill-id notes reaches them."""
+    from skilld.cli._call import default_skill_id
+    from skilld.state import SqliteState
+    from tests_env import cache_env
+
+    monkeypatch.setenv("SKILLD_CACHE", cache_env()["SKILLD_CACHE"])
+    wasm = component_path("notes")
+    state_dir = tmp_path / "state"
+    db = SqliteState(state_dir / "state.sqlite3")
+    secret = {"title": "secret", "body": "the real notes skill's"}
+    db.store("notes").set("note:secret", json.dumps(secret).encode())
+    db.close()
+
+    def call(method: str, arguments: str, *extra: str) -> int:
+        return main(["call", str(wasm), method, arguments, "--state-dir", str(state_dir), *extra])
+
+    assert call("get", '{"title":"secret"}') == 1
+    assert "[not-found]" in capsys.readouterr().err
+    assert call("add", '{"title":"mine","body":"x"}') == 0
+    capsys.readouterr()
+    assert call("get", '{"title":"secret"}', "--skill-id", "notes") == 0
+    assert json.loads(capsys.readouterr().out) == secret
+
+    db = SqliteState(state_dir / "state.sqlite3")
+    assert db.store("notes").keys("", 10) == ["note:secret"]
+    assert db.store(default_skill_id(wasm.read_bytes())).keys("", 10) == ["note:mine"]
+    db.close()

@@ -4,17 +4,22 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, Optional, TypedDict, Union
 
+import jsonschema
 import pytest
 
 from skilld_sdk import SchemaError, Skill, SkillError
-from skilld_sdk.schema import params_schema, result_schema
+from skilld_sdk.schema import coerce, params_schema, result_schema, type_schema
 
 
 class Movie(TypedDict):
     title: str
     year: int
+
+
+class Filters(TypedDict, total=False):
+    genre: str
 
 
 @dataclass
@@ -191,3 +196,90 @@ def test_call_coerces_and_checks() -> None:
         skill.call("norm", "{}")
     with pytest.raises(SkillError, match="unknown argument"):
         skill.call("norm", json.dumps({"p": {"x": 1}, "zz": 1}))
+
+
+_INT = {"type": "integer"}
+
+# (annotation, its schema, JSON values both accept, JSON values both refuse)
+_AGREEMENT: list[tuple[Any, dict[str, Any], list[Any], list[Any]]] = [
+    (Optional[int], {"anyOf": [_INT, {"type": "null"}]}, [3, None], ["3", True, 1.5]),  # noqa: UP045 (typing.Optional is what is under test)
+    (Union[int, str], {"anyOf": [_INT, {"type": "string"}]}, [3, "x"], [True, None, 1.5, []]),  # noqa: UP007 (typing.Union is what is under test)
+    (int | None, {"anyOf": [_INT, {"type": "null"}]}, [0, None], [False, "0"]),
+    (tuple[int, ...], {"type": "array", "items": _INT}, [[], [1, 2]], [[1, "2"], [True], "12", {}]),
+    (set[str], {"type": "array", "items": {"type": "string"}}, [["a", "a"], []], [["a", 1], "a"]),
+    (None, {"type": "null"}, [None], [0, False, "", {}]),
+    (Literal[1, 2], {"enum": [1, 2]}, [1, 2], [True, False, "1", 3]),
+    (Literal[True], {"enum": [True]}, [True], [1, False, "true"]),
+    (Literal[0, "a"], {"enum": [0, "a"]}, [0, "a"], [False, "0", None]),
+    (
+        Movie,
+        {
+            "type": "object",
+            "title": "Movie",
+            "properties": {"title": {"type": "string"}, "year": _INT},
+            "required": ["title", "year"],
+            "additionalProperties": False,
+        },
+        [{"title": "a", "year": 1}],
+        [{"title": "a"}, {}, {"title": "a", "year": 1, "cast": []}, {"title": "a", "year": True}],
+    ),
+    (
+        Filters,
+        {
+            "type": "object",
+            "title": "Filters",
+            "properties": {"genre": {"type": "string"}},
+            "required": [],
+            "additionalProperties": False,
+        },
+        [{}, {"genre": "noir"}],
+        [{"genre": 1}, {"year": 1}],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("annotation", "schema", "accepted", "refused"),
+    _AGREEMENT,
+    ids=[
+        a[0].__name__ if isinstance(a[0], type) else str(a[0]).replace("typing.", "")
+        for a in _AGREEMENT
+    ],
+)
+def test_schema_and_argument_checks_agree(
+    annotation: Any, schema: dict[str, Any], accepted: list[Any], refused: list[Any]
+) -> None:
+    """Each annotation has the expected schema, and the SDK's argument check accepts exactly
+    the values a JSON Schema validator accepts against it."""
+    assert type_schema(annotation, "p") == schema
+    validator = jsonschema.Draft202012Validator(schema)
+    for value in accepted:
+        assert validator.is_valid(value), value
+        coerce(value, annotation, "p")
+    for value in refused:
+        assert not validator.is_valid(value), value
+        with pytest.raises(TypeError, match=r"^p"):
+            coerce(value, annotation, "p")
+
+
+def test_containers_arrive_as_their_annotated_type() -> None:
+    """tuple[T, ...] and set[T] arguments reach the method as a tuple and a set."""
+    assert coerce([1, 2], tuple[int, ...], "p") == (1, 2)
+    assert coerce(["a", "a", "b"], set[str], "p") == {"a", "b"}
+
+
+def test_call_refuses_missing_typeddict_keys_and_bool_for_int_literal() -> None:
+    """Skill.call refuses a TypedDict without a required key and true for Literal[1, 2]."""
+    skill = Skill()
+
+    @skill.method
+    def rate(movie: Movie, stars: Literal[1, 2]) -> int:
+        return stars
+
+    assert skill.call("rate", json.dumps({"movie": {"title": "a", "year": 1}, "stars": 2})) == 2
+    with pytest.raises(SkillError, match=r"missing field\(s\) \['year'\]") as info:
+        skill.call("rate", json.dumps({"movie": {"title": "a"}, "stars": 1}))
+    assert info.value.code == "invalid-argument"
+    with pytest.raises(SkillError, match="stars: must be one of") as info:
+        skill.call("rate", json.dumps({"movie": {"title": "a", "year": 1}, "stars": True}))
+    assert info.value.code == "invalid-argument"

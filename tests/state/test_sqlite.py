@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import signal
@@ -9,7 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -21,10 +22,18 @@ from skilld.state import SqliteState
 
 
 @pytest.fixture
-def state(tmp_path: Path) -> SqliteState:
+def state(tmp_path: Path) -> Iterator[SqliteState]:
     """A fresh database."""
     s = SqliteState(tmp_path / "state.sqlite3")
-    yield s  # type: ignore[misc]
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def shared_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SqliteState]:
+    """One database for a property test's examples (each example takes a fresh namespace)."""
+    s = SqliteState(tmp_path_factory.mktemp("kv") / "state.sqlite3")
+    yield s
     s.close()
 
 
@@ -78,6 +87,84 @@ def test_total_quota_counts_replacements(state: SqliteState) -> None:
     kv.delete("k")
     kv.set("j", b"z" * 20)
     assert kv.get("j") == b"z" * 20
+
+
+def _usage(state: SqliteState, skill: str) -> int:
+    """The bytes the store has booked for ``skill`` (0 when it has no row)."""
+    row = state._conn().execute("SELECT bytes FROM usage WHERE skill = ?", (skill,)).fetchone()
+    return 0 if row is None else int(row[0])
+
+
+def test_usage_counts_key_bytes_not_characters(state: SqliteState) -> None:
+    """Overwriting then deleting a non-ASCII key returns usage to zero (no drift)."""
+    kv = state.store("a")
+    key = "é" * 10  # 10 characters, 20 bytes
+    for i in range(5):
+        kv.set(key, b"v%d" % i)
+    assert _usage(state, "a") == 20 + 2
+    kv.delete(key)
+    assert _usage(state, "a") == 0
+
+
+_OPS = st.lists(
+    st.tuples(st.sampled_from(["set", "delete"]), st.text(max_size=8), st.binary(max_size=40)),
+    max_size=25,
+)
+
+
+_NAMESPACES = itertools.count()
+
+
+@settings(max_examples=100, deadline=None)
+@given(ops=_OPS)
+def test_usage_equals_true_byte_total(
+    shared_state: SqliteState, ops: list[tuple[str, str, bytes]]
+) -> None:
+    """Any set/delete sequence over unicode keys leaves usage at the stored bytes, and the
+    quota refuses exactly the writes that would exceed it."""
+    limit = 120
+    skill = f"p{next(_NAMESPACES)}"  # hypothesis replays examples: each needs an empty one
+    kv = shared_state.store(skill, total_limit=limit)
+    model: dict[str, bytes] = {}
+    for op, key, value in ops:
+        if op == "delete":
+            assert kv.delete(key) is (model.pop(key, None) is not None)
+            continue
+        used = sum(len(k.encode()) + len(v) for k, v in model.items())
+        old = len(key.encode()) + len(model[key]) if key in model else 0
+        if used - old + len(key.encode()) + len(value) > limit:
+            with pytest.raises(QuotaExceeded):
+                kv.set(key, value)
+        else:
+            kv.set(key, value)
+            model[key] = value
+        assert _usage(shared_state, skill) == sum(
+            len(k.encode()) + len(v) for k, v in model.items()
+        )
+    assert _usage(shared_state, skill) == sum(len(k.encode()) + len(v) for k, v in model.items())
+
+
+def test_drifted_usage_is_recounted_on_open(tmp_path: Path) -> None:
+    """A database from before byte counting has its usage recounted once, when opened."""
+    db = tmp_path / "old.sqlite3"
+    s = SqliteState(db)
+    s.store("a").set("ééé", b"xy")
+    s.close()
+    conn = sqlite3.connect(db)
+    conn.execute("UPDATE usage SET bytes = 50 WHERE skill = 'a'")  # the old drift
+    conn.execute("PRAGMA user_version = 0")
+    conn.commit()
+    conn.close()
+    s = SqliteState(db)
+    assert _usage(s, "a") == 6 + 2
+    s.close()
+
+
+def test_connection_is_wal_and_synchronous_full(state: SqliteState) -> None:
+    """The store's connection runs in WAL mode with synchronous=FULL (fsync per commit)."""
+    conn = state._conn()
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2
 
 
 @settings(max_examples=60, deadline=None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -21,8 +22,9 @@ def register(sub: Any) -> None:
         "call",
         help="call one method of a skill component (debugging)",
         description="Load PATH.wasm, call METHOD with the JSON arguments and print the result "
-        "as JSON. Key-value state persists in --state-dir. Host capabilities other "
-        "than log, kv and mcp are denied (no policy applies here).",
+        "as JSON. Key-value state persists in --state-dir, in the namespace named by "
+        "--skill-id. Host capabilities other than log, kv and mcp are denied (no policy "
+        "applies here).",
     )
     p.add_argument("component", type=Path, metavar="PATH.wasm", help="the skill component")
     p.add_argument("method", help="the method to call")
@@ -38,6 +40,16 @@ def register(sub: Any) -> None:
         type=Path,
         default=None,
         help=f"where key-value state lives (default: {state_dir_default()})",
+    )
+    p.add_argument(
+        "--skill-id",
+        default=None,
+        metavar="ID",
+        help="the key-value namespace the call uses (default: wasm-<first 16 hex digits of "
+        "the component's sha256>). The id the component describes is never used for this: "
+        "any component can claim any id, so trusting it would hand it that skill's keys. The "
+        "default keeps a component's state to components with the same bytes; give the id "
+        "explicitly to work with a skill's existing state",
     )
     p.add_argument("--timeout-ms", type=int, default=10_000, help="wall-clock deadline (10000)")
     p.add_argument("--memory-mb", type=int, default=256, help="memory cap in MiB (256)")
@@ -59,22 +71,25 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"no such component: {args.component}")
     if args.timeout_ms <= 0 or args.memory_mb <= 0:
         raise UsageError("--timeout-ms and --memory-mb must be positive")
+    if args.skill_id is not None and not args.skill_id.strip():
+        raise UsageError("--skill-id must not be empty")
     params = parse_json_object(args.args, "JSON arguments")
     wasm = args.component.read_bytes()
+    skill_id = args.skill_id or default_skill_id(wasm)
     limits = Limits(memory_bytes=args.memory_mb << 20, timeout_ms=args.timeout_ms)
     state = SqliteState((args.state_dir or state_dir_default()) / "state.sqlite3")
     try:
         with Sandbox(cache_dir_default()) as sandbox:
             comp = sandbox.load(wasm, name=str(args.component))
-            probe = CallContext("?", limits, NullChannel())
+            probe = CallContext(skill_id, limits, NullChannel())
             spec = comp.describe(probe)
             if args.describe:
                 print(json.dumps(spec.as_dict(), indent=2))
                 return 0
-            limits_kv = state.store(
-                spec.id, value_limit=limits.kv_value_bytes, total_limit=limits.kv_total_bytes
+            kv = state.store(
+                skill_id, value_limit=limits.kv_value_bytes, total_limit=limits.kv_total_bytes
             )
-            ctx = CallContext(spec.id, limits, NullChannel(), kv=limits_kv)
+            ctx = CallContext(skill_id, limits, NullChannel(), kv=kv)
             try:
                 out = comp.call(args.method, json.dumps(params), ctx)
             finally:
@@ -90,6 +105,11 @@ def run(args: argparse.Namespace) -> int:
             return 0
     finally:
         state.close()
+
+
+def default_skill_id(wasm: bytes) -> str:
+    """The namespace of a component called without ``--skill-id``: derived from its bytes."""
+    return f"wasm-{hashlib.sha256(wasm).hexdigest()[:16]}"
 
 
 def _show_guest_output(ctx: Any) -> None:

@@ -68,9 +68,17 @@ def _tool_version() -> str:
 
 
 def source_digest(src_dir: Path) -> str:
-    """sha256 over the skill's files, the SDK, the WIT and the build tool's version."""
+    """sha256 over everything a build depends on.
+
+    That is the skill's files, the SDK, the WIT, this module (its entry-module and
+    world templates shape every component) and the versions of componentize-py and
+    of the Python running the build.
+    """
     h = hashlib.sha256()
-    h.update(f"componentize-py {_tool_version()}\n".encode())
+    h.update(f"componentize-py {_tool_version()}\npython {sys.version}\n".encode())
+    builder = Path(__file__).read_bytes()
+    h.update(f"builder {len(builder)}\n".encode())
+    h.update(builder)
     for label, root in (("skill", src_dir), ("sdk", sdk_dir()), ("wit", wit_dir())):
         for path in _files(root):
             rel = path.relative_to(root).as_posix()
@@ -115,7 +123,10 @@ def build_component(
     cache = (cache_dir or default_cache_dir()) / "components"
     cached = cache / f"{digest}.wasm"
     if not cached.is_file():
-        cache.mkdir(parents=True, exist_ok=True)
+        # 0700 whatever the umask: the native-code cache shares this root and refuses
+        # one that group or others can write (a umask of 002 would make it so).
+        cache.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        cache.mkdir(exist_ok=True, mode=0o700)
         with tempfile.TemporaryDirectory(prefix="skilld-build-") as tmp:
             stage = Path(tmp)
             app = stage / "app"

@@ -8,6 +8,7 @@ were hashed are the bytes that load (the inode cannot be swapped in between).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import mmap
 import os
@@ -98,19 +99,17 @@ class NativeCache:
     """Native code on disk, keyed by the component's sha256 and the engine fingerprint.
 
     Each entry has a sidecar holding the native file's sha256, checked before
-    loading. The directory must be private to this user (mode 0700), since
-    whoever can write it could plant code.
+    loading. Whoever can write the directory could plant code, or rename another
+    directory into its place, so every level from ``root`` down must be owned by
+    this user and writable by no one else; the levels it creates are 0700.
+
+    Raises:
+        CompileError: a directory of the cache is not private to this user.
     """
 
     def __init__(self, engine: Engine, root: Path):
         self.engine = engine
-        self.root = Path(root) / "native" / engine.fingerprint
-        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        mode = self.root.stat().st_mode
-        if mode & (stat.S_IWGRP | stat.S_IWOTH):
-            raise CompileError(
-                f"native cache {self.root} is writable by others; refusing to use it"
-            )
+        self.root = _private_dir(Path(root), "native", engine.fingerprint)
 
     def load(self, wasm: bytes, *, name: str) -> component.Component:
         """The compiled component for ``wasm``: from the cache, or compiled and cached.
@@ -130,6 +129,41 @@ class NativeCache:
         digest = write_native(comp, native)
         sidecar.write_text(digest + "\n")
         return comp
+
+
+def _private_dir(root: Path, *parts: str) -> Path:
+    """``root/parts...``, creating missing levels 0700 and checking every level is private.
+
+    Raises:
+        CompileError: a level is not a directory, not this user's, or group/other-writable.
+    """
+    # Only the root's own parents are created with the umask: they are above the cache.
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = root
+    _check_private(path)
+    for part in parts:
+        path = path / part
+        with contextlib.suppress(FileExistsError):
+            path.mkdir(mode=0o700)
+        _check_private(path)
+    return path
+
+
+def _check_private(path: Path) -> None:
+    st = path.stat()
+    problem = None
+    if not stat.S_ISDIR(st.st_mode):
+        problem = "is not a directory"
+    elif st.st_uid != os.geteuid():
+        problem = f"is owned by uid {st.st_uid}, not by this user ({os.geteuid()})"
+    elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        problem = "is writable by group or others"
+    if problem is not None:
+        raise CompileError(
+            f"native-code cache directory {problem}; refusing to load code from it",
+            location=str(path),
+            hint=f"make it yours and private (chmod 700 {path}), or point SKILLD_CACHE elsewhere",
+        )
 
 
 def _first_line(exc: BaseException) -> str:

@@ -21,6 +21,19 @@ CREATE TABLE IF NOT EXISTS usage (
 ) WITHOUT ROWID;
 """
 
+# An entry uses the UTF-8 bytes of its key plus its value's bytes. Writes measure
+# the key in Python (the stored key is the same string); where SQL must measure it,
+# the key is cast to BLOB, since ``length()`` of TEXT counts characters.
+#
+# Databases before version 1 counted stored keys in characters, so their usage
+# drifted upward with non-ASCII keys; it is recounted from the rows once.
+_SCHEMA_VERSION = 1
+_RECOUNT = """
+DELETE FROM usage;
+INSERT INTO usage (skill, bytes)
+    SELECT skill, sum(length(CAST(key AS BLOB)) + length(value)) FROM kv GROUP BY skill;
+"""
+
 
 class SqliteState:
     """One SQLite database holding every skill's namespace.
@@ -38,8 +51,18 @@ class SqliteState:
         self._lock = threading.Lock()
         self._all: list[sqlite3.Connection] = []
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self._conn() as conn:
+        conn = self._conn()
+        try:
             conn.executescript(_SCHEMA)
+            if conn.execute("PRAGMA user_version").fetchone()[0] < _SCHEMA_VERSION:
+                conn.executescript(
+                    f"BEGIN IMMEDIATE; {_RECOUNT} PRAGMA user_version = {_SCHEMA_VERSION}; COMMIT;"
+                )
+        except sqlite3.Error as exc:
+            self.close()  # also ends a half-done recount: nothing of it was committed
+            raise StateError(
+                f"cannot prepare state database: {exc}", location=str(self.path)
+            ) from exc
 
     def _conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
@@ -106,7 +129,8 @@ class SkillStore:
             QuotaExceeded: the value, or the skill's total, is over its limit.
             StateError: the database failed.
         """
-        size = len(key.encode()) + len(value)
+        key_bytes = len(key.encode())
+        size = key_bytes + len(value)
         if len(value) > self.value_limit:
             raise QuotaExceeded(
                 f"value of {len(value)} bytes exceeds the {self.value_limit}-byte limit per value",
@@ -117,13 +141,14 @@ class SkillStore:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 old = conn.execute(
-                    "SELECT length(key) + length(value) FROM kv WHERE skill = ? AND key = ?",
+                    "SELECT length(value) FROM kv WHERE skill = ? AND key = ?",
                     (self.skill_id, key),
                 ).fetchone()
                 used = conn.execute(
                     "SELECT bytes FROM usage WHERE skill = ?", (self.skill_id,)
                 ).fetchone()
-                total = (used[0] if used else 0) - (old[0] if old else 0) + size
+                freed = key_bytes + old[0] if old else 0
+                total = (used[0] if used else 0) - freed + size
                 if total > self.total_limit:
                     raise QuotaExceeded(  # noqa: TRY301 (the except below rolls back)
                         f"storing {key!r} would use {total} bytes, over the "
@@ -158,14 +183,14 @@ class SkillStore:
             conn.execute("BEGIN IMMEDIATE")
             try:
                 old = conn.execute(
-                    "SELECT length(key) + length(value) FROM kv WHERE skill = ? AND key = ?",
+                    "SELECT length(value) FROM kv WHERE skill = ? AND key = ?",
                     (self.skill_id, key),
                 ).fetchone()
                 if old is not None:
                     conn.execute("DELETE FROM kv WHERE skill = ? AND key = ?", (self.skill_id, key))
                     conn.execute(
                         "UPDATE usage SET bytes = bytes - ? WHERE skill = ?",
-                        (old[0], self.skill_id),
+                        (len(key.encode()) + old[0], self.skill_id),
                     )
             except BaseException:
                 conn.execute("ROLLBACK")
