@@ -1,4 +1,4 @@
-"""The host stops a running guest from outside (cancellation, deadline) and caps its output."""
+"""Between and during calls: stopping a guest from outside, capping output, no leftovers."""
 
 from __future__ import annotations
 
@@ -79,3 +79,15 @@ def test_output_over_the_limit_is_refused(hostile: Component) -> None:
     assert info.value.code == "limit-exceeded"
     small = hostile.call("ok", json.dumps({"text": "x" * 500}), ctx)
     assert small.value == "x" * 500
+
+
+def test_nothing_survives_into_the_next_call(hostile: Component) -> None:
+    """Module state a call leaves behind is gone in the next call, pooled slots included."""
+    ctx = CallContext("hostile", Limits(), NullChannel())
+    hostile.prewarm(Limits(), depth=2)
+    try:
+        for i in range(20):
+            assert hostile.call("recall", "{}", ctx).value == []
+            assert hostile.call("remember", json.dumps({"secret": f"s{i}"}), ctx).value == 2
+    finally:
+        hostile.prewarm(Limits(), depth=0)

@@ -9,10 +9,22 @@ import time
 from importlib.metadata import version
 
 import wasmtime
+from wasmtime import _ffi as ffi
 
 # One epoch tick per millisecond: a deadline lands within a tick or two of its time.
 TICK_S = 0.001
-_CONFIG_TAG = "epoch=1;max_wasm_stack=default;cranelift=speed"
+_CONFIG_TAG = "epoch=1;max_wasm_stack=default;cranelift=speed;pooling=1"
+
+# The pooling allocator's bounds. Memory and tables are virtual reservations, touched
+# only when used; what stays resident is bounded by the warm slots below.
+POOL_INSTANCES = 512  # component instances alive at once (calls, warm instances, invokes)
+POOL_MAX_MEMORY = 4 << 30  # a 32-bit memory's whole range: policy caps are enforced per store
+_POOL_TABLE_ELEMENTS = 1 << 18
+_POOL_INSTANCE_SIZE = 16 << 20
+# A freed slot keeps this much of its memory mapped and filled with the guest's initial
+# image (wasmtime resets it by copying): the next instance starts without page faults.
+_POOL_KEEP_RESIDENT = 16 << 20
+_POOL_WARM_SLOTS = 32
 
 
 class Ticker:
@@ -68,6 +80,42 @@ class Ticker:
         self._thread.join(timeout=1)
 
 
+def _use_pooling(config: wasmtime.Config) -> None:
+    """Allocate instances from a pool of pre-reserved slots instead of mapping each anew.
+
+    A fresh instance per call is the sandbox's rule; the pool makes it cheap. A slot's
+    memory is reset when its instance is freed (zeroed and re-filled from the
+    component's initial image, as wasmtime does between tenants), so nothing of one
+    call reaches the next, and a kept-resident slot spares the next guest the page
+    faults that otherwise dominate a Python component's first call (measured in
+    bench/bench_sandbox.py). The Python binding has no wrapper for these settings,
+    so the C API is called directly.
+    """
+    pool = ffi.wasmtime_pooling_allocation_config_new()
+    try:
+        ffi.wasmtime_pooling_allocation_config_total_component_instances_set(pool, POOL_INSTANCES)
+        ffi.wasmtime_pooling_allocation_config_total_core_instances_set(pool, POOL_INSTANCES * 8)
+        ffi.wasmtime_pooling_allocation_config_total_memories_set(pool, POOL_INSTANCES * 2)
+        ffi.wasmtime_pooling_allocation_config_total_tables_set(pool, POOL_INSTANCES * 4)
+        ffi.wasmtime_pooling_allocation_config_total_stacks_set(pool, POOL_INSTANCES)
+        ffi.wasmtime_pooling_allocation_config_max_memory_size_set(pool, POOL_MAX_MEMORY)
+        ffi.wasmtime_pooling_allocation_config_table_elements_set(pool, _POOL_TABLE_ELEMENTS)
+        ffi.wasmtime_pooling_allocation_config_max_core_instance_size_set(
+            pool, _POOL_INSTANCE_SIZE
+        )
+        ffi.wasmtime_pooling_allocation_config_max_component_instance_size_set(
+            pool, _POOL_INSTANCE_SIZE
+        )
+        ffi.wasmtime_pooling_allocation_config_linear_memory_keep_resident_set(
+            pool, _POOL_KEEP_RESIDENT
+        )
+        ffi.wasmtime_pooling_allocation_config_table_keep_resident_set(pool, 1 << 20)
+        ffi.wasmtime_pooling_allocation_config_max_unused_warm_slots_set(pool, _POOL_WARM_SLOTS)
+        ffi.wasmtime_pooling_allocation_strategy_set(config.ptr(), pool)
+    finally:
+        ffi.wasmtime_pooling_allocation_config_delete(pool)
+
+
 def _cpu_features() -> str:
     # Cranelift compiles for the host CPU's features: native code built on a newer CPU
     # may not run on an older one, so the features belong in the fingerprint.
@@ -103,6 +151,7 @@ class Engine:
         config = wasmtime.Config()
         config.epoch_interruption = True
         config.cranelift_opt_level = "speed"
+        _use_pooling(config)
         self.wasmtime = wasmtime.Engine(config)
         self.ticker = Ticker(self.wasmtime)
         self.description, self.fingerprint = engine_fingerprint()

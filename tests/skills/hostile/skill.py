@@ -100,3 +100,20 @@ def chatty(steps: int = 3) -> int:
 def read_file(path: str) -> str:
     """Read a file without catching a denial (it becomes the call's typed error)."""
     return fs.read(path).decode(errors="replace")
+
+
+_kept: list[str] = []
+
+
+@skill.method
+def remember(secret: str) -> int:
+    """Keep a secret in module state and in a large buffer; return how many are kept."""
+    _kept.append(secret)
+    _kept.append(secret * (1 << 16))  # spread over many memory pages
+    return len(_kept)
+
+
+@skill.method
+def recall() -> list[str]:
+    """Whatever an earlier call left in module state (a fresh instance has nothing)."""
+    return [s[:64] for s in _kept]
