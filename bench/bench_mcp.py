@@ -11,8 +11,13 @@ layer's own cost: validation, worker thread, metrics, call log); pass
 ``--dispatcher module:factory`` (and ``--tool NAME`` if its echo tool has another
 name) to serve anything else, e.g. the wasm echo skill through the registry.
 
-    python bench/bench_mcp.py                    # 2000 calls per cell
-    python bench/bench_mcp.py --requests 500 --dispatcher mypkg.bench:echo_registry
+Throughput counts from the moment every caller has opened its session, listed the
+tools and warmed up, to the moment the last caller's last call returns.
+
+Run from ``bench/`` (``_bundle`` lives there)::
+
+    python bench_mcp.py                          # 2000 calls per cell
+    python bench_mcp.py --requests 500 --dispatcher _bundle:echo_registry --tool echo/echo
 """
 
 from __future__ import annotations
@@ -89,7 +94,31 @@ async def _wait_up(port: int) -> None:
                     return
 
 
-async def _caller(url: str, tool: str, calls: int, latencies: list[float], warmup: int) -> None:
+class _Barrier:
+    """Lets every one of ``parties`` tasks through once the last arrives; notes when."""
+
+    def __init__(self, parties: int):
+        self._waiting = parties
+        self._all_here = anyio.Event()
+        self.at = 0.0
+
+    async def wait(self) -> None:
+        self._waiting -= 1
+        if self._waiting == 0:
+            self.at = time.perf_counter()
+            self._all_here.set()
+        await self._all_here.wait()
+
+
+async def _caller(
+    url: str,
+    tool: str,
+    calls: int,
+    latencies: list[float],
+    warmup: int,
+    warmed: _Barrier,
+    finished: _Barrier,
+) -> None:
     async with (
         streamable_http_client(url) as (read, write),
         ClientSession(read, write) as session,
@@ -98,25 +127,31 @@ async def _caller(url: str, tool: str, calls: int, latencies: list[float], warmu
         await session.list_tools()
         for _ in range(warmup):
             await session.call_tool(tool, {"text": "warm"})
+        await warmed.wait()
         for i in range(calls):
             started = time.perf_counter()
             result = await session.call_tool(tool, {"text": f"hello {i}"})
             latencies.append(time.perf_counter() - started)
             assert not result.is_error, result
+        # Sessions close after the clock stops, not while other callers still call.
+        await finished.wait()
 
 
 async def measure(
     port: int, tool: str, concurrency: int, requests: int
 ) -> tuple[list[float], float]:
-    """Latencies of ``requests`` calls spread over ``concurrency`` sessions, and the wall time."""
+    """Latencies of ``requests`` calls spread over ``concurrency`` sessions, and the wall time.
+
+    The clock starts once every session has warmed up and stops when the last call returns.
+    """
     url = f"http://127.0.0.1:{port}/mcp"
     latencies: list[float] = []
     per_caller = max(1, requests // concurrency)
-    started = time.perf_counter()
+    warmed, finished = _Barrier(concurrency), _Barrier(concurrency)
     async with anyio.create_task_group() as tg:
         for _ in range(concurrency):
-            tg.start_soon(_caller, url, tool, per_caller, latencies, 10)
-    return latencies, time.perf_counter() - started
+            tg.start_soon(_caller, url, tool, per_caller, latencies, 10, warmed, finished)
+    return latencies, finished.at - warmed.at
 
 
 def _spawn(args: Sequence[str]) -> subprocess.Popen[bytes]:

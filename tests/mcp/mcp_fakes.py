@@ -34,7 +34,7 @@ from skilld.mcp._logging import make_logger
 from skilld.mcp._metrics import Metrics
 from skilld.mcp._server import McpService
 from skilld.mcp.testing import ECHO_SCHEMA, StaticDispatcher, static_tool
-from skilld.registry import ToolAnnotations
+from skilld.registry import Dispatcher, ToolAnnotations
 from skilld.types import CallOutput, ClientChannel, ContentBlock, PromptSpec, ResourceSpec
 
 HERE = Path(__file__).resolve().parent
@@ -207,6 +207,10 @@ def fake_dispatcher(gate: Gate | None = None) -> StaticDispatcher:
                 lambda u, v, c: "# Notes",
             ),
             (
+                ResourceSpec("note://wait", "wait", "Held open by the gate"),
+                lambda u, v, c: _wait(gate)({}, c),
+            ),
+            (
                 ResourceSpec("note://{id}", "note", "One note", template=True),
                 lambda u, v, c: {"id": v["id"]},
             ),
@@ -267,7 +271,7 @@ def _session(read: Any, write: Any, inbox: Inbox) -> ClientSession:
 
 @asynccontextmanager
 async def running_http(
-    dispatcher: StaticDispatcher, config: ServeConfig | None = None
+    dispatcher: Dispatcher, config: ServeConfig | None = None
 ) -> AsyncIterator[HttpServer]:
     """A real uvicorn server on a free port, stopped (gracefully) on exit."""
     config = config or ServeConfig(transport="http", port=0)
@@ -279,10 +283,40 @@ async def running_http(
             server.stop()
 
 
+def memory_service(dispatcher: Dispatcher, config: ServeConfig | None = None) -> McpService:
+    """An MCP service over ``dispatcher`` for :func:`memory_session`, logging only errors."""
+    return McpService(
+        dispatcher,
+        config or ServeConfig(),
+        make_logger(ServeConfig(log_level="error")),
+        Metrics(),
+    )
+
+
+@asynccontextmanager
+async def memory_session(
+    service: McpService, inbox: Inbox | None = None
+) -> AsyncIterator[ClientSession]:
+    """An initialized SDK client session to ``service`` over in-memory streams."""
+    async with (
+        create_client_server_memory_streams() as (client, srv),
+        anyio.create_task_group() as tg,
+    ):
+        tg.start_soon(
+            lambda: service.server.run(
+                srv[0], srv[1], service.server.create_initialization_options()
+            )
+        )
+        async with _session(client[0], client[1], inbox or Inbox()) as s:
+            await s.initialize()
+            yield s
+        tg.cancel_scope.cancel()
+
+
 @asynccontextmanager
 async def connect(
     transport: str,
-    dispatcher: StaticDispatcher | None = None,
+    dispatcher: Dispatcher | None = None,
     inbox: Inbox | None = None,
     headers: Mapping[str, str] | None = None,
 ) -> AsyncIterator[ClientSession]:
@@ -295,25 +329,8 @@ async def connect(
             yield s
         return
     if transport == "memory":
-        service = McpService(
-            dispatcher or fake_dispatcher(),
-            ServeConfig(),
-            make_logger(ServeConfig(log_level="error")),
-            Metrics(),
-        )
-        async with (
-            create_client_server_memory_streams() as (client, srv),
-            anyio.create_task_group() as tg,
-        ):
-            tg.start_soon(
-                lambda: service.server.run(
-                    srv[0], srv[1], service.server.create_initialization_options()
-                )
-            )
-            async with _session(client[0], client[1], inbox) as s:
-                await s.initialize()
-                yield s
-            tg.cancel_scope.cancel()
+        async with memory_session(memory_service(dispatcher or fake_dispatcher()), inbox) as s:
+            yield s
         return
     async with running_http(dispatcher or fake_dispatcher()) as server:
         base = f"http://127.0.0.1:{server.port}"

@@ -6,12 +6,24 @@ import anyio
 import anyio.to_thread
 import httpx2
 import pytest
+from anyio import wait_all_tasks_blocked
+from mcp import types
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
-from mcp_fakes import Gate, connect, fake_dispatcher, running_http, text_of
+from mcp.shared.exceptions import MCPError
+from mcp_fakes import (
+    Gate,
+    connect,
+    fake_dispatcher,
+    memory_service,
+    memory_session,
+    running_http,
+    text_of,
+)
 
 from skilld.mcp import ServeConfig
 from skilld.mcp._metrics import Metrics
+from skilld.mcp._serve import advertised_url
 
 pytestmark = pytest.mark.anyio
 
@@ -135,3 +147,112 @@ async def test_memory_transport_sanity() -> None:
     with anyio.fail_after(10):
         async with connect("memory") as session:
             assert len((await session.list_tools()).tools) == len(fake_dispatcher().tools())
+
+
+async def test_drain_refuses_a_call_still_waiting_for_a_slot() -> None:
+    """A call queued for a slot when draining began is refused once the slot frees, never run."""
+    gate = Gate()
+    dispatcher = fake_dispatcher(gate)
+    service = memory_service(dispatcher, ServeConfig(skill_concurrency=1, queue_timeout_s=30))
+    results: dict[str, types.CallToolResult] = {}
+    drained: list[bool] = []
+
+    async def call(tool: str) -> None:
+        results[tool] = await session.call_tool(tool, {})
+
+    async def drain() -> None:
+        drained.append(await service.drain(30))
+
+    with anyio.fail_after(30):
+        async with memory_session(service) as session, anyio.create_task_group() as tg:
+            tg.start_soon(call, "work/wait")
+            await anyio.to_thread.run_sync(gate.started.wait)
+            tg.start_soon(call, "work/progress")
+            await wait_all_tasks_blocked()
+            assert service._slots["work"].statistics().tasks_waiting == 1
+            tg.start_soon(drain)
+            await wait_all_tasks_blocked()
+            assert drained == []
+            gate.release.set()
+    assert drained == [True]
+    assert text_of(results["work/wait"]) == '{"released": true}'
+    queued = results["work/progress"]
+    assert queued.is_error and "shutting down" in text_of(queued)
+    assert [name for name, _args in dispatcher.calls] == ["work/wait"]
+
+
+async def test_drain_waits_for_a_resource_read_in_flight() -> None:
+    """A resource read is a call in flight: drain waits for it, and refuses reads and prompts."""
+    gate = Gate()
+    service = memory_service(fake_dispatcher(gate))
+    reads: list[types.ReadResourceResult] = []
+    drained: list[bool] = []
+
+    async def read() -> None:
+        reads.append(await session.read_resource("note://wait"))
+
+    async def drain() -> None:
+        drained.append(await service.drain(30))
+
+    with anyio.fail_after(30):
+        async with memory_session(service) as session, anyio.create_task_group() as tg:
+            tg.start_soon(read)
+            await anyio.to_thread.run_sync(gate.started.wait)
+            tg.start_soon(drain)
+            await wait_all_tasks_blocked()
+            assert drained == []
+            with pytest.raises(MCPError, match=r"\[unavailable\] the server is shutting down"):
+                await session.read_resource("note://readme")
+            with pytest.raises(MCPError, match="shutting down"):
+                await session.get_prompt("greet", {"tone": "formal"})
+            gate.release.set()
+    assert drained == [True]
+    (content,) = reads[0].contents
+    assert isinstance(content, types.TextResourceContents)
+    assert content.text == '{"released":true}'
+    lines = service.metrics.render().splitlines()
+    ok = 'skilld_tool_calls_total{skill="static",tool="resource:note://wait",outcome="ok"} 1'
+    assert ok in lines
+    refused = 'skilld_tool_calls_total{skill="static",tool="prompt:greet",outcome="draining"} 1'
+    assert refused in lines
+    assert 'skilld_tool_call_seconds_count{skill="static"} 1' in lines
+
+
+async def test_resources_and_prompts_share_the_skills_slots() -> None:
+    """With the skill's only slot taken by a resource read, a prompt of that skill is busy."""
+    gate = Gate()
+    service = memory_service(
+        fake_dispatcher(gate), ServeConfig(skill_concurrency=1, queue_timeout_s=0.05)
+    )
+    with anyio.fail_after(30):
+        async with memory_session(service) as session, anyio.create_task_group() as tg:
+            tg.start_soon(session.read_resource, "note://wait")
+            await anyio.to_thread.run_sync(gate.started.wait)
+            with pytest.raises(MCPError, match=r"\[limit-exceeded\] skill static is busy"):
+                await session.get_prompt("greet", {"tone": "formal"})
+            # Tools of other skills have slots of their own.
+            assert not (await session.call_tool("notes/echo", {"text": "x"})).is_error
+            gate.release.set()
+
+
+def test_wildcard_binds_advertise_loopback() -> None:
+    """The URL of a server bound to every address names loopback, which the Host check accepts."""
+    assert advertised_url("0.0.0.0", 8080) == "http://127.0.0.1:8080/mcp"
+    assert advertised_url("", 8080) == "http://127.0.0.1:8080/mcp"
+    assert advertised_url("::", 8080) == "http://[::1]:8080/mcp"
+    assert advertised_url("::1", 8080) == "http://[::1]:8080/mcp"
+    assert advertised_url("10.0.0.7", 80) == "http://10.0.0.7:80/mcp"
+
+
+async def test_wildcard_bind_url_serves() -> None:
+    """A client given the advertised URL of a 0.0.0.0 server connects and calls a tool."""
+    config = ServeConfig(transport="http", host="0.0.0.0", port=0)
+    with anyio.fail_after(30):
+        async with (
+            running_http(fake_dispatcher(), config) as server,
+            streamable_http_client(server.url) as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            assert server.url == f"http://127.0.0.1:{server.port}/mcp"
+            await session.initialize()
+            assert not (await session.call_tool("notes/echo", {"text": "x"})).is_error

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hmac
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,7 @@ import pytest
 from mcp_fakes import fake_dispatcher, running_http
 
 from skilld.errors import UsageError
-from skilld.mcp import ServeConfig
+from skilld.mcp import ServeConfig, _http
 
 pytestmark = pytest.mark.anyio
 
@@ -28,6 +30,15 @@ INIT = {
     },
 }
 ACCEPT = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+
+
+BIG = dict(INIT, params={**INIT["params"], "pad": "x" * 4096})  # type: ignore[dict-item]
+
+
+async def _chunks() -> AsyncIterator[bytes]:
+    """4 KiB of body in chunks: the client sends no Content-Length."""
+    for _ in range(4):
+        yield b" " * 1024
 
 
 def _body(response: httpx2.Response) -> Any:
@@ -69,8 +80,7 @@ async def test_bad_host_origin_and_body(bind: str) -> None:
                 )
                 assert local.status_code == 200
 
-                big = dict(INIT, params={**INIT["params"], "pad": "x" * 4096})  # type: ignore[dict-item]
-                assert (await http.post(url, json=big, headers=ACCEPT)).status_code == 413
+                assert (await http.post(url, json=BIG, headers=ACCEPT)).status_code == 413
 
                 sse = await http.get(
                     f"http://127.0.0.1:{server.port}/sse", headers={"Host": "evil.example.com"}
@@ -210,3 +220,84 @@ def test_token_configuration_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     with pytest.raises(UsageError, match="SKILLD_UNSET_TOKEN"):
         ServeConfig(token_env="SKILLD_UNSET_TOKEN").load_tokens()
     assert ServeConfig().load_tokens() == ()
+
+
+@pytest.mark.parametrize("bind", BINDS)
+async def test_host_and_origin_ignore_case(bind: str) -> None:
+    """Host and Origin match the allowlist whatever their case (DNS ignores it); others do not."""
+    config = ServeConfig(transport="http", host=bind, port=0)
+    with anyio.fail_after(30):
+        async with (
+            running_http(fake_dispatcher(), config) as server,
+            httpx2.AsyncClient(timeout=10) as http,
+        ):
+            url = f"http://127.0.0.1:{server.port}/mcp"
+            for host in ("LOCALHOST", f"LocalHost:{server.port}"):
+                upper = await http.post(url, json=INIT, headers={**ACCEPT, "Host": host})
+                assert upper.status_code == 200, (host, upper.text)
+            origin = {**ACCEPT, "Origin": f"HTTP://LOCALHOST:{server.port}"}
+            assert (await http.post(url, json=INIT, headers=origin)).status_code == 200
+            evil = {**ACCEPT, "Host": f"EVIL.example.com:{server.port}"}
+            assert (await http.post(url, json=INIT, headers=evil)).status_code == 421
+
+
+@pytest.mark.parametrize("bind", BINDS)
+async def test_chunked_oversized_body_is_refused(bind: str) -> None:
+    """A body without Content-Length is counted as it arrives and refused past the limit."""
+    config = ServeConfig(transport="http", host=bind, port=0, max_body_bytes=2048)
+    with anyio.fail_after(30):
+        async with (
+            running_http(fake_dispatcher(), config) as server,
+            httpx2.AsyncClient(timeout=10) as http,
+        ):
+            url = f"http://127.0.0.1:{server.port}/mcp"
+            chunked = await http.post(url, content=_chunks(), headers=ACCEPT)
+            assert "content-length" not in chunked.request.headers
+            assert chunked.status_code == 413
+
+
+@pytest.mark.parametrize("bind", BINDS)
+async def test_token_is_checked_before_the_body(bind: str, tmp_path: Path) -> None:
+    """Without a valid token an oversized body gets 401, never 413; with one it gets 413."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text("alpha-token-1\n")
+    config = ServeConfig(
+        transport="http", host=bind, port=0, max_body_bytes=2048, token_file=tokens
+    )
+    with anyio.fail_after(30):
+        async with (
+            running_http(fake_dispatcher(), config) as server,
+            httpx2.AsyncClient(timeout=10) as http,
+        ):
+            url = f"http://127.0.0.1:{server.port}/mcp"
+            wrong = {**ACCEPT, "Authorization": "Bearer alpha"}
+            for headers in (ACCEPT, wrong):
+                sized = await http.post(url, json=BIG, headers=headers)
+                assert sized.status_code == 401
+                assert sized.headers["www-authenticate"].startswith("Bearer ")
+                chunked = await http.post(url, content=_chunks(), headers=headers)
+                assert chunked.status_code == 401
+            good = {**ACCEPT, "Authorization": "Bearer alpha-token-1"}
+            assert (await http.post(url, json=BIG, headers=good)).status_code == 413
+            assert (await http.post(url, content=_chunks(), headers=good)).status_code == 413
+            assert (await http.post(url, json=INIT, headers=good)).status_code == 200
+
+
+async def test_tokens_are_compared_as_digests(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every comparison is of two sha256 digests, so its time cannot reveal a token's length."""
+    compared: list[tuple[int, int]] = []
+    real = hmac.compare_digest
+
+    def spy(a: bytes, b: bytes) -> bool:
+        compared.append((len(a), len(b)))
+        return real(a, b)
+
+    monkeypatch.setattr(_http.hmac, "compare_digest", spy)
+    verifier = _http.TokenVerifier(["short", "a-much-longer-bearer-token-0123456789"])
+    short = await verifier.verify_token("short")
+    long = await verifier.verify_token("a-much-longer-bearer-token-0123456789")
+    assert short is not None and long is not None and short.client_id != long.client_id
+    assert await verifier.verify_token("x") is None
+    assert await verifier.verify_token("short-but-not-quite") is None
+    assert set(compared) == {(32, 32)}
+    assert len(compared) == 8  # every configured token, for every presented one

@@ -127,7 +127,7 @@ async def test_resources_and_prompts_over_http() -> None:
     with anyio.fail_after(30):
         async with connect("streamable-http") as session:
             listed = await session.list_resources()
-            assert [str(r.uri) for r in listed.resources] == ["note://readme"]
+            assert [str(r.uri) for r in listed.resources] == ["note://readme", "note://wait"]
             templates = await session.list_resource_templates()
             assert [t.uri_template for t in templates.resource_templates] == ["note://{id}"]
             read = await session.read_resource("note://7")

@@ -10,8 +10,9 @@
 
 Every request except the two probes passes the front door first: the Host header
 against the allowlist (421), the Origin header against the allowlist (403) — on
-any bind address, 0.0.0.0 included — then the body size (413), then the bearer
-token when tokens are configured (401 with ``WWW-Authenticate: Bearer``).
+any bind address, 0.0.0.0 included, and ignoring case as DNS does — then the
+bearer token when tokens are configured (401 with ``WWW-Authenticate: Bearer``),
+and only then the body size (413): nothing is buffered for an unauthenticated client.
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ PROBES = frozenset({"/healthz", "/readyz"})
 
 
 def matches(value: str, patterns: Sequence[str]) -> bool:
-    """Whether ``value`` equals a pattern, or matches ``base:*`` with some port."""
-    for pattern in patterns:
+    """Whether ``value`` equals a pattern, or matches ``base:*`` with some port, ignoring case."""
+    value = value.lower()
+    for pattern in (p.lower() for p in patterns):
         if value == pattern:
             return True
         if pattern.endswith(":*"):
@@ -64,13 +66,14 @@ class TokenVerifier:
     """
 
     def __init__(self, tokens: Sequence[str]):
-        self._tokens = [
-            (t.encode(), "token-" + hashlib.sha256(t.encode()).hexdigest()[:12]) for t in tokens
-        ]
+        digests = [_sha256(t) for t in tokens]
+        self._tokens = [(d, "token-" + d.hex()[:12]) for d in digests]
 
     async def verify_token(self, token: str) -> AccessToken | None:
         """The access grant for ``token``, or None when it is not one of ours."""
-        presented = token.encode()
+        # Digests, not the tokens: compare_digest takes time by the length of its
+        # inputs, which would tell a client how long the configured tokens are.
+        presented = _sha256(token)
         found: str | None = None
         for known, principal in self._tokens:
             # No early exit: every configured token is compared, whatever matches.
@@ -79,12 +82,18 @@ class TokenVerifier:
         return None if found is None else AccessToken(token=token, client_id=found, scopes=[])
 
 
+def _sha256(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
+_CASELESS_HEADERS = (b"host", b"origin")
+
+
 class FrontDoor:
-    """Host, Origin and body-size checks in front of everything but the probes."""
+    """Host and Origin checks in front of everything but the probes; counts refusals."""
 
     def __init__(self, app: ASGIApp, *, config: ServeConfig, metrics: Metrics):
         self._app = app
-        self._limited = RequestBodyLimitMiddleware(app, config.max_body_bytes)
         self._hosts = config.host_allowlist()
         self._origins = config.origin_allowlist()
         self._metrics = metrics
@@ -108,7 +117,12 @@ class FrontDoor:
                 self._metrics.http_rejected(message["status"])
             await send(message)
 
-        await self._limited(scope, receive, counting_send)
+        # Host names ignore case; the SDK's transports check them again, case-sensitively.
+        headers_out = [
+            (name, value.lower() if name in _CASELESS_HEADERS else value)
+            for name, value in scope["headers"]
+        ]
+        await self._app({**scope, "headers": headers_out}, receive, counting_send)
 
     async def _reject(
         self, status: int, text: str, scope: Scope, receive: Receive, send: Send
@@ -146,7 +160,10 @@ def build_app(service: McpService, tokens: Sequence[str]) -> Starlette:
     )
 
     def guarded(app: ASGIApp) -> ASGIApp:
-        return RequireAuthMiddleware(app, []) if tokens else app
+        # The token first, then the body: an unauthenticated client gets its 401
+        # before the server reads (and buffers up to max_body_bytes of) what it sent.
+        limited = RequestBodyLimitMiddleware(app, config.max_body_bytes)
+        return RequireAuthMiddleware(limited, []) if tokens else limited
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})

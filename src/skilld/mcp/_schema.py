@@ -8,10 +8,7 @@ references do not (a sealed appliance fetches nothing).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    pass
+from typing import Any
 
 from skilld.errors import UsageError
 
@@ -45,7 +42,9 @@ class ArgumentValidator:
         """
         import jsonschema
 
-        error = jsonschema.exceptions.best_match(self._validator.iter_errors(dict(arguments)))
+        errors = list(self._validator.iter_errors(dict(arguments)))
+        explained = [e for e in map(_picked_branch, errors) if e is not None]
+        error = jsonschema.exceptions.best_match(explained or errors)
         if error is None:
             return
         path = "/".join(str(p) for p in error.absolute_path) or "(root)"
@@ -54,3 +53,31 @@ class ArgumentValidator:
             location=self._where,
             hint=f"schema keyword '{error.validator}'",
         )
+
+
+def _picked_branch(error: Any) -> Any:
+    """The failure inside the branch of a discriminated union that the arguments picked.
+
+    For a failed ``oneOf``/``anyOf`` whose branches are told apart by a ``const`` on a
+    property (a per-skill tool's ``method``); None when the arguments picked no
+    branch, so that another error (``method`` not in its ``enum``) explains it.
+    ``best_match`` alone would report "not valid under any of the given schemas" and
+    leave the user to guess which parameter of the chosen method is wrong.
+    """
+    import jsonschema
+
+    while error.validator in ("oneOf", "anyOf") and error.context:
+        # A const on a property of the object itself is the discriminator; a const
+        # deeper down is part of some branch's parameters.
+        refused = {
+            e.relative_schema_path[0]
+            for e in error.context
+            if e.validator == "const" and len(e.relative_path) == 1
+        }
+        if not refused:
+            break
+        picked = [e for e in error.context if e.relative_schema_path[0] not in refused]
+        if not picked:
+            return None
+        error = jsonschema.exceptions.best_match(picked)
+    return error

@@ -21,6 +21,14 @@ from skilld.registry import Dispatcher
 
 # Once calls in flight have finished, idle streams (an SSE GET) get this long to close.
 _STREAM_CLOSE_S = 1
+# A wildcard bind is reached through loopback: a client sending Host 0.0.0.0 gets 421.
+_LOOPBACK_FOR = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}  # noqa: S104 - binds nothing
+
+
+def advertised_url(host: str, port: int) -> str:
+    """The Streamable HTTP endpoint a local client should use for a server bound to ``host``."""
+    host = _LOOPBACK_FOR.get(host, host)
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/mcp"
 
 
 class _DrainingServer(uvicorn.Server):
@@ -47,9 +55,8 @@ class HttpServer:
 
     @property
     def url(self) -> str:
-        """The Streamable HTTP endpoint."""
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/mcp"
+        """The Streamable HTTP endpoint (on loopback when bound to every address)."""
+        return advertised_url(self.host, self.port)
 
     def stop(self) -> None:
         """Ask the server to shut down gracefully (as SIGTERM does)."""

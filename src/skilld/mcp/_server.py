@@ -28,6 +28,7 @@ from mcp.shared.uri_template import InvalidUriTemplate, UriTemplate
 from pydantic import ValidationError
 
 from skilld.errors import (
+    CallCancelled,
     DeadlineExceeded,
     GuestError,
     GuestFault,
@@ -76,6 +77,8 @@ def error_text(exc: SkilldError) -> tuple[str, str | None, str]:
         code, rule = exc.code, exc.rule
     elif isinstance(exc, DeadlineExceeded):
         code = "timeout"
+    elif isinstance(exc, CallCancelled):
+        code = "cancelled"
     elif isinstance(exc, MemoryExhausted | StackExhausted):
         code = "limit-exceeded"
     elif isinstance(exc, UsageError):
@@ -282,79 +285,26 @@ class McpService:
         tool = self._tool(name)
         if tool is None:
             raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {name}")
-        skill = tool.skill_id
         arguments = dict(params.arguments or {})
-        if self.draining:
-            self.metrics.refused(skill, name, "draining")
-            return _error_result("[unavailable] the server is shutting down; retry elsewhere")
         try:
             self._validator(tool).check(arguments)
         except UsageError as exc:
-            self.metrics.refused(skill, name, "invalid-argument")
+            self.metrics.refused(tool.skill_id, name, "invalid-argument")
             return _error_result(error_text(exc)[2])
-
-        slots = self._slots.setdefault(skill, anyio.Semaphore(self.config.skill_concurrency))
         try:
-            with anyio.fail_after(self.config.queue_timeout_s):
-                await slots.acquire()
-        except TimeoutError:
-            self.metrics.refused(skill, name, "busy")
-            self._log.warning("busy", tool=name, skill=skill, limit=self.config.skill_concurrency)
-            return _error_result(
-                f"[limit-exceeded] skill {skill} is busy "
-                f"({self.config.skill_concurrency} calls running); retry later"
-            )
-        try:
-            return await self._run_call(ctx, tool, arguments)
-        finally:
-            slots.release()
-
-    async def _run_call(
-        self, ctx: Ctx, tool: Tool, arguments: dict[str, Any]
-    ) -> types.CallToolResult:
-        channel = self._channel(ctx, tool.skill_id)
-        outcome = "cancelled"
-        rule: str | None = None
-        started = time.perf_counter()
-        self._enter()
-        try:
-            output = await self._blocking(
-                partial(self.dispatcher.call, tool.name, arguments, channel), channel
+            return await self._guest_call(
+                ctx,
+                tool.skill_id,
+                name,
+                lambda channel: self._result(tool, self.dispatcher.call(name, arguments, channel)),
             )
         except RegistryError as exc:
-            outcome = "unknown-tool"
             raise MCPError(types.INVALID_PARAMS, str(exc)) from exc
         except SkilldError as exc:
-            outcome, rule, text = error_text(exc)
-            if outcome == "not-permitted":
-                self.metrics.denied(tool.skill_id, rule or "default-deny")
-            return _error_result(text)
-        # A bug below the seam costs this one call, never the session: report and go on.
-        except Exception as exc:  # noqa: BLE001 - logged with its traceback just below
-            outcome = "internal"
-            self._log.exception("tool_crashed", tool=tool.name, skill=tool.skill_id)
+            return _error_result(error_text(exc)[2])
+        # A bug below the seam costs this one call, never the session (_guest_call logged it).
+        except Exception as exc:  # noqa: BLE001
             return _error_result(f"[internal] the call failed unexpectedly: {type(exc).__name__}")
-        else:
-            try:
-                result = self._result(tool, output)
-            except SkilldError as exc:
-                outcome, rule, text = error_text(exc)
-                return _error_result(text)
-            outcome = "ok"
-            return result
-        finally:
-            seconds = time.perf_counter() - started
-            self._leave()
-            self.metrics.finished(tool.skill_id, tool.name, outcome, seconds)
-            self._log.info(
-                "tool_call",
-                tool=tool.name,
-                skill=tool.skill_id,
-                outcome=outcome,
-                rule=rule,
-                ms=round(seconds * 1000, 3),
-                request_id=ctx.request_id,
-            )
 
     def _result(self, tool: Tool, output: CallOutput) -> types.CallToolResult:
         value = output.value
@@ -373,6 +323,82 @@ class McpService:
         return types.CallToolResult(content=content, structured_content=structured)
 
     # -- running blocking dispatcher calls -----------------------------------
+
+    async def _guest_call(
+        self, ctx: Ctx, skill: str, label: str, run: Callable[[SessionChannel], T]
+    ) -> T:
+        """Run guest code for one request: the one path tools, resources and prompts take.
+
+        Refuses while draining, waits up to ``queue_timeout_s`` for one of the skill's
+        slots, counts the call in flight (what :meth:`drain` waits for), runs ``run``
+        on a worker thread with a channel to the client, and records metrics and one
+        ``tool_call`` log line (``label`` names the tool, resource or prompt).
+
+        Raises:
+            GuestError: ``unavailable`` while draining, ``limit-exceeded`` when the
+                skill stays busy; the guest has not run.
+            SkilldError: whatever ``run`` raised (``RegistryError`` for unknown names).
+            Exception: a bug below the seam, logged here with its traceback.
+        """
+        self._refuse_if_draining(skill, label)
+        slots = self._slots.setdefault(skill, anyio.Semaphore(self.config.skill_concurrency))
+        try:
+            with anyio.fail_after(self.config.queue_timeout_s):
+                await slots.acquire()
+        except TimeoutError:
+            self.metrics.refused(skill, label, "busy")
+            self._log.warning("busy", tool=label, skill=skill, limit=self.config.skill_concurrency)
+            raise GuestError(
+                "limit-exceeded",
+                f"skill {skill} is busy ({self.config.skill_concurrency} calls running); "
+                "retry later",
+            ) from None
+        try:
+            # Again: drain() may have seen nothing in flight and returned while this
+            # call waited for its slot. No await between here and _enter().
+            self._refuse_if_draining(skill, label)
+            channel = self._channel(ctx, skill)
+            outcome = "cancelled"
+            rule: str | None = None
+            started = time.perf_counter()
+            self._enter()
+            try:
+                result = await self._blocking(partial(run, channel), channel)
+            except RegistryError:
+                outcome = "unknown"
+                raise
+            except SkilldError as exc:
+                outcome, rule, _text = error_text(exc)
+                if outcome == "not-permitted":
+                    self.metrics.denied(skill, rule or "default-deny")
+                raise
+            except Exception:
+                outcome = "internal"
+                self._log.exception("tool_crashed", tool=label, skill=skill)
+                raise
+            else:
+                outcome = "ok"
+                return result
+            finally:
+                seconds = time.perf_counter() - started
+                self._leave()
+                self.metrics.finished(skill, label, outcome, seconds)
+                self._log.info(
+                    "tool_call",
+                    tool=label,
+                    skill=skill,
+                    outcome=outcome,
+                    rule=rule,
+                    ms=round(seconds * 1000, 3),
+                    request_id=ctx.request_id,
+                )
+        finally:
+            slots.release()
+
+    def _refuse_if_draining(self, skill: str, label: str) -> None:
+        if self.draining:
+            self.metrics.refused(skill, label, "draining")
+            raise GuestError("unavailable", "the server is shutting down; retry elsewhere")
 
     def _enter(self) -> None:
         self._in_flight += 1
@@ -393,12 +419,13 @@ class McpService:
             request_timeout_s=self.config.client_request_timeout_s,
         )
 
-    async def _blocking(self, fn: Callable[[], T], channel: SessionChannel | None) -> T:
+    async def _blocking(self, fn: Callable[[], T], channel: SessionChannel) -> T:
         """Run ``fn`` on a worker thread; a cancelled request marks the channel and waits.
 
         The guest cannot be interrupted from outside its thread, so a cancellation
-        (the client's ``notifications/cancelled``, or shutdown) sets the channel's
-        flag for the guest to observe, and the call still ends before we return.
+        (the client's ``notifications/cancelled``, or shutdown) marks the channel: the
+        sandbox stops the guest at its next epoch check once the channel says so (and
+        the guest may poll ``cancelled()`` itself); the call still ends before we return.
         """
         values: list[T] = []
         errors: list[Exception] = []
@@ -418,8 +445,7 @@ class McpService:
             try:
                 await done.wait()
             except anyio.get_cancelled_exc_class():
-                if channel is not None:
-                    channel.cancel()
+                channel.cancel()
                 raise
         if errors:
             raise errors[0]
@@ -477,12 +503,15 @@ class McpService:
         spec = self._resource_spec(uri)
         if spec is None:
             raise MCPError(RESOURCE_NOT_FOUND, f"Resource not found: {uri}", data={"uri": uri})
-        channel = self._channel(ctx, spec.name)
         try:
-            outputs = await self._blocking(
-                partial(self.dispatcher.read_resource, uri, channel), channel
+            contents = await self._guest_call(
+                ctx,
+                self.dispatcher.resource_skill(uri),
+                f"resource:{spec.uri}",
+                lambda channel: resource_contents(
+                    uri, self.dispatcher.read_resource(uri, channel), spec.mime_type
+                ),
             )
-            contents = resource_contents(uri, outputs, spec.mime_type)
         except RegistryError as exc:
             raise MCPError(RESOURCE_NOT_FOUND, str(exc), data={"uri": uri}) from exc
         except SkilldError as exc:
@@ -541,22 +570,27 @@ class McpService:
             ArgumentValidator(spec.arguments_schema, where=f"prompt {spec.name}").check(arguments)
         except UsageError as exc:
             raise MCPError(types.INVALID_PARAMS, str(exc)) from exc
+
+        def render(channel: SessionChannel) -> types.GetPromptResult:
+            messages = self.dispatcher.get_prompt(spec.name, arguments, channel)
+            try:
+                return types.GetPromptResult(
+                    description=spec.description,
+                    messages=[types.PromptMessage.model_validate(m) for m in messages],
+                )
+            except ValidationError as exc:
+                raise GuestError(
+                    "internal", f"prompt {spec.name} rendered malformed messages"
+                ) from exc
+
         try:
-            messages = await self._blocking(
-                partial(self.dispatcher.get_prompt, spec.name, arguments), None
-            )
-            return types.GetPromptResult(
-                description=spec.description,
-                messages=[types.PromptMessage.model_validate(m) for m in messages],
+            return await self._guest_call(
+                ctx, self.dispatcher.prompt_skill(spec.name), f"prompt:{spec.name}", render
             )
         except RegistryError as exc:
             raise MCPError(types.INVALID_PARAMS, str(exc)) from exc
         except SkilldError as exc:
             raise MCPError(types.INTERNAL_ERROR, error_text(exc)[2]) from exc
-        except ValidationError as exc:
-            raise MCPError(
-                types.INTERNAL_ERROR, f"prompt {spec.name} rendered malformed messages"
-            ) from exc
 
     async def _complete(
         self, ctx: Ctx, params: types.CompleteRequestParams

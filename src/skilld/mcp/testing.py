@@ -3,8 +3,8 @@
 :class:`StaticDispatcher` implements :class:`skilld.registry.Dispatcher` with no
 wasm behind it, for tests of anything that serves or calls a dispatcher.
 :func:`conformance_dispatcher` carries the tools, resources and prompts the
-official MCP conformance suite exercises (a sandboxed ``conformance`` skill will
-carry the same behaviours later: nothing here is special-cased by the server).
+official MCP conformance suite exercises (``skills/conformance`` carries the same
+behaviours as a sandboxed skill: nothing here is special-cased by the server).
 
 Run ``python -m skilld.mcp.testing [conformance|echo] [--http PORT]`` to serve one
 over stdio (the default) or HTTP.
@@ -75,12 +75,16 @@ def _as_output(value: Any) -> CallOutput:
 
 @dataclass
 class StaticDispatcher:
-    """A :class:`skilld.registry.Dispatcher` over plain callables; blocks like the real one."""
+    """A :class:`skilld.registry.Dispatcher` over plain callables; blocks like the real one.
+
+    Its resources and prompts belong to the skill ``skill_id``.
+    """
 
     tools_: Sequence[StaticTool] = ()
     resources_: Sequence[tuple[ResourceSpec, ResourceFn]] = ()
     prompts_: Sequence[tuple[PromptSpec, PromptFn]] = ()
     is_ready: bool = True
+    skill_id: str = "static"
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
     def tools(self) -> Sequence[Tool]:
@@ -103,35 +107,62 @@ class StaticDispatcher:
         """Every resource and template."""
         return [spec for spec, _fn in self.resources_]
 
+    def _resource(self, uri: str) -> tuple[ResourceFn, Mapping[str, Any]]:
+        for spec, fn in self.resources_:
+            variables = UriTemplate.parse(spec.uri).match(uri) if spec.template else None
+            if spec.uri == uri or variables is not None:
+                return fn, variables or {}
+        raise RegistryError(f"no resource '{uri}'")
+
+    def resource_skill(self, uri: str) -> str:
+        """``skill_id``, for any URI a resource or template matches.
+
+        Raises:
+            RegistryError: nothing serves ``uri``.
+        """
+        self._resource(uri)
+        return self.skill_id
+
     def read_resource(self, uri: str, channel: ClientChannel) -> Sequence[CallOutput]:
         """Read ``uri`` from the first resource or template that matches it.
 
         Raises:
             RegistryError: nothing serves ``uri``.
         """
-        for spec, fn in self.resources_:
-            variables = UriTemplate.parse(spec.uri).match(uri) if spec.template else None
-            if spec.uri == uri or variables is not None:
-                result = fn(uri, variables or {}, channel)
-                if isinstance(result, list | tuple):
-                    return [_as_output(r) for r in result]
-                return [_as_output(result)]
-        raise RegistryError(f"no resource '{uri}'")
+        fn, variables = self._resource(uri)
+        result = fn(uri, variables, channel)
+        if isinstance(result, list | tuple):
+            return [_as_output(r) for r in result]
+        return [_as_output(result)]
 
     def prompts(self) -> Sequence[PromptSpec]:
         """Every prompt."""
         return [spec for spec, _fn in self.prompts_]
 
-    def get_prompt(self, name: str, arguments: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
+    def _prompt(self, name: str) -> PromptFn:
+        for spec, fn in self.prompts_:
+            if spec.name == name:
+                return fn
+        raise RegistryError(f"no prompt named '{name}'")
+
+    def prompt_skill(self, name: str) -> str:
+        """``skill_id``, for any prompt it has.
+
+        Raises:
+            RegistryError: no prompt has that name.
+        """
+        self._prompt(name)
+        return self.skill_id
+
+    def get_prompt(
+        self, name: str, arguments: Mapping[str, Any], channel: ClientChannel
+    ) -> Sequence[Mapping[str, Any]]:
         """Render a prompt.
 
         Raises:
             RegistryError: no prompt has that name.
         """
-        for spec, fn in self.prompts_:
-            if spec.name == name:
-                return fn(arguments)
-        raise RegistryError(f"no prompt named '{name}'")
+        return self._prompt(name)(arguments)
 
     def ready(self) -> bool:
         """Whatever ``is_ready`` says."""

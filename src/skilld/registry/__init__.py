@@ -27,7 +27,7 @@ from skilld.registry._contract import (
     Tool,
     ToolAnnotations,
 )
-from skilld.registry._registry import Registry, SkillEntry, annotations_for
+from skilld.registry._registry import Registry, SkillEntry, annotations_for, per_skill_schema
 from skilld.types import ClientChannel
 
 __all__ = [
@@ -40,4 +40,5 @@ __all__ = [
     "Tool",
     "ToolAnnotations",
     "annotations_for",
+    "per_skill_schema",
 ]

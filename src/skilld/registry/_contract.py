@@ -78,10 +78,12 @@ class NullChannel:
 class Dispatcher(Protocol):
     """What the MCP layer serves. Implemented by ``skilld.registry.Registry``.
 
-    ``call``, ``read_resource`` and ``get_prompt`` block; they raise
-    ``RegistryError`` for unknown names, ``GuestError`` for typed guest errors,
-    ``GuestFault`` subclasses for traps, deadlines and memory exhaustion, and
-    ``UsageError`` for arguments that fail the input schema.
+    ``call``, ``read_resource`` and ``get_prompt`` block, and each runs guest code
+    the same way (the skill's slots, one audit record); they raise ``RegistryError``
+    for unknown names (``resource_skill`` and ``prompt_skill`` too), ``GuestError``
+    for typed guest errors, ``GuestFault`` subclasses for traps, deadlines, memory
+    exhaustion and cancellation, and ``UsageError`` for malformed arguments. The
+    caller checks arguments against the input schema before it calls.
     """
 
     def tools(self) -> Sequence[Tool]:
@@ -96,6 +98,10 @@ class Dispatcher(Protocol):
         """Every resource and resource template the skills serve."""
         ...
 
+    def resource_skill(self, uri: str) -> str:
+        """The id of the skill serving ``uri`` (its concurrency slots apply to the read)."""
+        ...
+
     def read_resource(self, uri: str, channel: ClientChannel) -> Sequence[CallOutput]:
         """Read one resource (each output holds its contents)."""
         ...
@@ -104,7 +110,13 @@ class Dispatcher(Protocol):
         """Every prompt the skills serve."""
         ...
 
-    def get_prompt(self, name: str, arguments: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
+    def prompt_skill(self, name: str) -> str:
+        """The id of the skill serving the prompt ``name``."""
+        ...
+
+    def get_prompt(
+        self, name: str, arguments: Mapping[str, Any], channel: ClientChannel
+    ) -> Sequence[Mapping[str, Any]]:
         """Render a prompt to MCP prompt messages."""
         ...
 

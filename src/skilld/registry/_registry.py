@@ -4,20 +4,23 @@ It implements :class:`~skilld.registry.Dispatcher` on top of the sandbox.
 ``call`` resolves the tool, takes a slot of the skill's concurrency limit,
 builds a :class:`~skilld.sandbox.CallContext` (limits, key-value namespace,
 permission checker, the client channel, the orchestrator for ``invoke``), runs
-the guest, and writes one audit record whatever the outcome.
+the guest, and writes one audit record whatever the outcome. Resource reads and
+prompts run guest code too, and take the same path (``Registry._run``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from skilld.errors import (
+    CallCancelled,
     DeadlineExceeded,
     GuestError,
     HostCallError,
@@ -25,6 +28,7 @@ from skilld.errors import (
     RegistryError,
     SkilldError,
     StackExhausted,
+    UsageError,
 )
 from skilld.policy import Exposure
 from skilld.registry._contract import NullChannel, Tool, ToolAnnotations
@@ -35,30 +39,41 @@ from skilld.types import (
     ClientChannel,
     KeyValueStore,
     Limits,
+    MethodSpec,
     PermissionChecker,
     PromptSpec,
     ResourceSpec,
     SkillSpec,
 )
 
+T = TypeVar("T")
+
 _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+# Keywords whose value maps names to subschemas (every other object value is one schema).
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions"})
+# Keywords whose value is data, never a schema: a "$ref" key inside is not a reference.
+_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
 
 
 def annotations_for(grants: Mapping[str, Any]) -> ToolAnnotations:
     """MCP tool hints from a skill's *effective* grants (its policy table), never its claims.
 
-    Read-only: no rw files, no state, no shell, no non-GET HTTP, no TCP, no transfer.
-    Destructive: it may change or delete (rw files, state, shell, transfer).
+    Read-only: no rw files, no state, no shell, no non-GET HTTP, no TCP, no transfer, no invoke.
+    Destructive: it may change or delete (rw files, state, shell, transfer, invoke).
     Open world: it reaches other systems (HTTP, TCP, transfer, invoke).
+
+    ``invoke`` counts as all of these: the skills it may call can hold any grant,
+    and the hints must not promise more than the whole call chain keeps.
     """
     rw_files = any(rule.get("mode") == "rw" for rule in grants.get("fs") or ())
     writes_http = any(
         set(rule.get("methods") or ("GET",)) - _READ_METHODS for rule in grants.get("http") or ()
     )
-    changes = bool(rw_files or grants.get("kv") or grants.get("shell") or grants.get("transfer"))
-    open_world = bool(
-        grants.get("http") or grants.get("tcp") or grants.get("transfer") or grants.get("invoke")
+    invokes = bool((grants.get("invoke") or {}).get("calls"))
+    changes = bool(
+        rw_files or grants.get("kv") or grants.get("shell") or grants.get("transfer") or invokes
     )
+    open_world = bool(grants.get("http") or grants.get("tcp") or grants.get("transfer") or invokes)
     read_only = not (changes or writes_http or grants.get("tcp"))
     return ToolAnnotations(
         read_only=read_only, destructive=changes, idempotent=read_only, open_world=open_world
@@ -135,15 +150,8 @@ class Registry:
         spec, exp = entry.spec, entry.exposure
         methods = [m for m in spec.methods if m.name not in exp.hidden]
         if exp.per_skill:
-            schema = {
-                "type": "object",
-                "properties": {
-                    "method": {"enum": [m.name for m in methods]},
-                    "args": {"type": "object"},
-                },
-                "required": ["method"],
-                "additionalProperties": False,
-            }
+            if not methods:  # every method hidden: a tool that can do nothing is not listed
+                return []
             listing = "; ".join(f"{m.name}: {m.description}" for m in methods)
             desc = exp.descriptions.get(spec.id, entry.description or spec.description)
             return [
@@ -151,7 +159,7 @@ class Registry:
                     Tool(
                         exp.names.get(spec.id, spec.id),
                         f"{desc}\nMethods: {listing}",
-                        schema,
+                        per_skill_schema(methods),
                         None,
                         entry.annotations,
                         spec.id,
@@ -195,8 +203,13 @@ class Registry:
     def call(self, tool: str, arguments: Mapping[str, Any], channel: ClientChannel) -> CallOutput:
         """Run one tool call to the end (see the module docstring).
 
+        Arguments are not checked against the tool's input schema here: the MCP
+        layer does that before it calls (a per-skill tool's schema holds each
+        method's parameters, see :func:`per_skill_schema`).
+
         Raises:
             RegistryError: no such tool.
+            UsageError: a per-skill tool's ``args`` is not an object.
             GuestError, GuestFault: the guest's failure, audited.
         """
         found = self._tools.get(tool)
@@ -212,6 +225,8 @@ class Registry:
                 or method in self._skills[sid].exposure.hidden
             ):
                 raise GuestError("not-found", f"skill '{sid}' has no method '{method}'")
+            if not isinstance(args, Mapping):
+                raise UsageError(f"'args' of tool '{tool}' must be an object", location=tool)
         return self.call_method(sid, method, args, channel, caller="mcp")
 
     def call_method(
@@ -235,9 +250,43 @@ class Registry:
         if entry is None:
             raise RegistryError(f"no skill named '{skill_id}'")
         args_json = json.dumps(arguments, separators=(",", ":"), sort_keys=True)
+        return self._run(
+            entry,
+            method,
+            args_json,
+            channel,
+            lambda ctx: entry.component.call(method, args_json, ctx),
+            caller=caller,
+            depth=depth,
+            chain=chain,
+        )
+
+    def _run(
+        self,
+        entry: SkillEntry,
+        method: str,
+        input_text: str,
+        channel: ClientChannel | None,
+        guest: Callable[[CallContext], T],
+        *,
+        caller: str,
+        depth: int = 0,
+        chain: tuple[str, ...] = (),
+        target: str | None = None,
+    ) -> T:
+        """The one way guest code runs: a slot of the skill, a fresh context, one audit record.
+
+        Tool calls, ``invoke``, resource reads and prompts all come through here.
+
+        Raises:
+            GuestError: ``limit-exceeded`` when no slot frees up in time; the guest's own.
+            GuestFault: the guest trapped, ran out of time, memory or stack, or was cancelled.
+        """
+        skill_id = entry.spec.id
         ctx = CallContext(
             skill_id=skill_id,
             limits=entry.limits,
+            # The sandbox stops the guest once this channel says the client cancelled.
             channel=channel or NullChannel(),
             kv=entry.kv,
             checker=entry.checker,
@@ -249,7 +298,7 @@ class Registry:
         started = time.time()
         t0 = time.perf_counter()
         outcome: str = "ok"
-        out: CallOutput | None = None
+        out: T | None = None
         error: SkilldError | None = None
         # A nested call (invoke) never waits for a slot: waiting inside a call chain
         # that already holds slots of the same skill could deadlock it.
@@ -263,7 +312,7 @@ class Registry:
             )
         else:
             try:
-                out = entry.component.call(method, args_json, ctx)
+                out = guest(ctx)
             except SkilldError as exc:
                 outcome, error = _outcome(exc), exc
             finally:
@@ -271,9 +320,10 @@ class Registry:
         self._emit(
             entry,
             method,
+            target,
             caller,
-            args_json,
-            out,
+            input_text,
+            None if error is not None else _audited(out),
             started,
             time.perf_counter() - t0,
             outcome,
@@ -331,9 +381,10 @@ class Registry:
         self,
         entry: SkillEntry,
         method: str,
+        target: str | None,
         caller: str,
-        args_json: str,
-        out: CallOutput | None,
+        input_text: str,
+        output: Any,
         started: float,
         duration: float,
         outcome: str,
@@ -349,8 +400,10 @@ class Registry:
             "method": method,
             "caller": caller,
             "depth": ctx.depth,
-            "input_sha256": _digest(args_json),
-            "output_sha256": _digest(json.dumps(out.value, sort_keys=True)) if out else None,
+            "input_sha256": _digest(input_text),
+            "output_sha256": None
+            if error is not None
+            else _digest(json.dumps(output, sort_keys=True)),
             "start": started,
             "duration_ms": round(duration * 1000, 3),
             "outcome": outcome,
@@ -358,6 +411,8 @@ class Registry:
             "error": str(error) if error else None,
             "decisions": [d.as_dict() for d in ctx.decisions],
         }
+        if target is not None:
+            record["target"] = target
         if ctx.host_faults:
             record["host_faults"] = ctx.host_faults
         self._audit.emit(record)
@@ -375,50 +430,141 @@ class Registry:
                     return entry
         raise RegistryError(f"no resource '{uri}'")
 
-    def read_resource(self, uri: str, channel: ClientChannel) -> Sequence[CallOutput]:
-        """Read a resource from the skill that serves it.
+    def resource_skill(self, uri: str) -> str:
+        """The id of the skill serving ``uri``.
 
         Raises:
             RegistryError: no skill serves ``uri``.
         """
+        return self._resource_owner(uri).spec.id
+
+    def read_resource(self, uri: str, channel: ClientChannel) -> Sequence[CallOutput]:
+        """Read a resource from the skill that serves it, as a call: slot, context, audit.
+
+        Raises:
+            RegistryError: no skill serves ``uri``.
+            GuestError, GuestFault: as for :meth:`call`, audited.
+        """
         entry = self._resource_owner(uri)
-        ctx = CallContext(
-            entry.spec.id,
-            entry.limits,
+        return self._run(
+            entry,
+            "read-resource",
+            uri,
             channel,
-            kv=entry.kv,
-            checker=entry.checker,
-            services=entry.services,
+            lambda ctx: entry.component.read_resource(uri, ctx),
+            caller="mcp",
+            target=uri,
         )
-        return entry.component.read_resource(uri, ctx)
 
     def prompts(self) -> Sequence[PromptSpec]:
         """Every prompt the skills serve."""
         return [p for e in self._skills.values() for p in e.spec.prompts]
 
-    def get_prompt(self, name: str, arguments: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
-        """Render a prompt from the skill that serves it.
+    def _prompt_owner(self, name: str) -> SkillEntry:
+        for entry in self._skills.values():
+            if any(p.name == name for p in entry.spec.prompts):
+                return entry
+        raise RegistryError(f"no prompt named '{name}'")
+
+    def prompt_skill(self, name: str) -> str:
+        """The id of the skill serving the prompt ``name``.
+
+        Raises:
+            RegistryError: no skill serves it.
+        """
+        return self._prompt_owner(name).spec.id
+
+    def get_prompt(
+        self, name: str, arguments: Mapping[str, Any], channel: ClientChannel
+    ) -> Sequence[Mapping[str, Any]]:
+        """Render a prompt from the skill that serves it, as a call: slot, context, audit.
 
         Raises:
             RegistryError: no skill serves the prompt.
+            GuestError, GuestFault: as for :meth:`call`, audited.
         """
-        for entry in self._skills.values():
-            if any(p.name == name for p in entry.spec.prompts):
-                ctx = CallContext(
-                    entry.spec.id,
-                    entry.limits,
-                    NullChannel(),
-                    kv=entry.kv,
-                    checker=entry.checker,
-                    services=entry.services,
-                )
-                return entry.component.get_prompt(name, json.dumps(dict(arguments)), ctx)
-        raise RegistryError(f"no prompt named '{name}'")
+        entry = self._prompt_owner(name)
+        args_json = json.dumps(dict(arguments), separators=(",", ":"), sort_keys=True)
+        return self._run(
+            entry,
+            "get-prompt",
+            args_json,
+            channel,
+            lambda ctx: entry.component.get_prompt(name, args_json, ctx),
+            caller="mcp",
+            target=name,
+        )
+
+
+def per_skill_schema(methods: Sequence[MethodSpec]) -> dict[str, Any]:
+    """The input schema of a per-skill tool: ``method`` names one, ``args`` fits its parameters.
+
+    One ``oneOf`` branch per method, told apart by a ``const`` on ``method``, so a
+    client sees each method's own parameter schema and the MCP layer checks the
+    arguments against it before the guest runs. A method's local ``$ref``s are
+    rebased to where its schema now sits.
+    """
+    branches: list[dict[str, Any]] = []
+    for index, method in enumerate(methods):
+        params = _rebased(method.params_schema, f"#/oneOf/{index}/properties/args")
+        branch: dict[str, Any] = {
+            "title": method.name,
+            "properties": {"method": {"const": method.name}, "args": params},
+            # Without arguments a method gets {}: ask for them when that cannot do.
+            "required": ["method", "args"] if params.get("required") else ["method"],
+        }
+        if method.description:
+            branch["description"] = method.description
+        branches.append(branch)
+    return {
+        "type": "object",
+        "properties": {
+            "method": {"enum": [m.name for m in methods]},
+            "args": {"type": "object"},
+        },
+        "required": ["method"],
+        "additionalProperties": False,
+        "oneOf": branches,
+    }
+
+
+def _rebased(schema: Mapping[str, Any], base: str) -> dict[str, Any]:
+    """``schema`` moved to the JSON pointer ``base`` of a larger schema; its local refs follow.
+
+    ``$schema`` goes: it is only meaningful at the root of a document.
+    """
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, list):
+            return [walk(item) for item in node]
+        if not isinstance(node, Mapping):
+            return node
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            if key == "$ref" and isinstance(value, str) and value.startswith("#"):
+                out[key] = base + value[1:]
+            elif key in _DATA_KEYWORDS:
+                out[key] = value
+            elif key in _SCHEMA_MAPS and isinstance(value, Mapping):
+                out[key] = {name: walk(sub) for name, sub in value.items()}
+            else:
+                out[key] = walk(value)
+        return out
+
+    rebased: dict[str, Any] = walk({k: v for k, v in schema.items() if k != "$schema"})
+    return rebased
+
+
+def _audited(out: object) -> Any:
+    """The JSON value an audit record digests: a call's value, or each output's in turn."""
+    if isinstance(out, CallOutput):
+        return out.value
+    if isinstance(out, list | tuple):
+        return [_audited(item) for item in out]
+    return out
 
 
 def _template_match(template: str, uri: str) -> bool:
-    import re
-
     pattern = "".join(
         "[^/]+" if part.startswith("{") else re.escape(part)
         for part in re.split(r"(\{\w+\})", template)
@@ -429,6 +575,8 @@ def _template_match(template: str, uri: str) -> bool:
 def _outcome(exc: SkilldError) -> str:
     if isinstance(exc, DeadlineExceeded):
         return "deadline"
+    if isinstance(exc, CallCancelled):
+        return "cancelled"
     if isinstance(exc, MemoryExhausted):
         return "memory"
     if isinstance(exc, StackExhausted):
