@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from adversarial_harness import Probe, assert_outcome, case_ids, compile_dir, fill
 
-from skilld.policy import Tables
+from skilld.policy import Tables, compile_policies
 from skilld.sandbox import Component
 
 POLICY = """\
@@ -38,6 +38,9 @@ shell:
   - id: bare
     program: echo
     args: [bare]
+  - id: url
+    program: /usr/bin/basename
+    args: ["https://api.example.com/v1/*"]
 env:
   - SKILLD_ADV_OK
   - SKILLD_FAM_*
@@ -225,6 +228,43 @@ SHELL: list[tuple[str, list[str], str | None, tuple[Any, ...]]] = [
         ("deny", "prober.echo", "allows running in no directory"),
     ),
     ("cwd-relative", ["/bin/pwd"], "work", ("error", "invalid-argument", "must be absolute")),
+    (
+        "url-arg-is-not-a-local-path",
+        ["/usr/bin/basename", "https://api.example.com/v1/x"],
+        None,
+        ("ok", ("stdout", "x\n")),
+    ),
+    # a trailing newline is data, never dropped by a '$' anchor
+    (
+        "literal-arg-trailing-newline",
+        ["echo", "bare\n"],
+        None,
+        ("deny", "prober.bare", "arguments do not match prober.bare (allows ['bare'])"),
+    ),
+    (
+        "program-trailing-newline",
+        ["/bin/echo\n", "x"],
+        None,
+        ("deny", DENY, "no shell rule for program '/bin/echo\\n'"),
+    ),
+    (
+        "flag-literal-part-trailing-newline",
+        ["/usr/bin/head", "-c\n", "1", "/dev/zero"],
+        None,
+        ("deny", "prober.head", "arguments do not match prober.head"),
+    ),
+    (
+        "path-arg-trailing-newline",
+        ["/usr/bin/head", "-c", "1", "/dev/zero\n"],
+        None,
+        ("deny", "prober.head", "arguments do not match prober.head"),
+    ),
+    (
+        "cwd-trailing-newline",
+        ["/bin/pwd"],
+        "{R}/work\n",
+        ("deny", DENY, "no shell rule lists a cwd above {R}/work\n"),
+    ),
 ]
 
 
@@ -278,6 +318,39 @@ def test_rule_env_passed_rest_scrubbed(probe: Probe) -> None:
     assert lines == ["LANG=C.UTF-8", "PATH=/usr/local/bin:/usr/bin:/bin", "SKILLD_ADV_PASS=passed"]
 
 
+def test_needs_without_cwd_keep_the_grants_cwd(
+    prober: Component, world: Path, tmp_path: Path
+) -> None:
+    """A need that lists no cwd cannot drop the grant's: the command still runs in the grant's."""
+    root = str(world)
+    policy = f"shell:\n  - id: pwd\n    program: /bin/pwd\n    cwd: [{root}/work]\n"
+    (tmp_path / "prober.yaml").write_text(policy)
+    needs = {"shell": [{"program": "/bin/pwd"}]}
+    result = compile_policies(tmp_path, {"prober": needs})
+    assert not result.problems
+    assert list(result.tables.skill("prober")["shell"][0]["cwd"]) == [f"{root}/work"]
+    probe = Probe(prober, result.tables)
+    out = probe("shell_run", argv=["/bin/pwd"])
+    assert_outcome(out, ("ok", ran(("stdout", f"{root}/work\n"))))
+    out = probe("shell_run", argv=["/bin/pwd"], cwd="/")
+    assert_outcome(out, ("deny", DENY, "no shell rule lists a cwd above /"))
+
+
+def test_needs_with_a_narrower_cwd_keep_it(prober: Component, world: Path, tmp_path: Path) -> None:
+    """A need naming a directory inside the grant's narrows the command to that directory."""
+    root = str(world)
+    policy = f"shell:\n  - id: pwd\n    program: /bin/pwd\n    cwd: [{root}/work]\n"
+    (tmp_path / "prober.yaml").write_text(policy)
+    needs = {"shell": [{"program": "/bin/pwd", "cwd": [f"{root}/work/sub"]}]}
+    result = compile_policies(tmp_path, {"prober": needs})
+    assert not result.problems
+    probe = Probe(prober, result.tables)
+    out = probe("shell_run", argv=["/bin/pwd"])
+    assert_outcome(out, ("ok", ran(("stdout", f"{root}/work/sub\n"))))
+    out = probe("shell_run", argv=["/bin/pwd"], cwd=f"{root}/work")
+    assert_outcome(out, ("deny", DENY, f"no shell rule lists a cwd above {root}/work"))
+
+
 # (id, variable name, expected)
 ENV: list[tuple[str, str, tuple[Any, ...]]] = [
     ("listed", "SKILLD_ADV_OK", ("ok", "yes")),
@@ -289,7 +362,16 @@ ENV: list[tuple[str, str, tuple[Any, ...]]] = [
     ("case-variant", "skilld_adv_ok", ("deny", DENY, "add 'skilld_adv_ok' to env")),
     ("family-without-separator", "SKILLD_FAMX", ("deny", DENY, "add 'SKILLD_FAMX' to env")),
     ("family-shorter", "SKILLD_FA", ("deny", DENY, "add 'SKILLD_FA' to env")),
-    ("literal-star", "SKILLD_ADV_*", ("deny", DENY, "to env")),
+    (
+        "literal-star",
+        "SKILLD_ADV_*",
+        ("deny", "bad-request", "'SKILLD_ADV_*' is not an environment variable name"),
+    ),
+    (
+        "trailing-newline",
+        "SKILLD_ADV_OK\n",
+        ("deny", "bad-request", "'SKILLD_ADV_OK\\n' is not an environment variable name"),
+    ),
     ("unlisted-secret", "SKILLD_ADV_SECRET", ("deny", DENY, "add 'SKILLD_ADV_SECRET' to env")),
     (
         "shell-rule-env-not-readable",
@@ -298,7 +380,7 @@ ENV: list[tuple[str, str, tuple[Any, ...]]] = [
     ),
     ("path", "PATH", ("deny", DENY, "add 'PATH' to env")),
     ("home", "HOME", ("deny", DENY, "add 'HOME' to env")),
-    ("empty", "", ("deny", DENY, "to env")),
+    ("empty", "", ("deny", "bad-request", "'' is not an environment variable name")),
 ]
 
 

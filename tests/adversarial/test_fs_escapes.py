@@ -24,13 +24,21 @@ fs:
     mode: rw
   - id: docs
     path: {R}/docs/*/*.md
+  - id: vault
+    path: {R}/vault/*/secret
 shell:
   - id: ln
     program: /bin/ln
     args: ["-s", "*", "{R}/rw/*"]
+  - id: ln-t
+    program: /usr/bin/ln
+    args: ["-s", /etc/hostname, "--target-directory={R}/rw/*"]
   - id: mkfifo
     program: /usr/bin/mkfifo
     args: ["{R}/rw/*"]
+  - id: touch
+    program: /usr/bin/touch
+    args: ["{R}/rw/touched"]
 """
 
 
@@ -52,6 +60,11 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "docs/a/x.md": "x",
         "docs/a/y.txt": "y",
         "docs/b/deep/z.md": "z",
+        "vault/a/secret": "granted",
+        "vault/a/secret\n": "NEWLINE SECRET",
+        "vault/a/secret\nx": "NEWLINE SECRET",
+        "data/Notes\n/x.txt": "NEWLINE SECRET",
+        "rw/tdir/keep": "keep",
     }
     for rel, text in files.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -390,6 +403,50 @@ CASES: list[tuple[str, str, dict[str, Any], tuple[Any, ...]]] = [
         {"path": "{R}/docs/a/leak.md"},
         ("deny", DENY, "resolves to"),
     ),
+    # a trailing newline is part of the name: '$' would have let it match
+    ("glob-grant-exact", "fs_read", {"path": "{R}/vault/a/secret"}, ("ok", "granted")),
+    (
+        "glob-grant-trailing-newline",
+        "fs_read",
+        {"path": "{R}/vault/a/secret\n"},
+        ("deny", DENY, "no fs rule covers"),
+    ),
+    (
+        "glob-grant-newline-inside",
+        "fs_read",
+        {"path": "{R}/vault/a/secret\nx"},
+        ("deny", DENY, "no fs rule covers"),
+    ),
+    (
+        "glob-grant-trailing-newline-stat",
+        "fs_stat",
+        {"path": "{R}/vault/a/secret\n"},
+        ("deny", DENY, "no fs rule covers"),
+    ),
+    (
+        "tree-grant-newline-sibling",
+        "fs_read",
+        {"path": "{R}/data/Notes\n/x.txt"},
+        ("deny", DENY, "no fs rule covers"),
+    ),
+    (
+        "tree-grant-trailing-newline-dir",
+        "fs_list",
+        {"path": "{R}/data/Notes\n"},
+        ("deny", DENY, "no fs rule covers"),
+    ),
+    (
+        "glob-request-question-mark",
+        "fs_glob",
+        {"pattern": "{R}/data/Notes/?.txt"},
+        ("error", "invalid-argument", "'?' is not supported"),
+    ),
+    (
+        "glob-request-brackets",
+        "fs_glob",
+        {"pattern": "{R}/data/Notes/[a].txt"},
+        ("error", "invalid-argument", "'[]' is not supported"),
+    ),
 ]
 
 
@@ -433,8 +490,20 @@ def test_guest_made_symlink_cannot_escape(probe: Probe, world: Path) -> None:
 @pytest.mark.parametrize(
     ("name", "link", "expected"),
     [
-        ("dotdot-out-of-pattern", "{R}/rw/../planted", ("deny", "prober.ln", "outside {R}/rw/*")),
-        ("symlinked-dir-out", "{R}/rw/dir-out/planted", ("deny", "prober.ln", "outside {R}/rw/*")),
+        (
+            "dotdot-out-of-pattern",
+            "{R}/rw/../planted",
+            (
+                "deny",
+                "prober.ln",
+                "{R}/rw/../planted (resolves to /bin/ln -s /etc/passwd {R}/planted)",
+            ),
+        ),
+        (
+            "symlinked-dir-out",
+            "{R}/rw/dir-out/planted",
+            ("deny", "prober.ln", "(resolves to /bin/ln -s /etc/passwd {R}/data/planted)"),
+        ),
         ("dot-segment-inside", "{R}/rw/./inside-link", ("ok", lambda v: v["exit"] == 0)),
     ],
 )
@@ -447,6 +516,98 @@ def test_path_pattern_args_stay_in_their_directory(
     assert_outcome(out, fill(expected, root))
     assert not (world / "planted").exists()
     assert not (world / "data" / "planted").exists()
+
+
+# (id, --target-directory value, expected, where a planted link would land)
+FLAG_PATHS: list[tuple[str, str, tuple[Any, ...], str]] = [
+    (
+        "flag-dotdot-out",
+        "{R}/rw/..",
+        (
+            "deny",
+            "prober.ln-t",
+            "(resolves to /usr/bin/ln -s /etc/hostname --target-directory={R})",
+        ),
+        "{R}/hostname",
+    ),
+    (
+        "flag-dotdot-deep-out",
+        "{R}/rw/tdir/../../data",
+        ("deny", "prober.ln-t", "--target-directory={R}/data)"),
+        "{R}/data/hostname",
+    ),
+    (
+        "flag-symlinked-dir-out",
+        "{R}/rw/dir-out",
+        ("deny", "prober.ln-t", "--target-directory={R}/data)"),
+        "{R}/data/hostname",
+    ),
+    (
+        "flag-trailing-newline-stays-a-name",
+        "{R}/rw/tdir\n",
+        ("ok", lambda v: v["exit"] != 0),
+        "{R}/rw/tdir\n/hostname",
+    ),
+    ("flag-inside", "{R}/rw/tdir", ("ok", lambda v: v["exit"] == 0), "{R}/rw/tdir/hostname"),
+    (
+        "flag-double-slash-inside",
+        "{R}/rw//tdir/",
+        ("ok", lambda v: v["exit"] == 0),
+        "{R}/rw/tdir/hostname",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "directory", "expected", "landing"), FLAG_PATHS, ids=case_ids(FLAG_PATHS)
+)
+def test_path_in_a_flag_stays_in_its_directory(
+    probe: Probe, world: Path, name: str, directory: str, expected: tuple[Any, ...], landing: str
+) -> None:
+    """A path inside a flag ('--target-directory=/dir/*') is made canonical and checked again."""
+    root = str(world)
+    link = Path(fill(landing, root))
+    link.unlink(missing_ok=True)
+    argv = ["/usr/bin/ln", "-s", "/etc/hostname", f"--target-directory={fill(directory, root)}"]
+    out = probe("shell_run", argv=argv)
+    assert_outcome(out, fill(expected, root))
+    assert link.is_symlink() == (expected[0] == "ok" and "newline" not in name)
+    assert not (world / "hostname").exists()
+    assert not (world / "data" / "hostname").exists()
+    if expected[0] == "deny":
+        assert [d.allowed for d in out.decisions] == [True, False]
+        assert out.decisions[-1].rule == "prober.ln-t"
+
+
+def test_literal_path_arg_through_planted_symlink(probe: Probe, world: Path) -> None:
+    """A literal path argument is checked canonical too: a symlink planted there is refused."""
+    made = probe(
+        "shell_run", argv=["/bin/ln", "-s", f"{world}/planted-by-touch", f"{world}/rw/touched"]
+    )
+    assert made.report["ok"]["exit"] == 0
+    out = probe("shell_run", argv=["/usr/bin/touch", f"{world}/rw/touched"])
+    assert_outcome(
+        out, ("deny", "prober.touch", f"(resolves to /usr/bin/touch {world}/planted-by-touch)")
+    )
+    assert not (world / "planted-by-touch").exists()
+    (world / "rw" / "touched").unlink()
+
+
+def test_glob_records_every_decision(probe: Probe, world: Path) -> None:
+    """fs.glob records the root's decision and one per match, refused matches included."""
+    out = probe("fs_glob", pattern=f"{world}/data/Notes/*")
+    notes = world / "data" / "Notes"
+    entries = sorted(notes.iterdir())
+    assert [(d.action, d.target) for d in out.decisions] == [("read", str(notes))] + [
+        ("read", os.path.realpath(e)) for e in entries
+    ]
+    refused = {d.target: d.rule for d in out.decisions if not d.allowed}
+    assert refused == {
+        f"{world}/secret.txt": DENY,
+        str(world): DENY,
+        f"{world}/newfile": DENY,
+    }
+    assert all(d.rule == NOTES for d in out.decisions if d.allowed)
 
 
 def test_guest_made_fifo_is_not_waited_on(probe: Probe, world: Path) -> None:

@@ -33,7 +33,11 @@ INVOKE = {
         for i in range(2, 6)
     },
     "ch6": "invoke: {calls: [], called_by: [ch5], max_depth: 64}\n",
+    # ch4 may also call dp5, whose own max_depth (4) stops it calling on at depth 5
+    "dp5": "invoke: {calls: [dp6], called_by: [ch4], max_depth: 4}\n",
+    "dp6": "invoke: {calls: [], called_by: [dp5]}\n",
 }
+INVOKE["ch4"] = "invoke: {calls: [ch5, dp5], called_by: [ch3], max_depth: 64}\n"
 
 
 @pytest.fixture(scope="module")
@@ -104,14 +108,20 @@ INVOKE_CASES: list[tuple[str, tuple[str, ...], tuple[Any, ...]]] = [
     ),
     ("no-invoke-grant", ("inv-d", "inv-a"), ("deny", DENY, "add 'inv-a' to invoke.calls")),
     (
-        "chain-within-host-depth",
+        "chain-of-four",
         ("ch1", "ch2", "ch3", "ch4", "ch5"),
         ("deny", DENY, "add 'HOME' to env"),
     ),
+    # max_depth 64 is the limit: no smaller host cap cuts the chain at depth 5
     (
-        "chain-past-host-depth",
+        "chain-of-five-within-max-depth",
         ("ch1", "ch2", "ch3", "ch4", "ch5", "ch6"),
-        ("error", "limit-exceeded", "invoke depth 5 exceeds 4"),
+        ("deny", DENY, "add 'HOME' to env"),
+    ),
+    (
+        "chain-past-a-hops-max-depth",
+        ("ch1", "ch2", "ch3", "ch4", "dp5", "dp6"),
+        ("deny", "dp5.invoke", "depth 5 exceeds max_depth 4"),
     ),
 ]
 
@@ -130,6 +140,44 @@ def test_invoke_without_orchestrator(prober: Component, invoke_tables: Tables) -
     """Outside a registry there is no orchestrator: invoke is refused, not attempted."""
     out = Probe(prober, invoke_tables, "inv-a")("invoke_call", **chain("inv-a", "inv-b"))
     assert_outcome(out, ("deny", DENY, "no orchestrator"))
+
+
+def test_policy_depth_denial_is_audited(
+    prober: Component, invoke_tables: Tables, tmp_path: Path
+) -> None:
+    """A call past the caller's max_depth lands in the audit as a denial with the rule id."""
+    log = tmp_path / "audit.jsonl"
+    with JsonLinesSink(log) as sink:
+        registry = Registry(audit=sink)
+        for skill_id in ("ch4", "dp5", "dp6"):
+            register(registry, prober, invoke_tables, skill_id)
+        registry.mark_ready()
+        registry.call_method("ch4", "invoke_call", chain("ch4", "dp5", "dp6"), depth=3)
+    records = {r["skill"]: r for r in map(json.loads, log.read_text().splitlines())}
+    assert [(d["allowed"], d["rule"], d["reason"]) for d in records["dp5"]["decisions"]] == [
+        (False, "dp5.invoke", "depth 5 exceeds max_depth 4")
+    ]
+
+
+class NoOrchestrator:
+    """An invoker that fails the test if the host ever calls it."""
+
+    def __call__(self, callee: str, method: str, args: str, depth: int) -> str:
+        raise AssertionError(f"invoked {callee} at depth {depth}")
+
+
+def test_host_ceiling_is_a_recorded_denial(prober: Component, invoke_tables: Tables) -> None:
+    """Past depth 64 (the largest max_depth) the host refuses and records the decision itself."""
+    checker = SkillPermissions.from_tables(invoke_tables, "ch1")
+    ctx = CallContext(
+        "ch1", checker.limits, NullChannel(), checker=checker, invoker=NoOrchestrator(), depth=64
+    )
+    args = json.dumps({"skill_id": "ch2", "method": "env_get", "args": {"name": "HOME"}})
+    report = prober.call("invoke_call", args, ctx).value
+    assert_outcome(
+        Outcome(report), ("deny", "invoke.max-depth", "depth 65 exceeds the host's ceiling of 64")
+    )
+    assert [(d.allowed, d.rule) for d in ctx.decisions] == [(False, "invoke.max-depth")]
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ IP literal; the only servers are on 127.0.0.1.
 from __future__ import annotations
 
 import base64
+import socket
 from typing import Any
 
 import pytest
@@ -46,6 +47,9 @@ http:
     addresses: [10.9.0.0/16]
   - id: gone
     url: http://gone.test/
+  - id: flip
+    url: http://flip.test:{P}/
+    allow_private: true
 tcp:
   - id: lo
     host: 127.0.0.0/30
@@ -64,6 +68,10 @@ tcp:
   - id: meta-tcp
     host: meta.test
     ports: 80
+    allow_private: true
+  - id: flip-tcp
+    host: flip.test
+    ports: {T}
     allow_private: true
 """
 
@@ -272,6 +280,49 @@ HTTP: list[tuple[str, str, str, str | None, tuple[Any, ...]]] = [
     ("metadata-alibaba", "http://100.100.100.200/", "GET", None, ("deny", DENY, "cloud metadata")),
     ("metadata-ipv6", "http://[fd00:ec2::254]/", "GET", None, ("deny", DENY, "cloud metadata")),
     ("metadata-decimal", "http://2852039166/", "GET", None, ("deny", DENY, "cloud metadata")),
+    (
+        "metadata-azure-wireserver",
+        "http://168.63.129.16/machine?comp=goalstate",
+        "GET",
+        None,
+        ("deny", DENY, "168.63.129.16 is a cloud metadata address"),
+    ),
+    (
+        "metadata-aws-ecs",
+        "http://169.254.170.2/v2/credentials/x",
+        "GET",
+        None,
+        ("deny", DENY, "169.254.170.2 is a cloud metadata address"),
+    ),
+    (
+        "metadata-aws-eks-pod-identity",
+        "http://169.254.170.23/v1/credentials",
+        "GET",
+        None,
+        ("deny", DENY, "169.254.170.23 is a cloud metadata address"),
+    ),
+    # a trailing newline is a control character, never trimmed into a granted URL
+    (
+        "trailing-newline-path",
+        "http://127.0.0.1:{P}/pub/x\n",
+        "GET",
+        None,
+        ("deny", "http.bad-url", "spaces or control characters"),
+    ),
+    (
+        "trailing-newline-host",
+        "http://api.test\n:{P}/x",
+        "GET",
+        None,
+        ("deny", "http.bad-url", "spaces or control characters"),
+    ),
+    (
+        "trailing-newline-redirect",
+        "http://127.0.0.1:{P}/redirect?to=/pub/x%0A",
+        "GET",
+        None,
+        ("ok", status(200, "GET /pub/x%0A")),
+    ),
     # names that resolve to special addresses
     (
         "name-to-loopback",
@@ -427,7 +478,26 @@ TCP: list[tuple[str, str, int | str, tuple[Any, ...]]] = [
     ("ipv6-loopback", "::1", 0, ("deny", DENY, "private or metadata")),
     ("port-zero", "db.test", "0", ("deny", "bad-request", "port out of range")),
     ("host-with-newline", "db.test\n127.0.0.1", 0, ("deny", "bad-request", "bad host")),
-    ("host-with-port", "db.test:22", 0, ("deny", "bad-request", "")),
+    ("host-with-port", "db.test:22", 0, ("deny", "bad-request", "bad host 'db.test:22'")),
+    (
+        "host-trailing-newline",
+        "db.test\n",
+        0,
+        ("deny", "bad-request", "bad host name 'db.test\\n'"),
+    ),
+    (
+        "ip-trailing-newline",
+        "127.0.0.1\n",
+        0,
+        ("deny", "bad-request", "bad host name '127.0.0.1\\n'"),
+    ),
+    ("host-leading-space", " db.test", 0, ("deny", "bad-request", "bad host name ' db.test'")),
+    (
+        "metadata-azure-wireserver",
+        "168.63.129.16",
+        "80",
+        ("deny", DENY, "168.63.129.16 is a private or metadata address"),
+    ),
 ]
 
 
@@ -446,3 +516,37 @@ def test_tcp_case(
     assert_outcome(out, expected)
     if expected[0] == "deny":
         assert [d for d in out.decisions if not d.allowed][-1].rule == expected[1]
+
+
+def test_connection_goes_to_the_checked_address(
+    probe: Probe, web: int, echo_server: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The name is resolved once: a rebinding answer on a second lookup cannot move the connection.
+
+    flip.test answers 127.0.0.1 (the servers) first and 127.0.0.2 (nothing listens) after;
+    a host that looked the name up again to connect would fail, or reach another address.
+    """
+    table = socket.getaddrinfo  # the suite's .test resolver
+    lookups: list[str] = []
+
+    def rebinding(host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(host) != "flip.test":
+            return table(host, port, *args, **kwargs)
+        lookups.append(str(host))
+        ip = "127.0.0.1" if len(lookups) == 1 else "127.0.0.2"
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, int(port)))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", rebinding)
+    out = probe("http_request", url=f"http://flip.test:{web}/x")
+    assert_outcome(out, ("ok", status(200, "GET /x")))
+    assert lookups == ["flip.test"]
+    assert [(d.target, d.rule) for d in out.decisions if d.action == "address"] == [
+        (f"127.0.0.1:{web} flip.test", "prober.flip")
+    ]
+    lookups.clear()
+    out = probe("tcp_exchange", host="flip.test", port=echo_server, send="ping")
+    assert_outcome(out, ("ok", base64.b64encode(b"PING").decode()))
+    assert lookups == ["flip.test"]
+    assert [(d.target, d.rule) for d in out.decisions if d.action == "address"] == [
+        (f"127.0.0.1:{echo_server} flip.test", "prober.flip-tcp")
+    ]

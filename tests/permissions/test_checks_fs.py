@@ -129,3 +129,35 @@ def test_never_allows_outside_granted_prefixes(path: str, write: bool) -> None:
     under_a = path == "/a/n" or path.startswith("/a/n/")
     under_b = path == "/b" or path.startswith("/b/")
     assert d.allowed == (under_a or (under_b and not write))
+
+
+@pytest.mark.parametrize(
+    ("path", "allowed"),
+    [
+        ("/d/a/secret", True),
+        ("/d/a\n/secret", True),
+        ("/d/a/secret\n", False),
+        ("/d/a/secret\nx", False),
+        ("/d/a/secre", False),
+        ("/d/a/b/secret", False),
+        ("/d/secret", False),
+    ],
+)
+def test_glob_grant_matches_the_whole_path(make: Make, path: str, allowed: bool) -> None:
+    """A glob grant matches the whole name: a trailing newline does not slip past the end."""
+    d = make("fs:\n  - id: g\n    path: /d/*/secret\n").check_path(path)
+    assert (d.allowed, d.rule) == (allowed, "s.g" if allowed else "default-deny"), d.reason
+
+
+_glob_segment = st.text(alphabet="as\n*.", min_size=1, max_size=5).filter(
+    lambda s: s not in (".", "..")
+)
+
+
+@given(st.lists(_glob_segment, min_size=1, max_size=4))
+def test_glob_grant_property(segments: list[str]) -> None:
+    """Property: '/d/*/s*t' allows exactly three segments: d, anything, s…t (newlines included)."""
+    c = SkillPermissions("p", {"fs": [{"id": "p.g", "path": "/d/*/s*t", "mode": "ro"}]})
+    path = "/d/" + "/".join(segments)
+    expect = len(segments) == 2 and segments[1].startswith("s") and segments[1].endswith("t")
+    assert c.check_path(path).allowed == expect

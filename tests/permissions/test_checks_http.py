@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Callable
 
 import pytest
@@ -9,6 +10,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from skilld.permissions import SkillPermissions, UrlRefused, normalize_url
+from skilld.policy import compile_policies
+from skilld.policy._patterns import (
+    _V4_STARTS,
+    METADATA,
+    is_special,
+    normalize_host,
+    parse_address,
+    unwrap,
+)
 
 POLICY = """
 http:
@@ -264,3 +274,197 @@ def test_fast_path_agrees_with_general_parser(
             normalize_url(url)
         return
     assert normalize_url(url) == slow
+
+
+@pytest.mark.parametrize(
+    "address",
+    ["168.63.129.16", "169.254.170.2", "169.254.170.23", "100.100.100.200", "fd00:ec2::23"],
+)
+def test_cloud_metadata_addresses(make: Make, address: str) -> None:
+    """Every cloud's metadata address is refused under allow_private and any-host rules."""
+    c = make("http:\n  - url: 'http://*/'\n    allow_private: true\n")
+    d = c.check_address(address, 80, "http", "any.example.com")
+    assert (d.allowed, d.rule) == (False, "default-deny")
+    assert d.reason.endswith("is a cloud metadata address; allow it only by naming it in a rule")
+    host = f"[{address}]" if ":" in address else address
+    assert "cloud metadata" in c.check_url(f"http://{host}/").reason
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://api.example.com/v1/x\n",
+        "https://api.example.com\n/v1/x",
+        "https://api.example.com/v1\n",
+        "https://api.example.com:443\n/v1/x",
+    ],
+)
+def test_url_with_trailing_newline_is_refused(c: SkillPermissions, url: str) -> None:
+    """A newline anywhere in the URL is a control character: refused, never trimmed."""
+    d = c.check_url(url)
+    assert (d.allowed, d.rule) == (False, "http.bad-url"), d.reason
+
+
+# Every host kind for both capabilities, with and without allow_private and named addresses.
+SCOPED = """
+http:
+  - id: h-name
+    url: http://api.example.com/
+  - id: h-name-private
+    url: http://db.example.com/
+    allow_private: true
+  - id: h-suffix
+    url: "http://*.example.com:8080/"
+  - id: h-suffix-deep
+    url: "http://*.b.example.com/"
+    addresses: [10.1.0.0/16]
+  - id: h-ip
+    url: http://10.2.3.4/
+  - id: h-any
+    url: "https://*/"
+tcp:
+  - id: t-name
+    host: db.example.com
+    ports: 5432
+    allow_private: true
+  - id: t-suffix
+    host: "*.example.com"
+    ports: "6000-6100"
+  - id: t-cidr
+    host: 10.3.0.0/16
+    ports: 22
+  - id: t-ip
+    host: 169.254.169.254
+    ports: 80
+  - id: t-any
+    host: "*"
+    ports: 443
+"""
+# (rule id, host kind, host, ports, allow_private, addresses it names) for each rule of SCOPED
+_SCOPED_RULES = {
+    "http": [
+        ("s.h-name", "name", "api.example.com", (80,), False, ()),
+        ("s.h-name-private", "name", "db.example.com", (80,), True, ()),
+        ("s.h-suffix", "suffix", "example.com", (8080,), False, ()),
+        ("s.h-suffix-deep", "suffix", "b.example.com", (80,), False, ("10.1.0.0/16",)),
+        ("s.h-ip", "ip", "10.2.3.4", (80,), False, ("10.2.3.4/32",)),
+        ("s.h-any", "any", "", (443,), False, ()),
+    ],
+    "tcp": [
+        ("s.t-name", "name", "db.example.com", (5432,), True, ()),
+        ("s.t-suffix", "suffix", "example.com", tuple(range(6000, 6101)), False, ()),
+        ("s.t-cidr", "cidr", "", (22,), False, ("10.3.0.0/16",)),
+        ("s.t-ip", "ip", "169.254.169.254", (80,), False, ("169.254.169.254/32",)),
+        ("s.t-any", "any", "", (443,), False, ()),
+    ],
+}
+
+
+def _scoped_reference(capability: str, ip: str, port: int, host: str) -> set[str]:
+    """The rule ids that may allow ``ip:port`` for ``host``, from the rules' plain meaning."""
+    addr = unwrap(ipaddress.ip_address(ip))
+    metadata = addr in METADATA
+    special = metadata or not addr.is_global or addr.is_multicast
+    try:
+        norm = normalize_host(host)
+    except ValueError:
+        return set()
+    out = set()
+    for rid, kind, value, ports, allow, named in _SCOPED_RULES[capability]:
+        # A name narrows to the rules for it; an IP literal names itself (every rule).
+        if isinstance(norm, str) and not (
+            kind == "any"
+            or (kind == "suffix" and norm.endswith("." + value))
+            or (kind == "name" and norm == value)
+        ):
+            continue
+        is_named = any(
+            addr.version == n.version and addr in n for n in map(ipaddress.ip_network, named)
+        )
+        if port in ports and (is_named or (not metadata and (not special or allow))):
+            out.add(rid)
+    return out
+
+
+@pytest.fixture(scope="module")
+def scoped(tmp_path_factory: pytest.TempPathFactory) -> SkillPermissions:
+    """The checker for SCOPED."""
+    root = tmp_path_factory.mktemp("scoped")
+    (root / "s.yaml").write_text(SCOPED)
+    return SkillPermissions.from_tables(compile_policies(root).tables, "s")
+
+
+@given(
+    st.sampled_from(["http", "tcp"]),
+    st.sampled_from(
+        [
+            "93.184.216.34",
+            "10.1.2.3",
+            "10.2.3.4",
+            "10.3.0.9",
+            "127.0.0.1",
+            "169.254.169.254",
+            "168.63.129.16",
+            "::ffff:10.1.0.1",
+            "2606:4700::1",
+        ]
+    ),
+    st.sampled_from([22, 80, 443, 5432, 6000, 6100, 8080]),
+    st.sampled_from(
+        [
+            "api.example.com",
+            "API.Example.COM.",
+            "db.example.com",
+            "x.example.com",
+            "x.b.example.com",
+            "b.example.com",
+            "example.com",
+            "evil.com",
+            "api.example.com.evil",
+            "10.2.3.4",
+            "169.254.169.254",
+            "bad host",
+            "db.example.com\n",
+        ]
+    ),
+)
+def test_host_scoped_address_check_property(
+    scoped: SkillPermissions, capability: str, ip: str, port: int, host: str
+) -> None:
+    """Property: with a host, an address passes exactly when a rule for that host allows it."""
+    d = scoped.check_address(ip, port, capability, host)
+    allowed_by = _scoped_reference(capability, ip, port, host)
+    assert d.allowed == bool(allowed_by), (d, allowed_by)
+    if d.allowed:
+        assert d.rule in allowed_by
+
+
+_v4_edges = [e + d for e in _V4_STARTS for d in (-1, 0, 1) if 0 <= e + d < 2**32]
+
+
+@given(st.one_of(st.integers(0, 2**32 - 1), st.sampled_from(_v4_edges)))
+def test_ipv4_classification_agrees_with_ipaddress(number: int) -> None:
+    """Property: the IPv4 range table answers what ipaddress answers, edges included."""
+    ip = ipaddress.IPv4Address(number)
+    metadata = ip in METADATA
+    special = metadata or not ip.is_global or ip.is_multicast
+    assert is_special(ip) == special
+    assert parse_address(str(ip)) == (ip, str(ip), metadata, special)
+
+
+@given(
+    st.one_of(
+        st.from_regex(r"[0-9]{1,4}(\.[0-9]{1,4}){0,4}", fullmatch=True),
+        st.from_regex(r"[0-9a-f:.]{2,20}", fullmatch=True),
+        st.text(alphabet="0123456789.:\n x", max_size=18),
+    )
+)
+def test_address_parsing_agrees_with_ipaddress(text: str) -> None:
+    """Property: the dotted-quad fast path accepts and reads exactly what ipaddress does."""
+    try:
+        expected = unwrap(ipaddress.ip_address(text))
+    except ValueError:
+        with pytest.raises(ValueError):
+            parse_address(text)
+        return
+    assert parse_address(text)[0] == expected

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from skilld.permissions import SkillPermissions, explain
+from skilld.permissions._checker import _split_argv
 from skilld.policy import compile_policies
 
 TCP = """
@@ -244,3 +245,69 @@ def test_explain_splits_shell_commands() -> None:
     assert explain(tables, "notes", "shell.run", "/usr/bin/git status").allowed
     assert explain(tables, "notes", "shell.run", "'unclosed").rule == "bad-request"
     assert explain(tables, "notes", "http.post", "https://api.example.com/v1/n").allowed
+
+
+@pytest.mark.parametrize(
+    ("host", "reason"),
+    [
+        ("db.internal\n", "bad host name 'db.internal\\n'"),
+        (" db.internal", "bad host name ' db.internal'"),
+        ("10.20.0.9\n", "bad host name '10.20.0.9\\n'"),
+        ("a.cache.svc\n", "bad host name 'a.cache.svc\\n'"),
+    ],
+)
+def test_tcp_host_is_never_trimmed(make: Make, host: str, reason: str) -> None:
+    """A host with a newline or space is a bad request, never read as the granted name."""
+    d = make(TCP).check_tcp(host, 5432)
+    assert (d.allowed, d.rule, d.reason) == (False, "bad-request", reason)
+
+
+@pytest.mark.parametrize(
+    ("argv", "rule"),
+    [
+        (["/usr/bin/git", "status\n"], "s.git-status"),
+        (["git", "log\n", "--format=x", "-n", "1"], "s.git-log"),
+        (["ls\n"], "default-deny"),
+    ],
+)
+def test_argv_trailing_newline_is_data(make: Make, argv: list[str], rule: str) -> None:
+    """A literal argument pattern does not match the same text with a trailing newline."""
+    d = make(SHELL).check_argv(argv)
+    assert (d.allowed, d.rule) == (False, rule), d.reason
+
+
+@pytest.mark.parametrize("name", ["", "APP_*", "HOME\n", "A=B", "1X"])
+def test_env_names_that_no_grant_could_list(make: Make, name: str) -> None:
+    """Names that are not variable names are bad requests (not 'add it to env')."""
+    d = make("env:\n  - HOME\n  - APP_*\n").check_env(name)
+    assert (d.allowed, d.rule, d.reason) == (
+        False,
+        "bad-request",
+        f"{name!r} is not an environment variable name",
+    )
+
+
+def test_transfer_node_trailing_newline(make: Make) -> None:
+    """A node glob matches the whole node name."""
+    c = make("transfer:\n  - nodes: [edge-*, core]\n    paths: [/data]\n")
+    assert c.check_transfer("core", "/data/x").allowed
+    assert not c.check_transfer("core\n", "/data/x").allowed
+    assert not c.check_transfer("edge-1\n", "/data/x").allowed
+
+
+@given(st.text(alphabet="ab '\"\\\t\n\r\x0b\x0c#$", max_size=16))
+def test_shell_string_splits_like_shlex(text: str) -> None:
+    """Property: the string form of shell.run is split exactly as shlex.split splits it."""
+    try:
+        expected = shlex.split(text)
+    except ValueError:
+        with pytest.raises(ValueError):
+            _split_argv(text)
+        return
+    assert _split_argv(text) == expected
+
+
+@given(st.lists(st.text(max_size=6).filter(lambda s: "\x00" not in s), min_size=1, max_size=4))
+def test_shell_join_round_trips(argv: list[str]) -> None:
+    """Property: what the sandbox writes (shlex.join) splits back to the same argv."""
+    assert _split_argv(shlex.join(argv)) == argv

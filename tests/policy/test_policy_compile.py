@@ -76,6 +76,18 @@ def test_unknown_top_level_key(tmp_path: Path) -> None:
         ("fs:\n  - {path: /a, id: x}\n  - {path: /b, id: x}\n", 3, "already used"),
         ("kv: {}\nkv: {}\n", 2, "duplicate key"),
         ("fs: [\n", 2, "not valid YAML"),
+        ("shell:\n  - program: gh\n    env: [HOME, 'GH_*']\n", 3, "not a family"),
+        ("shell:\n  - program: gh\n    env:\n      - HOME\n      - 'GH_*'\n", 5, "not a family"),
+        # '$' anchors would have let a trailing newline through each of these
+        ('env: ["HOME\\n"]\n', 1, "environment variable"),
+        ('shell:\n  - program: gh\n    env: ["HOME\\n"]\n', 3, "environment variable"),
+        ('fs:\n  - path: /data\n    id: "x\\n"\n', 3, "bad rule id"),
+        ('mcp:\n  names: {add: "notes_add\\n"}\n', 2, "tool name"),
+        ('transfer:\n  - nodes: ["edge\\n"]\n    paths: [/data]\n', 2, "bad node name"),
+        ('invoke:\n  calls: ["echo\\n"]\n', 2, "bad skill id"),
+        ('tcp:\n  - host: "db.internal\\n"\n    ports: 1\n', 2, "bad host name"),
+        ('tcp:\n  - host: " db.internal"\n    ports: 1\n', 2, "bad host name"),
+        ('tcp:\n  - host: "10.0.0.1\\n"\n    ports: 1\n', 2, "bad host name"),
     ],
 )
 def test_bad_values_are_located(tmp_path: Path, text: str, line: int, words: str) -> None:
@@ -132,6 +144,118 @@ def test_needs_intersect_with_grants(tmp_path: Path) -> None:
     fs = result.tables.skill("notes")["fs"]
     assert [(r["path"], r["mode"], r["id"]) for r in fs] == [("/data/notes", "ro", "notes.fs[0]")]
     assert not result.problems and not result.warnings
+
+
+SHELL_GRANT = """\
+shell:
+  - id: pwd
+    program: /bin/pwd
+    args: ["**"]
+    cwd: [/w/work, /w/other]
+    timeout: 2s
+    output_bytes: 1KiB
+    env: [HOME]
+"""
+
+
+@pytest.mark.parametrize(
+    ("need", "cwd"),
+    [
+        ({"program": "/bin/pwd"}, ["/w/work", "/w/other"]),
+        ({"program": "/bin/pwd", "cwd": ["/w/work/sub"]}, ["/w/work/sub"]),
+        ({"program": "/bin/pwd", "cwd": ["/w/other", "/w/work/a"]}, ["/w/other", "/w/work/a"]),
+    ],
+)
+def test_shell_need_keeps_the_grants_cwd(
+    tmp_path: Path, need: dict[str, object], cwd: list[str]
+) -> None:
+    """A need without cwd keeps the grant's directories; one with cwd narrows them, never widens."""
+    root = write(tmp_path, {"notes.yaml": SHELL_GRANT})
+    result = compile_policies(root, {"notes": {"shell": [need]}})
+    assert not result.problems
+    (rule,) = result.tables.skill("notes")["shell"]
+    assert (rule["id"], list(rule["cwd"])) == ("notes.pwd", cwd)
+    assert (rule["timeout_ms"], rule["output_bytes"]) == (2000, 1024)
+
+
+def test_shell_need_outside_the_grants_cwd_is_not_granted(tmp_path: Path) -> None:
+    """A need for a directory the grant does not list is a problem, not a wider grant."""
+    root = write(tmp_path, {"notes.yaml": SHELL_GRANT})
+    result = compile_policies(root, {"notes": {"shell": [{"program": "/bin/pwd", "cwd": ["/"]}]}})
+    assert "not granted" in result.problems[0].message
+    assert result.tables.skill("notes")["shell"] == ()
+
+
+def test_grant_without_cwd_stays_without(tmp_path: Path) -> None:
+    """A grant that lists no cwd (runs in /) gives a need for a directory only a problem."""
+    root = write(tmp_path, {"notes.yaml": "shell:\n  - program: /bin/pwd\n"})
+    need = {"program": "/bin/pwd", "cwd": ["/w"]}
+    result = compile_policies(root, {"notes": {"shell": [need]}})
+    assert "partly granted" in result.problems[0].message
+    assert [list(r["cwd"]) for r in result.tables.skill("notes")["shell"]] == [[]]
+
+
+@pytest.mark.parametrize(
+    ("section", "grant", "need", "key", "value"),
+    [
+        ("invoke", "invoke:\n  calls: [b]\n  max_depth: 9\n", {"calls": ["b"]}, "max_depth", 9),
+        (
+            "invoke",
+            "invoke:\n  calls: [b]\n  max_depth: 9\n",
+            {"calls": ["b"], "max_depth": 3},
+            "max_depth",
+            3,
+        ),
+        ("invoke", "invoke:\n  calls: [b]\n", {"calls": ["b"], "max_depth": 30}, "max_depth", 4),
+        (
+            "http",
+            "http:\n  - url: https://x.example/\n    max_response_bytes: 1000\n",
+            {"url": "https://x.example/a"},
+            "max_response_bytes",
+            1000,
+        ),
+        (
+            "http",
+            "http:\n  - url: https://x.example/\n    addresses: [10.0.0.0/8]\n",
+            {"url": "https://x.example/a"},
+            "addresses",
+            (),
+        ),
+        (
+            "http",
+            "http:\n  - url: https://x.example/\n    allow_private: true\n",
+            {"url": "https://x.example/a"},
+            "allow_private",
+            False,
+        ),
+        (
+            "tcp",
+            "tcp:\n  - host: db\n    ports: 5432\n",
+            {"host": "db", "ports": 5432},
+            "allow_private",
+            False,
+        ),
+        ("fs", "fs:\n  - path: /data\n    mode: rw\n", {"path": "/data/x"}, "mode", "ro"),
+        (
+            "transfer",
+            "transfer:\n  - {nodes: [a], paths: [/d], mode: rw}\n",
+            {"nodes": ["a"], "paths": ["/d/x"]},
+            "mode",
+            "ro",
+        ),
+    ],
+)
+def test_omitted_need_fields_never_widen_a_grant(
+    tmp_path: Path, section: str, grant: str, need: object, key: str, value: object
+) -> None:
+    """For every rule kind, what the need leaves out keeps the grant's (narrower) value."""
+    root = write(tmp_path, {"a.yaml": grant, "b.yaml": "invoke:\n  called_by: [a]\n"})
+    result = compile_policies(
+        root, {"a": {section: [need] if section != "invoke" else need}, "b": {}}
+    )
+    entry = result.tables.skill("a")[section]
+    rule = entry if section == "invoke" else entry[0]
+    assert rule[key] == value
 
 
 def test_need_without_grant_is_a_problem(tmp_path: Path) -> None:

@@ -154,7 +154,8 @@ def test_shell_argv_only(prober: Component, tmp_path: Path) -> None:
     out = call(prober, allowed, "shell_run", argv=argv, cwd=str(tmp_path))
     assert out["ok"]["stdout"] == "a; rm -rf / $(id) `id` | cat\n"
     other = call(prober, allowed, "shell_run", argv=["/bin/echo", "a;", "rm"], cwd=str(tmp_path))
-    assert other["error"] == "not-permitted"
+    assert other["error"] == "not-permitted" and other["rule"] == "default-deny"
+    assert "shell run /bin/echo 'a;' rm is not listed" in other["message"]
 
 
 def test_shell_env_is_scrubbed(prober: Component, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -170,11 +171,14 @@ def test_env_only_listed(prober: Component, monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("SKILLD_NO", "secret")
     allowed = {("env", "read", "SKILLD_OK"), ("env", "read", "SKILLD_UNSET")}
     assert call(prober, allowed, "env_get", name="SKILLD_OK") == {"ok": "yes"}
-    assert call(prober, allowed, "env_get", name="SKILLD_NO")["error"] == "not-permitted"
+    denied = call(prober, allowed, "env_get", name="SKILLD_NO")
+    assert denied["error"] == "not-permitted" and denied["rule"] == "default-deny"
+    assert "env read SKILLD_NO is not listed" in denied["message"]
     assert call(prober, allowed, "env_get", name="SKILLD_UNSET") == {"ok": None}
 
 
 def test_transfer_not_yet_permitted(prober: Component) -> None:
     """File transfer answers not-permitted until the cluster work lands."""
     out = call(prober, set(), "transfer_send", node="n2", local_path="/a", remote_path="/b")
-    assert out["error"] == "not-permitted"
+    assert out["error"] == "not-permitted" and out["rule"] == "default-deny"
+    assert out["message"] == "transfer.send is not permitted for skill 'prober'"

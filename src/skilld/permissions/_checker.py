@@ -28,13 +28,14 @@ _WRITE_ACTIONS = frozenset({"write", "create", "delete", "remove", "mkdir", "ren
 @dataclass(frozen=True, slots=True)
 class _Net:
     rule: str
-    ports: p.PortRanges | None  # None: the default port of the rule's schemes
-    schemes: tuple[str, ...] = ()
+    ports: p.PortRanges  # an http rule without a port: its schemes' default ports
 
     def port_ok(self, port: int) -> bool:
-        if self.ports is None:
-            return any(port == p.default_port(s) for s in self.schemes)
-        return p.port_in(port, self.ports)
+        # A loop, not any(): a generator costs ~0.4 µs, and this runs for each candidate.
+        for lo, hi in self.ports:  # noqa: SIM110 - see above
+            if lo <= port <= hi:
+                return True
+        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +63,10 @@ class _Shell:
     rest: bool
     cwd: tuple[str, ...]
     patterns: tuple[str, ...]
+
+
+def _default_ports(schemes: frozenset[str]) -> list[int]:
+    return sorted({p.default_port(s) for s in schemes})
 
 
 def _canonical(path: str) -> bool:
@@ -98,6 +103,127 @@ def _named(
             if net.port_ok(port) and (only is None or net.rule in only):
                 return net
     return None
+
+
+# An address rule as a host-scoped check sees it: its position in table order, the
+# rule, and whether it has allow_private.
+_Entry = tuple[int, _Net, bool]
+# (rule ids that may decide, or None for all; allow_private rules; rules), in table order.
+_Scope = tuple[frozenset[str] | None, Sequence[_Net], Sequence[_Net]]
+_NO_SCOPE: _Scope = (frozenset(), (), ())
+
+
+def _scope_of(entries: Sequence[_Entry]) -> _Scope:
+    return (
+        frozenset(net.rule for _, net, _ in entries),
+        tuple(net for _, net, allow in entries if allow),
+        tuple(net for _, net, _ in entries),
+    )
+
+
+def _order(entry: _Entry) -> int:
+    return entry[0]
+
+
+class _Group:
+    """The address rules for one host key, in table order, with their scope made at load."""
+
+    __slots__ = ("entries", "scope")
+
+    def __init__(self) -> None:
+        self.entries: list[_Entry] = []
+        self.scope = _NO_SCOPE
+
+
+class _Addresses:
+    """One capability's (http or tcp) rules, indexed for :meth:`SkillPermissions.check_address`.
+
+    ``named`` holds the addresses rules name, by (version, prefix length) → network
+    number, so an address is looked up once per distinct prefix length, not once per
+    rule. ``by_name``, ``by_suffix`` and ``any`` hold the same rules by the host they
+    are for, so a check scoped to a host touches only the rules that can match it
+    (one dict lookup per label) and still answers with the first rule in table order.
+    """
+
+    __slots__ = ("any", "by_name", "by_suffix", "depths", "every", "named", "private")
+
+    def __init__(self, entries: Sequence[tuple[p.HostPattern, _Net, Sequence[str], bool]]):
+        """Index ``(host pattern, rule, addresses it names, allow_private)`` in table order."""
+        self.named: dict[tuple[int, int], dict[int, list[_Net]]] = {}
+        self.private: list[_Net] = []
+        self.every: list[_Net] = []
+        self.by_name: dict[str, _Group] = {}
+        self.by_suffix: dict[str, _Group] = {}
+        self.any = _Group()
+        for order, (host, net, nets, allow) in enumerate(entries):
+            self.every.append(net)
+            if allow:
+                self.private.append(net)
+            for text in nets:
+                n = ipaddress.ip_network(text)
+                key = (n.version, n.prefixlen)
+                self.named.setdefault(key, {}).setdefault(int(n.network_address), []).append(net)
+            if host.kind == "any":
+                group = self.any
+            elif host.kind == "suffix":
+                group = self.by_suffix.setdefault(host.value, _Group())
+            elif host.kind in ("name", "ip"):
+                group = self.by_name.setdefault(host.value, _Group())
+            else:
+                continue
+            group.entries.append((order, net, allow))
+        for group in (*self.by_name.values(), *self.by_suffix.values(), self.any):
+            group.scope = _scope_of(group.entries)
+        # How many labels the suffixes have: a name is cut only at those depths.
+        self.depths = sorted({suffix.count(".") + 1 for suffix in self.by_suffix})
+
+    def scope(self, host: str | None) -> _Scope:
+        """The rules that may decide for ``host`` (see ``_Scope``).
+
+        No host, or an IP literal (which names itself): every rule. A bad host: none.
+        """
+        if not host:
+            return None, self.private, self.every
+        try:
+            name = p.normalize_host(host)
+        except ValueError:
+            return _NO_SCOPE
+        if not isinstance(name, str):
+            return None, self.private, self.every
+        groups = []
+        group = self.by_name.get(name)
+        if group is not None:
+            groups.append(group)
+        labels = name.count(".") + 1
+        for depth in self.depths:  # "*.b.c" and "*.c" for "a.b.c", never "*.a.b.c"
+            if depth >= labels:
+                break
+            group = self.by_suffix.get(name.split(".", labels - depth)[-1])
+            if group is not None:
+                groups.append(group)
+        if self.any.entries:
+            groups.append(self.any)
+        if len(groups) == 1:
+            return groups[0].scope
+        return _scope_of(sorted((e for g in groups for e in g.entries), key=_order))
+
+
+# One shell word: runs of anything but whitespace and quotes, and '...' pairs.
+_SHELL_WORD = re.compile(r"(?:[^ \t\r\n']+|'[^']*')+")
+
+
+def _split_argv(target: str) -> list[str]:
+    """``shlex.split(target)``, without shlex's cost for what ``shlex.join`` writes.
+
+    Without double quotes or backslashes, and with single quotes in pairs, shlex
+    splits on its four whitespace characters and drops the quotes; so does this.
+
+    Raises:
+        ValueError: an unclosed quote (from shlex).
+    """
+    if '"' in target or "\\" in target or target.count("'") % 2:
+        return shlex.split(target)
+    return [word.replace("'", "") for word in _SHELL_WORD.findall(target)]
 
 
 def _split_hostport(target: str) -> tuple[str, int]:
@@ -188,7 +314,6 @@ class SkillPermissions:
         self._http_host: dict[str, list[_Http]] = {}
         self._http_suffix: dict[str, list[_Http]] = {}
         self._http_any: list[_Http] = []
-        self._http_nets: list[_Net] = []
         for r in rules:
             host = p.parse_host_pattern(r["host"], cidr=False)
             ports = tuple((lo, hi) for lo, hi in r["ports"]) if r["ports"] else None
@@ -209,11 +334,11 @@ class SkillPermissions:
                 self._http_suffix.setdefault(host.value, []).append(rule)
             else:
                 self._http_host.setdefault(host.value, []).append(rule)
-        self._http_addr = self._address_index(
+        self._http_addr = _Addresses(
             [
                 (
-                    r.rule,
-                    _Net(r.rule, r.ports, tuple(sorted(r.schemes))),
+                    r.host,
+                    _Net(r.rule, r.ports or tuple((d, d) for d in _default_ports(r.schemes))),
                     ([r.host.value] if r.host.kind == "ip" else []) + [str(n) for n in r.addresses],
                     r.allow_private,
                 )
@@ -242,27 +367,8 @@ class SkillPermissions:
             elif host.kind in ("name", "ip"):
                 self._tcp_host.setdefault(host.value, []).append((net, allow))
             named = [host.value] if host.kind in ("ip", "cidr") else []
-            entries.append((net.rule, net, named, allow))
-        self._tcp_addr = self._address_index(entries)
-
-    @staticmethod
-    def _address_index(
-        entries: Sequence[tuple[str, _Net, Sequence[str], bool]],
-    ) -> tuple[dict[tuple[int, int], dict[int, list[_Net]]], list[_Net], list[_Net]]:
-        # Named addresses by (version, prefix length) → network number: an address
-        # is looked up once per distinct prefix length, not once per rule.
-        named: dict[tuple[int, int], dict[int, list[_Net]]] = {}
-        private: list[_Net] = []
-        every: list[_Net] = []
-        for _rid, net, nets, allow in entries:
-            every.append(net)
-            if allow:
-                private.append(net)
-            for text in nets:
-                n = ipaddress.ip_network(text)
-                key = (n.version, n.prefixlen)
-                named.setdefault(key, {}).setdefault(int(n.network_address), []).append(net)
-        return named, private, every
+            entries.append((host, net, named, allow))
+        self._tcp_addr = _Addresses(entries)
 
     def _index_shell(self, rules: Sequence[Mapping[str, Any]]) -> None:
         self._shell: dict[str, list[_Shell]] = {}
@@ -348,7 +454,7 @@ class SkillPermissions:
             if action == "address":
                 addr, _, host = target.partition(" ")
                 ip, port = _split_hostport(addr)
-                return self.check_address(ip, port, "http", host or None)
+                return self._address(ip, port, "http", host or None, target)
             return self.check_url(target, action)
         elif capability == "tcp":
             if action == "connect":
@@ -357,12 +463,10 @@ class SkillPermissions:
             if action == "address":
                 addr, _, host = target.partition(" ")
                 ip, port = _split_hostport(addr)
-                return self.check_address(ip, port, "tcp", host or None)
+                return self._address(ip, port, "tcp", host or None, target)
         elif capability == "shell":
             if action == "run":
-                # shlex.split is slow; without quotes or backslashes it is str.split.
-                plain = "'" not in target and '"' not in target and "\\" not in target
-                return self.check_argv(target.split() if plain else shlex.split(target))
+                return self._argv(_split_argv(target), None, target)
             if action == "cwd":
                 return self.check_cwd(target)
         elif capability == "env" and action == "read":
@@ -404,7 +508,7 @@ class SkillPermissions:
                     )
                 read_only = read_only or rid
             for rx, rid, rw, pattern in self._fs_glob.get(parent, ()):
-                if rx.match(path):
+                if rx.fullmatch(path):
                     if rw or not write:
                         return self._allow("fs", act, path, rid, f"matches {pattern}")
                     read_only = read_only or rid
@@ -468,28 +572,6 @@ class SkillPermissions:
             "http", method, url, f"no http rule allows {method} {shown}; add '- url: {shown}'"
         )
 
-    def _rules_for_host(self, capability: str, host: str) -> frozenset[str] | None:
-        # None: no narrowing (an IP literal names itself; the address check decides).
-        try:
-            norm = p.normalize_host(host)
-        except ValueError:
-            return frozenset()
-        if not isinstance(norm, str):
-            return None
-        key = norm
-        labels = key.split(".")
-        suffixes = [".".join(labels[i:]) for i in range(1, len(labels))]
-        if capability == "http":
-            rules = [r.rule for r in self._http_host.get(key, ())]
-            rules += [r.rule for s in suffixes for r in self._http_suffix.get(s, ())]
-            rules += [r.rule for r in self._http_any]
-        else:
-            nets = list(self._tcp_host.get(key, ()))
-            nets += [n for s in suffixes for n in self._tcp_suffix.get(s, ())]
-            nets += self._tcp_any
-            rules = [net.rule for net, _allow in nets]
-        return frozenset(rules)
-
     def check_address(
         self, ip: str, port: int, capability: str = "http", host: str | None = None
     ) -> Decision:
@@ -502,22 +584,23 @@ class SkillPermissions:
         cannot help another host that resolves to a private address.
         """
         target = f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
-        if host:
-            target += f" {host}"
-        named, private, every = self._http_addr if capability == "http" else self._tcp_addr
-        only = self._rules_for_host(capability, host) if host else None
-        if only is not None:
-            private = [n for n in private if n.rule in only]
-            every = [n for n in every if n.rule in only]
+        return self._address(ip, port, capability, host, f"{target} {host}" if host else target)
+
+    def _address(
+        self, ip: str, port: int, capability: str, host: str | None, target: str
+    ) -> Decision:
+        addresses = self._http_addr if capability == "http" else self._tcp_addr
+        # A literal host naming the address itself narrows nothing (saves a parse).
+        only, private, every = addresses.scope(None if host == ip else host)
         try:
-            addr, metadata, special = p.parse_address(ip.strip("[]"))
+            addr, shown, metadata, special = p.parse_address(ip.strip("[]"))
         except ValueError:
             return self._deny(
                 capability, "address", target, f"{ip!r} is not an IP address", "bad-request"
             )
-        hit = _named(named, addr, port, only)
+        hit = _named(addresses.named, addr, port, only) if addresses.named else None
         if hit is not None:
-            return self._allow(capability, "address", target, hit.rule, f"{addr} is named")
+            return self._allow(capability, "address", target, hit.rule, f"{shown} is named")
         if not every:
             scope = f" for {host}" if host else ""
             return self._deny(capability, "address", target, f"no {capability} rule{scope}")
@@ -526,7 +609,7 @@ class SkillPermissions:
                 capability,
                 "address",
                 target,
-                f"{addr} is a cloud metadata address; allow it only by naming it in a rule",
+                f"{shown} is a cloud metadata address; allow it only by naming it in a rule",
             )
         if special:
             for net in private:
@@ -536,12 +619,12 @@ class SkillPermissions:
                 capability,
                 "address",
                 target,
-                f"{addr} is a private, loopback or link-local address; "
+                f"{shown} is a private, loopback or link-local address; "
                 "name it in a rule or set allow_private: true",
             )
         for net in every:
             if net.port_ok(port):
-                return self._allow(capability, "address", target, net.rule, f"{addr} is public")
+                return self._allow(capability, "address", target, net.rule, f"{shown} is public")
         return self._deny(capability, "address", target, f"no {capability} rule allows port {port}")
 
     def check_tcp(self, host: str, port: int) -> Decision:
@@ -558,16 +641,16 @@ class SkillPermissions:
                 candidates += self._tcp_suffix.get(".".join(labels[i:]), ())
             candidates += self._tcp_any
             for net, _allow in candidates:
-                if p.port_in(port, net.ports or ()):
+                if net.port_ok(port):
                     return self._allow("tcp", "connect", target, net.rule, f"{norm} on {port}")
         else:
-            hit = _named(self._tcp_addr[0], norm, port)
+            hit = _named(self._tcp_addr.named, norm, port)
             if hit is not None:
                 return self._allow("tcp", "connect", target, hit.rule, f"{norm} is named")
             special = p.is_special(norm)
             for net, allow_private in self._tcp_any:
                 ok = not special or (allow_private and norm not in p.METADATA)
-                if ok and p.port_in(port, net.ports or ()):
+                if ok and net.port_ok(port):
                     return self._allow("tcp", "connect", target, net.rule, f"{norm} on {port}")
             if special:
                 return self._deny(
@@ -582,7 +665,9 @@ class SkillPermissions:
 
     def check_argv(self, argv: Sequence[str], cwd: str | None = None) -> Decision:
         """May the skill run ``argv`` (in ``cwd``, when given)? Every argument is data."""
-        target = shlex.join(argv)
+        return self._argv(argv, cwd, shlex.join(argv))
+
+    def _argv(self, argv: Sequence[str], cwd: str | None, target: str) -> Decision:
         if not argv or not argv[0] or any("\x00" in a for a in argv):
             return self._deny(
                 "shell", "run", target, "argv must name a program, no NUL", "bad-request"
@@ -634,6 +719,12 @@ class SkillPermissions:
 
     def check_env(self, name: str) -> Decision:
         """May the skill read the environment variable ``name``?"""
+        if name.endswith("*") or not p.NAME_PATTERN.match(name):
+            # Not a name a grant could list: "add it to env" would be bad advice
+            # ('FOO_*' there grants a family, not the literal name).
+            return self._deny(
+                "env", "read", name, f"{name!r} is not an environment variable name", "bad-request"
+            )
         rid = self._env_exact.get(name)
         if rid is not None:
             return self._allow("env", "read", name, rid, "named")

@@ -9,6 +9,11 @@ Each rule is a frozen value with a stable ``id`` (``notes.fs[0]``, or
 (``notes.yaml:12``), a ``covers`` test (is everything another rule allows
 allowed by this one?) and ``meet`` (the intersection with a rule it covers or
 that covers it), which the compiler uses to intersect needs with grants.
+
+``grant.meet(need, scope)`` is always called on the grant. A field the need leaves
+out is *unspecified*, never "anything": the result keeps the grant's value (its
+``cwd`` list, its caps, its ``max_depth``), so leaving a key out of the needs can
+only narrow what the operator granted.
 """
 
 from __future__ import annotations
@@ -28,9 +33,11 @@ HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 DEFAULT_HTTP_METHODS = ("GET", "HEAD")
 MODES = ("ro", "rw")
 DEFAULT_MAX_DEPTH = 4
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
-_TOOL_NAME = re.compile(r"^[A-Za-z0-9_./-]{1,64}$")
-_NODE = re.compile(r"^[a-z0-9*][a-z0-9*._-]*$")
+MAX_DEPTH = 64  # the sandbox's invoke ceiling (sandbox/abi/invoke.py) is the same number
+# \Z, not $: '$' also matches before a final newline ("notes\n" would pass).
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}\Z")
+_TOOL_NAME = re.compile(r"^[A-Za-z0-9_./-]{1,64}\Z")
+_NODE = re.compile(r"^[a-z0-9*][a-z0-9*._-]*\Z")
 _CLIENT_FEATURES = ("sample", "elicit")
 
 CAPABILITY_SECTIONS = ("fs", "http", "tcp", "shell", "env", "invoke", "transfer", "kv")
@@ -143,6 +150,16 @@ def _nets_meet(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
     keep = {x for x in a if any(_subnet(x, y) for y in b)}
     keep |= {y for y in b if any(_subnet(y, x) for x in a)}
     return tuple(sorted(keep))
+
+
+def _dirs_meet(grant: tuple[str, ...], need: tuple[str, ...]) -> tuple[str, ...]:
+    # The directories under both lists: for each overlapping pair, the deeper one.
+    # A need without a list takes the grant's (unspecified is not "anywhere").
+    if not need:
+        return grant
+    out = [n for n in need if any(p.path_under(n, g) for g in grant)]
+    out += [g for g in grant if g not in out and any(p.path_under(g, n) for n in need)]
+    return tuple(out)
 
 
 def _min_opt(a: int | None, b: int | None) -> int | None:
@@ -297,11 +314,16 @@ class ShellRule:
         )
 
     def meet(self, other: ShellRule, scope: ShellRule) -> ShellRule:
-        """The intersection, scoped to ``scope``."""
+        """The intersection, scoped to ``scope``; a need without ``cwd`` keeps the grant's.
+
+        A rule without ``cwd`` runs only in ``/``, so taking the need's empty list
+        would move a command out of the directories the operator chose.
+        """
         return replace(
             scope,
             id=self.id,
             source=self.source,
+            cwd=_dirs_meet(self.cwd, other.cwd) if self.cwd else (),
             timeout_ms=_min_opt(self.timeout_ms, other.timeout_ms),
             output_bytes=_min_opt(self.output_bytes, other.output_bytes),
         )
@@ -383,7 +405,7 @@ class InvokeRule:
     source: str
     calls: tuple[str, ...] = ()
     called_by: tuple[str, ...] = ()
-    max_depth: int = DEFAULT_MAX_DEPTH
+    max_depth: int | None = None  # None: not written (DEFAULT_MAX_DEPTH in the tables)
     lines: Mapping[str, int] = field(default_factory=dict, compare=False, hash=False)
 
     def covers(self, other: InvokeRule) -> bool:
@@ -392,10 +414,11 @@ class InvokeRule:
 
     def meet(self, other: InvokeRule, scope: InvokeRule) -> InvokeRule:
         """The intersection: calls both name; who may call us is the grant's alone."""
+        granted = self.max_depth or DEFAULT_MAX_DEPTH  # a grant without one stands for 4
         return replace(
             self,
             calls=tuple(c for c in self.calls if c in other.calls),
-            max_depth=min(self.max_depth, other.max_depth),
+            max_depth=min(granted, other.max_depth or granted),
         )
 
     def table(self) -> dict[str, Any]:
@@ -405,7 +428,7 @@ class InvokeRule:
             "source": self.source,
             "calls": sorted(self.calls),
             "called_by": sorted(self.called_by),
-            "max_depth": self.max_depth,
+            "max_depth": self.max_depth or DEFAULT_MAX_DEPTH,
         }
 
 
@@ -565,10 +588,20 @@ def _shell(skill: str, i: int, m: Mapping[str, Any], where: Where) -> ShellRule:
             raise _fail(
                 _line(m, "args", where), "'**' (any further arguments) only as the last pattern"
             )
-    env = _str_list(m.get("env", []), _line(m, "env", where), "an environment name")
-    for name in env:
+    raw_env = m.get("env", [])
+    env = _str_list(raw_env, _line(m, "env", where), "an environment name")
+    for k, name in enumerate(env):
+        ew = _line(raw_env, k, _line(m, "env", where))
         if not p.NAME_PATTERN.match(name):
-            raise _fail(_line(m, "env", where), f"bad environment variable name {name!r}")
+            raise _fail(ew, f"bad environment variable name {name!r}")
+        if name.endswith("*"):
+            # The child gets each variable by name; a family would silently pass
+            # nothing (or, matched, more than the operator looked at).
+            raise _fail(
+                ew,
+                f"a shell rule's env names variables exactly, not a family: {name!r}",
+                "list each variable the program needs",
+            )
     timeout = output = None
     try:
         if "timeout" in m:
@@ -627,9 +660,13 @@ def _invoke(skill: str, m: Mapping[str, Any], where: Where) -> InvokeRule:
     _check_keys(m, ("calls", "called_by", "max_depth", "id"), where, "invoke")
     calls = _skill_refs(m.get("calls", []), _line(m, "calls", where), "calls", False)
     called_by = _skill_refs(m.get("called_by", []), _line(m, "called_by", where), "called_by", True)
-    depth = m.get("max_depth", DEFAULT_MAX_DEPTH)
-    if not isinstance(depth, int) or isinstance(depth, bool) or not 1 <= depth <= 64:
-        raise _fail(_line(m, "max_depth", where), f"max_depth must be 1..64, got {depth!r}")
+    depth = m.get("max_depth")
+    if depth is not None and (
+        not isinstance(depth, int) or isinstance(depth, bool) or not 1 <= depth <= MAX_DEPTH
+    ):
+        raise _fail(
+            _line(m, "max_depth", where), f"max_depth must be 1..{MAX_DEPTH}, got {depth!r}"
+        )
     rid = f"{skill}.{m['id']}" if isinstance(m.get("id"), str) else f"{skill}.invoke"
     lines = {
         k: _line(m, k, where).line for k in ("calls", "called_by") if isinstance(m.get(k), list)

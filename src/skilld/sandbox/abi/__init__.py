@@ -25,13 +25,11 @@ HostFn = Callable[..., Any]
 Functions = dict[str, tuple[HostFn, Kind]]
 
 
-def decide(
-    ctx: CallContext, capability: str, action: str, target: str, shown: str | None = None
-) -> Decision:
-    """Ask the skill's tables; record the decision; refuse with its rule when denied.
+def ask(ctx: CallContext, capability: str, action: str, target: str) -> Decision:
+    """Ask the skill's tables and record the decision for the audit, allowed or not.
 
-    Raises:
-        HostCallError: ``not-permitted`` naming the rule and the reason.
+    For host functions that act on a denial themselves (``fs.glob`` leaves refused
+    matches out); the others use :func:`decide`.
     """
     from skilld.types import Decision
 
@@ -41,7 +39,18 @@ def decide(
         )
     else:
         decision = ctx.checker.check(capability, action, target)
-    ctx.record(decision)
+    return ctx.record(decision)
+
+
+def decide(
+    ctx: CallContext, capability: str, action: str, target: str, shown: str | None = None
+) -> Decision:
+    """Ask the skill's tables; record the decision; refuse with its rule when denied.
+
+    Raises:
+        HostCallError: ``not-permitted`` naming the rule and the reason.
+    """
+    decision = ask(ctx, capability, action, target)
     if not decision.allowed:
         raise HostCallError(
             "not-permitted",

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 
 from skilld.errors import HostCallError
 from skilld.sandbox._context import CallContext
-from skilld.sandbox.abi import Functions, decide
+from skilld.sandbox.abi import Functions, ask, decide
 
 MAX_READ = 16 * 1024 * 1024
 MAX_LIST = 10_000
@@ -206,15 +206,28 @@ def glob(ctx: CallContext, pattern: str) -> list[str]:
     """Paths matching an absolute pattern (``*`` one segment, ``**`` any depth).
 
     The walk starts at the longest literal prefix, which must itself be readable;
-    every match is checked on its own canonical path, and matches the policy
-    refuses are left out.
+    every match is checked on its own canonical path (each decision recorded), and
+    matches the policy refuses are left out. ``?`` and ``[...]`` are refused: the
+    policy language has only ``*`` and ``**``, and so does the request.
+
+    Raises:
+        HostCallError: ``invalid-argument`` for a relative pattern, a NUL byte or an
+            unsupported wildcard; ``not-permitted`` when the literal prefix is not
+            readable; ``limit-exceeded`` past 10,000 matches.
     """
     if not pattern.startswith("/") or "\x00" in pattern:
         raise HostCallError("invalid-argument", f"glob pattern {pattern!r} must be absolute")
+    unsupported = sorted(set("?[]").intersection(pattern))
+    if unsupported:
+        raise HostCallError(
+            "invalid-argument",
+            f"glob pattern {pattern!r}: {''.join(unsupported)!r} is not supported; "
+            "use '*' (within one segment) and '**' (any depth)",
+        )
     parts = pattern.split("/")
     literal = []
     for part in parts[1:]:
-        if any(c in part for c in "*?["):
+        if "*" in part:
             break
         literal.append(part)
     base = "/" + "/".join(literal)
@@ -224,9 +237,7 @@ def glob(ctx: CallContext, pattern: str) -> list[str]:
     for found in _walk(root, rest):
         if len(out) >= MAX_GLOB:
             raise HostCallError("limit-exceeded", f"glob matched more than {MAX_GLOB} paths")
-        assert ctx.checker is not None
-        decision = ctx.checker.check("fs", "read", os.path.realpath(found))
-        if decision.allowed:
+        if ask(ctx, "fs", "read", os.path.realpath(found)).allowed:
             out.append(found)
     return sorted(out)
 

@@ -1,27 +1,41 @@
-"""``invoke``: calls to other skills through the orchestrator, graph and depth checked."""
+"""``invoke``: calls to other skills through the orchestrator, graph and depth checked.
+
+The orchestrator asks the caller's tables (``check_invoke``), whose ``max_depth``
+(1..64, per skill) is the limit. The host adds one ceiling of its own, 64 (the
+largest ``max_depth`` a policy may set), for checkers that know no depth; a call
+past it is refused and recorded like any other decision.
+"""
 
 from __future__ import annotations
 
 from skilld.errors import HostCallError
 from skilld.sandbox._context import CallContext
 from skilld.sandbox.abi import Functions
+from skilld.types import Decision
 
-MAX_DEPTH = 4  # the policy may lower it; deeper chains are refused
+MAX_DEPTH = 64
+DEPTH_RULE = "invoke.max-depth"
 
 
 def call(ctx: CallContext, skill: str, method: str, args: str) -> str:
-    """Call ``skill``'s ``method`` with JSON ``args``; returns its JSON value."""
+    """Call ``skill``'s ``method`` with JSON ``args``; returns its JSON value.
+
+    Raises:
+        HostCallError: ``not-permitted`` without an orchestrator, past the depth
+            ceiling, or when the tables refuse the call; the callee's own errors.
+    """
     if ctx.invoker is None:
         raise HostCallError(
             "not-permitted", "this host has no orchestrator for invoke", rule="default-deny"
         )
-    if ctx.depth + 1 > MAX_DEPTH:
+    depth = ctx.depth + 1
+    if depth > MAX_DEPTH:
+        reason = f"depth {depth} exceeds the host's ceiling of {MAX_DEPTH}"
+        ctx.record(Decision(False, "invoke", "call", skill, DEPTH_RULE, reason))
         raise HostCallError(
-            "limit-exceeded",
-            f"invoke depth {ctx.depth + 1} exceeds {MAX_DEPTH}",
-            rule="invoke.max-depth",
+            "not-permitted", f"invoke.call {skill} denied: {reason}", rule=DEPTH_RULE
         )
-    return ctx.invoker(skill, method, args, ctx.depth + 1)
+    return ctx.invoker(skill, method, args, depth)
 
 
 FUNCTIONS: Functions = {"call": (call, "result")}

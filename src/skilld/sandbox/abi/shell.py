@@ -4,22 +4,26 @@ The check is ``check("shell", "run", shlex.join(argv))`` (an unambiguous quoting
 of the argv, so metacharacters are data) plus ``check("shell", "cwd", DIR)`` for
 the working directory, which must also lie under the deciding rule's ``cwd``
 list (a rule with a list runs in its first directory when no cwd is given).
-An argument matched by a path-shaped pattern (``/data/out/*``) must still match
-it once made canonical: ``*`` matches any characters, so ``/data/out/../x`` or a
+An argument whose pattern holds a path (``/data/out/*``,
+``--target-directory=/data/out/*``, ``/dev/zero``; not a URL) is checked again, through
+the tables, with its path part (from its first ``/``) made canonical: ``*`` matches
+any characters, so ``/data/out/../x``, ``--target-directory=/data/out/..`` or a
 path through a symlink out of ``/data/out`` would otherwise satisfy the pattern
 and let the command write outside the directory the operator meant.
-The child gets a scrubbed environment (PATH, LANG, plus the variables the rule
-passes through by name), no stdin unless given, its own process group, the
-smaller of the rule's and the request's timeout, and the rule's output cap:
-output past the cap is read and dropped, so a chatty child can neither block
-nor fill the host's memory.
+
+The child gets a scrubbed environment: PATH, LANG, and the variables the rule's
+``env`` names. That list is the operator's grant of those variables to that
+program, apart from the skill's own ``env`` grants, so a token can go to a trusted
+tool without the skill reading it (unless the tool prints it). The child gets no
+stdin unless given, its own process group, the smaller of the rule's and the
+request's timeout, and the rule's output cap: output past the cap is read and
+dropped, so a chatty child can neither block nor fill the host's memory.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -67,26 +71,28 @@ def _working_dir(
     return cwd
 
 
-def _pattern_regex(pattern: str) -> re.Pattern[str]:
-    # The policy's whole-argument glob (``*``: any characters). The sandbox may not
-    # import the policy package (tests/test_architecture.py), hence this short copy.
-    return re.compile(".*".join(re.escape(part) for part in pattern.split("*")), re.DOTALL)
+def _canonical_args(argv: list[str], rule: Mapping[str, Any]) -> list[str]:
+    """``argv`` with the path part of each argument whose pattern holds a path made canonical.
 
-
-def _check_path_args(
-    ctx: CallContext, argv: list[str], decision: Decision, rule: Mapping[str, Any]
-) -> None:
+    Literal patterns (``/dev/zero``) are included: the guest may have planted a
+    symlink at the very path the operator named. A URL pattern (``https://host/*``)
+    names no local path, and resolving one as a path would fold its ``//``.
+    """
     patterns = [str(a) for a in rule.get("args") or ()]
     fixed = patterns[:-1] if patterns and patterns[-1] == "**" else patterns
-    for pattern, arg in zip(fixed, argv[1:], strict=False):
-        if not (pattern.startswith("/") and "*" in pattern and arg.startswith("/")):
-            continue
-        canon = canonical(arg)
-        if _pattern_regex(pattern).fullmatch(canon):
-            continue
-        reason = f"argument {arg} resolves to {canon}, outside {pattern} of {decision.rule}"
-        ctx.record(Decision(False, "shell", "run", shlex.join(argv), decision.rule, reason))
-        raise HostCallError("not-permitted", f"shell.run denied: {reason}", rule=decision.rule)
+    out = list(argv)
+    for i, (pattern, arg) in enumerate(zip(fixed, argv[1:], strict=False), start=1):
+        if "/" in pattern and "://" not in pattern and "/" in arg:
+            cut = arg.index("/")
+            out[i] = arg[:cut] + canonical(arg[cut:])
+    return out
+
+
+def _check_path_args(ctx: CallContext, argv: list[str], rule: Mapping[str, Any]) -> None:
+    canon = _canonical_args(argv, rule)
+    if canon != argv:
+        shown = f"{shlex.join(argv)} (resolves to {shlex.join(canon)})"
+        decide(ctx, "shell", "run", shlex.join(canon), shown=shown)
 
 
 def _environment(rule: Mapping[str, Any]) -> dict[str, str]:
@@ -135,7 +141,7 @@ def run(ctx: CallContext, cmd: dict[str, object]) -> dict[str, object]:
         raise HostCallError("invalid-argument", "argv must not contain NUL bytes")
     decision = decide(ctx, "shell", "run", shlex.join(argv))
     rule = rule_settings(ctx, decision)
-    _check_path_args(ctx, argv, decision, rule)
+    _check_path_args(ctx, argv, rule)
     cwd = _working_dir(ctx, cmd.get("cwd"), decision, rule)
     timeout_ms = min(int(cmd.get("timeout_ms") or DEFAULT_TIMEOUT_MS), MAX_TIMEOUT_MS)  # type: ignore[call-overload]
     if rule.get("timeout_ms"):
