@@ -1,20 +1,23 @@
 {
   description = "skilld: a sealed appliance that serves signed WebAssembly skills to AI agents as MCP tools";
 
-  # Pinned: nixos-24.11 as of its last channel bump. Update with `nix flake update`.
+  # The branch to follow; flake.lock pins the exact revision (and its narHash), so every
+  # build uses the same nixpkgs. `nix flake update` moves the lock to the branch's head.
   inputs.nixpkgs.url = "github:NixOS/nixpkgs/nixos-24.11";
 
   outputs = { self, nixpkgs }:
     let
-      systems = [ "x86_64-linux" "aarch64-linux" ];
+      # The systems nix/wheels.json has wheels for (`just nix-wheels` writes x86_64-linux and
+      # aarch64-linux): without its wheels a system could not build skilld.
+      systems = builtins.attrNames (builtins.fromJSON (builtins.readFile ./nix/wheels.json)).systems;
       forAll = f: nixpkgs.lib.genAttrs systems (system: f nixpkgs.legacyPackages.${system});
     in {
       packages = forAll (pkgs:
         let
           py = pkgs.python311;
-          # wasmtime, mcp 2.x and componentize-py are not in nixpkgs at these versions:
-          # they come from the wheelhouse (`just wheelhouse`), pinned by hash in
-          # nix/wheels.nix, and are installed without network access.
+          # wasmtime, mcp 2.x and componentize-py are not in nixpkgs at these versions: every
+          # Python dependency is a wheel fetched by URL and sha256 from nix/wheels.json
+          # (`just nix-wheels`) and installed from that file with pip --no-index --no-deps.
           wheels = import ./nix/wheels.nix { inherit pkgs; };
           skilld = py.pkgs.buildPythonApplication {
             pname = "skilld";

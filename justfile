@@ -51,6 +51,10 @@ image-run PORT="8080" STATE="/tmp/skilld-state" TAG="localhost/skilld:dev":
       -- /opt/skilld/bin/skilld serve --bundle /opt/skilld-bundle --transport http \
       --host 0.0.0.0 --port {{PORT}}
 
-# Check that flake.nix parses (nix cannot build here: no binary cache).
+# Pin the flake's Python wheels (URL and sha256) in nix/wheels.json from pyproject.toml.
+nix-wheels:
+    {{py}} nix/wheels.py
+
+# Check that flake.nix and nix/*.nix parse (nix cannot build here: no binary cache).
 nix-check:
-    nix-instantiate --parse flake.nix >/dev/null && nix-instantiate --parse nix/wheels.nix >/dev/null
+    for f in flake.nix nix/*.nix; do nix-instantiate --parse "$f" >/dev/null || exit 1; done

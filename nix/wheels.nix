@@ -1,24 +1,34 @@
-# Python dependencies that nixpkgs does not carry at the versions skilld needs, taken from
-# the wheelhouse directory (`just wheelhouse`) and installed offline. Regenerate the hashes
-# with `just nix-wheels` after changing dependencies.
+# Python dependencies that nixpkgs does not carry at the versions skilld needs (wasmtime 50,
+# mcp 2.x, componentize-py, ...), installed from wheels fetched by URL and sha256.
+# wheels.json lists them per system; it is written by nix/wheels.py (`just nix-wheels`) from
+# pyproject.toml, so run that after changing dependencies and commit the result.
 { pkgs }:
 let
-  wheelhouse = ../wheelhouse;
-  fromWheel = py: name: py.pkgs.buildPythonPackage {
-    pname = name;
-    version = "wheelhouse";
+  lock = builtins.fromJSON (builtins.readFile ./wheels.json);
+  fromWheel = py: w: py.pkgs.buildPythonPackage {
+    pname = w.name;
+    inherit (w) version;
     format = "other";
-    src = wheelhouse;
+    src = pkgs.fetchurl { inherit (w) url sha256; };
     dontUnpack = true;
+    # manylinux wheels carry native code linked against libgcc_s/libstdc++, which are not on
+    # a Nix system's default search path.
+    nativeBuildInputs = pkgs.lib.optional (!pkgs.lib.hasSuffix "-any.whl" w.filename)
+      pkgs.autoPatchelfHook;
+    buildInputs = pkgs.lib.optional (!pkgs.lib.hasSuffix "-any.whl" w.filename)
+      pkgs.stdenv.cc.cc.lib;
+    # pip reads name and version from the file name, and the store path's is prefixed by a hash.
     installPhase = ''
-      ${py.pkgs.pip}/bin/pip install --no-index --no-deps --find-links $src \
-        --prefix $out ${name}
+      cp $src $TMPDIR/${w.filename}
+      ${py.pkgs.pip}/bin/pip install --no-index --no-deps --no-cache-dir \
+        --disable-pip-version-check \
+        --prefix $out $TMPDIR/${w.filename}
     '';
   };
+  wheelsFor = set: py: map (fromWheel py) lock.systems.${pkgs.stdenv.hostPlatform.system}.${set};
 in {
-  runtime = py: map (fromWheel py) [
-    "wasmtime" "mcp" "mcp-types" "pyyaml" "cryptography" "nats-py" "structlog"
-    "anyio" "starlette" "uvicorn" "sse-starlette" "pydantic" "pydantic-core" "httpx2"
-  ];
-  build = py: map (fromWheel py) [ "componentize-py" ];
+  # skilld's runtime dependency closure.
+  runtime = wheelsFor "runtime";
+  # What `skilld build` needs on top (componentize-py).
+  build = wheelsFor "build";
 }

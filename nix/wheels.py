@@ -1,0 +1,161 @@
+"""Write nix/wheels.json: every wheel the flake installs, by URL and sha256.
+
+Run it with ``just nix-wheels`` after changing dependencies in ``pyproject.toml``. For each
+Nix system it asks pip (``install --dry-run --report``) to resolve the runtime dependencies,
+then the runtime and ``build`` dependencies together, for CPython 3.11 on that system's
+manylinux platform; pip resolves for a foreign platform too, so one machine writes every
+system. The runtime set is the first resolution; the build set is what the second adds.
+
+Only the standard library is used, so any Python 3.11 with pip runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import tomllib
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "nix" / "wheels.json"
+PYTHON = "3.11"
+# The glibc of the pinned nixpkgs (nixos-24.11 ships 2.40): newer manylinux wheels would not load.
+GLIBC_MINOR = 40
+SYSTEMS = {"x86_64-linux": "x86_64", "aarch64-linux": "aarch64"}
+# Legacy manylinux names (glibc 2.5, 2.12, 2.17; PEP 600): pip matches tags as strings.
+LEGACY = {"x86_64": ("manylinux1", "manylinux2010", "manylinux2014"), "aarch64": ("manylinux2014",)}
+FILES = "https://files.pythonhosted.org/"
+
+
+class WheelsError(Exception):
+    """A wheel cannot be pinned: no hash, no public URL, or the two sets disagree."""
+
+
+def normalise(name: str) -> str:
+    """The PEP 503 form of a project name (``PyYAML`` and ``pyyaml`` are one project)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def platforms(arch: str) -> list[str]:
+    """Every manylinux tag a wheel may carry to load on ``arch`` with the pinned glibc."""
+    tags = [f"manylinux_2_{minor}_{arch}" for minor in range(GLIBC_MINOR, 4, -1)]
+    return tags + [f"{name}_{arch}" for name in LEGACY[arch]]
+
+
+def public_url(url: str, filename: str) -> str:
+    """The URL Nix fetches the wheel from: the one PyPI itself gave.
+
+    Raises:
+        WheelsError: the wheel came from anywhere but PyPI's file host.
+    """
+    if url.startswith(FILES):
+        return url
+    raise WheelsError(f"{filename}: {url} is not on {FILES}; pin only public wheels")
+
+
+def resolve(requirements: list[str], arch: str) -> dict[str, dict[str, str]]:
+    """The wheels pip would install for ``requirements`` on ``arch``, keyed by normalised name.
+
+    Raises:
+        WheelsError: pip failed, or a wheel has no sha256 in its report.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.json"
+        # --target only because pip refuses --platform without it; --dry-run installs nothing.
+        argv = [
+            sys.executable,
+            "-m",
+            "pip",
+            # --isolated: no pip configuration, so no local mirror or extra index answers;
+            # the URLs in the report are PyPI's own, which is where Nix will fetch them.
+            "--isolated",
+            "install",
+            "--quiet",
+            "--dry-run",
+            "--ignore-installed",
+            "--only-binary=:all:",
+            "--target",
+            str(Path(tmp) / "t"),
+            "--python-version",
+            PYTHON,
+            "--implementation",
+            "cp",
+            "--abi",
+            "cp" + PYTHON.replace(".", ""),
+            "--abi",
+            "abi3",
+            "--abi",
+            "none",
+            *(arg for tag in platforms(arch) for arg in ("--platform", tag)),
+            "--report",
+            str(report),
+            *requirements,
+        ]
+        done = subprocess.run(argv, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise WheelsError(f"pip could not resolve for {arch}:\n{done.stderr}")
+        items = json.loads(report.read_text())["install"]
+    wheels = {}
+    for item in items:
+        info, meta = item["download_info"], item["metadata"]
+        filename = info["url"].rsplit("/", 1)[1]
+        sha256 = info.get("archive_info", {}).get("hashes", {}).get("sha256")
+        if not sha256:
+            raise WheelsError(f"{filename}: pip's report gives no sha256 for {info['url']}")
+        wheels[normalise(meta["name"])] = {
+            "name": normalise(meta["name"]),
+            "version": meta["version"],
+            "filename": filename,
+            "sha256": sha256,
+            "url": public_url(info["url"], filename),
+        }
+    return wheels
+
+
+def pin(runtime: list[str], build: list[str], arch: str) -> dict[str, list[dict[str, str]]]:
+    """The runtime and build wheel sets for ``arch``, each sorted by name.
+
+    Raises:
+        WheelsError: resolving the build set changes a runtime wheel's version.
+    """
+    run = resolve(runtime, arch)
+    both = resolve(runtime + build, arch)
+    for name, wheel in run.items():
+        if both[name]["filename"] != wheel["filename"]:
+            raise WheelsError(
+                f"{name}: the build set needs {both[name]['filename']}, "
+                f"the runtime set {wheel['filename']}; tighten pyproject.toml"
+            )
+    return {
+        "runtime": [run[n] for n in sorted(run)],
+        "build": [both[n] for n in sorted(both) if n not in run],
+    }
+
+
+def main() -> int:
+    """Resolve every system and write nix/wheels.json."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    runtime = project["dependencies"]
+    build = project["optional-dependencies"]["build"]
+    try:
+        systems = {system: pin(runtime, build, arch) for system, arch in SYSTEMS.items()}
+    except WheelsError as exc:
+        print(f"nix-wheels: {exc}", file=sys.stderr)
+        return 1
+    lock: dict[str, Any] = {
+        "_comment": "Written by nix/wheels.py (just nix-wheels) from pyproject.toml; do not edit.",
+        "python": PYTHON,
+        "systems": systems,
+    }
+    OUT.write_text(json.dumps(lock, indent=2) + "\n")
+    count = sum(len(s["runtime"]) + len(s["build"]) for s in systems.values())
+    print(f"nix-wheels: {count} wheels for {', '.join(systems)} in {OUT.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
