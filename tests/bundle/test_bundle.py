@@ -125,6 +125,30 @@ def test_same_inputs_same_digest(
     assert again.lock.policy_digest == demo_bundle.lock.policy_digest
 
 
+@pytest.mark.slow
+def test_same_digest_with_native_code_compiled_anew(
+    demo_bundle: BuildResult, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Native code compiled again from the same components gives the same bundle digest.
+
+    The components come from the shared cache: componentize-py 0.25 does not build
+    byte-identical components twice (upstream componentize-py#247), so "the same
+    inputs" of a bundle are its components (or packages), its policy and the engine.
+    """
+    from skilld.bundle import build_bundle
+    from tests_env import ROOT, cache_dir
+
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "315532800")
+    cold = tmp_path / "cold-native"
+    cold.mkdir(mode=0o700)
+    with Sandbox(cold) as fresh:
+        again = build_bundle(
+            ROOT / "skills", ROOT / "policies", tmp_path / "b", sandbox=fresh, cache_dir=cache_dir()
+        )
+    assert list(cold.rglob("*.cwasm")), "native code was not compiled anew"
+    assert again.lock.bundle_digest == demo_bundle.lock.bundle_digest
+
+
 def _signed_bundle(sandbox: Sandbox, tmp_path: Path) -> tuple[Path, Path]:
     key = SigningKey.generate()
     write_private_key(key, tmp_path / "bundle.key")
