@@ -29,10 +29,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _util import row, timings
 
+from skilld.digest import sha256_fd
 from skilld.package.build import build_component, default_cache_dir
 from skilld.registry import NullChannel
 from skilld.sandbox import CallContext, Component, Sandbox
-from skilld.sandbox._native import compile_component, sha256_file
+from skilld.sandbox._native import compile_component
 from skilld.types import Limits
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,7 +69,7 @@ def hash_native(path: Path) -> str:
     """The sha256 of a native file, read the way a cached load reads it."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        return sha256_file(fd)
+        return sha256_fd(fd)
     finally:
         os.close(fd)
 

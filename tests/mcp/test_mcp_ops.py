@@ -23,7 +23,7 @@ from mcp_fakes import (
 
 from skilld.mcp import ServeConfig
 from skilld.mcp._metrics import Metrics
-from skilld.mcp._serve import advertised_url
+from skilld.mcp._serve_http import advertised_url
 
 pytestmark = pytest.mark.anyio
 

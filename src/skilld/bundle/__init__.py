@@ -8,8 +8,15 @@ reaches the wasm engine.
 
 from typing import TYPE_CHECKING, Any
 
-from skilld.bundle._load import LoadedBundle, open_bundle
-from skilld.bundle._lock import FORMAT, LOCK, LOCK_SIG, Lock, LockedSkill, canonical_json
+from skilld.bundle._lock import (
+    FORMAT,
+    LOCK,
+    LOCK_SIG,
+    Lock,
+    LockedSkill,
+    canonical_json,
+    prehash_bundle,
+)
 
 if TYPE_CHECKING:
     from skilld.bundle._build import (
@@ -18,17 +25,24 @@ if TYPE_CHECKING:
         sign_lock,
         verify_lock_signature,
     )
+    from skilld.bundle._load import LoadedBundle, open_bundle
 
 _BUILD = ("BuildResult", "build_bundle", "sign_lock", "verify_lock_signature")
+_LOAD = ("LoadedBundle", "open_bundle")
 
 
 def __getattr__(name: str) -> Any:
-    # The build side pulls in the package toolchain (cryptography, componentize);
-    # serving does not need it, so it is imported on first use only.
+    # The build side pulls in the package toolchain (cryptography, componentize) and
+    # the load side the wasm engine; ``skilld serve`` starts hashing the bundle
+    # (``prehash_bundle``) before it pays for either, so both load on first use.
     if name in _BUILD:
         from skilld.bundle import _build
 
         return getattr(_build, name)
+    if name in _LOAD:
+        from skilld.bundle import _load
+
+        return getattr(_load, name)
     raise AttributeError(f"module 'skilld.bundle' has no attribute {name!r}")
 
 
@@ -43,6 +57,7 @@ __all__ = [
     "build_bundle",
     "canonical_json",
     "open_bundle",
+    "prehash_bundle",
     "sign_lock",
     "verify_lock_signature",
 ]

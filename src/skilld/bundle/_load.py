@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from skilld.bundle._lock import LOCK, LOCK_SIG, Lock, LockedSkill
+from skilld.digest import Prehash, open_no_follow, sha256_fd
 from skilld.errors import BundleError, DigestMismatch, SkilldError
 from skilld.policy import Tables
-from skilld.sandbox import Component, Sandbox, sha256_file
+from skilld.sandbox import Component, Sandbox
 
 log = logging.getLogger("skilld.bundle")
 
@@ -55,17 +56,22 @@ class LoadedBundle:
         raise BundleError(f"the bundle has no skill '{skill_id}'", location=str(self.root))
 
 
-def _check_file(root: Path, rel: str, expected: str) -> bytes | None:
+def _check_file(
+    root: Path, rel: str, expected: str, prehash: Prehash | None = None
+) -> bytes | None:
     """Check one file's sha256; return its bytes when it is JSON (the tables)."""
     path = root / rel
+    opened = prehash.take(rel) if prehash is not None else None
+    if opened is None:
+        try:
+            fd = open_no_follow(path)
+        except OSError as exc:
+            raise BundleError(
+                f"listed in the lock but unreadable: {exc.strerror}", location=str(path)
+            ) from exc
+        opened = (fd, sha256_fd(fd))
+    fd, actual = opened
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except OSError as exc:
-        raise BundleError(
-            f"listed in the lock but unreadable: {exc.strerror}", location=str(path)
-        ) from exc
-    try:
-        actual = sha256_file(fd)
         if actual != expected:
             raise BundleError(
                 f"sha256 is {actual[:16]}…, the lock says {expected[:16]}…; the "
@@ -107,7 +113,7 @@ def _inventory(root: Path, lock: Lock) -> None:
 
 def _read_lock(path: Path) -> bytes:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        fd = open_no_follow(path)
     except FileNotFoundError as exc:
         raise BundleError("no bundle.lock: not a bundle", location=str(path)) from exc
     except OSError as exc:
@@ -125,6 +131,7 @@ def open_bundle(
     *,
     recompile: bool = False,
     verify_lock: Callable[[bytes, bytes | None], None] | None = None,
+    prehash: Prehash | None = None,
 ) -> LoadedBundle:
     """Verify and load the bundle at ``root``.
 
@@ -137,6 +144,8 @@ def open_bundle(
         recompile: compile native code again when the engine fingerprint changed.
         verify_lock: called with the lock bytes and the signature bytes (``None`` when
             there is no ``bundle.lock.sig``); raises to refuse.
+        prehash: the bundle's files already opened and hashed (:func:`prehash_bundle`);
+            each digest is still compared with this lock before its file is used.
 
     Raises:
         BundleError: anything wrong with the bundle; the message names the file.
@@ -161,7 +170,7 @@ def open_bundle(
     lock = Lock.parse(lock_bytes, str(lock_path))
     _inventory(root, lock)
     tables_path = root / lock.policy_path
-    tables_bytes = _check_file(root, lock.policy_path, lock.files[lock.policy_path])
+    tables_bytes = _check_file(root, lock.policy_path, lock.files[lock.policy_path], prehash)
     if tables_bytes is None:
         raise BundleError("policy tables must be a .json file", location=str(tables_path))
     try:
@@ -185,21 +194,25 @@ def open_bundle(
     components: dict[str, Component] = {}
 
     def check(rel: str) -> None:
-        _check_file(root, rel, lock.files[rel])
+        _check_file(root, rel, lock.files[rel], prehash)
 
     def load(skill: LockedSkill) -> Component:
         granted = tables.interfaces(skill.id)
         native = root / skill.native
         if same_engine:
+            opened = prehash.take(skill.native) if prehash is not None else None
             try:
                 return sandbox.load_native(
-                    native, lock.files[skill.native], name=skill.id, granted=granted
+                    native, lock.files[skill.native], name=skill.id, granted=granted, opened=opened
                 )
             except DigestMismatch as exc:
                 raise BundleError(
                     f"{exc.message}; the bundle was changed after it was built",
                     location=str(native),
                 ) from exc
+            finally:
+                if opened is not None:
+                    os.close(opened[0])
         check(skill.native)  # still refuse a damaged bundle, even when not using the file
         # Only recompiling opens packages; serving never needs the package toolchain.
         from skilld.package import load_trust, verify_package

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from skilld.digest import Prehash
 from skilld.errors import BundleError
 
 FORMAT = "skilld-bundle/1"
@@ -149,3 +150,17 @@ class Lock:
                     location=location,
                 )
         return lock
+
+
+def prehash_bundle(root: Path) -> Prehash:
+    """Start opening and hashing every file the bundle's lock lists, in the background.
+
+    The lock is only read for its file names here (a malformed one hashes nothing);
+    :func:`open_bundle` verifies it and compares every digest before use.
+    """
+    try:
+        files = json.loads((Path(root) / LOCK).read_bytes()).get("files", {})
+        rels = [rel for rel in files if isinstance(rel, str)] if isinstance(files, dict) else []
+    except (OSError, ValueError, AttributeError):
+        rels = []
+    return Prehash(Path(root), rels)

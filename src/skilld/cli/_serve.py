@@ -86,14 +86,17 @@ def load_registry(
     audit: Any,
     recompile: bool = False,
     lock_key: Path | None = None,
+    prehash: Any = None,
 ) -> tuple[Any, Any, dict[str, float]]:
     """Verify and load a bundle into a ready registry; returns (registry, sandbox, timings).
+
+    ``prehash`` is the bundle's files already being hashed (``prehash_bundle``).
 
     Raises:
         BundleError: the bundle is damaged, unknown content, or for another engine.
         PolicyError: its tables are malformed.
     """
-    from skilld.bundle import open_bundle, verify_lock_signature
+    from skilld.bundle import open_bundle
     from skilld.permissions import SkillPermissions
     from skilld.registry import Registry, SkillEntry, annotations_for
     from skilld.sandbox import Sandbox
@@ -103,8 +106,15 @@ def load_registry(
     timings: dict[str, float] = {}
     t = time.perf_counter()
     sandbox = Sandbox(cache_dir_default())
-    verify = verify_lock_signature(lock_key) if lock_key else None
-    loaded = open_bundle(bundle_dir, sandbox, recompile=recompile, verify_lock=verify)
+    verify = None
+    if lock_key is not None:
+        # The build side (and cryptography) only when a lock key asks for it.
+        from skilld.bundle import verify_lock_signature
+
+        verify = verify_lock_signature(lock_key)
+    loaded = open_bundle(
+        bundle_dir, sandbox, recompile=recompile, verify_lock=verify, prehash=prehash
+    )
     timings.update({k: round(v, 2) for k, v in loaded.timings_ms.items()})
     tables = loaded.tables
     t = time.perf_counter()
@@ -148,8 +158,6 @@ def run(args: argparse.Namespace) -> int:
     """Handle ``skilld serve``."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from skilld.audit import JsonLinesSink
-
     _setup_logging(args.log_file)
     state_dir = args.state_dir or state_dir_default()
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -159,32 +167,42 @@ def run(args: argparse.Namespace) -> int:
             f"{bundle_dir} is not a bundle (no bundle.lock)",
             hint="build one with 'skilld build -o DIR'",
         )
-    if args.audit_log == "-":
-        audit = JsonLinesSink(sys.stderr)
-    else:
-        audit = JsonLinesSink(Path(args.audit_log) if args.audit_log else state_dir / "audit.jsonl")
     started = time.perf_counter()
-    # Verifying and loading the bundle is mostly hashing and mapping native code,
-    # which runs outside the GIL: do it while this thread imports the MCP SDK. The
-    # runtime's own modules are imported first, here: imports hold the GIL, and two
-    # threads importing at once only slow each other down.
-    import skilld.bundle
-    import skilld.permissions
-    import skilld.registry
-    import skilld.state  # noqa: F401
+    # Start-up is mostly imports (which hold the GIL) and hashing the bundle (which does
+    # not): the bundle's files are opened and hashed on other cores from here on, while
+    # this thread imports the runtime and then the MCP SDK. Nothing is trusted yet:
+    # open_bundle compares each digest with the verified lock before using a file.
+    from skilld.bundle import prehash_bundle
 
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="skilld-load") as pool:
-        loading = pool.submit(
-            load_registry,
-            bundle_dir,
-            state_dir,
-            audit=audit,
-            recompile=args.recompile,
-            lock_key=args.lock_key,
-        )
-        from skilld.mcp import ServeConfig, serve
+    with prehash_bundle(bundle_dir) as prehash:
+        from skilld.audit import JsonLinesSink
 
-        registry, sandbox, timings = loading.result()
+        if args.audit_log == "-":
+            audit = JsonLinesSink(sys.stderr)
+        else:
+            audit = JsonLinesSink(
+                Path(args.audit_log) if args.audit_log else state_dir / "audit.jsonl"
+            )
+        # The runtime's own modules are imported here, before the loader thread starts:
+        # two threads importing at once only slow each other down.
+        import skilld.bundle._load
+        import skilld.permissions
+        import skilld.registry
+        import skilld.state  # noqa: F401
+
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="skilld-load") as pool:
+            loading = pool.submit(
+                load_registry,
+                bundle_dir,
+                state_dir,
+                audit=audit,
+                recompile=args.recompile,
+                lock_key=args.lock_key,
+                prehash=prehash,
+            )
+            from skilld.mcp import ServeConfig, serve
+
+            registry, sandbox, timings = loading.result()
     log.info(
         "skilld ready: %s",
         json.dumps(

@@ -16,8 +16,23 @@ Only this package imports the ``mcp`` SDK. ``skilld.mcp.testing`` has an in-proc
 ``StaticDispatcher`` and the behaviours the official conformance suite expects.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from skilld.mcp._config import ServeConfig
-from skilld.mcp._serve import HttpServer, serve, serve_async, serve_http_async, serve_stdio_async
+from skilld.mcp._serve import serve, serve_async, serve_stdio_async
+
+if TYPE_CHECKING:
+    from skilld.mcp._serve_http import HttpServer, serve_http_async
+
+
+def __getattr__(name: str) -> Any:
+    # HTTP serving pulls in uvicorn and starlette; stdio does not need them.
+    if name in ("HttpServer", "serve_http_async"):
+        from skilld.mcp import _serve_http
+
+        return getattr(_serve_http, name)
+    raise AttributeError(f"module 'skilld.mcp' has no attribute {name!r}")
+
 
 __all__ = [
     "HttpServer",

@@ -6,7 +6,7 @@ Only this package imports ``wasmtime``; its errors become skilld's here.
 from skilld.sandbox._context import CallContext
 from skilld.sandbox._engine import Engine, engine_fingerprint
 from skilld.sandbox._host import INTERFACES
-from skilld.sandbox._native import NativeCache, load_native, sha256_file, write_native
+from skilld.sandbox._native import NativeCache, load_native, write_native
 from skilld.sandbox._sandbox import Component, Sandbox
 
 __all__ = [
@@ -18,6 +18,5 @@ __all__ = [
     "Sandbox",
     "engine_fingerprint",
     "load_native",
-    "sha256_file",
     "write_native",
 ]

@@ -100,9 +100,7 @@ def _use_pooling(config: wasmtime.Config) -> None:
         ffi.wasmtime_pooling_allocation_config_total_stacks_set(pool, POOL_INSTANCES)
         ffi.wasmtime_pooling_allocation_config_max_memory_size_set(pool, POOL_MAX_MEMORY)
         ffi.wasmtime_pooling_allocation_config_table_elements_set(pool, _POOL_TABLE_ELEMENTS)
-        ffi.wasmtime_pooling_allocation_config_max_core_instance_size_set(
-            pool, _POOL_INSTANCE_SIZE
-        )
+        ffi.wasmtime_pooling_allocation_config_max_core_instance_size_set(pool, _POOL_INSTANCE_SIZE)
         ffi.wasmtime_pooling_allocation_config_max_component_instance_size_set(
             pool, _POOL_INSTANCE_SIZE
         )

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import mmap
 import os
 import stat
 import tempfile
@@ -19,24 +18,11 @@ from pathlib import Path
 import wasmtime
 from wasmtime import component
 
+from skilld.digest import open_no_follow, sha256_fd
 from skilld.errors import CompileError, DigestMismatch
 from skilld.sandbox._engine import Engine
 
 _CHUNK = 1 << 20
-
-
-def sha256_file(fd: int) -> str:
-    """sha256 of everything readable from ``fd`` (from its start).
-
-    The file is mapped and hashed in one call: hashlib then releases the GIL for the
-    whole file, where chunked reads would take it back for every chunk and stall
-    behind whatever else the process is doing (at start-up: importing the MCP SDK).
-    """
-    size = os.fstat(fd).st_size
-    if size == 0:
-        return hashlib.sha256(b"").hexdigest()
-    with mmap.mmap(fd, size, prot=mmap.PROT_READ) as mapped:
-        return hashlib.sha256(mapped).hexdigest()
 
 
 def compile_component(engine: Engine, wasm: bytes, *, name: str) -> component.Component:
@@ -53,16 +39,26 @@ def compile_component(engine: Engine, wasm: bytes, *, name: str) -> component.Co
         ) from exc
 
 
-def load_native(engine: Engine, path: Path, expected_sha256: str) -> component.Component:
+def load_native(
+    engine: Engine, path: Path, expected_sha256: str, *, opened: tuple[int, str] | None = None
+) -> component.Component:
     """Load native code from ``path`` after checking its sha256.
+
+    Args:
+        opened: a descriptor of ``path`` and the sha256 of what it reads, hashed ahead
+            (see :class:`skilld.digest.Prehash`); the code loads through that descriptor.
+            The caller keeps ownership of it.
 
     Raises:
         DigestMismatch: the file's bytes are not the expected ones.
         CompileError: wasmtime refused the bytes (another engine build, corrupt).
     """
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    if opened is None:
+        fd = open_no_follow(path)
+        actual = sha256_fd(fd)
+    else:
+        fd, actual = opened
     try:
-        actual = sha256_file(fd)
         if actual != expected_sha256:
             raise DigestMismatch(
                 f"native code digest is {actual[:16]}…, expected {expected_sha256[:16]}…",
@@ -75,7 +71,8 @@ def load_native(engine: Engine, path: Path, expected_sha256: str) -> component.C
                 f"native code does not load: {_first_line(exc)}", location=str(path)
             ) from exc
     finally:
-        os.close(fd)
+        if opened is None:
+            os.close(fd)
 
 
 def write_native(comp: component.Component, path: Path) -> str:

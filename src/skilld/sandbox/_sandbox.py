@@ -106,15 +106,24 @@ class Sandbox:
         return Component(self, comp, name, granted)
 
     def load_native(
-        self, path: Path, sha256: str, *, name: str, granted: Iterable[str] | None = None
+        self,
+        path: Path,
+        sha256: str,
+        *,
+        name: str,
+        granted: Iterable[str] | None = None,
+        opened: tuple[int, str] | None = None,
     ) -> Component:
         """Load verified native code (from a bundle) and check its imports.
+
+        Args:
+            opened: ``path`` already open and hashed (see :func:`load_native`).
 
         Raises:
             DigestMismatch: the file is not the expected bytes.
             CompileError, LinkError: as for :meth:`load`.
         """
-        return Component(self, load_native(self.engine, path, sha256), name, granted)
+        return Component(self, load_native(self.engine, path, sha256, opened=opened), name, granted)
 
 
 class _Streams:
