@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import re
 import shutil
@@ -9,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from skilld.bundle import LOCK, BuildResult, Lock, open_bundle, verify_lock_signature
+from skilld.bundle import (
+    LOCK,
+    BuildResult,
+    Lock,
+    open_bundle,
+    prehash_bundle,
+    verify_lock_signature,
+)
 from skilld.cli import main
 from skilld.errors import BundleError
 from skilld.package import SigningKey, trust_file_bytes, trusted_key, write_private_key
@@ -70,6 +78,30 @@ def test_flipped_byte_is_refused_naming_the_file(copy: Path, sandbox: Sandbox) -
         finally:
             path.write_bytes(original)
     open_bundle(copy, sandbox)  # repaired: loads again
+
+
+def test_hashed_ahead_every_flipped_byte_is_refused(copy: Path, sandbox: Sandbox) -> None:
+    """With the files hashed ahead (as serve does), any flipped byte is still refused by name,
+    and no descriptor is left open."""
+    fds_before = len(list(Path("/proc/self/fd").iterdir()))
+    for rel in _files(copy):
+        path = copy / rel
+        original = path.read_bytes()
+        damaged = bytearray(original)
+        damaged[len(damaged) // 2] ^= 0x01
+        path.write_bytes(bytes(damaged))
+        try:
+            with prehash_bundle(copy) as prehash, pytest.raises(BundleError) as info:
+                open_bundle(copy, sandbox, prehash=prehash)
+            assert rel in str(info.value), (rel, str(info.value))
+        finally:
+            path.write_bytes(original)
+    with prehash_bundle(copy) as prehash:
+        loaded = open_bundle(copy, sandbox, prehash=prehash)
+    assert set(loaded.components) == {"echo", "notes", "conformance"}
+    del loaded, info
+    gc.collect()  # loaded components keep their native code's file mapped until freed
+    assert len(list(Path("/proc/self/fd").iterdir())) == fds_before
 
 
 def test_unknown_file_is_refused(copy: Path, sandbox: Sandbox) -> None:
