@@ -17,7 +17,7 @@ test-fast *ARGS:
 
 # Lint and type-check.
 lint:
-    {{venv}}/bin/ruff check src tests bench
+    {{venv}}/bin/ruff check src tests bench skills nix
     {{venv}}/bin/mypy
 
 # Build one skill from source: `just build-skill skills/notes`.
