@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import platform
+import resource
 import threading
 import time
 from importlib.metadata import version
@@ -11,9 +13,13 @@ from importlib.metadata import version
 import wasmtime
 from wasmtime import _ffi as ffi
 
+log = logging.getLogger("skilld.sandbox")
+
 # One epoch tick per millisecond: a deadline lands within a tick or two of its time.
 TICK_S = 0.001
-_CONFIG_TAG = "epoch=1;max_wasm_stack=default;cranelift=speed;pooling=1"
+# The allocation strategy (pooling or on demand) is not in the tag: it does not change
+# the compiled code (checked: both engines serialize the same bytes and load each other's).
+_CONFIG_TAG = "epoch=1;max_wasm_stack=default;cranelift=speed"
 
 # The pooling allocator's bounds. Memory and tables are virtual reservations, touched
 # only when used; what stays resident is bounded by the warm slots below.
@@ -78,6 +84,11 @@ class Ticker:
             self._closed = True
             self._cond.notify()
         self._thread.join(timeout=1)
+
+
+def _address_space_unlimited() -> bool:
+    soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
+    return soft == resource.RLIM_INFINITY
 
 
 def _use_pooling(config: wasmtime.Config) -> None:
@@ -149,7 +160,17 @@ class Engine:
         config = wasmtime.Config()
         config.epoch_interruption = True
         config.cranelift_opt_level = "speed"
-        _use_pooling(config)
+        # The pool reserves its address space up front; under a hard address-space limit
+        # (ulimit -v) wasmtime would fail to map it and abort the process, so instances
+        # are then allocated on demand (slower calls, same isolation).
+        self.pooling = _address_space_unlimited()
+        if self.pooling:
+            _use_pooling(config)
+        else:
+            log.warning(
+                "the address space is limited (ulimit -v): wasm instances are allocated on "
+                "demand instead of from a pool, so calls are slower"
+            )
         self.wasmtime = wasmtime.Engine(config)
         self.ticker = Ticker(self.wasmtime)
         self.description, self.fingerprint = engine_fingerprint()
