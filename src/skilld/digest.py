@@ -12,9 +12,11 @@ the bytes that were hashed are the bytes that load.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import mmap
 import os
+import stat
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -33,13 +35,20 @@ def sha256_fd(fd: int) -> str:
         return hashlib.sha256(mapped).hexdigest()
 
 
-def open_no_follow(path: Path) -> int:
-    """A read-only descriptor for ``path`` itself, never through a final symlink.
+def open_regular(path: Path) -> int:
+    """A read-only descriptor for the regular file ``path`` itself.
+
+    Never through a final symlink, and never blocking: a FIFO or device planted where a
+    file was expected is refused instead of hanging the reader.
 
     Raises:
-        OSError: the file cannot be opened (or is a symlink).
+        OSError: the file cannot be opened, is a symlink, or is not a regular file.
     """
-    return os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    return fd
 
 
 class Prehash:
@@ -64,7 +73,7 @@ class Prehash:
             return 0
 
     def _hash(self, rel: str) -> tuple[int, str]:
-        fd = open_no_follow(self.root / rel)
+        fd = open_regular(self.root / rel)
         try:
             return fd, sha256_fd(fd)
         except BaseException:

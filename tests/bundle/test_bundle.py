@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import re
 import shutil
+import threading
 from pathlib import Path
 
 import pytest
@@ -104,6 +106,54 @@ def _open_under(root: Path) -> list[str]:
         if target.startswith(str(root) + "/"):
             held.append(target)
     return held
+
+
+def test_fifo_in_place_of_a_file_is_refused_without_hanging(copy: Path, sandbox: Sandbox) -> None:
+    """A FIFO where the lock names a file is refused by name at once, hashed ahead or not."""
+    victim = next((copy / "trust").iterdir())
+    data = victim.read_bytes()
+    victim.unlink()
+    os.mkfifo(victim)
+    outcome: list[BaseException] = []
+
+    def load(ahead: bool) -> None:
+        try:
+            if ahead:
+                with prehash_bundle(copy) as prehash:
+                    open_bundle(copy, sandbox, prehash=prehash)
+            else:
+                open_bundle(copy, sandbox)
+        except BaseException as exc:  # handed to the test thread
+            outcome.append(exc)
+
+    try:
+        for ahead in (False, True):
+            worker = threading.Thread(target=load, args=(ahead,), daemon=True)
+            worker.start()
+            worker.join(timeout=30)
+            assert not worker.is_alive(), "loading blocked on the FIFO"
+            err = outcome.pop()
+            assert isinstance(err, BundleError) and "not a regular file" in str(err), err
+            assert victim.name in str(err)
+    finally:
+        victim.unlink()
+        victim.write_bytes(data)
+
+
+def test_prehash_stays_inside_the_bundle(tmp_path: Path) -> None:
+    """Hashing ahead opens only plain relative names the (unverified) lock lists."""
+    root = tmp_path / "b"
+    root.mkdir()
+    (root / "ok.txt").write_bytes(b"x")
+    (tmp_path / "outside.txt").write_bytes(b"secret")
+    files = {"ok.txt": "", "../outside.txt": "", str(tmp_path / "outside.txt"): "", "./ok.txt": ""}
+    (root / LOCK).write_text(json.dumps({"files": files}))
+    with prehash_bundle(root) as prehash:
+        opened = prehash.take("ok.txt")
+        assert opened is not None
+        os.close(opened[0])
+        for rel in list(files)[1:]:
+            assert prehash.take(rel) is None, rel
 
 
 def test_unknown_file_is_refused(copy: Path, sandbox: Sandbox) -> None:

@@ -22,16 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from skilld.bundle._lock import LOCK, LOCK_SIG, Lock, LockedSkill
-from skilld.digest import Prehash, open_no_follow, sha256_fd
+from skilld.bundle._lock import LOCK, LOCK_SIG, Lock, LockedSkill, read_lock_bytes
+from skilld.digest import Prehash, open_regular, sha256_fd
 from skilld.errors import BundleError, DigestMismatch, SkilldError
 from skilld.policy import Tables
 from skilld.sandbox import Component, Sandbox
 
 log = logging.getLogger("skilld.bundle")
 
-# A lock is a few KiB per skill; anything near this is not one.
-_LOCK_MAX = 16 << 20
 
 
 @dataclass
@@ -64,14 +62,15 @@ def _check_file(
     opened = prehash.take(rel) if prehash is not None else None
     if opened is None:
         try:
-            fd = open_no_follow(path)
+            fd = open_regular(path)
         except OSError as exc:
             raise BundleError(
                 f"listed in the lock but unreadable: {exc.strerror}", location=str(path)
             ) from exc
-        opened = (fd, sha256_fd(fd))
-    fd, actual = opened
+    else:
+        fd = opened[0]
     try:
+        actual = sha256_fd(fd) if opened is None else opened[1]
         if actual != expected:
             raise BundleError(
                 f"sha256 is {actual[:16]}…, the lock says {expected[:16]}…; the "
@@ -111,20 +110,6 @@ def _inventory(root: Path, lock: Lock) -> None:
         raise BundleError("named in bundle.lock but missing", location=str(root / missing[0]))
 
 
-def _read_lock(path: Path) -> bytes:
-    try:
-        fd = open_no_follow(path)
-    except FileNotFoundError as exc:
-        raise BundleError("no bundle.lock: not a bundle", location=str(path)) from exc
-    except OSError as exc:
-        raise BundleError(f"unreadable lock: {exc.strerror}", location=str(path)) from exc
-    try:
-        with os.fdopen(fd, "rb", closefd=False) as f:
-            return f.read(_LOCK_MAX + 1)
-    finally:
-        os.close(fd)
-
-
 def open_bundle(
     root: Path,
     sandbox: Sandbox,
@@ -156,9 +141,7 @@ def open_bundle(
     timings: dict[str, float] = {}
     t = time.perf_counter()
     lock_path = root / LOCK
-    lock_bytes = _read_lock(lock_path)
-    if len(lock_bytes) > _LOCK_MAX:
-        raise BundleError(f"larger than {_LOCK_MAX} bytes", location=str(lock_path))
+    lock_bytes = read_lock_bytes(lock_path)
     sig_path = root / LOCK_SIG
     if verify_lock is not None:
         verify_lock(lock_bytes, sig_path.read_bytes() if sig_path.exists() else None)

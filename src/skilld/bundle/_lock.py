@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from skilld.digest import Prehash
+from skilld.digest import Prehash, open_regular
 from skilld.errors import BundleError
 
 FORMAT = "skilld-bundle/1"
 LOCK = "bundle.lock"
 LOCK_SIG = "bundle.lock.sig"
+# A lock is a few KiB per skill; anything near this is not one.
+_LOCK_MAX = 16 << 20
 
 
 def canonical_json(value: Any) -> bytes:
@@ -88,13 +91,7 @@ class Lock:
         Raises:
             BundleError: missing, not JSON, another format, or malformed (names the file).
         """
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError as exc:
-            raise BundleError("no bundle.lock: not a bundle", location=str(path)) from exc
-        except OSError as exc:
-            raise BundleError(f"unreadable lock: {exc.strerror}", location=str(path)) from exc
-        return cls.parse(data, str(path))
+        return cls.parse(read_lock_bytes(path), str(path))
 
     @classmethod
     def parse(cls, data: bytes, location: str) -> Lock:
@@ -152,15 +149,48 @@ class Lock:
         return lock
 
 
-def prehash_bundle(root: Path) -> Prehash:
-    """Start opening and hashing every file the bundle's lock lists, in the background.
+def read_lock_bytes(path: Path) -> bytes:
+    """The lock file's bytes, read once through a descriptor of the regular file itself.
 
-    The lock is only read for its file names here (a malformed one hashes nothing);
-    :func:`open_bundle` verifies it and compares every digest before use.
+    Raises:
+        BundleError: missing, unreadable, not a regular file, or too large to be a lock.
     """
     try:
-        files = json.loads((Path(root) / LOCK).read_bytes()).get("files", {})
-        rels = [rel for rel in files if isinstance(rel, str)] if isinstance(files, dict) else []
-    except (OSError, ValueError, AttributeError):
-        rels = []
+        fd = open_regular(path)
+    except FileNotFoundError as exc:
+        raise BundleError("no bundle.lock: not a bundle", location=str(path)) from exc
+    except OSError as exc:
+        raise BundleError(f"unreadable lock: {exc.strerror}", location=str(path)) from exc
+    try:
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(_LOCK_MAX + 1)
+    finally:
+        os.close(fd)
+    if len(data) > _LOCK_MAX:
+        raise BundleError(f"larger than {_LOCK_MAX} bytes: not a lock", location=str(path))
+    return data
+
+
+def prehash_bundle(root: Path) -> Prehash:
+    """Start opening and hashing the files the bundle's lock lists, in the background.
+
+    The lock is not verified yet, so it is only read for file names, and only plain
+    relative names inside the bundle are hashed (a malformed lock hashes nothing).
+    :func:`open_bundle` verifies the lock, inventories the bundle and compares every
+    digest before a file is used.
+    """
+    try:
+        files = json.loads(read_lock_bytes(Path(root) / LOCK)).get("files", {})
+    except (BundleError, ValueError, AttributeError):
+        files = {}
+    rels = [rel for rel in files if _inside(rel)] if isinstance(files, dict) else []
     return Prehash(Path(root), rels)
+
+
+def _inside(rel: object) -> bool:
+    """A plain relative name: no leading ``/``, no empty, ``.`` or ``..`` segment."""
+    return (
+        isinstance(rel, str)
+        and "\0" not in rel
+        and all(part not in ("", ".", "..") for part in rel.split("/"))
+    )

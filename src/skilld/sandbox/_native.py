@@ -18,7 +18,7 @@ from pathlib import Path
 import wasmtime
 from wasmtime import component
 
-from skilld.digest import open_no_follow, sha256_fd
+from skilld.digest import open_regular, sha256_fd
 from skilld.errors import CompileError, DigestMismatch
 from skilld.sandbox._engine import Engine
 
@@ -53,12 +53,9 @@ def load_native(
         DigestMismatch: the file's bytes are not the expected ones.
         CompileError: wasmtime refused the bytes (another engine build, corrupt).
     """
-    if opened is None:
-        fd = open_no_follow(path)
-        actual = sha256_fd(fd)
-    else:
-        fd, actual = opened
+    fd = open_regular(path) if opened is None else opened[0]
     try:
+        actual = sha256_fd(fd) if opened is None else opened[1]
         if actual != expected_sha256:
             raise DigestMismatch(
                 f"native code digest is {actual[:16]}…, expected {expected_sha256[:16]}…",
