@@ -41,6 +41,9 @@ shell:
   - id: url
     program: /usr/bin/basename
     args: ["https://api.example.com/v1/*"]
+  - id: text
+    program: /usr/bin/printf
+    args: ["%s|%s", "s/a//g", "application/bin"]
 env:
   - SKILLD_ADV_OK
   - SKILLD_FAM_*
@@ -162,6 +165,13 @@ SHELL: list[tuple[str, list[str], str | None, tuple[Any, ...]]] = [
     ("program-case", ["/BIN/ECHO", "x"], None, ("deny", DENY, "no shell rule for program")),
     ("bare-for-absolute-rule", ["pwd"], None, ("deny", DENY, "no shell rule for program 'pwd'")),
     ("absolute-for-bare-rule", ["/bin/echo", "bare"], None, ("ok", ("stdout", "bare\n"))),
+    # patterns with a "/" that are not absolute paths are text, never resolved as paths
+    (
+        "slash-text-args",
+        ["/usr/bin/printf", "%s|%s", "s/a//g", "application/bin"],
+        None,
+        ("ok", ("stdout", "s/a//g|application/bin")),
+    ),
     # arguments
     (
         "extra-flag",

@@ -142,7 +142,10 @@ class _Addresses:
     number, so an address is looked up once per distinct prefix length, not once per
     rule. ``by_name``, ``by_suffix`` and ``any`` hold the same rules by the host they
     are for, so a check scoped to a host touches only the rules that can match it
-    (one dict lookup per label) and still answers with the first rule in table order.
+    (one dict lookup per label) and still answers with the first matching entry in the
+    order given (HTTP gives exact hosts, then suffixes, then wildcards: the most specific
+    rule decides; TCP gives table order). Which rule is named can differ between the two
+    orders; whether the address is allowed cannot.
     """
 
     __slots__ = ("any", "by_name", "by_suffix", "depths", "every", "named", "private")

@@ -10,10 +10,12 @@ Each rule is a frozen value with a stable ``id`` (``notes.fs[0]``, or
 allowed by this one?) and ``meet`` (the intersection with a rule it covers or
 that covers it), which the compiler uses to intersect needs with grants.
 
-``grant.meet(need, scope)`` is always called on the grant. A field the need leaves
-out is *unspecified*, never "anything": the result keeps the grant's value (its
-``cwd`` list, its caps, its ``max_depth``), so leaving a key out of the needs can
-only narrow what the operator granted.
+``grant.meet(need, scope)`` is always called on the grant. Leaving a key out of the
+needs can only narrow what the operator granted. Where an empty value would mean
+*more* (a shell rule without ``cwd`` runs in ``/``; no cap; no ``max_depth``), the
+result keeps the grant's value. Where a need asks for something (methods, variable
+names passed to a program, private addresses), the result is what both name, so a
+need that names none gets none.
 """
 
 from __future__ import annotations

@@ -71,20 +71,32 @@ def _working_dir(
     return cwd
 
 
+def _path_start(pattern: str) -> int | None:
+    """Where an absolute path begins in ``pattern``: at 0, or right after a ``FLAG=``."""
+    if pattern.startswith("/"):
+        return 0
+    eq = pattern.find("=")
+    if eq > 0 and pattern[eq + 1 : eq + 2] == "/" and "/" not in pattern[:eq]:
+        return eq + 1
+    return None
+
+
 def _canonical_args(argv: list[str], rule: Mapping[str, Any]) -> list[str]:
-    """``argv`` with the path part of each argument whose pattern holds a path made canonical.
+    """``argv`` with the path part of each argument whose pattern names an absolute path
+    (``/data/out/*``, ``--target-directory=/data/out/*``) made canonical.
 
     Literal patterns (``/dev/zero``) are included: the guest may have planted a
-    symlink at the very path the operator named. A URL pattern (``https://host/*``)
-    names no local path, and resolving one as a path would fold its ``//``.
+    symlink at the very path the operator named. Patterns that are not absolute paths
+    (``s/a/b/g``, ``application/json``, a relative ``out/*``) are matched as text, so
+    the policy language tells operators to write path arguments as absolute patterns.
     """
     patterns = [str(a) for a in rule.get("args") or ()]
     fixed = patterns[:-1] if patterns and patterns[-1] == "**" else patterns
     out = list(argv)
     for i, (pattern, arg) in enumerate(zip(fixed, argv[1:], strict=False), start=1):
-        if "/" in pattern and "://" not in pattern and "/" in arg:
-            cut = arg.index("/")
-            out[i] = arg[:cut] + canonical(arg[cut:])
+        start = _path_start(pattern)
+        if start is not None and arg[:start] == pattern[:start] and arg[start:].startswith("/"):
+            out[i] = arg[:start] + canonical(arg[start:])
     return out
 
 
