@@ -224,8 +224,15 @@ def test_token_configuration_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 
 @pytest.mark.parametrize("bind", BINDS)
 async def test_host_and_origin_ignore_case(bind: str) -> None:
-    """Host and Origin match the allowlist whatever their case (DNS ignores it); others do not."""
-    config = ServeConfig(transport="http", host=bind, port=0)
+    """Host and Origin match the allowlist whatever their case (DNS ignores it), the
+    operator's mixed-case entries included; others do not."""
+    config = ServeConfig(
+        transport="http",
+        host=bind,
+        port=0,
+        allowed_hosts=("App.Example.COM:*",),
+        allowed_origins=("https://App.Example.COM",),
+    )
     with anyio.fail_after(30):
         async with (
             running_http(fake_dispatcher(), config) as server,
@@ -237,6 +244,13 @@ async def test_host_and_origin_ignore_case(bind: str) -> None:
                 assert upper.status_code == 200, (host, upper.text)
             origin = {**ACCEPT, "Origin": f"HTTP://LOCALHOST:{server.port}"}
             assert (await http.post(url, json=INIT, headers=origin)).status_code == 200
+            operators = {
+                **ACCEPT,
+                "Host": f"app.example.com:{server.port}",
+                "Origin": "https://APP.example.com",
+            }
+            got = await http.post(url, json=INIT, headers=operators)
+            assert got.status_code == 200, got.text
             evil = {**ACCEPT, "Host": f"EVIL.example.com:{server.port}"}
             assert (await http.post(url, json=INIT, headers=evil)).status_code == 421
 

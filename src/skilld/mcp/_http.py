@@ -149,8 +149,9 @@ def build_app(service: McpService, tokens: Sequence[str]) -> Starlette:
     config = service.config
     security = TransportSecuritySettings(
         enable_dns_rebinding_protection=True,
-        allowed_hosts=list(config.host_allowlist()),
-        allowed_origins=list(config.origin_allowlist()),
+        # The front door lowercases Host and Origin; the SDK compares as written.
+        allowed_hosts=[h.lower() for h in config.host_allowlist()],
+        allowed_origins=[o.lower() for o in config.origin_allowlist()],
     )
     manager = StreamableHTTPSessionManager(
         app=service.server, security_settings=security, max_request_body_size=config.max_body_bytes

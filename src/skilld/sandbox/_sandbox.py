@@ -150,6 +150,8 @@ _EpochCallback = ctypes.CFUNCTYPE(
     ctypes.POINTER(ctypes.c_uint8),
 )
 _NO_FINALIZER = ctypes.cast(0, ctypes.CFUNCTYPE(None, ctypes.c_void_p))
+_STOPPED_TEXT = "skilld: call stopped"
+_STOPPED = re.compile(re.escape(_STOPPED_TEXT) + r" \((deadline|cancelled)\)")
 _CONTINUE = 0  # WASMTIME_UPDATE_DEADLINE_CONTINUE
 
 
@@ -197,7 +199,7 @@ class _Interrupt:
                 return 0
         except Exception:  # noqa: BLE001 - an exception must not unwind through wasm frames
             self.reason = "deadline"
-        error = ffi.wasmtime_error_new(f"skilld: call stopped ({self.reason})".encode())
+        error = ffi.wasmtime_error_new(f"{_STOPPED_TEXT} ({self.reason})".encode())
         return ctypes.cast(error, ctypes.c_void_p).value or 0
 
 
@@ -418,10 +420,13 @@ class Component:
         )
         where = f"skill '{ctx.skill_id}'"
         # What the host itself did (stopped the guest) decides first: a guest cannot
-        # make a deadline look like anything else.
+        # make a deadline look like anything else. Without an instance (stopped while
+        # instantiating) the reason is read back from the interrupt's own message.
+        if stopped is None and (found := _STOPPED.search(text)):
+            stopped = found.group(1)
         if stopped == "cancelled":
             return CallCancelled(f"{where} was stopped: the client cancelled the call")
-        if stopped == "deadline" or "wasm trap: interrupt" in text:
+        if stopped == "deadline":
             return DeadlineExceeded(
                 f"{where} ran past its deadline of {ctx.limits.timeout_ms} ms and was stopped"
             )
@@ -520,7 +525,11 @@ class Component:
         result = self._run(ctx, self._exports.get_prompt, name, args_json)
         if isinstance(result, component.Record):
             raise self._guest_error(result, ctx)
-        messages = json.loads(result)
+        _check_size(len(result.encode()), ctx)
+        try:
+            messages = json.loads(result)
+        except json.JSONDecodeError as exc:
+            raise GuestError("internal", f"get-prompt returned invalid JSON: {exc}") from exc
         if not isinstance(messages, list):
             raise GuestError("internal", "get-prompt did not return a JSON array")
         return messages
@@ -528,13 +537,13 @@ class Component:
 
 def _raw_size(out: dict[str, Any]) -> int:
     """Bytes of a guest output record: its JSON value and every content payload."""
-    size = len(out["value"])
+    size = len(out["value"].encode())
     for tag, payload in out["content"]:
         if tag == "text":
-            size += len(payload)
+            size += len(payload.encode())
         else:
             size += len(payload.get("data") or payload.get("blob") or b"")
-            size += len(payload.get("text") or "")
+            size += len((payload.get("text") or "").encode())
     return size
 
 
