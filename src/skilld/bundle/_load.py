@@ -31,7 +31,6 @@ from skilld.sandbox import Component, Sandbox
 log = logging.getLogger("skilld.bundle")
 
 
-
 @dataclass
 class LoadedBundle:
     """A verified bundle: its lock, its policy tables and every skill's component."""
