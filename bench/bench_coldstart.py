@@ -52,7 +52,7 @@ async def time_to_tools(argv: list[str], env: dict[str, str]) -> float:
 
 def _bundle_with(skills: list[str], out: Path) -> Path:
     from skilld.bundle import build_bundle
-    from skilld.package.build import default_cache_dir
+    from skilld.paths import cache_dir
     from skilld.sandbox import Sandbox
 
     src = out.parent / f"src-{out.name}"
@@ -65,13 +65,13 @@ def _bundle_with(skills: list[str], out: Path) -> Path:
         else:
             shutil.copy(ROOT / "policies" / f"{name}.yaml", src / "policies")
     shutil.copy(ROOT / "policies" / "defaults.yaml", src / "policies")
-    with Sandbox(default_cache_dir()) as sandbox:
+    with Sandbox(cache_dir()) as sandbox:
         build_bundle(
             src / "skills",
             src / "policies",
             out,
             sandbox=sandbox,
-            cache_dir=default_cache_dir(),
+            cache_dir=cache_dir(),
             strict=False,
         )
     return out

@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _util import row, timings
 
 from skilld.digest import sha256_fd
-from skilld.package.build import build_component, default_cache_dir
+from skilld.package.build import build_component
+from skilld.paths import cache_dir
 from skilld.registry import NullChannel
 from skilld.sandbox import CallContext, Component, Sandbox
 from skilld.sandbox._native import compile_component
@@ -96,7 +97,7 @@ def main() -> None:
     def n(count: int) -> int:
         return max(1, round(count * args.scale))
 
-    wasm_path = build_component(ROOT / "skills" / "echo", cache_dir=default_cache_dir())
+    wasm_path = build_component(ROOT / "skills" / "echo", cache_dir=cache_dir())
     wasm = wasm_path.read_bytes()
     print(f"echo component: {len(wasm) / 1e6:.1f} MB")
     with tempfile.TemporaryDirectory() as tmp, Sandbox(Path(tmp)) as sb:

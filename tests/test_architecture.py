@@ -8,13 +8,14 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parent.parent / "src"
-BASE = {"skilld", "skilld.errors", "skilld.types", "skilld.digest"}
+BASE = {"skilld", "skilld.errors", "skilld.types", "skilld.digest", "skilld.paths"}
 
 # package -> the skilld packages it may import (besides errors, types and the root's constants)
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "types": set(),
     "digest": set(),
+    "paths": set(),
     "policy": set(),
     "permissions": {"policy"},
     "package": set(),
@@ -60,7 +61,7 @@ def _modules() -> list[Path]:
     return sorted(
         p
         for p in (SRC / "skilld").rglob("*.py")
-        if p.parent != SRC / "skilld" or p.stem in ("errors", "types", "digest")
+        if p.parent != SRC / "skilld" or p.stem in ("errors", "types", "digest", "paths")
     )
 
 

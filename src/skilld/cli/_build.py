@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from skilld.cli._common import cache_dir_default
+from skilld import paths
 
 
 def register(sub: Any) -> None:
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(f"[{time.monotonic() - start:6.1f}s] {message}", file=sys.stderr, flush=True)
 
-    cache = cache_dir_default()
+    cache = paths.cache_dir()
     with Sandbox(cache) as sandbox:
         result = build_bundle(
             args.skills,

@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from skilld.cli._common import cache_dir_default, parse_json_object, state_dir_default
+from skilld import paths
+from skilld.cli._common import parse_json_object
 from skilld.errors import UsageError
 
 # The runtime is imported by the handler, not here: every command's parser is built on
@@ -39,7 +40,7 @@ def register(sub: Any) -> None:
         "--state-dir",
         type=Path,
         default=None,
-        help=f"where key-value state lives (default: {state_dir_default()})",
+        help=f"where key-value state lives (default: {paths.state_dir()})",
     )
     p.add_argument(
         "--skill-id",
@@ -77,9 +78,9 @@ def run(args: argparse.Namespace) -> int:
     wasm = args.component.read_bytes()
     skill_id = args.skill_id or default_skill_id(wasm)
     limits = Limits(memory_bytes=args.memory_mb << 20, timeout_ms=args.timeout_ms)
-    state = SqliteState((args.state_dir or state_dir_default()) / "state.sqlite3")
+    state = SqliteState((args.state_dir or paths.state_dir()) / "state.sqlite3")
     try:
-        with Sandbox(cache_dir_default()) as sandbox:
+        with Sandbox(paths.cache_dir()) as sandbox:
             comp = sandbox.load(wasm, name=str(args.component))
             probe = CallContext(skill_id, limits, NullChannel())
             spec = comp.describe(probe)

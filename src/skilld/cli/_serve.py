@@ -11,8 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from skilld import __version__
-from skilld.cli._common import cache_dir_default, state_dir_default
+from skilld import __version__, paths
 from skilld.errors import UsageError
 
 log = logging.getLogger("skilld.serve")
@@ -52,7 +51,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--token-file", type=Path, help="bearer tokens for http, one per line")
     p.add_argument("--token-env", metavar="VAR", help="environment variable holding a bearer token")
-    p.add_argument("--state-dir", type=Path, help=f"key-value state ({state_dir_default()})")
+    p.add_argument("--state-dir", type=Path, help=f"key-value state ({paths.state_dir()})")
     p.add_argument(
         "--audit-log",
         metavar="FILE|-",
@@ -105,7 +104,7 @@ def load_registry(
 
     timings: dict[str, float] = {}
     t = time.perf_counter()
-    sandbox = Sandbox(cache_dir_default())
+    sandbox = Sandbox(paths.cache_dir())
     verify = None
     if lock_key is not None:
         # The build side (and cryptography) only when a lock key asks for it.
@@ -159,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
     from concurrent.futures import ThreadPoolExecutor
 
     _setup_logging(args.log_file)
-    state_dir = args.state_dir or state_dir_default()
+    state_dir = args.state_dir or paths.state_dir()
     state_dir.mkdir(parents=True, exist_ok=True)
     bundle_dir = args.bundle or _demo_bundle()
     if not (bundle_dir / "bundle.lock").is_file():
@@ -274,7 +273,7 @@ def _demo_bundle() -> Path:
             if path.is_file() and "__pycache__" not in path.parts:
                 h.update(path.relative_to(root.parent).as_posix().encode() + b"\0")
                 h.update(path.read_bytes())
-    out = cache_dir_default() / "demo-bundle" / h.hexdigest()[:16]
+    out = paths.cache_dir() / "demo-bundle" / h.hexdigest()[:16]
     if not (out / "bundle.lock").is_file():
         print(
             f"building the demo bundle from {skills} and {policies} (first run only) ...",
@@ -282,13 +281,13 @@ def _demo_bundle() -> Path:
             flush=True,
         )
         start = time.monotonic()
-        with Sandbox(cache_dir_default()) as sandbox:
+        with Sandbox(paths.cache_dir()) as sandbox:
             build_bundle(
                 skills,
                 policies,
                 out,
                 sandbox=sandbox,
-                cache_dir=cache_dir_default(),
+                cache_dir=paths.cache_dir(),
                 progress=lambda m: print(
                     f"[{time.monotonic() - start:6.1f}s] {m}", file=sys.stderr, flush=True
                 ),

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from skilld import paths
 from skilld.errors import BuildError
 from skilld.package._pack import read_skill_meta
 
@@ -43,12 +44,6 @@ def sdk_dir() -> Path:
     import skilld_sdk
 
     return Path(skilld_sdk.__file__).resolve().parent
-
-
-def default_cache_dir() -> Path:
-    """``$SKILLD_CACHE`` or ``~/.cache/skilld``."""
-    root = os.environ.get("SKILLD_CACHE") or Path.home() / ".cache" / "skilld"
-    return Path(root)
 
 
 def _files(root: Path) -> list[Path]:
@@ -120,7 +115,7 @@ def build_component(
     if not (src_dir / "skill.py").is_file():
         raise BuildError(f"no skill.py in {src_dir}", hint="the skill's module must be skill.py")
     digest = source_digest(src_dir)
-    cache = (cache_dir or default_cache_dir()) / "components"
+    cache = (cache_dir or paths.cache_dir()) / "components"
     cached = cache / f"{digest}.wasm"
     if not cached.is_file():
         # 0700 whatever the umask: the native-code cache shares this root and refuses
