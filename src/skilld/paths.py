@@ -1,4 +1,4 @@
-"""Where skilld keeps its files when not told otherwise: the cache and the state directory.
+"""Where skilld's files are: the cache and state directories, the ABI and the skill SDK.
 
 Imports nothing of skilld's and nothing heavy: ``skilld serve`` needs the cache's
 location before it has imported the runtime, and the build needs it too.
@@ -6,6 +6,7 @@ location before it has imported the runtime, and the build needs it too.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
@@ -21,3 +22,16 @@ def state_dir() -> Path:
         return Path(env)
     base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
     return Path(base) / "skilld"
+
+
+def wit_dir() -> Path:
+    """The directory holding the skill ABI (``skilld:skill``) shipped with skilld."""
+    return Path(__file__).resolve().parent / "wit"
+
+
+def sdk_dir() -> Path:
+    """The ``skilld_sdk`` package copied into every Python skill (found, not imported)."""
+    spec = importlib.util.find_spec("skilld_sdk")
+    if spec is None or spec.origin is None:  # pragma: no cover - it ships with skilld
+        raise ModuleNotFoundError("skilld_sdk is not installed beside skilld")
+    return Path(spec.origin).resolve().parent

@@ -260,15 +260,13 @@ def _demo_bundle() -> Path:
     """The demo bundle in the cache, built from the demo sources when missing or stale."""
     import hashlib
 
-    from skilld.bundle import build_bundle
-    from skilld.package.build import sdk_dir, wit_dir
     from skilld.sandbox import Sandbox, engine_fingerprint
 
     skills, policies = _demo_sources()
     # Everything the demo bundle is made of: its sources, the SDK and ABI compiled into
     # every skill, and this skilld (engine included) that compiles it.
     h = hashlib.sha256(f"{__version__} {engine_fingerprint()[1]}".encode())
-    for root in (skills, policies, sdk_dir(), wit_dir()):
+    for root in (skills, policies, paths.sdk_dir(), paths.wit_dir()):
         for path in sorted(root.rglob("*")):
             if path.is_file() and "__pycache__" not in path.parts:
                 h.update(path.relative_to(root.parent).as_posix().encode() + b"\0")
@@ -281,6 +279,9 @@ def _demo_bundle() -> Path:
             flush=True,
         )
         start = time.monotonic()
+        # The build toolchain (cryptography, componentize-py) only when building.
+        from skilld.bundle import build_bundle
+
         with Sandbox(paths.cache_dir()) as sandbox:
             build_bundle(
                 skills,

@@ -34,18 +34,6 @@ def imports_of(needs: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(i for i in INTERFACES if i == "log" or i in needs)
 
 
-def wit_dir() -> Path:
-    """The directory holding the skill ABI (``skilld:skill``) shipped with skilld."""
-    return Path(__file__).resolve().parent.parent / "wit"
-
-
-def sdk_dir() -> Path:
-    """The ``skilld_sdk`` package copied into every Python skill."""
-    import skilld_sdk
-
-    return Path(skilld_sdk.__file__).resolve().parent
-
-
 def _files(root: Path) -> list[Path]:
     out = []
     for path in sorted(root.rglob("*")):
@@ -74,7 +62,7 @@ def source_digest(src_dir: Path) -> str:
     builder = Path(__file__).read_bytes()
     h.update(f"builder {len(builder)}\n".encode())
     h.update(builder)
-    for label, root in (("skill", src_dir), ("sdk", sdk_dir()), ("wit", wit_dir())):
+    for label, root in (("skill", src_dir), ("sdk", paths.sdk_dir()), ("wit", paths.wit_dir())):
         for path in _files(root):
             rel = path.relative_to(root).as_posix()
             data = path.read_bytes()
@@ -126,7 +114,9 @@ def build_component(
             stage = Path(tmp)
             app = stage / "app"
             shutil.copytree(src_dir, app, ignore=shutil.ignore_patterns(*_SKIP, "*.wasm"))
-            shutil.copytree(sdk_dir(), app / "skilld_sdk", ignore=shutil.ignore_patterns(*_SKIP))
+            shutil.copytree(
+                paths.sdk_dir(), app / "skilld_sdk", ignore=shutil.ignore_patterns(*_SKIP)
+            )
             (app / "_skilld_entry.py").write_text(
                 "import skill as _skill_module\n"
                 "from skilld_sdk._export import export\n\n"
@@ -135,7 +125,7 @@ def build_component(
             )
             wit = stage / "wit"
             wit.mkdir()
-            abi = (wit_dir() / "skill.wit").read_text()
+            abi = (paths.wit_dir() / "skill.wit").read_text()
             (wit / "skill.wit").write_text(abi + _world(imports_of(source.needs)))
             target = stage / "component.wasm"
             cmd = [
