@@ -525,7 +525,7 @@ class Component:
         result = self._run(ctx, self._exports.get_prompt, name, args_json)
         if isinstance(result, component.Record):
             raise self._guest_error(result, ctx)
-        _check_size(len(result.encode()), ctx)
+        _check_size(_utf8_len(result), ctx)
         try:
             messages = json.loads(result)
         except json.JSONDecodeError as exc:
@@ -537,14 +537,19 @@ class Component:
 
 def _raw_size(out: dict[str, Any]) -> int:
     """Bytes of a guest output record: its JSON value and every content payload."""
-    size = len(out["value"].encode())
+    size = _utf8_len(out["value"])
     for tag, payload in out["content"]:
         if tag == "text":
-            size += len(payload.encode())
+            size += _utf8_len(payload)
         else:
             size += len(payload.get("data") or payload.get("blob") or b"")
-            size += len((payload.get("text") or "").encode())
+            size += _utf8_len(payload.get("text") or "")
     return size
+
+
+def _utf8_len(text: str) -> int:
+    # ASCII (the common case: JSON values are ASCII-escaped) is counted without a copy.
+    return len(text) if text.isascii() else len(text.encode())
 
 
 def _check_size(size: int, ctx: CallContext) -> None:
