@@ -9,12 +9,14 @@ wrote (key-value state, files). Traps, deadlines and memory exhaustion become
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import json
 import logging
 import math
 import queue
 import re
+import threading
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -57,6 +59,8 @@ log = logging.getLogger("skilld.sandbox")
 _INSTANTIATE_BUDGET_S = 10.0
 # A running guest is looked at this often (in epoch ticks): is its call cancelled?
 _CHECK_TICKS = 10
+# Used instances the background worker may leave unfreed before callers free them.
+_MAX_UNFREED = 32
 
 GUEST = f"{PACKAGE}/guest"
 _WASI_OK = re.compile(r"^wasi:(io|clocks|random|cli|filesystem|sockets)/")
@@ -269,6 +273,10 @@ class Component:
         self._pool_limits: Limits | None = None
         self._pool_depth = 0
         self._closed = False
+        # Used instances wait here until the background worker frees them.
+        self._used: collections.deque[_Instance] = collections.deque()
+        self._tend_lock = threading.Lock()
+        self._tending = False
 
     def _check_imports(self, granted: Iterable[str] | None) -> frozenset[str]:
         allowed = set(INTERFACES if granted is None else granted) | {"log"}
@@ -326,10 +334,10 @@ class Component:
         instance = self.sandbox.linker.instantiate(store, self.native)
         return _Instance(store, instance, holder, memory_bytes, interrupt)
 
-    def _warm_one(self) -> None:
+    def _warm_one(self) -> bool:
         limits = self._pool_limits
         if limits is None or self._closed:
-            return
+            return False
         engine = self.sandbox.engine
         warm_ctx = CallContext(f"{self.name} (warm-up)", limits, _NO_CLIENT)
         try:
@@ -346,15 +354,16 @@ class Component:
                     # Python objects while holding the GIL the calls need.
                     func = inst.instance.get_func(inst.store, self._exports.call)
                     if func is None:  # pragma: no cover - checked at load
-                        return
+                        return False
                     func(inst.store, "", "{}")
                     func.post_return(inst.store)
             finally:
                 engine.ticker.leave()
         except wasmtime.WasmtimeError:
             log.warning("warming an instance of %s failed; calls will instantiate", self.name)
-            return
+            return False
         self._pool.put(inst)
+        return True
 
     def _take(self, ctx: CallContext) -> _Instance:
         limits = self._pool_limits
@@ -368,13 +377,49 @@ class Component:
         return self._fresh(ctx.limits.memory_bytes)
 
     def _retire(self, inst: _Instance) -> None:
-        # Runs after the call, off its path: free the used store, then warm a
-        # replacement. Doing either during a call slows it (both map and unmap
-        # memory, which stalls the running guest's page faults).
-        inst.store.close()
-        if self._pool_limits is not None:
-            for _ in range(self._pool_depth - self._pool.qsize()):
-                self._warm_one()
+        """Hand a used instance to the background worker, which frees it.
+
+        Freeing (and warming a replacement) during a call slows it: both map and
+        unmap memory, which stalls the running guest's page faults. One tending task
+        per component does the work, so a burst of calls queues instances, not tasks;
+        if it still falls behind, the caller frees an instance itself, so the used
+        ones can never fill the engine's instance pool.
+        """
+        with self._tend_lock:
+            self._used.append(inst)
+            behind = len(self._used) > _MAX_UNFREED
+            start = not self._tending
+            self._tending = True
+        if behind:
+            with self._tend_lock:
+                oldest = self._used.popleft() if self._used else None
+            if oldest is not None:
+                oldest.store.close()
+        if start:
+            self.sandbox.background.submit(self._tend)
+
+    def _tend(self) -> None:
+        # Free what calls used, then top the pool of warm instances up to its depth.
+        while True:
+            with self._tend_lock:
+                used = self._used.popleft() if self._used else None
+                if used is None and not self._wants_warm():
+                    self._tending = False
+                    return
+            if used is not None:
+                used.store.close()
+            elif not self._warm_one():
+                with self._tend_lock:
+                    if not self._used:
+                        self._tending = False
+                        return
+
+    def _wants_warm(self) -> bool:
+        return (
+            self._pool_limits is not None
+            and not self._closed
+            and self._pool.qsize() < self._pool_depth
+        )
 
     def close(self) -> None:
         """Stop refilling the pool and drop the ready instances."""
@@ -407,7 +452,7 @@ class Component:
             ctx.close_handles()
             if inst is not None:
                 inst.streams.ctx = None
-                self.sandbox.background.submit(self._retire, inst)
+                self._retire(inst)
 
     def _fault(
         self, exc: wasmtime.WasmtimeError, ctx: CallContext, stopped: str | None
