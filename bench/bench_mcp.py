@@ -1,29 +1,33 @@
-"""tools/call over Streamable HTTP: skilld's MCP layer against a bare SDK ``MCPServer``.
+"""tools/call over Streamable HTTP: skilld against a bare SDK ``MCPServer``, side by side.
 
 Both servers run in their own process on 127.0.0.1 and serve an ``echo`` tool that
-returns ``{"text": ...}``; this process drives them with the SDK's client, one client
-session per concurrent caller, and reports p50/p99 latency and throughput at
-concurrency 1 and 16, then skilld/bare ratios.
+returns the text it is given; this process drives them with the SDK's client, one
+client session per concurrent caller, and reports p50/p99 latency, throughput and the
+server's CPU time per call at concurrency 1 and 16, then the skilld/bare ratios.
 
-skilld serves through the Dispatcher seam: by default the in-process
-``skilld.mcp.testing:echo_dispatcher`` (plain Python, so the numbers are the MCP
-layer's own cost: validation, worker thread, metrics, call log); pass
-``--dispatcher module:factory`` (and ``--tool NAME`` if its echo tool has another
-name) to serve anything else, e.g. the wasm echo skill through the registry.
+By default skilld serves the demo bundle through its registry (policy context, audit
+record, one fresh wasm instance per call) and the tool is ``echo-wat/echo``: a skill
+written in WebAssembly text, with no guest runtime, so the numbers are skilld's own
+cost. Other subjects, through ``--dispatcher module:factory`` and ``--tool``:
 
-Throughput counts from the moment every caller has opened its session, listed the
-tools and warmed up, to the moment the last caller's last call returns.
+    python bench_mcp.py                                   # skilld's full stack, echo-wat
+    python bench_mcp.py --tool echo/echo                  # the Python echo (CPython in wasm)
+    python bench_mcp.py --dispatcher skilld.mcp.testing:echo_dispatcher --tool echo
+                                                          # the MCP layer alone
 
-Run from ``bench/`` (``_bundle`` lives there)::
+The machine's speed drifts (a shared VM), so each cell runs ``--rounds`` times,
+alternating bare and skilld: latencies are pooled, throughput and CPU per call are
+the median of the rounds. Throughput counts from the moment every caller has opened
+its session, listed the tools and warmed up, to the moment the last call returns.
 
-    python bench_mcp.py                          # 2000 calls per cell
-    python bench_mcp.py --requests 500 --dispatcher _bundle:echo_registry --tool echo/echo
+Run from ``bench/`` (``_bundle`` lives there).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import os
 import socket
 import statistics
@@ -164,11 +168,21 @@ def _spawn(args: Sequence[str]) -> subprocess.Popen[bytes]:
     )
 
 
-async def run(requests: int, dispatcher: str, tool: str, log_level: str) -> None:
+def _cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of process ``pid`` so far (Linux; None elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def run(requests: int, dispatcher: str, tool: str, log_level: str, rounds: int) -> None:
     """Start both servers, measure each cell, print the table and ratios."""
     ports = {"skilld": _free_port(), "bare": _free_port()}
-    procs = [
-        _spawn(
+    procs = {
+        "skilld": _spawn(
             [
                 "--serve",
                 "skilld",
@@ -180,55 +194,82 @@ async def run(requests: int, dispatcher: str, tool: str, log_level: str) -> None
                 log_level,
             ]
         ),
-        _spawn(["--serve", "bare", "--port", str(ports["bare"])]),
-    ]
+        "bare": _spawn(["--serve", "bare", "--port", str(ports["bare"])]),
+    }
+    # (kind, concurrency) -> pooled latencies, per-round throughput, per-round CPU ms/call
+    lats: dict[tuple[str, int], list[float]] = {}
+    rates: dict[tuple[str, int], list[float]] = {}
+    cpus: dict[tuple[str, int], list[float]] = {}
     try:
         for port in ports.values():
             await _wait_up(port)
-        results: dict[tuple[str, int], tuple[float, float, float]] = {}
         for concurrency in (1, 16):
-            for kind in ("bare", "skilld"):
-                # Calls are wall-clock bound; throughput includes the client's own cost.
-                name = tool if kind == "skilld" else "echo"
-                lat, wall = await measure(ports[kind], name, concurrency, requests)
-                results[(kind, concurrency)] = (
-                    statistics.median(lat) * 1e3,
-                    pct(lat, 0.99) * 1e3,
-                    len(lat) / wall,
-                )
+            for _ in range(rounds):
+                for kind in ("bare", "skilld"):
+                    name = tool if kind == "skilld" else "echo"
+                    before = _cpu_s(procs[kind].pid)
+                    lat, wall = await measure(ports[kind], name, concurrency, requests)
+                    after = _cpu_s(procs[kind].pid)
+                    key = (kind, concurrency)
+                    lats.setdefault(key, []).extend(lat)
+                    rates.setdefault(key, []).append(len(lat) / wall)
+                    if before is not None and after is not None:
+                        cpus.setdefault(key, []).append((after - before) / len(lat) * 1e3)
     finally:
-        for proc in procs:
+        for proc in procs.values():
             proc.terminate()
-        for proc in procs:
+        for proc in procs.values():
             proc.wait(timeout=60)
 
+    def cell(key: tuple[str, int]) -> tuple[float, float, float, float]:
+        cpu = statistics.median(cpus[key]) if cpus.get(key) else math.nan
+        return (
+            statistics.median(lats[key]) * 1e3,
+            pct(lats[key], 0.99) * 1e3,
+            statistics.median(rates[key]),
+            cpu,
+        )
+
     print(
-        f"tools/call echo over Streamable HTTP, {requests} calls per cell, dispatcher {dispatcher}"
+        f"tools/call over Streamable HTTP: skilld {tool} (dispatcher {dispatcher}) against "
+        f"a bare MCPServer echo; {requests} calls per cell, {rounds} alternating rounds"
     )
     print()
-    print("| server | concurrency | p50 ms | p99 ms | calls/s |")
-    print("|---|---|---|---|---|")
-    for (kind, concurrency), (p50, p99, rate) in results.items():
-        print(f"| {kind} | {concurrency} | {p50:.2f} | {p99:.2f} | {rate:.0f} |")
-    print()
-    print("| concurrency | p50 skilld/bare | p99 skilld/bare | throughput skilld/bare |")
-    print("|---|---|---|---|")
+    print("| server | concurrency | p50 ms | p99 ms | calls/s | server CPU ms/call |")
+    print("|---|---|---|---|---|---|")
     for concurrency in (1, 16):
-        s, b = results[("skilld", concurrency)], results[("bare", concurrency)]
-        print(f"| {concurrency} | {s[0] / b[0]:.2f} | {s[1] / b[1]:.2f} | {s[2] / b[2]:.2f} |")
+        for kind in ("bare", "skilld"):
+            p50, p99, rate, cpu = cell((kind, concurrency))
+            print(f"| {kind} | {concurrency} | {p50:.2f} | {p99:.2f} | {rate:.0f} | {cpu:.2f} |")
+    print()
+    print(
+        "| concurrency | p50 skilld/bare | p99 skilld/bare | throughput skilld/bare "
+        "| CPU/call skilld/bare |"
+    )
+    print("|---|---|---|---|---|")
+    for concurrency in (1, 16):
+        s, b = cell(("skilld", concurrency)), cell(("bare", concurrency))
+        print(
+            f"| {concurrency} | {s[0] / b[0]:.2f} | {s[1] / b[1]:.2f} | {s[2] / b[2]:.2f} "
+            f"| {s[3] / b[3]:.2f} |"
+        )
 
 
 def main() -> None:
     """Parse the options: run the benchmark, or serve one side of it."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--requests", type=int, default=2000, help="calls per cell")
+    parser.add_argument("--requests", type=int, default=1000, help="calls per cell and round")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per cell")
     parser.add_argument(
         "--dispatcher",
-        default="skilld.mcp.testing:echo_dispatcher",
-        help="module:factory returning the Dispatcher skilld serves",
+        default="_bundle:echo_registry",
+        help="module:factory returning the Dispatcher skilld serves (default: the demo "
+        "bundle's registry)",
     )
     parser.add_argument(
-        "--tool", default="echo", help="the dispatcher's echo tool, taking {'text': str}"
+        "--tool",
+        default="echo-wat/echo",
+        help="the dispatcher's echo tool, taking {'text': str} (default: echo-wat/echo)",
     )
     parser.add_argument(
         "--log-level", default="info", help="skilld's log level (info logs each call)"
@@ -241,7 +282,7 @@ def main() -> None:
     elif args.serve == "bare":
         serve_bare(args.port)
     else:
-        anyio.run(run, args.requests, args.dispatcher, args.tool, args.log_level)
+        anyio.run(run, args.requests, args.dispatcher, args.tool, args.log_level, args.rounds)
 
 
 if __name__ == "__main__":

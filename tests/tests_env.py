@@ -12,6 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SKILLS = {
     "echo": ROOT / "skills" / "echo",
+    "echo-wat": ROOT / "skills" / "echo-wat",
     "notes": ROOT / "skills" / "notes",
     "hostile": ROOT / "tests" / "skills" / "hostile",
     "prober": ROOT / "tests" / "skills" / "prober",

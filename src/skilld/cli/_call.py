@@ -92,7 +92,9 @@ def run(args: argparse.Namespace) -> int:
             )
             ctx = CallContext(skill_id, limits, NullChannel(), kv=kv)
             try:
-                out = comp.call(args.method, json.dumps(params), ctx)
+                out = comp.call(
+                    args.method, json.dumps(params, separators=(",", ":"), sort_keys=True), ctx
+                )
             finally:
                 if args.verbose:
                     _show_guest_output(ctx)

@@ -1,4 +1,4 @@
-"""Build a Python skill from source into a WebAssembly component (componentize-py).
+"""Build a skill from source into a WebAssembly component (componentize-py, or WAT).
 
 A skill source directory holds ``skill.yaml`` (id, name, version, description,
 needs) and ``skill.py`` (the module with one ``skilld_sdk.Skill``). The build
@@ -6,6 +6,11 @@ stages the sources, the SDK and a generated entry module, narrows the WIT world
 to the interfaces the skill declares under ``needs`` (plus ``log``), and runs
 componentize-py. Outputs are cached by a digest of everything that goes in, so
 a second build of unchanged sources costs one hash.
+
+A directory with ``skill.wat`` instead of ``skill.py`` holds a component written
+in WebAssembly text; it is assembled as it is (``skills/echo-wat`` shows the ABI
+spelled out by hand). It imports whatever its text imports: the load-time check
+against the policy's grants is what bounds it, as for any component.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from skilld.errors import BuildError
 from skilld.package._pack import read_skill_meta
 
 INTERFACES = ("log", "kv", "fs", "http", "tcp", "shell", "invoke", "transfer", "env", "mcp")
+# The preamble of a component binary (magic, version 0x0d, layer 1), not a core module.
+_COMPONENT_HEADER = b"\x00asm\x0d\x00\x01\x00"
 _SKIP = {"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
 
 
@@ -86,6 +93,37 @@ def _componentize() -> list[str]:
     return [found]
 
 
+def _build_wat(source: Path, cache_dir: Path, out: Path | None) -> Path:
+    """Assemble a component written in WebAssembly text (milliseconds: not looked up)."""
+    # wasmtime's text assembler only, no engine: running code stays in sandbox/.
+    from wasmtime import WasmtimeError, wat2wasm
+
+    try:
+        wasm = bytes(wat2wasm(source.read_text(encoding="utf-8")))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BuildError(f"cannot read {source}: {exc}") from exc
+    except WasmtimeError as exc:
+        # wat2wasm's message names the line and column and quotes the source line.
+        raise BuildError(f"{source}: {str(exc).strip()}") from exc
+    if not wasm.startswith(_COMPONENT_HEADER):
+        raise BuildError(
+            f"{source} is a core module, not a component",
+            hint="wrap it in (component ...) that exports skilld:skill/guest; see skills/echo-wat",
+        )
+    if out is not None:
+        target = Path(out)
+        target.parent.mkdir(parents=True, exist_ok=True)
+    else:
+        cache = cache_dir / "components"
+        cache.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        cache.mkdir(exist_ok=True, mode=0o700)
+        target = cache / f"{hashlib.sha256(wasm).hexdigest()}.wasm"
+    tmp = target.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_bytes(wasm)
+    tmp.replace(target)
+    return target
+
+
 def build_component(
     src_dir: Path, *, cache_dir: Path | None = None, out: Path | None = None
 ) -> Path:
@@ -100,8 +138,16 @@ def build_component(
     """
     src_dir = Path(src_dir)
     source = read_skill_meta(src_dir)
-    if not (src_dir / "skill.py").is_file():
-        raise BuildError(f"no skill.py in {src_dir}", hint="the skill's module must be skill.py")
+    has_py, has_wat = (src_dir / "skill.py").is_file(), (src_dir / "skill.wat").is_file()
+    if has_py == has_wat:
+        raise BuildError(
+            f"{'both' if has_py else 'neither'} skill.py {'and' if has_py else 'nor'} "
+            f"skill.wat in {src_dir}",
+            hint="a skill is built from skill.py (Python) or skill.wat (a component in "
+            "WebAssembly text), one of them",
+        )
+    if has_wat:
+        return _build_wat(src_dir / "skill.wat", cache_dir or paths.cache_dir(), out)
     digest = source_digest(src_dir)
     cache = (cache_dir or paths.cache_dir()) / "components"
     cached = cache / f"{digest}.wasm"

@@ -317,6 +317,9 @@ class Registry:
                 outcome, error = _outcome(exc), exc
             finally:
                 entry.slots.release()
+                # The invoker closure refers back to ctx; without it the context is
+                # freed at once rather than by the garbage collector.
+                ctx.invoker = None
         self._emit(
             entry,
             method,

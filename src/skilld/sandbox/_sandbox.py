@@ -41,6 +41,7 @@ from skilld.errors import (
 )
 from skilld.sandbox._context import CallContext, entered
 from skilld.sandbox._engine import TICK_S, Engine
+from skilld.sandbox._gil import keep_gil_for_quick_calls
 from skilld.sandbox._host import INTERFACES, PACKAGE, build_linker, import_name, to_py
 from skilld.sandbox._native import NativeCache, load_native
 from skilld.types import (
@@ -61,6 +62,9 @@ _INSTANTIATE_BUDGET_S = 10.0
 _CHECK_TICKS = 10
 # Used instances the background worker may leave unfreed before callers free them.
 _MAX_UNFREED = 32
+# Components that instantiate faster than this are not pre-warmed (measured: a
+# component written in WAT instantiates in about 20 us, a Python one in 600-1000 us).
+_WARM_WORTH_S = 0.0002
 
 GUEST = f"{PACKAGE}/guest"
 _WASI_OK = re.compile(r"^wasi:(io|clocks|random|cli|filesystem|sockets)/")
@@ -74,6 +78,7 @@ class Sandbox:
     """
 
     def __init__(self, cache_dir: Path | None = None):
+        keep_gil_for_quick_calls()
         self.engine = Engine()
         self.linker = build_linker(self.engine.wasmtime)
         self.cache = NativeCache(self.engine, cache_dir) if cache_dir is not None else None
@@ -176,7 +181,8 @@ class _Interrupt:
         self.at = time.monotonic() + budget_s
         self.ctx: CallContext | None = None
         self.reason: str | None = None
-        self.callback = _EpochCallback(self._on_deadline)  # kept alive with the store
+        # kept alive with the store (None once it is freed)
+        self.callback: Any = _EpochCallback(self._on_deadline)
         ffi.wasmtime_store_epoch_deadline_callback(store.ptr(), self.callback, None, _NO_FINALIZER)
         store.set_epoch_deadline(self._next_check())
 
@@ -214,6 +220,14 @@ class _Instance:
     streams: _Streams
     memory_bytes: int
     interrupt: _Interrupt
+
+
+def _free(inst: _Instance) -> None:
+    """Free a used instance's store (its pool slot is reset for the next tenant)."""
+    inst.store.close()
+    # The epoch callback refers back to its _Interrupt: drop it now that no guest can
+    # run, so freeing the rest needs no garbage collection.
+    inst.interrupt.callback = None
 
 
 class _NoClient:
@@ -273,6 +287,8 @@ class Component:
         self._pool_limits: Limits | None = None
         self._pool_depth = 0
         self._closed = False
+        # How fast this component instantiates (decides whether warming is worth it).
+        self._instantiate_s = math.inf
         # Used instances wait here until the background worker frees them.
         self._used: collections.deque[_Instance] = collections.deque()
         self._tend_lock = threading.Lock()
@@ -281,8 +297,11 @@ class Component:
     def _check_imports(self, granted: Iterable[str] | None) -> frozenset[str]:
         allowed = set(INTERFACES if granted is None else granted) | {"log"}
         used: set[str] = set()
+        # A component that imports no WASI (one written in WAT, say) gets no WASI context.
+        self._wasi = False
         for imp in self.native.type.imports(self.sandbox.engine.wasmtime):
             if _WASI_OK.match(imp):
+                self._wasi = True
                 continue
             for interface in INTERFACES:
                 if imp == import_name(interface):
@@ -323,15 +342,19 @@ class Component:
         engine = self.sandbox.engine
         holder = _Streams()
         store = wasmtime.Store(engine.wasmtime)
-        wasi = wasmtime.WasiConfig()
-        wasi.stdout_custom = holder.stdout
-        wasi.stderr_custom = holder.stderr
-        store.set_wasi(wasi)
+        if self._wasi:
+            wasi = wasmtime.WasiConfig()
+            wasi.stdout_custom = holder.stdout
+            wasi.stderr_custom = holder.stderr
+            store.set_wasi(wasi)
         store.set_limits(memory_size=memory_bytes)
         # Instantiation runs guest start code, which the epoch interrupts too; the
         # deadline of the call proper is armed again right before the call.
         interrupt = _Interrupt(store, _INSTANTIATE_BUDGET_S)
+        started = time.perf_counter()
         instance = self.sandbox.linker.instantiate(store, self.native)
+        # The fastest one seen: a slow one says more about the machine's load than us.
+        self._instantiate_s = min(self._instantiate_s, time.perf_counter() - started)
         return _Instance(store, instance, holder, memory_bytes, interrupt)
 
     def _warm_one(self) -> bool:
@@ -385,6 +408,10 @@ class Component:
         if it still falls behind, the caller frees an instance itself, so the used
         ones can never fill the engine's instance pool.
         """
+        if self._instantiate_s < _WARM_WORTH_S:
+            # A small component's store frees in microseconds: no worker needed.
+            _free(inst)
+            return
         with self._tend_lock:
             self._used.append(inst)
             behind = len(self._used) > _MAX_UNFREED
@@ -394,7 +421,7 @@ class Component:
             with self._tend_lock:
                 oldest = self._used.popleft() if self._used else None
             if oldest is not None:
-                oldest.store.close()
+                _free(oldest)
         if start:
             self.sandbox.background.submit(self._tend)
 
@@ -407,7 +434,7 @@ class Component:
                     self._tending = False
                     return
             if used is not None:
-                used.store.close()
+                _free(used)
             elif not self._warm_one():
                 with self._tend_lock:
                     if not self._used:
@@ -418,6 +445,9 @@ class Component:
         return (
             self._pool_limits is not None
             and not self._closed
+            # Warming pays where instantiating is slow (a guest runtime such as
+            # CPython); for a small component it only doubles the work of a call.
+            and self._instantiate_s >= _WARM_WORTH_S
             and self._pool.qsize() < self._pool_depth
         )
 

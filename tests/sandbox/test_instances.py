@@ -1,0 +1,114 @@
+"""Instance lifecycle under load: freeing, warming, and the GIL around wasmtime calls."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from wasmtime import _bindings
+
+from skilld.registry import NullChannel
+from skilld.sandbox import Component, Sandbox, _sandbox
+from skilld.sandbox._context import CallContext
+from skilld.sandbox._sandbox import _MAX_UNFREED
+from skilld.types import Limits
+
+
+def _load(sandbox: Sandbox, component_path: Callable[[str], Path], name: str) -> Component:
+    return sandbox.load(component_path(name).read_bytes(), name=name)
+
+
+def test_a_burst_of_calls_never_exhausts_the_instance_pool(
+    sandbox: Sandbox, component_path: Callable[[str], Path]
+) -> None:
+    """Calls faster than the background worker frees leave at most a bounded backlog.
+
+    Each used instance holds a slot of the engine's pool until it is freed; a task
+    per call used to queue up behind warming, and after about 500 back-to-back calls
+    the pool ran out and calls trapped ("maximum concurrent limit ... reached").
+    """
+    echo = _load(sandbox, component_path, "echo")
+    limits = Limits()
+    echo.prewarm(limits, depth=2)
+    ctx = CallContext("echo", limits, NullChannel())
+    try:
+        for i in range(700):
+            assert echo.call("echo", json.dumps({"text": f"t{i}"}), ctx).value == f"t{i}"
+            assert len(echo._used) <= _MAX_UNFREED + 1
+    finally:
+        echo.close()
+
+
+@pytest.mark.parametrize("small", [True, False])
+def test_only_components_slow_to_instantiate_are_warmed(
+    sandbox: Sandbox,
+    component_path: Callable[[str], Path],
+    monkeypatch: pytest.MonkeyPatch,
+    small: bool,
+) -> None:
+    """Warming pays for a guest runtime; a small component would only do each call twice.
+
+    The threshold is moved to either extreme, so the test does not depend on how fast
+    this machine instantiates (bench/bench_sandbox.py measures that).
+    """
+    monkeypatch.setattr(_sandbox, "_WARM_WORTH_S", 3600.0 if small else 0.0)
+    wat = _load(sandbox, component_path, "echo-wat")
+    limits = Limits(memory_bytes=16 << 20)
+    wat.prewarm(limits, depth=2)
+    ctx = CallContext("echo-wat", limits, NullChannel())
+    try:
+        for i in range(5):
+            assert wat.call("echo", json.dumps({"text": str(i)}), ctx).value == str(i)
+        if small:
+            # freed on the caller's thread, never queued, never warmed
+            assert not wat._used
+            assert wat._pool.qsize() == 0
+        else:
+            deadline = time.monotonic() + 10
+            while wat._pool.qsize() < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)  # polling the background worker
+            assert wat._pool.qsize() == 2
+    finally:
+        wat.close()
+
+
+def _keeps_gil(func: object) -> bool:
+    flags: int = func._flags_  # type: ignore[attr-defined]
+    return bool(flags & ctypes._FUNCFLAG_PYTHONAPI)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "wasmtime_component_func_call",
+        "wasmtime_component_func_post_return",
+        "wasmtime_component_linker_instantiate",
+        "wasmtime_store_delete",
+        "wasmtime_component_deserialize",
+        "wasmtime_component_new",
+    ],
+)
+def test_calls_that_run_guest_code_or_take_long_release_the_gil(
+    sandbox: Sandbox, name: str
+) -> None:
+    """Guest code never runs holding the GIL: the event loop and other calls go on."""
+    assert not _keeps_gil(getattr(_bindings, f"_{name}"))
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "wasmtime_store_new",
+        "wasmtime_component_val_delete",
+        "wasmtime_component_record_type_field_nth",
+        "wasmtime_context_set_epoch_deadline",
+        "wasmtime_engine_increment_epoch",
+    ],
+)
+def test_quick_calls_keep_the_gil(sandbox: Sandbox, name: str) -> None:
+    """The quick ones do not hand the GIL to another thread and wait to get it back."""
+    assert _keeps_gil(getattr(_bindings, f"_{name}"))
