@@ -93,6 +93,15 @@ def _componentize() -> list[str]:
     return [found]
 
 
+def _components_dir(cache_root: Path) -> Path:
+    """``cache_root/components``, created 0700 whatever the umask: the native-code
+    cache shares this root and refuses one that group or others can write."""
+    cache = cache_root / "components"
+    cache_root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    cache.mkdir(exist_ok=True, mode=0o700)
+    return cache
+
+
 def _build_wat(source: Path, cache_dir: Path, out: Path | None) -> Path:
     """Assemble a component written in WebAssembly text (milliseconds: not looked up)."""
     # wasmtime's text assembler only, no engine: running code stays in sandbox/.
@@ -114,10 +123,7 @@ def _build_wat(source: Path, cache_dir: Path, out: Path | None) -> Path:
         target = Path(out)
         target.parent.mkdir(parents=True, exist_ok=True)
     else:
-        cache = cache_dir / "components"
-        cache.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        cache.mkdir(exist_ok=True, mode=0o700)
-        target = cache / f"{hashlib.sha256(wasm).hexdigest()}.wasm"
+        target = _components_dir(cache_dir) / f"{hashlib.sha256(wasm).hexdigest()}.wasm"
     tmp = target.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_bytes(wasm)
     tmp.replace(target)
@@ -149,13 +155,9 @@ def build_component(
     if has_wat:
         return _build_wat(src_dir / "skill.wat", cache_dir or paths.cache_dir(), out)
     digest = source_digest(src_dir)
-    cache = (cache_dir or paths.cache_dir()) / "components"
-    cached = cache / f"{digest}.wasm"
+    cached = (cache_dir or paths.cache_dir()) / "components" / f"{digest}.wasm"
     if not cached.is_file():
-        # 0700 whatever the umask: the native-code cache shares this root and refuses
-        # one that group or others can write (a umask of 002 would make it so).
-        cache.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        cache.mkdir(exist_ok=True, mode=0o700)
+        _components_dir(cache_dir or paths.cache_dir())
         with tempfile.TemporaryDirectory(prefix="skilld-build-") as tmp:
             stage = Path(tmp)
             app = stage / "app"
