@@ -34,6 +34,9 @@ into this tree at the one boundary that uses the library (``raise X(...) from ex
     ├── RegistryError           an unknown skill, method or tool name
     ├── BundleError             a bundle or its lock is inconsistent (names the file)
     └── ClusterError            a NATS peer or route failed
+
+Outside the tree, :class:`RunOnThread` is a signal between the sandbox and the MCP
+layer, never an error anyone reports.
 """
 
 from __future__ import annotations
@@ -202,3 +205,20 @@ class BundleError(SkilldError):
 
 class ClusterError(SkilldError):
     """A NATS peer or route failed."""
+
+
+class RunOnThread(Exception):
+    """An inline attempt at a call gave up: run the call again on a worker thread.
+
+    Not a :class:`SkilldError`: no user ever sees it. It is raised before the guest
+    did anything anyone can observe (the host refused its first blocking host call,
+    its output is dropped, nothing was audited), so running the call again on a
+    thread is the same as running it once. See ``Dispatcher.call_inline``.
+
+    ``ran`` says the guest ran before it gave up (the attempt cost something);
+    otherwise the attempt stopped before any guest code ran.
+    """
+
+    def __init__(self, *, ran: bool = False):
+        super().__init__("run the call on a worker thread")
+        self.ran = ran

@@ -22,7 +22,7 @@ from typing import Any
 
 from mcp.shared.uri_template import UriTemplate
 
-from skilld.errors import GuestError, RegistryError
+from skilld.errors import GuestError, RegistryError, RunOnThread
 from skilld.registry import Tool, ToolAnnotations
 from skilld.types import CallOutput, ClientChannel, ContentBlock, PromptSpec, ResourceSpec
 
@@ -102,6 +102,16 @@ class StaticDispatcher:
                 self.calls.append((tool, dict(arguments)))
                 return _as_output(entry.fn(arguments, channel))
         raise RegistryError(f"no tool named '{tool}'")
+
+    def call_inline(
+        self, tool: str, arguments: Mapping[str, Any], channel: ClientChannel, budget_s: float
+    ) -> CallOutput:
+        """Never inline: the callables may block.
+
+        Raises:
+            RunOnThread: always.
+        """
+        raise RunOnThread
 
     def resources(self) -> Sequence[ResourceSpec]:
         """Every resource and template."""

@@ -94,6 +94,15 @@ class Dispatcher(Protocol):
         """Run one tool call to the end."""
         ...
 
+    def call_inline(
+        self, tool: str, arguments: Mapping[str, Any], channel: ClientChannel, budget_s: float
+    ) -> CallOutput:
+        """Try ``call`` on the caller's thread (an event loop), holding it about ``budget_s``
+        at most; raise ``skilld.errors.RunOnThread``, having done nothing anyone can
+        see, when the call needs longer or could block. A dispatcher that cannot tell
+        raises it always."""
+        ...
+
     def resources(self) -> Sequence[ResourceSpec]:
         """Every resource and resource template the skills serve."""
         ...

@@ -26,6 +26,7 @@ from skilld.errors import (
     HostCallError,
     MemoryExhausted,
     RegistryError,
+    RunOnThread,
     SkilldError,
     StackExhausted,
     UsageError,
@@ -102,6 +103,11 @@ class SkillEntry:
         self.slots = threading.BoundedSemaphore(max(1, self.limits.max_concurrency))
 
 
+# After an inline attempt gave up, this many calls of the method go straight to a thread:
+# a method that always needs one (it calls kv, say) wastes an attempt in 33, not each.
+_INLINE_BACKOFF = 32
+
+
 def _digest(data: str) -> str:
     return hashlib.sha256(data.encode()).hexdigest()
 
@@ -118,6 +124,8 @@ class Registry:
         self._tools: dict[str, tuple[Tool, str, str | None]] = {}
         self._audit = audit
         self._ready = False
+        # (skill, method) -> inline attempts still to skip after one gave up
+        self._inline_backoff: dict[tuple[str, str], int] = {}
 
     # -- registration ------------------------------------------------------
 
@@ -212,6 +220,43 @@ class Registry:
             UsageError: a per-skill tool's ``args`` is not an object.
             GuestError, GuestFault: the guest's failure, audited.
         """
+        sid, method, args = self._resolve(tool, arguments)
+        return self.call_method(sid, method, args, channel, caller="mcp")
+
+    def call_inline(
+        self, tool: str, arguments: Mapping[str, Any], channel: ClientChannel, budget_s: float
+    ) -> CallOutput:
+        """Try the call on this thread without blocking it for more than about ``budget_s``.
+
+        For the MCP server's event loop: a quick guest that needs no blocking host
+        call finishes here, saving the hand-off to a worker thread and back (at 16
+        concurrent calls most of skilld's overhead, docs/mcp.md). The attempt gives
+        up with :class:`RunOnThread`, unaudited and unseen, when the skill has no
+        free slot, its instance would be slow to create, or the guest runs too long
+        or makes a host call that could block; the caller then runs :meth:`call` on
+        a worker thread. A method that gave up is not tried inline for its next
+        ``_INLINE_BACKOFF`` calls (one that gave up before its guest ran is tried again).
+
+        Raises:
+            RunOnThread: as above.
+            RegistryError, UsageError, GuestError, GuestFault: as for :meth:`call`.
+        """
+        sid, method, args = self._resolve(tool, arguments)
+        key = (sid, method)
+        backoff = self._inline_backoff.get(key, 0)
+        if backoff > 0:
+            self._inline_backoff[key] = backoff - 1
+            raise RunOnThread
+        try:
+            return self.call_method(sid, method, args, channel, caller="mcp", inline_s=budget_s)
+        except RunOnThread as exc:
+            if exc.ran:
+                self._inline_backoff[key] = _INLINE_BACKOFF
+            raise
+
+    def _resolve(
+        self, tool: str, arguments: Mapping[str, Any]
+    ) -> tuple[str, str, Mapping[str, Any]]:
         found = self._tools.get(tool)
         if found is None:
             raise RegistryError(f"no tool named '{tool}'")
@@ -227,7 +272,7 @@ class Registry:
                 raise GuestError("not-found", f"skill '{sid}' has no method '{method}'")
             if not isinstance(args, Mapping):
                 raise UsageError(f"'args' of tool '{tool}' must be an object", location=tool)
-        return self.call_method(sid, method, args, channel, caller="mcp")
+        return sid, method, args
 
     def call_method(
         self,
@@ -239,12 +284,16 @@ class Registry:
         caller: str = "local",
         depth: int = 0,
         chain: tuple[str, ...] = (),
+        inline_s: float | None = None,
     ) -> CallOutput:
         """Call ``method`` of ``skill_id`` directly (tools, ``invoke``, ``skilld call``).
+
+        ``inline_s`` makes it an inline attempt of about that long (see :meth:`call_inline`).
 
         Raises:
             RegistryError: no such skill.
             GuestError, GuestFault: the guest's failure, audited.
+            RunOnThread: an inline attempt gave up (nothing audited).
         """
         entry = self._skills.get(skill_id)
         if entry is None:
@@ -259,6 +308,7 @@ class Registry:
             caller=caller,
             depth=depth,
             chain=chain,
+            inline_s=inline_s,
         )
 
     def _run(
@@ -273,6 +323,7 @@ class Registry:
         depth: int = 0,
         chain: tuple[str, ...] = (),
         target: str | None = None,
+        inline_s: float | None = None,
     ) -> T:
         """The one way guest code runs: a slot of the skill, a fresh context, one audit record.
 
@@ -294,6 +345,7 @@ class Registry:
             services=entry.services,
             depth=depth,
             chain=chain,
+            inline_until=None if inline_s is None else time.monotonic() + inline_s,
         )
         started = time.time()
         t0 = time.perf_counter()
@@ -303,7 +355,9 @@ class Registry:
         # A nested call (invoke) never waits for a slot: waiting inside a call chain
         # that already holds slots of the same skill could deadlock it.
         wait = entry.limits.timeout_ms / 1000 if depth == 0 else 0
-        if not entry.slots.acquire(timeout=wait):
+        if inline_s is not None and not entry.slots.acquire(blocking=False):
+            raise RunOnThread  # waiting for a slot is for a thread, not the event loop
+        if inline_s is None and not entry.slots.acquire(timeout=wait):
             outcome = "busy"
             error = GuestError(
                 "limit-exceeded",

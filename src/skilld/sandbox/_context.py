@@ -44,6 +44,11 @@ class CallContext:
     host_faults: list[str] = field(default_factory=list)
     # Open host resources (tcp connections) by handle; closed when the call ends.
     handles: dict[int, Any] = field(default_factory=dict)
+    # An inline attempt (on the server's event loop) gives up at this monotonic time,
+    # or at the first host call that could block or act (``needs_thread``); None
+    # for a call on a worker thread. See ``Component.call``.
+    inline_until: float | None = None
+    needs_thread: bool = False
 
     def close_handles(self) -> None:
         """Close whatever the guest left open."""

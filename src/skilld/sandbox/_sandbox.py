@@ -36,6 +36,7 @@ from skilld.errors import (
     GuestTrap,
     LinkError,
     MemoryExhausted,
+    RunOnThread,
     SandboxError,
     StackExhausted,
 )
@@ -160,8 +161,14 @@ _EpochCallback = ctypes.CFUNCTYPE(
 )
 _NO_FINALIZER = ctypes.cast(0, ctypes.CFUNCTYPE(None, ctypes.c_void_p))
 _STOPPED_TEXT = "skilld: call stopped"
-_STOPPED = re.compile(re.escape(_STOPPED_TEXT) + r" \((deadline|cancelled)\)")
+_STOPPED = re.compile(re.escape(_STOPPED_TEXT) + r" \((deadline|cancelled|inline)\)")
 _CONTINUE = 0  # WASMTIME_UPDATE_DEADLINE_CONTINUE
+
+
+def _stop_reason(text: str) -> str | None:
+    """Why the host stopped a guest, read back from the trap's message (None: it did not)."""
+    found = _STOPPED.search(text)
+    return found.group(1) if found else None
 
 
 class _Interrupt:
@@ -173,13 +180,17 @@ class _Interrupt:
     clock passed the call's deadline or the channel says cancelled, and otherwise
     lets it run to the next check. A store is only ever touched from the thread
     running it, which a cancel from another thread could not do safely.
+
+    An inline attempt (``inline_until`` set) is stopped, as ``inline``, once its
+    time is up or a host call said it needs a thread.
     """
 
-    __slots__ = ("at", "callback", "ctx", "reason")
+    __slots__ = ("at", "callback", "ctx", "inline_until", "reason")
 
-    def __init__(self, store: wasmtime.Store, budget_s: float):
+    def __init__(self, store: wasmtime.Store, budget_s: float, inline_until: float | None = None):
         self.at = time.monotonic() + budget_s
         self.ctx: CallContext | None = None
+        self.inline_until = inline_until
         self.reason: str | None = None
         # kept alive with the store (None once it is freed)
         self.callback: Any = _EpochCallback(self._on_deadline)
@@ -190,18 +201,25 @@ class _Interrupt:
         """Start the clock for one call (or warm-up) of ``budget_s`` seconds."""
         self.at = time.monotonic() + budget_s
         self.ctx = ctx
+        self.inline_until = None if ctx is None else ctx.inline_until
         self.reason = None
         store.set_epoch_deadline(self._next_check())
 
     def _next_check(self) -> int:
-        remaining = math.ceil((self.at - time.monotonic()) / TICK_S)
+        at = self.at if self.inline_until is None else min(self.at, self.inline_until)
+        remaining = math.ceil((at - time.monotonic()) / TICK_S)
         return max(1, min(remaining, _CHECK_TICKS))
 
     def _on_deadline(self, _context: Any, _data: Any, delta: Any, kind: Any) -> int:
         try:
+            now = time.monotonic()
             if self.ctx is not None and self.ctx.channel.cancelled():
                 self.reason = "cancelled"
-            elif time.monotonic() >= self.at:
+            elif self.inline_until is not None and (
+                now >= self.inline_until or (self.ctx is not None and self.ctx.needs_thread)
+            ):
+                self.reason = "inline"
+            elif now >= self.at:
                 self.reason = "deadline"
             else:
                 delta[0] = self._next_check()
@@ -337,7 +355,7 @@ class Component:
         self._pool_limits = limits
         self._pool_depth = depth
 
-    def _fresh(self, memory_bytes: int) -> _Instance:
+    def _fresh(self, memory_bytes: int, inline_until: float | None = None) -> _Instance:
         """A new store and instance; the caller keeps the epoch ticker running."""
         engine = self.sandbox.engine
         holder = _Streams()
@@ -350,7 +368,7 @@ class Component:
         store.set_limits(memory_size=memory_bytes)
         # Instantiation runs guest start code, which the epoch interrupts too; the
         # deadline of the call proper is armed again right before the call.
-        interrupt = _Interrupt(store, _INSTANTIATE_BUDGET_S)
+        interrupt = _Interrupt(store, _INSTANTIATE_BUDGET_S, inline_until)
         started = time.perf_counter()
         instance = self.sandbox.linker.instantiate(store, self.native)
         # The fastest one seen: a slow one says more about the machine's load than us.
@@ -397,7 +415,11 @@ class Component:
                 pass
             else:
                 return inst
-        return self._fresh(ctx.limits.memory_bytes)
+        if ctx.inline_until is not None and self._instantiate_s >= _WARM_WORTH_S:
+            # Instantiating a large component (or one never instantiated yet) costs
+            # more than an inline attempt may hold up the event loop.
+            raise RunOnThread
+        return self._fresh(ctx.limits.memory_bytes, ctx.inline_until)
 
     def _retire(self, inst: _Instance) -> None:
         """Hand a used instance to the background worker, which frees it.
@@ -473,15 +495,21 @@ class Component:
                     raise LinkError(f"{self.name}: export vanished")
                 result = func(inst.store, *args)
                 func.post_return(inst.store)
-                return result
         except wasmtime.WasmtimeError as exc:
-            raise self._fault(exc, ctx, inst.interrupt.reason if inst else None) from None
+            stopped = inst.interrupt.reason if inst else _stop_reason(str(exc))
+            if stopped == "inline" or ctx.needs_thread:
+                raise RunOnThread(ran=True) from None
+            raise self._fault(exc, ctx, stopped) from None
         finally:
             engine.ticker.leave()
             ctx.close_handles()
             if inst is not None:
                 inst.streams.ctx = None
                 self._retire(inst)
+        if ctx.needs_thread:
+            # The guest went on after a host call refused inline: its answer does not count.
+            raise RunOnThread(ran=True)
+        return result
 
     def _fault(
         self, exc: wasmtime.WasmtimeError, ctx: CallContext, stopped: str | None
@@ -496,8 +524,8 @@ class Component:
         # What the host itself did (stopped the guest) decides first: a guest cannot
         # make a deadline look like anything else. Without an instance (stopped while
         # instantiating) the reason is read back from the interrupt's own message.
-        if stopped is None and (found := _STOPPED.search(text)):
-            stopped = found.group(1)
+        if stopped is None:
+            stopped = _stop_reason(text)
         if stopped == "cancelled":
             return CallCancelled(f"{where} was stopped: the client cancelled the call")
         if stopped == "deadline":
@@ -566,9 +594,16 @@ class Component:
     def call(self, method: str, args_json: str, ctx: CallContext) -> CallOutput:
         """Run ``method`` with JSON arguments in a fresh instance.
 
+        With ``ctx.inline_until`` set the call is an inline attempt on a thread that
+        must not block (the server's event loop): it runs only while it needs no
+        more time than that, no instantiation of a large component and no host call
+        outside ``INLINE_SAFE``; otherwise it stops and raises :class:`RunOnThread`,
+        its output dropped, for the caller to run the call again on a worker thread.
+
         Raises:
             GuestError: the guest returned a typed error.
             GuestFault: trap, deadline, memory or stack exhaustion.
+            RunOnThread: an inline attempt gave up.
         """
         result = self._run(ctx, self._exports.call, method, args_json)
         if result.tag == "err":
