@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 from anyio import wait_all_tasks_blocked
-from mcp_fakes import connect, text_of
+from mcp_fakes import Inbox, connect, text_of
 
 from skilld.audit import MemorySink
+from skilld.errors import RunOnThread
 from skilld.registry import Exposure, NullChannel, Registry, SkillEntry
 from skilld.sandbox import CallContext, Sandbox
 from skilld.state import SqliteState
@@ -103,3 +105,79 @@ async def test_client_cancellation_stops_a_spinning_guest(
         # Leaving the session waited for the guest's thread: the call has ended.
     (record,) = sink.records
     assert (record["method"], record["outcome"]) == ("loop", "cancelled")
+
+
+async def test_inline_attempts_are_invisible_to_the_client(
+    sandbox: Sandbox, component_path: Callable[[str], Path]
+) -> None:
+    """Calls first tried on the event loop: no duplicate progress, one audit record per call,
+    and a guest that spins gives the loop back at once (others' calls go on)."""
+    limits = Limits(timeout_ms=60_000)
+    sink = MemorySink()
+    registry = Registry(audit=sink)
+    for name in ("echo-wat", "hostile"):
+        comp = sandbox.load(component_path(name).read_bytes(), name=name)
+        registry.add(
+            SkillEntry(
+                spec=comp.describe(CallContext(name, limits, NullChannel())),
+                component=comp,
+                limits=limits,
+            )
+        )
+        if name == "hostile":  # warm instances make the CPython guest eligible inline
+            comp.prewarm(limits, depth=2)
+            registry.call("hostile/ok", {}, NullChannel())
+            warm = comp
+    registry.mark_ready()
+
+    async def warmed() -> None:
+        while warm._pool.qsize() < 2:
+            await anyio.sleep(0.01)
+
+    attempts: list[tuple[str, str]] = []  # (tool, "inline" | "gave up" | "gave up, ran")
+    call_inline = registry.call_inline
+
+    def spy(tool: str, *args: Any) -> Any:
+        try:
+            out = call_inline(tool, *args)
+        except RunOnThread as exc:
+            attempts.append((tool, "gave up, ran" if exc.ran else "gave up"))
+            raise
+        attempts.append((tool, "inline"))
+        return out
+
+    registry.call_inline = spy  # type: ignore[method-assign]
+    inbox = Inbox()
+    with anyio.fail_after(60):
+        async with connect("memory", registry, inbox) as session:
+            for i in range(5):
+                result = await session.call_tool("echo-wat/echo", {"text": f"hi {i}"})
+                assert text_of(result) == f"hi {i}"
+            await warmed()
+            chatty = await session.call_tool(
+                "hostile/chatty", {"steps": 3}, progress_callback=inbox.on_progress
+            )
+            assert text_of(chatty) == "3"
+            assert [p[0] for p in inbox.progress] == [1, 2, 3]
+            await warmed()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(session.call_tool, "hostile/loop", {})
+                await wait_all_tasks_blocked()  # the guest spins on a worker thread now
+                with anyio.fail_after(5):
+                    quick = await session.call_tool("echo-wat/echo", {"text": "still here"})
+                assert text_of(quick) == "still here"
+                tg.cancel_scope.cancel()
+    assert attempts == [
+        *[("echo-wat/echo", "inline")] * 5,
+        ("hostile/chatty", "gave up, ran"),  # mcp.progress is a host call: refused inline
+        ("hostile/loop", "gave up, ran"),  # out of time
+        ("echo-wat/echo", "inline"),
+    ]
+    outcomes = [(r["skill"], r["method"], r["outcome"]) for r in sink.records]
+    assert outcomes == [
+        ("hostile", "ok", "ok"),
+        *[("echo-wat", "echo", "ok")] * 5,
+        ("hostile", "chatty", "ok"),
+        ("echo-wat", "echo", "ok"),
+        ("hostile", "loop", "cancelled"),
+    ]

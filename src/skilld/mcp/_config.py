@@ -33,6 +33,10 @@ class ServeConfig:
         skill_concurrency: calls one skill may run at once over MCP.
         queue_timeout_s: how long a call waits for a free slot before it fails as busy.
         worker_threads: threads that run blocking guest calls (shared by all sessions).
+        inline_ms: how long a tool call may first run on the event loop itself: a guest
+            that finishes that soon without a blocking host call skips the hand-off
+            to a worker thread; one that needs longer, or makes such a call, is
+            stopped unseen and runs again on a thread. 0 sends every call to a thread.
         client_request_timeout_s: how long a guest waits for a sampling or elicitation answer.
         shutdown_grace_s: how long shutdown waits for calls in flight.
         log_file: write the JSON log lines here instead of stderr.
@@ -52,6 +56,7 @@ class ServeConfig:
     skill_concurrency: int = 8
     queue_timeout_s: float = 2.0
     worker_threads: int = 64
+    inline_ms: float = 1.0
     client_request_timeout_s: float = 300.0
     shutdown_grace_s: float = 30.0
     log_file: Path | None = None
@@ -65,6 +70,12 @@ class ServeConfig:
         if self.skill_concurrency <= 0 or self.worker_threads <= 0:
             raise UsageError(
                 "skill_concurrency and worker_threads must be positive", location="serve config"
+            )
+        if not 0 <= self.inline_ms <= 100:
+            raise UsageError(
+                f"inline_ms must be between 0 and 100, not {self.inline_ms}",
+                location="serve config",
+                hint="an inline call holds up every session; 1 ms is the default",
             )
         if not 0 <= self.port <= 65535:
             raise UsageError(f"port {self.port} is out of range", location="serve config")

@@ -18,7 +18,6 @@ from functools import partial
 from typing import Any, TypeVar
 
 import anyio
-import anyio.to_thread
 import structlog
 from mcp import types
 from mcp.server.context import ServerRequestContext
@@ -36,6 +35,7 @@ from skilld.errors import (
     MemoryExhausted,
     PermissionDenied,
     RegistryError,
+    RunOnThread,
     SkilldError,
     StackExhausted,
     UsageError,
@@ -44,6 +44,7 @@ from skilld.mcp._channel import SessionChannel
 from skilld.mcp._config import ServeConfig
 from skilld.mcp._metrics import Metrics
 from skilld.mcp._schema import ArgumentValidator
+from skilld.mcp._workers import WorkerPool
 from skilld.registry import Dispatcher, Tool
 from skilld.types import CallOutput, ContentBlock, PromptSpec, ResourceSpec
 
@@ -188,7 +189,7 @@ class McpService:
         self.config = config
         self.metrics = metrics
         self._log = log
-        self._limiter = anyio.CapacityLimiter(config.worker_threads)
+        self._workers = WorkerPool(config.worker_threads)
         self._slots: dict[str, anyio.Semaphore] = {}
         self._tools: dict[str, Tool] = {}
         self._validators: dict[str, ArgumentValidator] = {}
@@ -291,12 +292,18 @@ class McpService:
         except UsageError as exc:
             self.metrics.refused(tool.skill_id, name, "invalid-argument")
             return _error_result(error_text(exc)[2])
+        budget_s = self.config.inline_ms / 1000
+
+        def run(channel: SessionChannel) -> types.CallToolResult:
+            return self._result(tool, self.dispatcher.call(name, arguments, channel))
+
+        def run_inline(channel: SessionChannel) -> types.CallToolResult:
+            output = self.dispatcher.call_inline(name, arguments, channel, budget_s)
+            return self._result(tool, output)
+
         try:
             return await self._guest_call(
-                ctx,
-                tool.skill_id,
-                name,
-                lambda channel: self._result(tool, self.dispatcher.call(name, arguments, channel)),
+                ctx, tool.skill_id, name, run, inline=run_inline if budget_s > 0 else None
             )
         except RegistryError as exc:
             raise MCPError(types.INVALID_PARAMS, str(exc)) from exc
@@ -325,7 +332,12 @@ class McpService:
     # -- running blocking dispatcher calls -----------------------------------
 
     async def _guest_call(
-        self, ctx: Ctx, skill: str, label: str, run: Callable[[SessionChannel], T]
+        self,
+        ctx: Ctx,
+        skill: str,
+        label: str,
+        run: Callable[[SessionChannel], T],
+        inline: Callable[[SessionChannel], T] | None = None,
     ) -> T:
         """Run guest code for one request: the one path tools, resources and prompts take.
 
@@ -333,6 +345,9 @@ class McpService:
         slots, counts the call in flight (what :meth:`drain` waits for), runs ``run``
         on a worker thread with a channel to the client, and records metrics and one
         ``tool_call`` log line (``label`` names the tool, resource or prompt).
+        ``inline``, when given, is tried first on the event loop itself; when it
+        raises :class:`RunOnThread` (the call could block, or needs longer than an
+        inline attempt may take), ``run`` goes to the thread as above.
 
         Raises:
             GuestError: ``unavailable`` while draining, ``limit-exceeded`` when the
@@ -363,7 +378,7 @@ class McpService:
             started = time.perf_counter()
             self._enter()
             try:
-                result = await self._blocking(partial(run, channel), channel)
+                result = await self._inline_or_blocking(run, inline, channel)
             except RegistryError:
                 outcome = "unknown"
                 raise
@@ -419,6 +434,19 @@ class McpService:
             request_timeout_s=self.config.client_request_timeout_s,
         )
 
+    async def _inline_or_blocking(
+        self,
+        run: Callable[[SessionChannel], T],
+        inline: Callable[[SessionChannel], T] | None,
+        channel: SessionChannel,
+    ) -> T:
+        if inline is not None:
+            try:
+                return inline(channel)
+            except RunOnThread:
+                pass
+        return await self._blocking(partial(run, channel), channel)
+
     async def _blocking(self, fn: Callable[[], T], channel: SessionChannel) -> T:
         """Run ``fn`` on a worker thread; a cancelled request marks the channel and waits.
 
@@ -427,29 +455,7 @@ class McpService:
         sandbox stops the guest at its next epoch check once the channel says so (and
         the guest may poll ``cancelled()`` itself); the call still ends before we return.
         """
-        values: list[T] = []
-        errors: list[Exception] = []
-        done = anyio.Event()
-
-        async def work() -> None:
-            with anyio.CancelScope(shield=True):
-                try:
-                    values.append(await anyio.to_thread.run_sync(fn, limiter=self._limiter))
-                except Exception as exc:  # noqa: BLE001 - re-raised by the caller below
-                    errors.append(exc)
-                finally:
-                    done.set()
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(work)
-            try:
-                await done.wait()
-            except anyio.get_cancelled_exc_class():
-                channel.cancel()
-                raise
-        if errors:
-            raise errors[0]
-        return values[0]
+        return await self._workers.run(fn, channel.cancel)
 
     # -- resources ----------------------------------------------------------------
 
