@@ -9,10 +9,11 @@ from typing import Any
 import anyio
 import pytest
 from anyio import wait_all_tasks_blocked
-from mcp_fakes import Inbox, connect, text_of
+from mcp_fakes import Inbox, connect, memory_service, memory_session, text_of
 
 from skilld.audit import MemorySink
 from skilld.errors import RunOnThread
+from skilld.mcp import ServeConfig
 from skilld.registry import Exposure, NullChannel, Registry, SkillEntry
 from skilld.sandbox import CallContext, Sandbox
 from skilld.state import SqliteState
@@ -124,6 +125,8 @@ async def test_inline_attempts_are_invisible_to_the_client(
                 limits=limits,
             )
         )
+        if name == "echo-wat":  # small, whatever this machine's load made it look like
+            comp._instantiate_s = 0.0
         if name == "hostile":  # warm instances make the CPython guest eligible inline
             comp.prewarm(limits, depth=2)
             registry.call("hostile/ok", {}, NullChannel())
@@ -148,8 +151,10 @@ async def test_inline_attempts_are_invisible_to_the_client(
 
     registry.call_inline = spy  # type: ignore[method-assign]
     inbox = Inbox()
+    # A budget no stall of a loaded machine exhausts in the middle of echo-wat's call.
+    service = memory_service(registry, ServeConfig(inline_ms=100))
     with anyio.fail_after(60):
-        async with connect("memory", registry, inbox) as session:
+        async with memory_session(service, inbox) as session:
             for i in range(5):
                 result = await session.call_tool("echo-wat/echo", {"text": f"hi {i}"})
                 assert text_of(result) == f"hi {i}"
