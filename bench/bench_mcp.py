@@ -14,6 +14,7 @@ cost. Other subjects, through ``--dispatcher module:factory`` and ``--tool``:
     python bench_mcp.py --tool echo/echo                  # the Python echo (CPython in wasm)
     python bench_mcp.py --dispatcher skilld.mcp.testing:echo_dispatcher --tool echo
                                                           # the MCP layer alone
+    python bench_mcp.py --inline-ms 0                     # every call on a worker thread
 
 The machine's speed drifts (a shared VM), so each cell runs ``--rounds`` times,
 alternating bare and skilld: latencies are pooled, throughput and CPU per call are
@@ -53,13 +54,19 @@ def _free_port() -> int:
 # -- the two servers (each runs as ``bench_mcp.py --serve KIND``) ------------------
 
 
-def serve_skilld(port: int, factory: str, log_level: str) -> None:
+def serve_skilld(port: int, factory: str, log_level: str, inline_ms: float) -> None:
     """skilld's MCP layer over the dispatcher ``factory`` returns."""
     from skilld.mcp import ServeConfig, serve
 
     module, _, name = factory.partition(":")
     dispatcher = getattr(importlib.import_module(module), name)()
-    serve(dispatcher, ServeConfig(transport="http", port=port, log_level=log_level))  # type: ignore[arg-type]
+    config = ServeConfig(
+        transport="http",
+        port=port,
+        log_level=log_level,  # type: ignore[arg-type]
+        inline_ms=inline_ms,
+    )
+    serve(dispatcher, config)
 
 
 def serve_bare(port: int) -> None:
@@ -178,7 +185,9 @@ def _cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def run(requests: int, dispatcher: str, tool: str, log_level: str, rounds: int) -> None:
+async def run(
+    requests: int, dispatcher: str, tool: str, log_level: str, rounds: int, inline_ms: float
+) -> None:
     """Start both servers, measure each cell, print the table and ratios."""
     ports = {"skilld": _free_port(), "bare": _free_port()}
     procs = {
@@ -192,6 +201,8 @@ async def run(requests: int, dispatcher: str, tool: str, log_level: str, rounds:
                 dispatcher,
                 "--log-level",
                 log_level,
+                "--inline-ms",
+                str(inline_ms),
             ]
         ),
         "bare": _spawn(["--serve", "bare", "--port", str(ports["bare"])]),
@@ -232,7 +243,8 @@ async def run(requests: int, dispatcher: str, tool: str, log_level: str, rounds:
 
     print(
         f"tools/call over Streamable HTTP: skilld {tool} (dispatcher {dispatcher}) against "
-        f"a bare MCPServer echo; {requests} calls per cell, {rounds} alternating rounds"
+        f"a bare MCPServer echo; {requests} calls per cell, {rounds} alternating rounds, "
+        f"inline_ms {inline_ms}"
     )
     print()
     print("| server | concurrency | p50 ms | p99 ms | calls/s | server CPU ms/call |")
@@ -274,15 +286,29 @@ def main() -> None:
     parser.add_argument(
         "--log-level", default="info", help="skilld's log level (info logs each call)"
     )
+    parser.add_argument(
+        "--inline-ms",
+        type=float,
+        default=1.0,
+        help="skilld's inline budget (default 1.0, the server's; 0 runs every call on a thread)",
+    )
     parser.add_argument("--serve", choices=["skilld", "bare"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve == "skilld":
-        serve_skilld(args.port, args.dispatcher, args.log_level)
+        serve_skilld(args.port, args.dispatcher, args.log_level, args.inline_ms)
     elif args.serve == "bare":
         serve_bare(args.port)
     else:
-        anyio.run(run, args.requests, args.dispatcher, args.tool, args.log_level, args.rounds)
+        anyio.run(
+            run,
+            args.requests,
+            args.dispatcher,
+            args.tool,
+            args.log_level,
+            args.rounds,
+            args.inline_ms,
+        )
 
 
 if __name__ == "__main__":
