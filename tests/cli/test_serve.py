@@ -107,8 +107,12 @@ def test_stdio_in_empty_network_namespace(served: dict[str, Path]) -> None:
     anyio.run(run)
 
 
-def test_denied_permission_is_a_tool_error(served: dict[str, Path]) -> None:
-    """A policy denial is a tool error naming the code and rule; the server lives on."""
+@pytest.mark.parametrize("inline", [[], ["--inline-ms", "0"]], ids=["inline", "threads-only"])
+def test_denied_permission_is_a_tool_error(served: dict[str, Path], inline: list[str]) -> None:
+    """A policy denial is a tool error naming the code and rule; the server lives on.
+
+    The same with calls tried inline first (the default) and with every call on a thread.
+    """
     argv = [
         sys.executable,
         "-m",
@@ -120,6 +124,7 @@ def test_denied_permission_is_a_tool_error(served: dict[str, Path]) -> None:
         "stdio",
         "--state-dir",
         str(served["state"]),
+        *inline,
     ]
 
     async def run() -> None:
@@ -148,6 +153,24 @@ def test_denied_permission_is_a_tool_error(served: dict[str, Path]) -> None:
     ]
     denied = [r for r in audit if r["method"] == "read_file" and r["outcome"] != "ok"]
     assert denied and denied[-1]["decisions"][0]["rule"] == "default-deny"
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [("200", "between 0 and 100"), ("-1", "between 0 and 100"), ("soon", "not a number")],
+)
+def test_inline_budget_out_of_range_is_refused(value: str, says: str) -> None:
+    """--inline-ms outside 0..100 stops at argument parsing, naming the option."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "skilld", "serve", "--inline-ms", value],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert "--inline-ms" in proc.stderr and says in proc.stderr
 
 
 def test_damaged_bundle_refuses_to_start(served: dict[str, Path], tmp_path: Path) -> None:

@@ -59,6 +59,14 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--log-file", type=Path, help="skilld's own logs (default: stderr)")
     p.add_argument(
+        "--inline-ms",
+        type=_inline_ms,
+        default=1.0,
+        metavar="MS",
+        help="how long a tool call may first run on the event loop before it moves to a "
+        "worker thread (default 1; 0 = every call on a thread; at most 100)",
+    )
+    p.add_argument(
         "--lock-key",
         type=Path,
         metavar="TRUST.pub.json",
@@ -70,6 +78,16 @@ def register(sub: Any) -> None:
         help="compile native code into the cache when the engine changed",
     )
     p.set_defaults(handler=run)
+
+
+def _inline_ms(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of milliseconds: {text!r}") from None
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"must be between 0 and 100, not {text}")
+    return value
 
 
 def _stage(timings: dict[str, float], name: str, since: float) -> float:
@@ -224,6 +242,7 @@ def run(args: argparse.Namespace) -> int:
         token_file=args.token_file,
         token_env=args.token_env,
         log_file=args.log_file,
+        inline_ms=args.inline_ms,
     )
     try:
         serve(registry, config)
