@@ -97,10 +97,12 @@ class Dispatcher(Protocol):
     def call_inline(
         self, tool: str, arguments: Mapping[str, Any], channel: ClientChannel, budget_s: float
     ) -> CallOutput:
-        """Try ``call`` on the caller's thread (an event loop), holding it about ``budget_s``
-        at most; raise ``skilld.errors.RunOnThread``, having done nothing anyone can
-        see, when the call needs longer or could block. A dispatcher that cannot tell
-        raises it always."""
+        """Try ``call`` on the caller's thread (an event loop) for about ``budget_s`` at most.
+
+        Raises ``skilld.errors.RunOnThread``, having done nothing anyone can see, when
+        the call needs longer or could block; a dispatcher that cannot tell raises it
+        always. The caller then runs ``call`` on a worker thread.
+        """
         ...
 
     def resources(self) -> Sequence[ResourceSpec]:
