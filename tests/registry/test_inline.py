@@ -50,8 +50,8 @@ def _component(reg: Registry, skill: str) -> Component:
     return next(e.component for e in reg.skills() if e.spec.id == skill)
 
 
-def _warm(reg: Registry, skill: str) -> None:
-    """Make the skill keep a warm instance and wait until one is ready."""
+def _warm(reg: Registry, sink: MemorySink, skill: str) -> None:
+    """Make the skill keep a warm instance, wait until one is ready, forget the audit so far."""
     comp = _component(reg, skill)
     comp.prewarm(LIMITS, depth=1)
     reg.call(f"{skill}/ok", {}, NullChannel())  # the pool fills after a call
@@ -59,6 +59,7 @@ def _warm(reg: Registry, skill: str) -> None:
     while comp._pool.qsize() == 0:
         assert time.monotonic() < deadline, "no warm instance appeared"
         time.sleep(0.01)
+    sink.records.clear()
 
 
 def test_a_quick_guest_finishes_inline_and_is_audited_once(
@@ -99,8 +100,7 @@ def test_a_host_call_inline_acts_not_and_the_rerun_acts_once(
 ) -> None:
     """kv.set is refused inline (nothing written, nothing audited); the thread call writes."""
     reg, sink, state = inline_registry
-    _warm(reg, "hostile")
-    sink.records.clear()
+    _warm(reg, sink, "hostile")
     store = state.store("hostile")
     # A budget far beyond the call: only the host call can make it give up.
     with pytest.raises(RunOnThread) as gave_up:
@@ -109,11 +109,9 @@ def test_a_host_call_inline_acts_not_and_the_rerun_acts_once(
     assert store.keys("", 100) == []
     assert sink.records == []
     # The method is not tried inline again for a while: no guest runs for those attempts.
-    started = time.perf_counter()
     with pytest.raises(RunOnThread) as backing_off:
         reg.call_inline("hostile/write_keys", {"count": 3}, NullChannel(), 30.0)
     assert not backing_off.value.ran
-    assert time.perf_counter() - started < 0.01
     assert reg.call("hostile/write_keys", {"count": 3}, NullChannel()).value == 3
     assert store.keys("", 100) == ["k000000", "k000001", "k000002"]
     assert [(r["method"], r["outcome"]) for r in sink.records] == [("write_keys", "ok")]
@@ -124,8 +122,7 @@ def test_a_looping_guest_gives_up_inline_within_its_budget(
 ) -> None:
     """A guest that never returns holds the caller's thread about the budget, not its deadline."""
     reg, sink, _ = inline_registry
-    _warm(reg, "hostile")
-    sink.records.clear()
+    _warm(reg, sink, "hostile")
     started = time.perf_counter()
     with pytest.raises(RunOnThread) as gave_up:
         reg.call_inline("hostile/loop", {}, NullChannel(), 0.005)
