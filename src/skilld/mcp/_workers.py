@@ -1,11 +1,10 @@
 """The threads that run blocking guest calls for the event loop.
 
-``anyio.to_thread.run_sync`` costs about 75 us of CPU per call in hand-offs (a
-limiter, a worker queue, a result future, a cancel-scope shield), and the task group
-skilld needs around it to see a cancellation while the call runs doubles that: with
-the SDK's own per-request work near 2 ms, it was a tenth of skilld's overhead at 16
-concurrent calls. A plain queue of jobs and one future settled from the worker thread
-costs about 25 us (``bench/bench_mcp.py``, docs/mcp.md).
+skilld needs to see a cancellation while a call runs on its thread, which with
+``anyio.to_thread.run_sync`` took a task group and a shielded worker task around
+it. A plain queue of jobs and one asyncio future settled from the worker thread does
+the same for about a fifth of the CPU: 31 us per hand-off against 138-157 us
+(``bench/bench_handoff.py``, 16 concurrent callers of a no-op).
 
 The server runs on asyncio (uvicorn, and ``anyio.run``'s default backend), so the
 future is an asyncio one; anyio's cancel scopes cancel the awaiting task, which is

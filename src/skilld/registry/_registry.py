@@ -353,11 +353,12 @@ class Registry:
         out: T | None = None
         error: SkilldError | None = None
         # A nested call (invoke) never waits for a slot: waiting inside a call chain
-        # that already holds slots of the same skill could deadlock it.
-        wait = entry.limits.timeout_ms / 1000 if depth == 0 else 0
-        if inline_s is not None and not entry.slots.acquire(blocking=False):
-            raise RunOnThread  # waiting for a slot is for a thread, not the event loop
-        if inline_s is None and not entry.slots.acquire(timeout=wait):
+        # that already holds slots of the same skill could deadlock it. Nor does an
+        # inline attempt: waiting is for a thread, not the event loop.
+        wait = entry.limits.timeout_ms / 1000 if depth == 0 and inline_s is None else 0
+        if not entry.slots.acquire(timeout=wait):
+            if inline_s is not None:
+                raise RunOnThread
             outcome = "busy"
             error = GuestError(
                 "limit-exceeded",

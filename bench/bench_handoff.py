@@ -1,0 +1,101 @@
+"""The hand-off of a blocking call to a thread and back: skilld's pool against anyio's.
+
+16 tasks on one event loop each hand ``ROUNDS`` no-op calls to a thread, so what is
+measured is the hand-off alone (queueing, waking a thread, settling the result on the
+loop). Three ways, side by side, CPU time of the process per call:
+
+- ``anyio.to_thread.run_sync`` on a ``CapacityLimiter`` (the baseline);
+- the same inside a task group with a shielded worker task, which is what skilld's
+  server needed around it to see a cancellation while the call runs (before
+  ``skilld/mcp/_workers.py``);
+- ``WorkerPool.run`` (what the server uses now).
+
+Run: ``python bench/bench_handoff.py``
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import anyio
+import anyio.to_thread
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from skilld.mcp._workers import WorkerPool
+
+CALLERS = 16
+CALLS = 4000
+ROUNDS = 5
+
+
+def _noop() -> int:
+    return 1
+
+
+async def _measure(handoff: Callable[[], Awaitable[object]]) -> float:
+    """CPU seconds per call with ``CALLERS`` tasks making ``CALLS`` calls in all."""
+
+    async def caller() -> None:
+        for _ in range(CALLS // CALLERS):
+            await handoff()
+
+    started = time.process_time()
+    async with anyio.create_task_group() as tg:
+        for _ in range(CALLERS):
+            tg.start_soon(caller)
+    return (time.process_time() - started) / CALLS
+
+
+async def main() -> None:
+    """Print CPU per hand-off for each way, and the ratios to anyio's."""
+    limiter = anyio.CapacityLimiter(64)
+    pool = WorkerPool(64)
+
+    async def to_thread() -> object:
+        return await anyio.to_thread.run_sync(_noop, limiter=limiter)
+
+    async def to_thread_in_task_group() -> object:
+        values: list[object] = []
+        done = anyio.Event()
+
+        async def work() -> None:
+            with anyio.CancelScope(shield=True):
+                try:
+                    values.append(await anyio.to_thread.run_sync(_noop, limiter=limiter))
+                finally:
+                    done.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(work)
+            await done.wait()
+        return values[0]
+
+    async def worker_pool() -> object:
+        return await pool.run(_noop, lambda: None)
+
+    ways = {
+        "anyio.to_thread.run_sync": to_thread,
+        "to_thread in a task group (skilld before)": to_thread_in_task_group,
+        "WorkerPool.run (skilld now)": worker_pool,
+    }
+    cpu: dict[str, list[float]] = {name: [] for name in ways}
+    for _ in range(ROUNDS):  # alternating, so a drifting machine hits every way alike
+        for name, handoff in ways.items():
+            cpu[name].append(await _measure(handoff))
+    base = statistics.median(cpu["anyio.to_thread.run_sync"])
+    print(f"{CALLERS} concurrent callers, {CALLS} no-op calls per round, {ROUNDS} rounds")
+    print()
+    print("| hand-off | CPU us/call (median of rounds) | ratio to anyio.to_thread |")
+    print("|---|---|---|")
+    for name, values in cpu.items():
+        median = statistics.median(values)
+        print(f"| {name} | {median * 1e6:.1f} | {median / base:.2f} |")
+
+
+if __name__ == "__main__":
+    anyio.run(main)
