@@ -25,7 +25,15 @@ ALLOWED: dict[str, set[str]] = {
     "registry": {"sandbox", "package", "policy"},
     "bundle": {"package", "policy", "sandbox"},
     "mcp": {"registry"},
-    "cluster": {"registry", "state"},
+    "cluster": {"registry", "state", "package"},
+    "confine": {"policy"},
+    "agentskills": {"policy", "package", "sandbox", "confine"},
+    "delegate": {"registry", "policy", "sandbox"},
+    # one running node from a bundle: everything below mcp/
+    "node": {
+        "sandbox", "registry", "state", "audit", "bundle", "cluster", "policy",
+        "package", "permissions", "confine", "agentskills", "delegate",
+    },
     "cli": {"*"},
 }
 
