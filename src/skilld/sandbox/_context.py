@@ -7,7 +7,9 @@ thread-local stack (a stack, because ``invoke`` nests calls).
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -49,6 +51,15 @@ class CallContext:
     # for a call on a worker thread. See ``Component.call``.
     inline_until: float | None = None
     needs_thread: bool = False
+    # Monotonic time at which the guest call's wall time ends; every host call is
+    # bounded by what is left of it (``remaining``). Set when the call starts.
+    deadline: float | None = None
+
+    def remaining(self) -> float:
+        """Seconds left before the call's deadline (0 when past it; inf when unset)."""
+        if self.deadline is None:
+            return math.inf
+        return max(0.0, self.deadline - time.monotonic())
 
     def close_handles(self) -> None:
         """Close whatever the guest left open."""

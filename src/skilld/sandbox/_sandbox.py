@@ -486,9 +486,11 @@ class Component:
         engine.ticker.enter()
         inst: _Instance | None = None
         try:
+            if ctx.deadline is None:
+                ctx.deadline = time.monotonic() + ctx.limits.timeout_ms / 1000
             inst = self._take(ctx)
             inst.streams.ctx = ctx
-            inst.interrupt.arm(inst.store, ctx, ctx.limits.timeout_ms / 1000)
+            inst.interrupt.arm(inst.store, ctx, ctx.remaining())
             with entered(ctx):
                 func = inst.instance.get_func(inst.store, export)
                 if func is None:  # pragma: no cover - checked at load
