@@ -24,6 +24,7 @@ from skilld.policy import Exposure
 from skilld.registry._contract import (
     Dispatcher,
     NullChannel,
+    SkillBackend,
     Tool,
     ToolAnnotations,
 )
@@ -36,6 +37,7 @@ __all__ = [
     "Exposure",
     "NullChannel",
     "Registry",
+    "SkillBackend",
     "SkillEntry",
     "Tool",
     "ToolAnnotations",

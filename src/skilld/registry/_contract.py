@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from skilld.sandbox import CallContext
 from skilld.types import CallOutput, ClientChannel, PromptSpec, ResourceSpec
 
 
@@ -39,6 +40,37 @@ class Tool:
     skill_id: str
     method: str | None  # None for a per-skill tool whose arguments name the method
     title: str | None = None
+
+
+class SkillBackend(Protocol):
+    """What runs one skill's methods, resource reads and prompts behind the registry.
+
+    The sandbox's :class:`~skilld.sandbox.Component` is one (a wasm guest per call);
+    skills implemented by the host (Agent Skills' tiers, delegate's tools) and skills
+    held by another node of a cluster are others. The registry takes the slot, builds
+    the :class:`~skilld.sandbox.CallContext` and writes the audit record; a backend
+    runs the call in that context and:
+
+    - ends by ``ctx.deadline`` (``ctx.remaining()``) and stops early once
+      ``ctx.channel.cancelled()``;
+    - records every permission decision it takes with ``ctx.record``;
+    - raises :class:`~skilld.errors.RunOnThread` at once when ``ctx.inline_until`` is
+      set and it cannot finish without blocking (anything but a quick pure answer);
+    - raises only :class:`~skilld.errors.SkilldError` subclasses (``GuestError`` for a
+      typed refusal, a ``GuestFault`` for deadline, cancellation or a crash).
+    """
+
+    def call(self, method: str, args_json: str, ctx: CallContext) -> CallOutput:
+        """Run ``method`` with JSON arguments."""
+        ...
+
+    def read_resource(self, uri: str, ctx: CallContext) -> list[CallOutput]:
+        """Read the resource ``uri``."""
+        ...
+
+    def get_prompt(self, name: str, args_json: str, ctx: CallContext) -> list[dict[str, Any]]:
+        """Render the prompt ``name`` with JSON arguments into messages."""
+        ...
 
 
 class NullChannel:

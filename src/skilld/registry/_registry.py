@@ -32,8 +32,8 @@ from skilld.errors import (
     UsageError,
 )
 from skilld.policy import Exposure
-from skilld.registry._contract import NullChannel, Tool, ToolAnnotations
-from skilld.sandbox import CallContext, Component
+from skilld.registry._contract import NullChannel, SkillBackend, Tool, ToolAnnotations
+from skilld.sandbox import CallContext
 from skilld.types import (
     AuditSink,
     CallOutput,
@@ -86,7 +86,8 @@ class SkillEntry:
     """One loaded skill and everything its calls need."""
 
     spec: SkillSpec
-    component: Component
+    # A wasm Component in the sandbox, or any other backend (host-implemented, remote).
+    component: SkillBackend
     limits: Limits = field(default_factory=Limits)
     kv: KeyValueStore | None = None
     checker: PermissionChecker | None = None
