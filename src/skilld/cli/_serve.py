@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from skilld import paths
+from skilld.errors import UsageError
 
 log = logging.getLogger("skilld.serve")
 
@@ -75,6 +76,48 @@ def register(sub: Any) -> None:
         action="store_true",
         help="compile native code into the cache when the engine changed",
     )
+    c = p.add_argument_group(
+        "cluster",
+        "join a cluster over NATS: serve this bundle's skills to it and, as an entry node, "
+        "the tools of every node (docs/cluster.md). Secrets are read from files only.",
+    )
+    c.add_argument(
+        "--cluster", metavar="nats://HOST:PORT", help="the NATS server(s), comma-separated"
+    )
+    c.add_argument("--node", metavar="NAME", help="this node's name in the cluster ([a-z0-9-])")
+    c.add_argument(
+        "--cluster-key",
+        type=Path,
+        metavar="KEY.pem",
+        help="the private key signing this node's announcements; peers must trust its "
+        "public half for this node's name ('cluster' in a trust file)",
+    )
+    c.add_argument("--nats-creds", type=Path, metavar="FILE", help="NATS credentials file")
+    c.add_argument("--nats-nkey", type=Path, metavar="FILE", help="NATS nkey seed file")
+    c.add_argument(
+        "--nats-user-file", type=Path, metavar="FILE", help="a file holding USER:PASSWORD for NATS"
+    )
+    c.add_argument("--nats-tls-ca", type=Path, metavar="FILE", help="CA bundle for NATS TLS")
+    c.add_argument("--nats-tls-cert", type=Path, metavar="FILE", help="client certificate")
+    c.add_argument("--nats-tls-key", type=Path, metavar="FILE", help="client certificate's key")
+    c.add_argument(
+        "--heartbeat",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="announcement interval H (default 1); a node silent for 2.5 H is removed",
+    )
+    c.add_argument(
+        "--entry-only",
+        action="store_true",
+        help="serve only the cluster's skills, none of this bundle's own (its trust set "
+        "still decides which nodes are accepted)",
+    )
+    c.add_argument(
+        "--no-mcp",
+        action="store_true",
+        help="a worker-only node: serve skills to the cluster, no MCP transport",
+    )
     p.set_defaults(handler=run)
 
 
@@ -102,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
         audit_log=args.audit_log,
         recompile=args.recompile,
         lock_key=args.lock_key,
+        cluster=_cluster_config(args),
+        serve_skills=not args.entry_only,
     )
     started = time.perf_counter()
     # Start-up is mostly imports (which hold the GIL) and hashing the bundle (which does
@@ -134,10 +179,14 @@ def run(args: argparse.Namespace) -> int:
                     "skills": len(node.registry.skills()),
                     "tools": len(node.registry.tools()),
                     "stages_ms": node.timings,
+                    "cluster": node.config.cluster.node if node.config.cluster else None,
                     "total_ms": round((time.perf_counter() - started) * 1000, 2),
                 }
             ),
         )
+        if args.no_mcp:
+            _wait_for_signal()
+            return 0
         config = ServeConfig(
             transport=args.transport,
             host=args.host,
@@ -151,6 +200,52 @@ def run(args: argparse.Namespace) -> int:
         )
         serve(node.registry, config)
     return 0
+
+
+def _cluster_config(args: argparse.Namespace) -> Any:
+    """The cluster options as a ClusterConfig, or None without --cluster.
+
+    Raises:
+        UsageError: --cluster without --node or --cluster-key, or cluster options without
+            --cluster.
+    """
+    if args.cluster is None:
+        if args.node or args.cluster_key or args.no_mcp or args.entry_only:
+            raise UsageError("--node, --cluster-key, --entry-only and --no-mcp need --cluster")
+        return None
+    if not args.node or not args.cluster_key:
+        raise UsageError(
+            "--cluster needs --node NAME and --cluster-key KEY.pem",
+            hint="create a key with 'skilld keygen' and trust its public half for the node "
+            "names ('cluster' in policies/trust/NAME.pub.json)",
+        )
+    from skilld.cluster import ClusterConfig
+
+    return ClusterConfig(
+        url=args.cluster,
+        node=args.node,
+        key_file=args.cluster_key,
+        creds_file=args.nats_creds,
+        nkey_seed_file=args.nats_nkey,
+        user_password_file=args.nats_user_file,
+        tls_ca=args.nats_tls_ca,
+        tls_cert=args.nats_tls_cert,
+        tls_key=args.nats_tls_key,
+        heartbeat_s=args.heartbeat,
+        entry=not args.no_mcp,
+    )
+
+
+def _wait_for_signal() -> None:
+    """Block until SIGTERM or SIGINT (a worker-only node has no transport to wait on)."""
+    import signal
+    import threading
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda _n, _f: stop.set())
+    log.info("serving the cluster only (--no-mcp) until SIGTERM")
+    stop.wait()
 
 
 def _setup_logging(log_file: Path | None) -> None:

@@ -15,6 +15,7 @@ from skilld.errors import UsageError
 if TYPE_CHECKING:
     from skilld.audit import JsonLinesSink
     from skilld.bundle import LoadedBundle
+    from skilld.cluster import Cluster, ClusterConfig
     from skilld.registry import Registry
     from skilld.sandbox import Sandbox
     from skilld.state import SqliteState
@@ -33,6 +34,10 @@ class NodeConfig:
         recompile: compile native code into the cache when the engine changed.
         lock_key: require ``bundle.lock`` to be signed by this trust key.
         cache_dir: built components and native code (default ``$SKILLD_CACHE``).
+        cluster: join this cluster (``skilld serve --cluster``); None: a node on its own.
+        serve_skills: register the bundle's skills; False makes an entry-only node of a
+            cluster, which verifies the bundle (its trust set decides which peers are
+            accepted) but serves only the skills of other nodes.
     """
 
     bundle: Path
@@ -41,6 +46,8 @@ class NodeConfig:
     recompile: bool = False
     lock_key: Path | None = None
     cache_dir: Path = field(default_factory=paths.cache_dir)
+    cluster: ClusterConfig | None = None
+    serve_skills: bool = True
 
     def audit_target(self) -> Path | str:
         """Where the audit records go: a path, or ``"-"`` for stderr."""
@@ -70,6 +77,7 @@ class Node:
         audit: the audit sink every call's record goes to.
         bundle: the loaded bundle (its verified lock, tables and components).
         timings: milliseconds spent in each stage of opening.
+        cluster: the node's part in its cluster, when it joined one.
     """
 
     def __init__(
@@ -89,6 +97,7 @@ class Node:
         self.audit = audit
         self.bundle = bundle
         self.timings = timings
+        self.cluster: Cluster | None = None
         self._closed = False
 
     @classmethod
@@ -117,6 +126,8 @@ class Node:
                 f"{config.bundle} is not a bundle (no bundle.lock)",
                 hint="build one with 'skilld build -o DIR'",
             )
+        if not config.serve_skills and config.cluster is None:
+            raise UsageError("a node that serves no skill of its own must join a cluster")
         config.state_dir.mkdir(parents=True, exist_ok=True)
         target = config.audit_target()
         audit = JsonLinesSink(sys.stderr if target == "-" else target)
@@ -151,7 +162,7 @@ class Node:
             t = _stage(timings, "describe", t)
             state = SqliteState(config.state_dir / "state.sqlite3")
             registry = Registry(audit=audit)
-            for locked in loaded.lock.skills:
+            for locked in loaded.lock.skills if config.serve_skills else ():
                 limits = tables.limits(locked.id)
                 loaded.components[locked.id].prewarm(limits)
                 grants = tables.skill(locked.id)
@@ -181,13 +192,61 @@ class Node:
             audit.close()
             raise
         registry.mark_ready()
-        return cls(config, registry, sandbox, state, audit, loaded, timings)
+        node = cls(config, registry, sandbox, state, audit, loaded, timings)
+        if config.cluster is not None:
+            t = time.perf_counter()
+            try:
+                node._join(config.cluster)
+            except BaseException:
+                node.close()
+                raise
+            _stage(timings, "join", t)
+        return node
+
+    def _join(self, cluster: ClusterConfig) -> None:
+        """Join the cluster: serve this bundle's skills to it and add its peers' skills.
+
+        Raises:
+            TrustError: the bundle's trust set is malformed.
+            UsageError: the announcement key cannot be read.
+            ClusterError: NATS cannot be reached or refuses the credentials.
+        """
+        from skilld.cluster import Cluster, LocalSkill
+        from skilld.package import load_private_key, load_trust
+
+        trust = load_trust(self.config.bundle / "trust")
+        key = load_private_key(cluster.key_file)
+        digests = {locked.id: locked.component_sha256 for locked in self.bundle.lock.skills}
+        local = [LocalSkill(e, digests[e.spec.id]) for e in self.registry.skills()]
+
+        def refused(node: str, reason: str) -> None:
+            self.audit.emit(
+                {"event": "cluster-refused", "node": node, "reason": reason, "start": time.time()}
+            )
+
+        self.cluster = Cluster(
+            cluster,
+            self.registry,
+            trust,
+            key,
+            self.bundle.lock.bundle_digest,
+            local,
+            on_refused=refused,
+        )
+        self.cluster.start()
 
     def close(self) -> None:
-        """Release the sandbox, the state and the audit sink (idempotent)."""
+        """Leave the cluster; release the sandbox, the state and the audit sink (idempotent)."""
         if self._closed:
             return
         self._closed = True
+        try:
+            if self.cluster is not None:
+                self.cluster.close()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
         try:
             self.sandbox.close()
             self.state.close()

@@ -125,6 +125,11 @@ class Registry:
         self._tools: dict[str, tuple[Tool, str, str | None]] = {}
         self._audit = audit
         self._ready = False
+        # Skills come and go while serving (a cluster's remote skills): add and remove
+        # replace the two maps whole under this lock, so readers on other threads never
+        # see one half-changed and never need the lock.
+        self._changing = threading.Lock()
+        self._watchers: list[Callable[[], None]] = []
         # (skill, method) -> inline attempts still to skip after one gave up
         self._inline_backoff: dict[tuple[str, str], int] = {}
 
@@ -137,19 +142,50 @@ class Registry:
             RegistryError: the skill id or one of its tool names is taken.
         """
         sid = entry.spec.id
-        if sid in self._skills:
-            raise RegistryError(f"skill '{sid}' is registered twice")
-        tools = list(self._tools_of(entry))
-        for tool, _method in tools:
-            if tool.name in self._tools:
-                raise RegistryError(
-                    f"tool name '{tool.name}' of skill '{sid}' is already taken "
-                    f"by skill '{self._tools[tool.name][1]}'",
-                    hint="rename it in the policy's mcp.names",
-                )
-        self._skills[sid] = entry
-        for tool, method in tools:
-            self._tools[tool.name] = (tool, sid, method)
+        with self._changing:
+            if sid in self._skills:
+                raise RegistryError(f"skill '{sid}' is registered twice")
+            tools = list(self._tools_of(entry))
+            for tool, _method in tools:
+                if tool.name in self._tools:
+                    raise RegistryError(
+                        f"tool name '{tool.name}' of skill '{sid}' is already taken "
+                        f"by skill '{self._tools[tool.name][1]}'",
+                        hint="rename it in the policy's mcp.names",
+                    )
+            self._skills = {**self._skills, sid: entry}
+            self._tools = {**self._tools, **{t.name: (t, sid, m) for t, m in tools}}
+        if self._ready:
+            self._changed()
+
+    def remove(self, skill_id: str) -> SkillEntry:
+        """Unregister a skill and its tools (a cluster node that left); returns its entry.
+
+        Calls already running keep their entry and finish; new calls find no such tool.
+
+        Raises:
+            RegistryError: no skill ``skill_id`` is registered.
+        """
+        with self._changing:
+            entry = self._skills.get(skill_id)
+            if entry is None:
+                raise RegistryError(f"no skill named '{skill_id}'")
+            self._skills = {k: v for k, v in self._skills.items() if k != skill_id}
+            self._tools = {k: v for k, v in self._tools.items() if v[1] != skill_id}
+            self._inline_backoff = {
+                k: v for k, v in self._inline_backoff.items() if k[0] != skill_id
+            }
+        self._changed()
+        return entry
+
+    def watch(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (on the changing thread) whenever skills are added or removed
+        after the registry is ready: the MCP layer sends ``list_changed`` notifications."""
+        self._watchers.append(callback)
+
+    def _changed(self) -> None:
+        for callback in list(self._watchers):
+            callback()
 
     def mark_ready(self) -> None:
         """Every skill is loaded: /readyz may say so."""

@@ -1,0 +1,262 @@
+"""The worker side: this node's skills served to the cluster as a ``nats.micro`` service.
+
+One endpoint per local skill, on the subject of its package (``skilld.call.SKILL.DIGEST``)
+in a queue group of the same name, so NATS spreads calls over the replicas holding
+the same package, and ``nats micro ls/info/stats`` show skilld's services. A call
+runs through this node's registry (its policy, its slots, its audit record) on a
+worker thread; what the guest sends back to its client (progress, logs, sampling,
+elicitation) is relayed to the entry node on the request's reply subject, and a
+cancellation from the entry node stops the guest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from nats.aio.msg import Msg
+from nats.micro import add_service
+from nats.micro.request import Request
+from nats.micro.service import Service
+
+from skilld import __version__
+from skilld.cluster._announce import LocalSkill
+from skilld.cluster._link import NatsLink
+from skilld.cluster._wire import (
+    H_CALL,
+    H_CALLER,
+    H_CHAIN,
+    H_DEPTH,
+    H_ENTRY,
+    H_EVENT,
+    H_KIND,
+    H_NAME,
+    H_NODE,
+    H_TIMEOUT,
+    call_subject,
+    cancel_subject,
+    dumps,
+    error_to_json,
+    output_to_json,
+    split,
+)
+from skilld.errors import CallCancelled, DeadlineExceeded, GuestError, SkilldError, UsageError
+from skilld.registry import Registry
+
+log = logging.getLogger("skilld.cluster")
+
+# A relayed sampling or elicitation request may wait for a person; the guest's deadline
+# (checked as well) is what bounds it.
+_ASK_TIMEOUT_S = 300.0
+_DEADLINE_GRACE_S = 0.1
+
+
+class RelayChannel:
+    """The entry node's client, as a guest on this node sees it (a ``ClientChannel``)."""
+
+    def __init__(self, link: NatsLink, reply: str, cancelled: threading.Event, deadline: float):
+        self._link = link
+        self._reply = reply
+        self._cancelled = cancelled
+        self._deadline = deadline
+
+    def progress(self, progress: float, total: float | None, message: str | None) -> None:
+        """Relay a progress notification."""
+        body = dumps({"progress": progress, "total": total, "message": message})
+        self._link.publish(self._reply, body, {H_EVENT: "progress"})
+
+    def log(self, level: str, data: Any) -> None:
+        """Relay a log message."""
+        self._link.publish(self._reply, dumps({"level": level, "data": data}), {H_EVENT: "log"})
+
+    def sample(self, params: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Ask the entry node's client for a sampling result.
+
+        Raises:
+            GuestError: the client refused or could not answer (its code), or no
+                answer came before the call's deadline (``unavailable``).
+        """
+        return self._ask("sample", params)
+
+    def elicit(self, params: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Ask the entry node's client to elicit input.
+
+        Raises:
+            GuestError: as for :meth:`sample`.
+        """
+        return self._ask("elicit", params)
+
+    def cancelled(self) -> bool:
+        """The entry node cancelled the call, or its deadline passed."""
+        return self._cancelled.is_set() or time.monotonic() >= self._deadline
+
+    def _ask(self, kind: str, params: Mapping[str, Any]) -> Mapping[str, Any]:
+        wait = min(_ASK_TIMEOUT_S, max(0.0, self._deadline - time.monotonic()))
+        try:
+            msg = self._link.run(
+                self._link.nc.request(
+                    self._reply, dumps(dict(params)), timeout=wait, headers={H_EVENT: kind}
+                ),
+                timeout=wait + 1,
+            )
+            doc = json.loads(msg.data)
+        except Exception as exc:  # ClusterError, bad JSON, nats-py timeouts, no responders
+            raise GuestError(
+                "unavailable", f"the entry node did not answer the {kind} request: {exc!r}"
+            ) from exc
+        if "error" in doc:
+            err = doc["error"]
+            raise GuestError(str(err.get("code", "internal")), str(err.get("message", "")))
+        result: Mapping[str, Any] = doc["ok"]
+        return result
+
+
+class SkillServer:
+    """Serves this node's skills to the cluster; see the module docstring."""
+
+    def __init__(
+        self, link: NatsLink, registry: Registry, node: str, skills: list[LocalSkill], threads: int
+    ):
+        self._link = link
+        self._registry = registry
+        self._node = node
+        self._skills = skills
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix=f"skilld-remote-{node}")
+        self._service: Service | None = None
+        self._running: set[asyncio.Task[None]] = set()
+        self.served = 0
+
+    async def start(self) -> None:
+        """Add the micro service and one endpoint per local skill."""
+        self._service = await add_service(
+            self._link.nc,
+            name="skilld",
+            version=__version__,
+            description="skilld skills served to the cluster",
+            metadata={"node": self._node},
+        )
+        for skill in self._skills:
+            subject = call_subject(skill.entry.spec.id, skill.digest)
+            await self._service.add_endpoint(
+                name=skill.entry.spec.id,
+                subject=subject,
+                queue_group=subject,
+                handler=self._handle,
+                metadata={
+                    "skill": skill.entry.spec.id,
+                    "version": skill.entry.spec.version,
+                    "digest": skill.digest,
+                    "node": self._node,
+                },
+            )
+
+    async def stop(self) -> None:
+        """Stop taking calls; calls running finish (bounded by their deadlines)."""
+        if self._service is not None:
+            await self._service.stop()
+        if self._running:
+            await asyncio.wait(set(self._running), timeout=30)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _handle(self, request: Request) -> None:
+        # The micro endpoint awaits its handler before the next message: run the call
+        # in a task of its own so that one skill's calls run side by side.
+        msg: Msg = request._msg
+        task = asyncio.get_running_loop().create_task(self._serve(msg))
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+
+    async def _serve(self, msg: Msg) -> None:
+        nc = self._link.nc
+        headers = msg.headers or {}
+        reply = msg.reply
+        if not reply:
+            return
+        call_id = headers.get(H_CALL, "")
+        timeout_s = _int(headers.get(H_TIMEOUT), 10_000) / 1000
+        # The guest's own (policy) deadline fires first when the two are the same.
+        deadline = time.monotonic() + timeout_s + _DEADLINE_GRACE_S
+        cancelled = threading.Event()
+        sub = None
+        if call_id:
+            sub = await nc.subscribe(cancel_subject(call_id), cb=_setter(cancelled))
+        await nc.publish(reply, b"", headers={H_EVENT: "started", H_NODE: self._node})
+        channel = RelayChannel(self._link, reply, cancelled, deadline)
+        self.served += 1
+        try:
+            value = await asyncio.get_running_loop().run_in_executor(
+                self._pool, self._run_local, msg.subject, headers, msg.data, channel
+            )
+            payload = dumps({"ok": value})
+        except CallCancelled as exc:
+            # Stopped by the entry's deadline rather than by a cancellation: say so.
+            err: SkilldError = exc
+            if not cancelled.is_set():
+                err = DeadlineExceeded(
+                    f"skill ran past the deadline of the entry node "
+                    f"{headers.get(H_ENTRY, '?')} ({timeout_s:.3g}s)",
+                    location=exc.location,
+                )
+            payload = dumps({"error": error_to_json(err, self._node)})
+        except SkilldError as exc:
+            payload = dumps({"error": error_to_json(exc, self._node)})
+        except Exception as exc:  # a host bug costs this call, and the call is told
+            log.exception("cluster: a routed call failed on %s", self._node)
+            payload = dumps({"error": error_to_json(GuestError("internal", repr(exc)), self._node)})
+        finally:
+            if sub is not None:
+                await sub.unsubscribe()
+        parts = split(payload, nc.max_payload)
+        for part in parts[:-1]:
+            await nc.publish(reply, part, headers={H_EVENT: "part"})
+        await nc.publish(reply, parts[-1], headers={H_EVENT: "done", H_NODE: self._node})
+
+    def _run_local(
+        self, subject: str, headers: Mapping[str, str], data: bytes, channel: RelayChannel
+    ) -> Any:
+        skill_id = subject.split(".")[2]
+        kind, name = headers.get(H_KIND, "call"), headers.get(H_NAME, "")
+        caller = f"node:{headers.get(H_ENTRY, '?')}/{headers.get(H_CALLER, '?')}"
+        try:
+            args = json.loads(data) if data else {}
+        except ValueError as exc:
+            raise UsageError(f"the routed arguments are not JSON: {exc}") from exc
+        if kind == "call":
+            if not isinstance(args, dict):
+                raise UsageError("the routed arguments must be a JSON object")
+            chain = tuple(c for c in headers.get(H_CHAIN, "").split(",") if c)
+            out = self._registry.call_method(
+                skill_id,
+                name,
+                args,
+                channel,
+                caller=caller,
+                depth=_int(headers.get(H_DEPTH), 0),
+                chain=chain,
+            )
+            return output_to_json(out)
+        if kind == "resource":
+            return [output_to_json(o) for o in self._registry.read_resource(name, channel)]
+        if kind == "prompt":
+            return [dict(m) for m in self._registry.get_prompt(name, args, channel)]
+        raise UsageError(f"unknown routed request kind {kind!r}")
+
+
+def _setter(event: threading.Event) -> Any:
+    async def cb(_msg: Msg) -> None:
+        event.set()
+
+    return cb
+
+
+def _int(text: str | None, default: int) -> int:
+    try:
+        return max(0, int(text)) if text is not None else default
+    except ValueError:
+        return default
