@@ -121,6 +121,11 @@ class NodeProc:
         """The next line of its log matching ``pattern``."""
         return _wait_line(self.inbox, pattern, timeout, f"node {self.name}")
 
+    def seen(self, pattern: str, timeout: float = 30) -> None:
+        """Wait until its log (so far, or from now on) has a line matching ``pattern``."""
+        if not any(re.search(pattern, line) for line in list(self.lines)):
+            self.wait_line(pattern, timeout)
+
     def log(self) -> str:
         """Everything it logged so far."""
         return "".join(self.lines)
