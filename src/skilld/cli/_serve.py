@@ -108,6 +108,12 @@ def register(sub: Any) -> None:
         help="announcement interval H (default 1); a node silent for 2.5 H is removed",
     )
     c.add_argument(
+        "--cluster-kv",
+        action="store_true",
+        help="keep skills' key-value state in JetStream KV, shared by the nodes holding a "
+        "skill (default: this node's SQLite file)",
+    )
+    c.add_argument(
         "--entry-only",
         action="store_true",
         help="serve only the cluster's skills, none of this bundle's own (its trust set "
@@ -233,6 +239,7 @@ def _cluster_config(args: argparse.Namespace) -> Any:
         tls_key=args.nats_tls_key,
         heartbeat_s=args.heartbeat,
         entry=not args.no_mcp,
+        kv=args.cluster_kv,
     )
 
 

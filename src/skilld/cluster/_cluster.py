@@ -10,6 +10,7 @@ from typing import Any
 from skilld.cluster import _announce
 from skilld.cluster._announce import AnnouncedSkill, LocalSkill
 from skilld.cluster._config import ClusterConfig
+from skilld.cluster._kv import JetStreamKV
 from skilld.cluster._link import NatsLink
 from skilld.cluster._member import Membership, Peer
 from skilld.cluster._remote import RemoteSkill, Router
@@ -95,6 +96,17 @@ class Cluster:
         self._started = True
 
     async def _start(self) -> None:
+        if self.config.kv:
+            # Before this node serves anything: its skills' state moves to JetStream KV.
+            for skill in self._local:
+                entry = skill.entry
+                if entry.kv is not None:
+                    entry.kv = await JetStreamKV.open(
+                        self.link,
+                        entry.spec.id,
+                        entry.limits.kv_value_bytes,
+                        entry.limits.kv_total_bytes,
+                    )
         await self.router.start()
         await self.server.start()
         await self.membership.start()

@@ -184,8 +184,23 @@ class NatsLink:
 
     def _stop_loop(self) -> None:
         if self._thread.is_alive():
+            # nats-py leaves its reader, pinger and flusher tasks behind: end them here, on
+            # their loop, rather than have the garbage collector find them on a closed one.
+            try:
+                asyncio.run_coroutine_threadsafe(_cancel_all(), self.loop).result(5)
+            except (concurrent.futures.TimeoutError, RuntimeError):
+                log.info("cluster: NATS tasks did not stop in time")
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(timeout=5)
+        if not self._thread.is_alive() and not self.loop.is_closed():
+            self.loop.close()
+
+
+async def _cancel_all() -> None:
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _quiet(coro: Coroutine[Any, Any, Any]) -> None:
