@@ -47,6 +47,16 @@ _GRACE_S = 0.5
 _POLL_S = 0.05
 
 
+class _Waiting:
+    """One call in flight: the holder that took it, and what it sent back."""
+
+    __slots__ = ("holder", "replies")
+
+    def __init__(self) -> None:
+        self.holder: str | None = None
+        self.replies: queue.SimpleQueue[Msg] = queue.SimpleQueue()
+
+
 class Router:
     """Sends routed calls and sorts the replies that come back to this node."""
 
@@ -54,7 +64,7 @@ class Router:
         self._link = link
         self._node = node
         self._alive = alive
-        self._calls: dict[str, queue.SimpleQueue[Msg]] = {}
+        self._calls: dict[str, _Waiting] = {}
         self._prefix = f"_INBOX.skilld.{node}.{secrets.token_hex(6)}"
 
     async def start(self) -> None:
@@ -63,8 +73,14 @@ class Router:
 
     async def _on_reply(self, msg: Msg) -> None:
         waiting = self._calls.get(msg.subject.rsplit(".", 1)[-1])
-        if waiting is not None:
-            waiting.put(msg)
+        if waiting is None:
+            return
+        headers = msg.headers or {}
+        if headers.get(H_EVENT) == "started":
+            # Noted here: waking the waiting thread for it would cost a thread switch.
+            waiting.holder = headers.get(H_NODE)
+        else:
+            waiting.replies.put(msg)
 
     def call(
         self, skill_id: str, subject: str, kind: str, name: str, body: bytes, ctx: CallContext
@@ -84,8 +100,9 @@ class Router:
         deadline = ctx.deadline
         call_id = secrets.token_hex(12)
         inbox = f"{self._prefix}.{call_id}"
-        replies: queue.SimpleQueue[Msg] = queue.SimpleQueue()
-        self._calls[call_id] = replies
+        waiting = _Waiting()
+        replies = waiting.replies
+        self._calls[call_id] = waiting
         headers = {
             H_CALL: call_id,
             H_KIND: kind,
@@ -96,7 +113,6 @@ class Router:
             H_DEPTH: str(ctx.depth),
             H_CHAIN: ",".join(ctx.chain),
         }
-        holder: str | None = None
         parts: list[bytes] = []
         cancel_sent = False
         try:
@@ -106,13 +122,15 @@ class Router:
                 if now >= deadline + _GRACE_S:
                     raise GuestError(
                         "unavailable",
-                        f"node {holder or '(none yet)'} gave no answer for skill '{skill_id}' "
+                        f"node {waiting.holder or '(none yet)'} gave no answer for skill "
+                        f"'{skill_id}' "
                         f"within the call's deadline",
                         location=skill_id,
                     )
                 if not cancel_sent and ctx.channel.cancelled():
                     self._link.publish(cancel_subject(call_id), b"")
                     cancel_sent = True
+                holder = waiting.holder
                 if holder is not None and not self._alive(holder):
                     raise GuestError(
                         "unavailable",
@@ -132,9 +150,7 @@ class Router:
                         f"no node of the cluster serves skill '{skill_id}' right now",
                         location=skill_id,
                     )
-                if event == "started":
-                    holder = h.get(H_NODE)
-                elif event == "progress":
+                if event == "progress":
                     doc = json.loads(msg.data)
                     ctx.channel.progress(doc["progress"], doc.get("total"), doc.get("message"))
                 elif event == "log":

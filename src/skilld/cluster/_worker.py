@@ -29,6 +29,7 @@ from skilld import __version__
 from skilld.cluster._announce import LocalSkill
 from skilld.cluster._link import NatsLink
 from skilld.cluster._wire import (
+    CANCEL_PREFIX,
     H_CALL,
     H_CALLER,
     H_CHAIN,
@@ -40,13 +41,19 @@ from skilld.cluster._wire import (
     H_NODE,
     H_TIMEOUT,
     call_subject,
-    cancel_subject,
     dumps,
     error_to_json,
     output_to_json,
     split,
 )
-from skilld.errors import CallCancelled, DeadlineExceeded, GuestError, SkilldError, UsageError
+from skilld.errors import (
+    CallCancelled,
+    DeadlineExceeded,
+    GuestError,
+    RunOnThread,
+    SkilldError,
+    UsageError,
+)
 from skilld.registry import Registry
 
 log = logging.getLogger("skilld.cluster")
@@ -55,6 +62,8 @@ log = logging.getLogger("skilld.cluster")
 # (checked as well) is what bounds it.
 _ASK_TIMEOUT_S = 300.0
 _DEADLINE_GRACE_S = 0.1
+# How long a routed call may first run on the link's loop (as the MCP layer's --inline-ms).
+_INLINE_S = 0.001
 
 
 class RelayChannel:
@@ -130,10 +139,13 @@ class SkillServer:
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix=f"skilld-remote-{node}")
         self._service: Service | None = None
         self._running: set[asyncio.Task[None]] = set()
+        self._cancels: dict[str, threading.Event] = {}
         self.served = 0
 
     async def start(self) -> None:
         """Add the micro service and one endpoint per local skill."""
+        # One subscription for every cancellation (they are rare), not one per call.
+        await self._link.nc.subscribe(f"{CANCEL_PREFIX}.*", cb=self._on_cancel)
         self._service = await add_service(
             self._link.nc,
             name="skilld",
@@ -164,6 +176,11 @@ class SkillServer:
             await asyncio.wait(set(self._running), timeout=30)
         self._pool.shutdown(wait=False, cancel_futures=True)
 
+    async def _on_cancel(self, msg: Msg) -> None:
+        event = self._cancels.get(msg.subject.rsplit(".", 1)[-1])
+        if event is not None:
+            event.set()
+
     async def _handle(self, request: Request) -> None:
         # The micro endpoint awaits its handler before the next message: run the call
         # in a task of its own so that one skill's calls run side by side.
@@ -183,16 +200,22 @@ class SkillServer:
         # The guest's own (policy) deadline fires first when the two are the same.
         deadline = time.monotonic() + timeout_s + _DEADLINE_GRACE_S
         cancelled = threading.Event()
-        sub = None
         if call_id:
-            sub = await nc.subscribe(cancel_subject(call_id), cb=_setter(cancelled))
-        await nc.publish(reply, b"", headers={H_EVENT: "started", H_NODE: self._node})
+            self._cancels[call_id] = cancelled
         channel = RelayChannel(self._link, reply, cancelled, deadline)
         self.served += 1
         try:
-            value = await asyncio.get_running_loop().run_in_executor(
-                self._pool, self._run_local, msg.subject, headers, msg.data, channel
-            )
+            try:
+                # A quick guest answers here, on the loop, sparing two thread hand-offs;
+                # one that needs longer or blocks gives up unseen and runs on a thread.
+                value = self._run_local(msg.subject, headers, msg.data, channel, _INLINE_S)
+            except RunOnThread:
+                # The entry node learns who runs a call that takes a while (to fail it at
+                # once should this node leave); a quick one answers before that matters.
+                await nc.publish(reply, b"", headers={H_EVENT: "started", H_NODE: self._node})
+                value = await asyncio.get_running_loop().run_in_executor(
+                    self._pool, self._run_local, msg.subject, headers, msg.data, channel
+                )
             payload = dumps({"ok": value})
         except CallCancelled as exc:
             # Stopped by the entry's deadline rather than by a cancellation: say so.
@@ -210,15 +233,19 @@ class SkillServer:
             log.exception("cluster: a routed call failed on %s", self._node)
             payload = dumps({"error": error_to_json(GuestError("internal", repr(exc)), self._node)})
         finally:
-            if sub is not None:
-                await sub.unsubscribe()
+            self._cancels.pop(call_id, None)
         parts = split(payload, nc.max_payload)
         for part in parts[:-1]:
             await nc.publish(reply, part, headers={H_EVENT: "part"})
         await nc.publish(reply, parts[-1], headers={H_EVENT: "done", H_NODE: self._node})
 
     def _run_local(
-        self, subject: str, headers: Mapping[str, str], data: bytes, channel: RelayChannel
+        self,
+        subject: str,
+        headers: Mapping[str, str],
+        data: bytes,
+        channel: RelayChannel,
+        inline_s: float | None = None,
     ) -> Any:
         skill_id = subject.split(".")[2]
         kind, name = headers.get(H_KIND, "call"), headers.get(H_NAME, "")
@@ -239,20 +266,16 @@ class SkillServer:
                 caller=caller,
                 depth=_int(headers.get(H_DEPTH), 0),
                 chain=chain,
+                inline_s=inline_s,
             )
             return output_to_json(out)
+        if inline_s is not None:
+            raise RunOnThread  # resource reads and prompts always run on a thread
         if kind == "resource":
             return [output_to_json(o) for o in self._registry.read_resource(name, channel)]
         if kind == "prompt":
             return [dict(m) for m in self._registry.get_prompt(name, args, channel)]
         raise UsageError(f"unknown routed request kind {kind!r}")
-
-
-def _setter(event: threading.Event) -> Any:
-    async def cb(_msg: Msg) -> None:
-        event.set()
-
-    return cb
 
 
 def _int(text: str | None, default: int) -> int:

@@ -279,17 +279,7 @@ class Registry:
             RegistryError, UsageError, GuestError, GuestFault: as for :meth:`call`.
         """
         sid, method, args = self._resolve(tool, arguments)
-        key = (sid, method)
-        backoff = self._inline_backoff.get(key, 0)
-        if backoff > 0:
-            self._inline_backoff[key] = backoff - 1
-            raise RunOnThread
-        try:
-            return self.call_method(sid, method, args, channel, caller="mcp", inline_s=budget_s)
-        except RunOnThread as exc:
-            if exc.ran:
-                self._inline_backoff[key] = _INLINE_BACKOFF
-            raise
+        return self.call_method(sid, method, args, channel, caller="mcp", inline_s=budget_s)
 
     def _resolve(
         self, tool: str, arguments: Mapping[str, Any]
@@ -325,7 +315,8 @@ class Registry:
     ) -> CallOutput:
         """Call ``method`` of ``skill_id`` directly (tools, ``invoke``, ``skilld call``).
 
-        ``inline_s`` makes it an inline attempt of about that long (see :meth:`call_inline`).
+        ``inline_s`` makes it an inline attempt of about that long (see :meth:`call_inline`;
+        a routed call from another node of a cluster is tried inline the same way).
 
         Raises:
             RegistryError: no such skill.
@@ -336,17 +327,28 @@ class Registry:
         if entry is None:
             raise RegistryError(f"no skill named '{skill_id}'")
         args_json = json.dumps(arguments, separators=(",", ":"), sort_keys=True)
-        return self._run(
-            entry,
-            method,
-            args_json,
-            channel,
-            lambda ctx: entry.component.call(method, args_json, ctx),
-            caller=caller,
-            depth=depth,
-            chain=chain,
-            inline_s=inline_s,
-        )
+        key = (skill_id, method)
+        if inline_s is not None:
+            backoff = self._inline_backoff.get(key, 0)
+            if backoff > 0:
+                self._inline_backoff[key] = backoff - 1
+                raise RunOnThread
+        try:
+            return self._run(
+                entry,
+                method,
+                args_json,
+                channel,
+                lambda ctx: entry.component.call(method, args_json, ctx),
+                caller=caller,
+                depth=depth,
+                chain=chain,
+                inline_s=inline_s,
+            )
+        except RunOnThread as exc:
+            if exc.ran:
+                self._inline_backoff[key] = _INLINE_BACKOFF
+            raise
 
     def _run(
         self,
