@@ -184,15 +184,20 @@ def make_keys(root: Path) -> Keys:
     return Keys(root / "member.pem", root / "stranger.pem", root / "cluster-members.pub.json")
 
 
+CLUSTER_SKILLS = Path(__file__).resolve().parent / "skills"
+
+
 def make_bundle(
     sandbox: Sandbox, root: Path, skills: Sequence[str], keys: Keys, policies: dict[str, str]
 ) -> Path:
-    """A bundle of ``skills`` (repo or test skills) whose trust set holds the member key."""
+    """A bundle of ``skills`` (repo, test or cluster-test skills) trusting the member key."""
     src = root / "src"
     (src / "skills").mkdir(parents=True)
     (src / "policies" / "trust").mkdir(parents=True)
     for name in skills:
-        origin = SKILLS.get(name) or ROOT / "skills" / name
+        origin = SKILLS.get(name) or (
+            CLUSTER_SKILLS / name if (CLUSTER_SKILLS / name).is_dir() else ROOT / "skills" / name
+        )
         shutil.copytree(origin, src / "skills" / name)
     for name, text in policies.items():
         (src / "policies" / name).write_text(text)

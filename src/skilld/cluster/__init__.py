@@ -15,6 +15,10 @@ Build on what NATS provides and write no membership or consensus protocol of our
   a call id and the caller in headers, and the holder relays progress, logs,
   sampling and elicitation back; cancellation goes the other way.
 
+- **State and files.** With ``kv``, skills' key-value state lives in JetStream KV
+  (a bucket per skill); the ``transfer`` host interface moves files between nodes by
+  chunked request/reply, each side checking its own policy.
+
 ``Cluster`` is what ``skilld.node`` starts for ``skilld serve --cluster``. Only this
 package imports ``nats``; its exceptions become :class:`~skilld.errors.ClusterError`.
 """
@@ -23,5 +27,6 @@ from skilld.cluster._announce import LocalSkill
 from skilld.cluster._cluster import Cluster
 from skilld.cluster._config import ClusterConfig
 from skilld.cluster._remote import RemoteSkill
+from skilld.cluster._transfer import FileAccess
 
-__all__ = ["Cluster", "ClusterConfig", "LocalSkill", "RemoteSkill"]
+__all__ = ["Cluster", "ClusterConfig", "FileAccess", "LocalSkill", "RemoteSkill"]

@@ -14,6 +14,7 @@ from skilld.cluster._kv import JetStreamKV
 from skilld.cluster._link import NatsLink
 from skilld.cluster._member import Membership, Peer
 from skilld.cluster._remote import RemoteSkill, Router
+from skilld.cluster._transfer import FileAccess, Transfers
 from skilld.cluster._wire import call_subject
 from skilld.cluster._worker import SkillServer
 from skilld.errors import ClusterError, RegistryError
@@ -39,6 +40,8 @@ class Cluster:
         key: this node's announcement signing key.
         bundle_digest: the digest of this node's bundle, announced.
         local: the skills this node serves to the cluster.
+        files: the file side of transfers (the sandbox's); None: no file transfer.
+        audit: where this node's transfer records go.
         on_refused: told ``(claimed node, reason)`` of each refused announcement (audit).
     """
 
@@ -51,6 +54,8 @@ class Cluster:
         bundle_digest: str,
         local: list[LocalSkill],
         *,
+        files: FileAccess | None = None,
+        audit: Callable[[dict[str, Any]], None] = lambda record: None,
         on_refused: Callable[[str, str], None] = lambda node, reason: None,
     ):
         self.config = config
@@ -75,6 +80,20 @@ class Cluster:
             on_change=self._changed,
             on_leave=self._left,
             on_refused=on_refused,
+        )
+        self.transfers = (
+            None
+            if files is None
+            else Transfers(
+                self.link,
+                config.node,
+                key,
+                trust,
+                registry,
+                files,
+                lambda: sorted(self.membership.peers),
+                audit,
+            )
         )
         self.started_at = time.time()
         self.disconnects = 0
@@ -107,6 +126,10 @@ class Cluster:
                         entry.limits.kv_value_bytes,
                         entry.limits.kv_total_bytes,
                     )
+        if self.transfers is not None:
+            for skill in self._local:
+                skill.entry.services["transfer"] = self.transfers
+            await self.transfers.start()
         await self.router.start()
         await self.server.start()
         await self.membership.start()

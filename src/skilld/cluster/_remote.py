@@ -38,7 +38,7 @@ from skilld.cluster._wire import (
     output_from_json,
 )
 from skilld.errors import GuestError, RunOnThread, SkilldError
-from skilld.sandbox import CallContext
+from skilld.registry import CallContext
 from skilld.types import CallOutput
 
 # How long past the deadline the entry waits for the holder's own deadline error.

@@ -211,8 +211,9 @@ class Node:
             UsageError: the announcement key cannot be read.
             ClusterError: NATS cannot be reached or refuses the credentials.
         """
-        from skilld.cluster import Cluster, LocalSkill
+        from skilld.cluster import Cluster, FileAccess, LocalSkill
         from skilld.package import load_private_key, load_trust
+        from skilld.sandbox.abi import fs, transfer
 
         trust = load_trust(self.config.bundle / "trust")
         key = load_private_key(cluster.key_file)
@@ -231,6 +232,13 @@ class Node:
             key,
             self.bundle.lock.bundle_digest,
             local,
+            files=FileAccess(
+                canonical=fs.canonical,
+                read=transfer.read_file,
+                incoming=transfer.Incoming,
+                max_bytes=transfer.MAX_TRANSFER,
+            ),
+            audit=self.audit.emit,
             on_refused=refused,
         )
         self.cluster.start()
