@@ -186,7 +186,7 @@ async def test_a_grant_missing_on_either_side_refuses(two: dict[str, object]) ->
             )
         )
         assert out["error"] == "not-permitted" and "remote-to-remote" in str(out["message"]), out
-    assert not any(dirs["b-out"].iterdir()) and not any(dirs["b-other"].iterdir())
+    assert not (dirs["b-out"] / "f.bin").exists() and not any(dirs["b-other"].iterdir())
     assert not (dirs["b-in"] / "secret.bin").exists()
     refused = [r for r in nodes["b"].audit() if r["event"] == "transfer" and r["outcome"] != "ok"]
     assert [r["outcome"] for r in refused] == ["denied", "denied"]
