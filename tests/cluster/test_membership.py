@@ -117,3 +117,61 @@ async def test_deadline_and_cancellation_stop_the_remote_guest(three: dict[str, 
         second = await anyio.to_thread.run_sync(lambda: three["c"].wait_audit(method="loop"))
         assert second["outcome"] == "cancelled", json.dumps(second)
         assert second["duration_ms"] < 1900
+
+
+async def test_status_and_metrics_show_the_cluster(
+    three: dict[str, NodeProc], nats: NatsServer, gateway_bundle: Path
+) -> None:
+    """`skilld cluster status` lists the three nodes, verified; /metrics has the cluster gauges."""
+    import os
+    import subprocess
+    import sys
+    import urllib.request
+
+    from tests_env import cache_env
+
+    url = three["a"].url
+    assert url is not None
+    async with mcp_client(url) as client:  # every node has joined node-a's view
+        await client.wait_tools(lambda n: n >= DEMO_TOOLS | HOSTILE_TOOLS)
+    done = await anyio.to_thread.run_sync(
+        lambda: subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "skilld",
+                "cluster",
+                "status",
+                "--cluster",
+                nats.url,
+                "--bundle",
+                str(gateway_bundle),
+                "--json",
+                "--wait",
+                "1.5",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+            env={**os.environ, **cache_env()},
+        )
+    )
+    assert done.returncode == 0, done.stderr
+    nodes = {n["node"]: n for n in json.loads(done.stdout)["nodes"]}
+    assert sorted(nodes) == ["node-a", "node-b", "node-c"]
+    assert all(n["verified"] for n in nodes.values())
+    assert nodes["node-c"]["roles"] == ["worker"]
+    assert nodes["node-a"]["roles"] == ["entry", "worker"]
+    assert {s["id"] for s in nodes["node-b"]["skills"]} == {
+        "echo",
+        "echo-wat",
+        "notes",
+        "conformance",
+    }
+    metrics = url.removesuffix("/mcp") + "/metrics"
+    with urllib.request.urlopen(metrics, timeout=10) as response:  # a local test server
+        text = response.read().decode()
+    assert "skilld_cluster_connected 1.0" in text
+    assert "skilld_cluster_nodes 2.0" in text
+    assert "skilld_cluster_remote_skills 6.0" in text, text[-1500:]

@@ -26,6 +26,7 @@ _COMMAND_MODULES = (
     "skilld.cli._skill",
     "skilld.cli._package",
     "skilld.cli._policy",
+    "skilld.cli._cluster",
 )
 
 

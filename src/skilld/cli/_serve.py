@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from skilld import paths
+from skilld.cli._cluster import add_nats_options, nats_options
 from skilld.errors import UsageError
 
 log = logging.getLogger("skilld.serve")
@@ -81,9 +82,7 @@ def register(sub: Any) -> None:
         "join a cluster over NATS: serve this bundle's skills to it and, as an entry node, "
         "the tools of every node (docs/cluster.md). Secrets are read from files only.",
     )
-    c.add_argument(
-        "--cluster", metavar="nats://HOST:PORT", help="the NATS server(s), comma-separated"
-    )
+    add_nats_options(c)
     c.add_argument("--node", metavar="NAME", help="this node's name in the cluster ([a-z0-9-])")
     c.add_argument(
         "--cluster-key",
@@ -92,14 +91,6 @@ def register(sub: Any) -> None:
         help="the private key signing this node's announcements; peers must trust its "
         "public half for this node's name ('cluster' in a trust file)",
     )
-    c.add_argument("--nats-creds", type=Path, metavar="FILE", help="NATS credentials file")
-    c.add_argument("--nats-nkey", type=Path, metavar="FILE", help="NATS nkey seed file")
-    c.add_argument(
-        "--nats-user-file", type=Path, metavar="FILE", help="a file holding USER:PASSWORD for NATS"
-    )
-    c.add_argument("--nats-tls-ca", type=Path, metavar="FILE", help="CA bundle for NATS TLS")
-    c.add_argument("--nats-tls-cert", type=Path, metavar="FILE", help="client certificate")
-    c.add_argument("--nats-tls-key", type=Path, metavar="FILE", help="client certificate's key")
     c.add_argument(
         "--heartbeat",
         type=float,
@@ -228,16 +219,10 @@ def _cluster_config(args: argparse.Namespace) -> Any:
     from skilld.cluster import ClusterConfig
 
     return ClusterConfig(
-        url=args.cluster,
         node=args.node,
         key_file=args.cluster_key,
-        creds_file=args.nats_creds,
-        nkey_seed_file=args.nats_nkey,
-        user_password_file=args.nats_user_file,
-        tls_ca=args.nats_tls_ca,
-        tls_cert=args.nats_tls_cert,
-        tls_key=args.nats_tls_key,
         heartbeat_s=args.heartbeat,
+        **nats_options(args),
         entry=not args.no_mcp,
         kv=args.cluster_kv,
     )

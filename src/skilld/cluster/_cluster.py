@@ -228,6 +228,35 @@ class Cluster:
 
     # -- operations -----------------------------------------------------------------
 
+    def gauges(self) -> dict[str, tuple[str, float]]:
+        """This node's cluster gauges for /metrics (read without the link's loop)."""
+        return {
+            "skilld_cluster_connected": (
+                "1 while this node's NATS connection is up.",
+                float(self.membership.connected_since is not None),
+            ),
+            "skilld_cluster_nodes": (
+                "Other nodes this node sees (verified announcements).",
+                float(len(self.membership.peers)),
+            ),
+            "skilld_cluster_remote_skills": (
+                "Skills of other nodes in this node's registry.",
+                float(len(self._remote)),
+            ),
+            "skilld_cluster_refused_announcements": (
+                "Announcements refused since start (unsigned, untrusted, out of scope).",
+                float(self.membership.refused),
+            ),
+            "skilld_cluster_disconnects": (
+                "Times this node lost its NATS connection since start.",
+                float(self.disconnects),
+            ),
+            "skilld_cluster_routed_calls_served": (
+                "Calls from other nodes this node ran since start.",
+                float(self.server.served),
+            ),
+        }
+
     def status(self) -> dict[str, Any]:
         """This node's view of the cluster, JSON-ready (``skilld cluster status``, /metrics)."""
         return self.link.run(self._status(), timeout=5)

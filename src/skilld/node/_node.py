@@ -242,6 +242,7 @@ class Node:
             on_refused=refused,
         )
         self.cluster.start()
+        self.registry.add_gauges(self.cluster.gauges)
 
     def close(self) -> None:
         """Leave the cluster; release the sandbox, the state and the audit sink (idempotent)."""

@@ -130,6 +130,7 @@ class Registry:
         # see one half-changed and never need the lock.
         self._changing = threading.Lock()
         self._watchers: list[Callable[[], None]] = []
+        self._gauges: list[Callable[[], Mapping[str, tuple[str, float]]]] = []
         # (skill, method) -> inline attempts still to skip after one gave up
         self._inline_backoff: dict[tuple[str, str], int] = {}
 
@@ -182,6 +183,15 @@ class Registry:
         """Call ``callback`` (on the changing thread) whenever skills are added or removed
         after the registry is ready: the MCP layer sends ``list_changed`` notifications."""
         self._watchers.append(callback)
+
+    def add_gauges(self, source: Callable[[], Mapping[str, tuple[str, float]]]) -> None:
+        """Report ``source()``'s gauges (name -> (help, value)) with :meth:`gauges`: the
+        cluster's membership shows in /metrics this way."""
+        self._gauges.append(source)
+
+    def gauges(self) -> dict[str, tuple[str, float]]:
+        """The gauges of every source added, by name."""
+        return {name: value for source in self._gauges for name, value in source().items()}
 
     def _changed(self) -> None:
         for callback in list(self._watchers):
