@@ -162,7 +162,8 @@ async def test_status_and_metrics_show_the_cluster(
     assert sorted(nodes) == ["node-a", "node-b", "node-c"]
     assert all(n["verified"] for n in nodes.values())
     assert nodes["node-c"]["roles"] == ["worker"]
-    assert nodes["node-a"]["roles"] == ["entry", "worker"]
+    assert nodes["node-a"]["roles"] == ["entry"]  # entry-only: no skill of its own
+    assert nodes["node-b"]["roles"] == ["entry", "worker"]
     assert {s["id"] for s in nodes["node-b"]["skills"]} == {
         "echo",
         "echo-wat",

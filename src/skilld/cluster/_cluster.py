@@ -67,7 +67,8 @@ class Cluster:
         self.link = NatsLink(
             config, on_disconnect=self._disconnected, on_reconnect=self._reconnected
         )
-        roles = ("entry", "worker") if config.entry else ("worker",)
+        # entry: serves MCP clients; worker: serves skills of its own to the cluster.
+        roles = tuple(r for r, has in (("entry", config.entry), ("worker", bool(local))) if has)
         self.router = Router(self.link, config.node, self._alive)
         self.server = SkillServer(self.link, registry, config.node, local, threads=32)
         self.membership = Membership(

@@ -56,6 +56,7 @@ class NatsLink:
         )
         self._nc: Client | None = None
         self._closed = False
+        self._publishing: set[asyncio.Task[None]] = set()
 
     @property
     def nc(self) -> Client:
@@ -166,9 +167,18 @@ class NatsLink:
         """Publish from any thread without waiting (NATS buffers it; order is kept)."""
         if self._nc is None or self._closed:
             return
-        asyncio.run_coroutine_threadsafe(
-            _quiet(self._nc.publish(subject, data, reply=reply, headers=headers)), self.loop
+        # A task made on the loop itself, not run_coroutine_threadsafe: no cross-thread
+        # future to settle, which is most of the cost of a routed call's hand-off.
+        self.loop.call_soon_threadsafe(self._start_publish, subject, data, headers, reply)
+
+    def _start_publish(
+        self, subject: str, data: bytes, headers: dict[str, str] | None, reply: str
+    ) -> None:
+        task = self.loop.create_task(
+            _quiet(self.nc.publish(subject, data, reply=reply, headers=headers))
         )
+        self._publishing.add(task)
+        task.add_done_callback(self._publishing.discard)
 
     def close(self) -> None:
         """Drain the connection (subscriptions finish what they received) and stop the loop."""
