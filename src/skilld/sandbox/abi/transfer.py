@@ -189,20 +189,20 @@ def nodes(ctx: CallContext) -> list[str]:
 
 def send(ctx: CallContext, node: str, local_path: str, remote_path: str) -> int:
     """Push a local file to ``remote_path`` on ``node``."""
-    service = _service(ctx)
     canon = _local(ctx, local_path)
     _local(ctx, remote_path)
     decide(ctx, "transfer", "send", f"{node}:{canon}")
+    service = _service(ctx)
     data = read_file(canon, local_path)
     return service.send(ctx, node, data, remote_path)
 
 
 def fetch(ctx: CallContext, node: str, remote_path: str, local_path: str) -> int:
     """Pull ``remote_path`` from ``node`` into a local file."""
-    service = _service(ctx)
     canon = _local(ctx, local_path)
     _local(ctx, remote_path)
     decide(ctx, "transfer", "fetch", f"{node}:{canon}")
+    service = _service(ctx)
     sink = Incoming(canon, local_path)
     try:
         return service.fetch(ctx, node, remote_path, sink)
