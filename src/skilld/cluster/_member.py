@@ -153,6 +153,8 @@ class Membership:
         return [p.node for p in gone]
 
     async def _on_announce(self, msg: Msg) -> None:
+        if msg.data == self._announcement:
+            return  # our own heartbeat, echoed back by NATS
         now, wall = time.monotonic(), time.time()
         known = next((p for p in self.peers.values() if p.raw == msg.data), None)
         if known is not None and (msg.headers or {}) == known.headers:

@@ -40,6 +40,7 @@ H_OP = "Skilld-Op"
 H_ID = "Skilld-Transfer"
 H_SEQ = "Skilld-Seq"
 _STEP_TIMEOUT_S = 10.0
+# A transfer unfinished this long is dropped (its file never appears).
 _OUTGOING_TTL_S = 60.0
 
 
@@ -96,7 +97,7 @@ class Transfers:
         self._files = files
         self._members = members
         self._audit = audit
-        self._incoming: dict[str, tuple[Sink, dict[str, Any]]] = {}
+        self._incoming: dict[str, tuple[Sink, dict[str, Any], float]] = {}
         self._outgoing: dict[str, tuple[bytes, float]] = {}
 
     async def start(self) -> None:
@@ -216,7 +217,7 @@ class Transfers:
             if op == "put":
                 reply: Any = self._begin_put(msg.data, headers)
             elif op == "chunk":
-                sink, _doc = self._incoming[headers.get(H_ID, "")]
+                sink, _doc, _at = self._incoming[headers.get(H_ID, "")]
                 sink.write(msg.data)
                 reply = True
             elif op == "end":
@@ -296,11 +297,16 @@ class Transfers:
         if int(doc["size"]) > self._files.max_bytes:
             raise HostCallError("limit-exceeded", f"{doc['size']} bytes is over the transfer limit")
         canon = self._check(doc, receiving=True)
-        self._incoming[str(doc["id"])] = (self._files.incoming(canon, str(doc["path"])), doc)
+        now = time.monotonic()
+        for tid, (stale, _doc, at) in list(self._incoming.items()):
+            if now - at > _OUTGOING_TTL_S:  # a sender that never finished: drop its file
+                stale.abort()
+                del self._incoming[tid]
+        self._incoming[str(doc["id"])] = (self._files.incoming(canon, str(doc["path"])), doc, now)
         return True
 
     def _end_put(self, tid: str) -> bool:
-        sink, doc = self._incoming.pop(tid)
+        sink, doc, _at = self._incoming.pop(tid)
         record = _record("in", doc["skill"], doc["node"], doc["path"], doc["size"], doc["sha256"])
         try:
             sink.commit(int(doc["size"]), str(doc["sha256"]))
