@@ -61,8 +61,9 @@ def _wait_line(inbox: queue.Queue[str], pattern: str, timeout: float, what: str)
 class NatsServer:
     """nats-server with JetStream in ``store``, on 127.0.0.1; restartable on the same port."""
 
-    def __init__(self, store: Path):
+    def __init__(self, store: Path, max_payload: int | None = None):
         self.store = store
+        self.max_payload = max_payload
         self.port = -1
         self.proc: subprocess.Popen[str] | None = None
         self.lines: list[str] = []
@@ -74,17 +75,14 @@ class NatsServer:
 
     def start(self) -> None:
         """Start it (on the port it had, once it had one) and wait until it is ready."""
+        argv = [str(NATS_SERVER), "-js", "-sd", str(self.store), "-a", "127.0.0.1"]
+        argv += ["-p", str(self.port)]
+        if self.max_payload is not None:
+            config = self.store.parent / "nats.conf"
+            config.write_text(f"max_payload: {self.max_payload}\n")
+            argv += ["-c", str(config)]
         self.proc = subprocess.Popen(
-            [
-                str(NATS_SERVER),
-                "-js",
-                "-sd",
-                str(self.store),
-                "-a",
-                "127.0.0.1",
-                "-p",
-                str(self.port),
-            ],
+            argv,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,

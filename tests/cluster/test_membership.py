@@ -177,3 +177,40 @@ async def test_status_and_metrics_show_the_cluster(
     assert "skilld_cluster_nodes 2.0" in text
     # echo is on node-b and on node-c (one package): five remote skills
     assert "skilld_cluster_remote_skills 5.0" in text, text[-1500:]
+
+
+async def test_results_larger_than_the_payload_limit_arrive(
+    keys: Keys, gateway_bundle: Path, tmp_path: Path
+) -> None:
+    """With nats-server's max_payload at 8 KiB, a 6 KiB echo comes back whole, in parts."""
+    server = NatsServer(tmp_path / "jetstream", max_payload=8192)
+    server.start()
+    nodes = []
+    try:
+        nodes.append(
+            start_node(
+                "node-b", gateway_bundle, server.url, keys.member, tmp_path / "b", http=False
+            )
+        )
+        nodes.append(
+            start_node(
+                "node-a",
+                gateway_bundle,
+                server.url,
+                keys.member,
+                tmp_path / "a",
+                extra=["--entry-only"],
+            )
+        )
+        url = nodes[1].url
+        assert url is not None
+        text = "".join(chr(0x41 + i % 26) for i in range(6 * 1024))
+        async with mcp_client(url) as client:
+            await client.wait_tools(lambda n: "echo-wat/echo" in n)
+            result = await client.session.call_tool("echo-wat/echo", {"text": text})
+            assert not result.is_error, _text(result)
+            assert _text(result) == text
+    finally:
+        for node in nodes:
+            node.stop()
+        server.stop()
