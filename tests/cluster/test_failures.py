@@ -232,3 +232,17 @@ async def test_replicas_share_the_load(
     finally:
         for node in [entry, *nodes]:
             node.stop()
+
+
+async def test_graceful_stop_leaves_at_once(pair: dict[str, NodeProc]) -> None:
+    """SIGTERM: the node says a signed goodbye and its tools go well before the expiry window."""
+    url = pair["a"].url
+    assert url is not None
+    async with mcp_client(url) as client:
+        await client.wait_tools(lambda n: n >= HOSTILE_TOOLS)
+        stopped = time.monotonic()
+        await anyio.to_thread.run_sync(pair["c"].stop)
+        await client.wait_tools(lambda n: not n & HOSTILE_TOOLS, timeout=10)
+        assert time.monotonic() - stopped < 30  # bounded by node-c's own shutdown
+    pair["a"].seen("node node-c left")
+    assert "node-c expired" not in pair["a"].log()

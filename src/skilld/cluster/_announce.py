@@ -176,7 +176,7 @@ def verify(data: bytes, headers: Mapping[str, str] | None, trust: TrustStore) ->
             key_id=kid,
             fingerprint=hashlib.sha256(data).hexdigest(),
         )
-    except (KeyError, TypeError, ValueError, PackageFormatError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, PackageFormatError) as exc:
         raise ClusterError(f"a malformed announcement from {doc.get('node')!r}: {exc!r}") from exc
 
 
