@@ -177,6 +177,17 @@ async def test_status_and_metrics_show_the_cluster(
     assert "skilld_cluster_nodes 2.0" in text
     # echo is on node-b and on node-c (one package): five remote skills
     assert "skilld_cluster_remote_skills 5.0" in text, text[-1500:]
+    # `nats micro info skilld` asks this: every node answers as a service named skilld
+    import nats as nats_client
+
+    nc = await nats_client.connect(nats.url)
+    try:
+        info = json.loads((await nc.request("$SRV.INFO.skilld", b"", timeout=5)).data)
+    finally:
+        await nc.close()
+    assert info["name"] == "skilld"
+    assert info["metadata"]["node"] in {"node-b", "node-c"}
+    assert all(e["subject"].startswith("skilld.call.") for e in info["endpoints"])
 
 
 async def test_results_larger_than_the_payload_limit_arrive(

@@ -143,7 +143,9 @@ class SkillServer:
         self.served = 0
 
     async def start(self) -> None:
-        """Add the micro service and one endpoint per local skill."""
+        """Add the micro service and one endpoint per local skill (none without skills)."""
+        if not self._skills:
+            return  # an entry-only node: nothing to serve, nothing to list in `nats micro`
         # One subscription for every cancellation (they are rare), not one per call.
         await self._link.nc.subscribe(f"{CANCEL_PREFIX}.*", cb=self._on_cancel)
         self._service = await add_service(
