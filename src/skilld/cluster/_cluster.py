@@ -70,7 +70,9 @@ class Cluster:
         # entry: serves MCP clients; worker: serves skills of its own to the cluster.
         roles = tuple(r for r, has in (("entry", config.entry), ("worker", bool(local))) if has)
         self.router = Router(self.link, config.node, self._alive)
-        self.server = SkillServer(self.link, registry, config.node, local, threads=32)
+        self.server = SkillServer(
+            self.link, registry, config.node, local, threads=32, alive=self._alive
+        )
         self.membership = Membership(
             self.link,
             config,

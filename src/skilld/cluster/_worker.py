@@ -16,7 +16,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -69,11 +69,19 @@ _INLINE_S = 0.001
 class RelayChannel:
     """The entry node's client, as a guest on this node sees it (a ``ClientChannel``)."""
 
-    def __init__(self, link: NatsLink, reply: str, cancelled: threading.Event, deadline: float):
+    def __init__(
+        self,
+        link: NatsLink,
+        reply: str,
+        cancelled: threading.Event,
+        deadline: float,
+        entry_gone: Callable[[], bool] = lambda: False,
+    ):
         self._link = link
         self._reply = reply
         self._cancelled = cancelled
         self._deadline = deadline
+        self._entry_gone = entry_gone
 
     def progress(self, progress: float, total: float | None, message: str | None) -> None:
         """Relay a progress notification."""
@@ -102,8 +110,8 @@ class RelayChannel:
         return self._ask("elicit", params)
 
     def cancelled(self) -> bool:
-        """The entry node cancelled the call, or its deadline passed."""
-        return self._cancelled.is_set() or time.monotonic() >= self._deadline
+        """The entry node cancelled the call, left the cluster, or its deadline passed."""
+        return self._cancelled.is_set() or time.monotonic() >= self._deadline or self._entry_gone()
 
     def _ask(self, kind: str, params: Mapping[str, Any]) -> Mapping[str, Any]:
         wait = min(_ASK_TIMEOUT_S, max(0.0, self._deadline - time.monotonic()))
@@ -130,8 +138,15 @@ class SkillServer:
     """Serves this node's skills to the cluster; see the module docstring."""
 
     def __init__(
-        self, link: NatsLink, registry: Registry, node: str, skills: list[LocalSkill], threads: int
+        self,
+        link: NatsLink,
+        registry: Registry,
+        node: str,
+        skills: list[LocalSkill],
+        threads: int,
+        alive: Callable[[str], bool] = lambda node: True,
     ):
+        self._alive = alive
         self._link = link
         self._registry = registry
         self._node = node
@@ -204,7 +219,11 @@ class SkillServer:
         cancelled = threading.Event()
         if call_id:
             self._cancels[call_id] = cancelled
-        channel = RelayChannel(self._link, reply, cancelled, deadline)
+        entry = headers.get(H_ENTRY, "")
+        # An entry node that dies mid-call has nobody left to answer: stop its guests
+        # (only for members: anything else has no membership to lose).
+        entry_gone = (lambda: not self._alive(entry)) if self._alive(entry) else (lambda: False)
+        channel = RelayChannel(self._link, reply, cancelled, deadline, entry_gone)
         self.served += 1
         try:
             try:
