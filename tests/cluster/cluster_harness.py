@@ -114,6 +114,7 @@ class NodeProc:
     inbox: queue.Queue[str]
     url: str | None = None
     state: Path = field(default_factory=Path)
+    reader: threading.Thread | None = None
 
     def wait_line(self, pattern: str, timeout: float = 30) -> re.Match[str]:
         """The next line of its log matching ``pattern``."""
@@ -132,6 +133,12 @@ class NodeProc:
         """kill -9."""
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=30)
+        self._drained()
+
+    def _drained(self) -> None:
+        # Everything it wrote is in ``lines`` once the reader saw the end of its stderr.
+        if self.reader is not None:
+            self.reader.join(timeout=30)
 
     def stop(self) -> None:
         """SIGTERM, and wait for it to leave."""
@@ -142,6 +149,7 @@ class NodeProc:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        self._drained()
 
     def audit(self) -> list[dict[str, Any]]:
         """Its audit records so far (nodes write them to stderr: ``--audit-log -``)."""
@@ -151,6 +159,21 @@ class NodeProc:
                 doc = json.loads(line)
                 if doc.get("event") in AUDIT_EVENTS:
                     records.append(doc)
+        return records
+
+    def audit_until(
+        self, ok: Callable[[list[dict[str, Any]]], bool], timeout: float = 30
+    ) -> list[dict[str, Any]]:
+        """Its audit records, once ``ok`` holds for them (waiting for more lines meanwhile)."""
+        end = time.monotonic() + timeout
+        while not ok(records := self.audit()):
+            left = end - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"node {self.name}: audit never matched: {records[-5:]}")
+            try:
+                self.inbox.get(timeout=left)  # any new line: look again
+            except queue.Empty:
+                continue
         return records
 
     def wait_audit(self, **match: Any) -> dict[str, Any]:
@@ -250,8 +273,9 @@ def start_node(
     )
     lines: list[str] = []
     inbox: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=_reader, args=(proc.stderr, lines, inbox), daemon=True).start()
-    node = NodeProc(name, proc, lines, inbox, state=state)
+    reader = threading.Thread(target=_reader, args=(proc.stderr, lines, inbox), daemon=True)
+    reader.start()
+    node = NodeProc(name, proc, lines, inbox, state=state, reader=reader)
     try:
         if http:
             found = node.wait_line(r'^(\{.*"serving".*\})$', START_TIMEOUT_S)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -61,10 +62,14 @@ async def test_every_entry_node_lists_every_tool_and_routes_calls(
             result = await client.session.call_tool("hostile/ok", {"text": f"via {entry}"})
             assert not result.is_error, _text(result)
             assert _text(result) == f"via {entry}"
-    served = [r for r in three["c"].audit() if r.get("event") == "call" and r["method"] == "ok"]
+
+    def calls(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [r for r in records if r.get("event") == "call" and r["method"] == "ok"]
+
+    served = calls(three["c"].audit_until(lambda rs: len(calls(rs)) == 2))
     assert [r["caller"] for r in served] == ["node:node-a/mcp", "node:node-b/mcp"]
     # The entry node audits the call too, as a call of its (remote) skill.
-    entry_side = [r for r in three["a"].audit() if r.get("event") == "call"]
+    entry_side = calls(three["a"].audit_until(lambda rs: len(calls(rs)) == 1))
     assert [(r["skill"], r["outcome"]) for r in entry_side] == [("hostile", "ok")]
 
 

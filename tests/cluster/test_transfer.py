@@ -8,6 +8,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import nats as nats_client
 import pytest
@@ -120,13 +121,17 @@ async def test_files_round_trip_both_ways(two: dict[str, object]) -> None:
         )
         assert out == {"ok": MIB}, out
         assert _sha(dirs["a-in"] / "got.bin") == _sha(remote)
-    received = [r for r in nodes["b"].audit() if r["event"] == "transfer"]
+
+    def transfers(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [r for r in records if r["event"] == "transfer"]
+
+    received = transfers(nodes["b"].audit_until(lambda rs: len(transfers(rs)) >= 3))
     assert [(r["direction"], r["outcome"], r["size"]) for r in received] == [
         ("in", "ok", MIB),
         ("in", "ok", 128 * 1024 + 1),
         ("out", "ok", MIB),
     ]
-    sent = [r for r in nodes["a"].audit() if r["event"] == "transfer"]
+    sent = transfers(nodes["a"].audit_until(lambda rs: len(transfers(rs)) >= 3))
     assert [(r["direction"], r["peer"]) for r in sent] == [("out", "node-b")] * 2 + [
         ("in", "node-b")
     ]
@@ -188,7 +193,11 @@ async def test_a_grant_missing_on_either_side_refuses(two: dict[str, object]) ->
         assert out["error"] == "not-permitted" and "remote-to-remote" in str(out["message"]), out
     assert not (dirs["b-out"] / "f.bin").exists() and not any(dirs["b-other"].iterdir())
     assert not (dirs["b-in"] / "secret.bin").exists()
-    refused = [r for r in nodes["b"].audit() if r["event"] == "transfer" and r["outcome"] != "ok"]
+
+    def refusals(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [r for r in records if r["event"] == "transfer" and r["outcome"] != "ok"]
+
+    refused = refusals(nodes["b"].audit_until(lambda rs: len(refusals(rs)) >= 2))
     assert [r["outcome"] for r in refused] == ["denied", "denied"]
 
 

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from nats.aio.msg import Msg
@@ -134,6 +135,18 @@ class RelayChannel:
         return result
 
 
+@dataclass(frozen=True, slots=True)
+class _Call:
+    """One routed call this node is running."""
+
+    call_id: str
+    reply: str
+    entry: str
+    timeout_s: float
+    cancelled: threading.Event
+    channel: RelayChannel
+
+
 class SkillServer:
     """Serves this node's skills to the cluster; see the module docstring."""
 
@@ -199,19 +212,27 @@ class SkillServer:
             event.set()
 
     async def _handle(self, request: Request) -> None:
-        # The micro endpoint awaits its handler before the next message: run the call
-        # in a task of its own so that one skill's calls run side by side.
         msg: Msg = request._msg
-        task = asyncio.get_running_loop().create_task(self._serve(msg))
-        self._running.add(task)
-        task.add_done_callback(self._running.discard)
-
-    async def _serve(self, msg: Msg) -> None:
-        nc = self._link.nc
-        headers = msg.headers or {}
-        reply = msg.reply
-        if not reply:
+        call = self._begin(msg)
+        if call is None:
             return
+        try:
+            # A quick guest answers here, on the loop, sparing a task and two thread
+            # hand-offs; one that needs longer or blocks gives up unseen (RunOnThread).
+            payload = self._payload(call, lambda: self._run_local(msg, call.channel, _INLINE_S))
+        except RunOnThread:
+            # The micro endpoint awaits its handler before the next message: a call that
+            # needs a thread runs in a task of its own, so one skill's calls run side by side.
+            task = asyncio.get_running_loop().create_task(self._threaded(msg, call))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+            return
+        await self._finish(call, payload)
+
+    def _begin(self, msg: Msg) -> _Call | None:
+        headers = msg.headers or {}
+        if not msg.reply:
+            return None
         call_id = headers.get(H_CALL, "")
         timeout_s = _int(headers.get(H_TIMEOUT), 10_000) / 1000
         # The guest's own (policy) deadline fires first when the two are the same.
@@ -223,52 +244,61 @@ class SkillServer:
         # An entry node that dies mid-call has nobody left to answer: stop its guests
         # (only for members: anything else has no membership to lose).
         entry_gone = (lambda: not self._alive(entry)) if self._alive(entry) else (lambda: False)
-        channel = RelayChannel(self._link, reply, cancelled, deadline, entry_gone)
         self.served += 1
+        return _Call(
+            call_id,
+            msg.reply,
+            entry,
+            timeout_s,
+            cancelled,
+            RelayChannel(self._link, msg.reply, cancelled, deadline, entry_gone),
+        )
+
+    async def _threaded(self, msg: Msg, call: _Call) -> None:
+        # The entry node learns who runs a call that takes a while (to fail it at once
+        # should this node leave); a quick one answers before that matters.
+        await self._link.nc.publish(
+            call.reply, b"", headers={H_EVENT: "started", H_NODE: self._node}
+        )
+        payload = await asyncio.get_running_loop().run_in_executor(
+            self._pool, self._payload, call, lambda: self._run_local(msg, call.channel)
+        )
+        await self._finish(call, payload)
+
+    def _payload(self, call: _Call, run: Callable[[], Any]) -> bytes:
+        """The reply to a routed call: its value, or its error (RunOnThread passes through)."""
         try:
-            try:
-                # A quick guest answers here, on the loop, sparing two thread hand-offs;
-                # one that needs longer or blocks gives up unseen and runs on a thread.
-                value = self._run_local(msg.subject, headers, msg.data, channel, _INLINE_S)
-            except RunOnThread:
-                # The entry node learns who runs a call that takes a while (to fail it at
-                # once should this node leave); a quick one answers before that matters.
-                await nc.publish(reply, b"", headers={H_EVENT: "started", H_NODE: self._node})
-                value = await asyncio.get_running_loop().run_in_executor(
-                    self._pool, self._run_local, msg.subject, headers, msg.data, channel
-                )
-            payload = dumps({"ok": value})
+            return dumps({"ok": run()})
         except CallCancelled as exc:
             # Stopped by the entry's deadline rather than by a cancellation: say so.
             err: SkilldError = exc
-            if not cancelled.is_set():
+            if not call.cancelled.is_set():
                 err = DeadlineExceeded(
-                    f"skill ran past the deadline of the entry node "
-                    f"{headers.get(H_ENTRY, '?')} ({timeout_s:.3g}s)",
+                    f"skill ran past the deadline of the entry node {call.entry or '?'} "
+                    f"({call.timeout_s:.3g}s)",
                     location=exc.location,
                 )
-            payload = dumps({"error": error_to_json(err, self._node)})
+            return dumps({"error": error_to_json(err, self._node)})
         except SkilldError as exc:
-            payload = dumps({"error": error_to_json(exc, self._node)})
+            return dumps({"error": error_to_json(exc, self._node)})
+        except RunOnThread:
+            raise
         except Exception as exc:  # a host bug costs this call, and the call is told
             log.exception("cluster: a routed call failed on %s", self._node)
-            payload = dumps({"error": error_to_json(GuestError("internal", repr(exc)), self._node)})
-        finally:
-            self._cancels.pop(call_id, None)
+            return dumps({"error": error_to_json(GuestError("internal", repr(exc)), self._node)})
+
+    async def _finish(self, call: _Call, payload: bytes) -> None:
+        self._cancels.pop(call.call_id, None)
+        nc = self._link.nc
         parts = split(payload, nc.max_payload)
         for part in parts[:-1]:
-            await nc.publish(reply, part, headers={H_EVENT: "part"})
-        await nc.publish(reply, parts[-1], headers={H_EVENT: "done", H_NODE: self._node})
+            await nc.publish(call.reply, part, headers={H_EVENT: "part"})
+        await nc.publish(call.reply, parts[-1], headers={H_EVENT: "done", H_NODE: self._node})
 
-    def _run_local(
-        self,
-        subject: str,
-        headers: Mapping[str, str],
-        data: bytes,
-        channel: RelayChannel,
-        inline_s: float | None = None,
-    ) -> Any:
-        skill_id = subject.split(".")[2]
+    def _run_local(self, msg: Msg, channel: RelayChannel, inline_s: float | None = None) -> Any:
+        headers: Mapping[str, str] = msg.headers or {}
+        data = msg.data
+        skill_id = msg.subject.split(".")[2]
         kind, name = headers.get(H_KIND, "call"), headers.get(H_NAME, "")
         caller = f"node:{headers.get(H_ENTRY, '?')}/{headers.get(H_CALLER, '?')}"
         try:
