@@ -272,7 +272,7 @@ _cgroup_count = itertools.count()
 
 def _cgroup_base() -> Path | None:
     if (_PIDS_V1 / "cgroup.procs").exists():
-        return _PIDS_V1 / "skilld" / str(os.getpid())
+        return _PIDS_V1 / "skilld"
     try:
         own = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
@@ -280,9 +280,23 @@ def _cgroup_base() -> Path | None:
     for line in own:
         if line.startswith("0::"):
             v2 = Path("/sys/fs/cgroup") / line[3:].lstrip("/")
-            if "pids" in (v2 / "cgroup.subtree_control").read_text(errors="replace"):
-                return v2 / f"skilld-{os.getpid()}"
+            with contextlib.suppress(OSError):
+                if "pids" in (v2 / "cgroup.subtree_control").read_text():
+                    return v2 / "skilld"
     return None
+
+
+def _sweep(base: Path) -> None:
+    """Remove the cgroups of calls whose tree was still dying when they ended (this
+    process's) and of skilld processes that are gone; a busy one stays."""
+    mine = f"{os.getpid()}-"
+    for stale in base.iterdir():
+        owner = stale.name.partition("-")[0]
+        if not stale.is_dir() or not owner.isdigit() or stale in _cgroup_live:
+            continue
+        if stale.name.startswith(mine) or not Path(f"/proc/{owner}").exists():
+            with contextlib.suppress(OSError):
+                stale.rmdir()
 
 
 def _cgroup_create(processes: int) -> Path:
@@ -297,12 +311,8 @@ def _cgroup_create(processes: int) -> Path:
     try:
         base.mkdir(parents=True, exist_ok=True)
         with _cgroup_lock:
-            # Cgroups of calls whose tree was still dying when they ended.
-            for stale in base.iterdir():
-                if stale.is_dir() and stale not in _cgroup_live:
-                    with contextlib.suppress(OSError):
-                        stale.rmdir()
-            path = base / str(next(_cgroup_count))
+            _sweep(base)
+            path = base / f"{os.getpid()}-{next(_cgroup_count)}"
             path.mkdir()
             _cgroup_live.add(path)
         # The trampoline and PID 1 of the namespace count too.
