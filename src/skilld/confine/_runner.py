@@ -16,6 +16,7 @@ import itertools
 import marshal
 import math
 import os
+import select
 import shutil
 import signal
 import struct
@@ -402,6 +403,23 @@ def _spec(
     }
 
 
+def _exited_by(proc: subprocess.Popen[bytes], deadline: float) -> bool:
+    """Whether the trampoline exits before ``deadline``, woken by its pidfd the moment it
+    does (``Popen.wait(timeout)`` polls with sleeps of up to 50 ms)."""
+    pidfd = os.pidfd_open(proc.pid)
+    try:
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return proc.poll() is not None
+            if poller.poll(math.ceil(left * 1000)):
+                return True
+    finally:
+        os.close(pidfd)
+
+
 def _end_tree(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM asks the trampoline to SIGKILL the namespace's init (the whole tree goes
     with it); SIGKILL is the fallback, and the init dies with it (PDEATHSIG)."""
@@ -553,10 +571,11 @@ def _run(
         worker.start()
     timed_out = False
     try:
-        proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        _end_tree(proc)
+        if _exited_by(proc, deadline):
+            proc.wait()
+        else:
+            timed_out = True
+            _end_tree(proc)
     except BaseException:
         _end_tree(proc)
         raise

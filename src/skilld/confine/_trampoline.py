@@ -31,16 +31,18 @@ import marshal
 import os
 import resource
 import select
-import signal
 import stat
 import sys
 
 # Not ``from typing import TYPE_CHECKING``: every millisecond of imports here is paid
-# by every command (``json`` and ``typing`` pull in ``re``).
+# by every command (``json`` and ``typing`` pull in ``re``, ``signal`` pulls in ``enum``).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import signal
     from collections.abc import Iterable, Mapping
     from typing import Any
+else:
+    import _signal as signal
 
 # -- Landlock (include/uapi/linux/landlock.h) ---------------------------------
 # The three syscalls have the same numbers on every architecture (added after the
