@@ -156,7 +156,9 @@ def require(confinement: Confinement) -> int:
         ConfinementUnavailable: naming the missing feature; nothing is run.
     """
     abi = landlock_abi()
-    hint = "run skilld on Linux 6.7 or later with Landlock enabled (lsm=...,landlock)"
+    hint = (
+        "run skilld on Linux 6.7 or later with Landlock enabled (boot parameter lsm= with landlock)"
+    )
     if abi == 0:
         raise ConfinementUnavailable(
             "Landlock is not available in this kernel; commands are refused rather than "
