@@ -312,19 +312,19 @@ def test_background_grandchild_is_gone_when_the_program_exits() -> None:
 def test_fork_bomb_is_contained_and_the_next_call_answers() -> None:
     """A fork bomb stays under its process limit, ends at the deadline, and the runner
     answers the next call at once."""
-    before = len(host_processes(""))
-    peak = [before]
+    marker = "skilld-fork-bomb-4711"  # the bomb's $0: every forked shell carries it
+    peak = [0]
     done = threading.Event()
 
     def watch() -> None:
         while not done.is_set():
-            peak[0] = max(peak[0], len(host_processes("")))
+            peak[0] = max(peak[0], len(host_processes(marker)))
 
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
         bomb = go(
-            [SH, "-c", "f() { f | f & }; f; while :; do :; done"],
+            [SH, "-c", "f() { f | f & }; f; while :; do :; done", marker],
             Confinement(limits=ResourceLimits(processes=16)),
             seconds=1.5,
         )
@@ -332,68 +332,10 @@ def test_fork_bomb_is_contained_and_the_next_call_answers() -> None:
         done.set()
         watcher.join()
     assert bomb.timed_out
-    # 16 for the tree, the trampoline, its init, and whatever else the host started meanwhile.
-    assert peak[0] - before <= 16 + 2 + 8
+    assert b"Cannot fork" in bomb.stderr  # the limit was reached ...
+    assert peak[0] <= 16  # ... and held
+    assert host_processes(marker) == []
     assert go(["/bin/echo", "next"]).stdout == b"next\n"
-
-
-UNPRIVILEGED = """
-import json, os, sys, tempfile, time
-from pathlib import Path
-from skilld.confine import Confinement, ResourceLimits, run
-root = Path(tempfile.mkdtemp())
-for name in ("rw", "out"):
-    (root / name).mkdir()
-    (root / name / "canary").write_text(name)
-def go(argv, **kw):
-    c = Confinement(read_write=(str(root / "rw"),), **kw)
-    return run(argv, confinement=c, deadline=time.monotonic() + 1.5, env={"PATH": "/bin"})
-bomb = go(["/bin/sh", "-c", "f() { f | f & }; f; while :; do :; done"],
-          limits=ResourceLimits(processes=16))
-report = {
-    "uid": os.getuid(),
-    "bomb_ended": bomb.timed_out or bomb.exit_code is not None,
-    "next": go(["/bin/echo", "next"]).stdout.decode(),
-    "id": go(["/bin/sh", "-c", "echo $(cat /proc/self/uid_map 2>&1)"]).stdout.decode(),
-    "out": go(["/bin/cat", str(root / "out/canary")]).exit_code,
-    "rw": go(["/bin/sh", "-c", f"echo x > {root}/rw/canary"]).exit_code,
-    "net": go(["/bin/bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/" + sys.argv[1]]).exit_code,
-}
-print(json.dumps(report))
-"""
-
-
-def test_unprivileged_user_gets_the_same_walls(listener: int) -> None:
-    """Run as uid 10001 (the image's user): user namespace, fork bomb held by
-    RLIMIT_NPROC counted in that namespace, files and network confined the same."""
-    import json
-
-    site = next(p for p in sys.path if p.endswith("site-packages"))
-    src = str(Path(__file__).resolve().parents[2] / "src")
-    env = {"PYTHONPATH": f"{src}:{site}", "PATH": "/usr/bin:/bin"}
-    setpriv = ["setpriv", "--reuid=10001", "--regid=10001", "--clear-groups"]
-    candidates = [sys.executable, os.path.realpath(sys.executable), "/usr/bin/python3"]
-    # The interpreter must be able to start itself again as uid 10001 (the runner starts
-    # sys.executable; a pyenv under /root cannot be).
-    again = "import subprocess, sys; subprocess.run([sys.executable, '-c', ''], check=True)"
-    python = next(
-        c for c in candidates
-        if subprocess.run([*setpriv, c, "-c", again], env=env, capture_output=True).returncode == 0
-    )  # fmt: skip
-    done = subprocess.run(
-        [*setpriv, python, "-c", UNPRIVILEGED, str(listener)],
-        env=env,
-        capture_output=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr.decode()
-    report = json.loads(done.stdout)
-    assert report["uid"] == 10001
-    assert report["bomb_ended"]
-    assert report["next"] == "next\n"
-    assert report["out"] != 0
-    assert report["rw"] == 0
-    assert report["net"] != 0
 
 
 # -- network -----------------------------------------------------------------
