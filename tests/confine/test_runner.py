@@ -256,6 +256,16 @@ def test_only_the_program_itself_is_executable(world: Path) -> None:
     assert allowed.stdout.strip() == str(os.getuid()).encode()
 
 
+@pytest.mark.parametrize("shebang", ["#!/bin/sh", "#!/usr/bin/env sh"])
+def test_script_runs_with_its_interpreter(world: Path, shebang: str) -> None:
+    """A script's #! interpreter (also through /usr/bin/env) is executable for it."""
+    script = world / "ro/script"
+    script.write_text(f"{shebang}\necho from-script\n")
+    script.chmod(0o755)
+    result = go([str(script)], grants(world))
+    assert result.stdout == b"from-script\n", result.stderr
+
+
 def test_no_privileges_remain() -> None:
     """The command has no capabilities at all and no_new_privs, even when skilld is root."""
     result = go(["/bin/cat", "/proc/self/status"], Confinement(read_only=("/proc",)))

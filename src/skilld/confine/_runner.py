@@ -226,21 +226,32 @@ def elf_interpreter(path: str) -> str | None:
     return None
 
 
-def _shebang(path: str) -> str | None:
+def _shebang(path: str, search: str) -> list[str]:
+    """The programs a script's ``#!`` line runs: its interpreter and, for
+    ``#!/usr/bin/env NAME``, NAME as found in ``search``."""
     try:
         with open(path, "rb") as f:
             line = f.readline(256)
     except OSError:
-        return None
+        return []
     if not line.startswith(b"#!"):
-        return None
-    words = line[2:].split()
-    return words[0].decode(errors="replace") if words else None
+        return []
+    words = line[2:].decode(errors="replace").split()
+    if not words:
+        return []
+    out = [words[0]]
+    rest = [w for w in words[1:] if not w.startswith("-")]
+    if Path(words[0]).name == "env" and rest:
+        found = shutil.which(rest[0], path=search)
+        if found:
+            out.append(found)
+    return out
 
 
-def program_files(program: str) -> tuple[str, ...]:
-    """What the kernel executes to run ``program``: itself, a script's interpreter and
-    their ELF loaders, as real paths (Landlock rules apply where files really are)."""
+def program_files(program: str, search: str = os.defpath) -> tuple[str, ...]:
+    """What the kernel executes to run ``program``: itself, a script's interpreter (and
+    the program ``#!/usr/bin/env`` finds in ``search``) and their ELF loaders, as real
+    paths (Landlock rules apply where files really are)."""
     out: list[str] = []
     todo: list[str] = [program]
     while todo and len(out) < 8:
@@ -248,9 +259,8 @@ def program_files(program: str) -> tuple[str, ...]:
         if path in out:
             continue
         out.append(path)
-        for found in (elf_interpreter(path), _shebang(path)):
-            if found and found.startswith("/"):
-                todo.append(found)
+        found = [elf_interpreter(path), *_shebang(path, search)]
+        todo += [f for f in found if f and f.startswith("/")]
     return tuple(out)
 
 
@@ -386,7 +396,10 @@ def _spec(
         "cgroup": str(cgroup) if cgroup else None,
         "read_only": list(confinement.read_only),
         "read_write": list(confinement.read_write),
-        "executables": [*program_files(program), *confinement.executables],
+        "executables": [
+            *program_files(program, env.get("PATH", os.defpath)),
+            *confinement.executables,
+        ],
         "libraries": list(confinement.libraries),
         "devices": list(confinement.devices),
         "network": confinement.network,
