@@ -312,8 +312,13 @@ def _status(fd: int, kind: str, value: int, text: str = "") -> None:
 
 def _limits(spec: Mapping[str, Any]) -> None:
     for name, value in spec["rlimits"].items():
-        if value is not None:
-            resource.setrlimit(getattr(resource, name), (int(value), int(value)))
+        if value is None:
+            continue
+        which = getattr(resource, name)
+        hard = resource.getrlimit(which)[1]
+        # Lowering is always allowed; a host limit already below ours stays.
+        limit = int(value) if hard == resource.RLIM_INFINITY else min(int(value), hard)
+        resource.setrlimit(which, (limit, limit))
 
 
 def _command(spec: Mapping[str, Any], status: int) -> None:
