@@ -275,6 +275,22 @@ def test_no_privileges_remain() -> None:
     assert status["NoNewPrivs"].strip() == "1"
 
 
+def test_nested_namespaces_give_no_way_out(world: Path) -> None:
+    """A command may make its own user and mount namespaces (and be root in them), but
+    Landlock still refuses to mount anything there: its rules cannot be covered over."""
+    code = (
+        "import ctypes\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "print(libc.unshare(0x10000000 | 0x00020000), ctypes.get_errno())\n"
+        f"print(libc.mount(b'/', b'{world}/rw', b'', 0x1000, None), ctypes.get_errno())\n"
+    )
+    result = go(
+        [sys.executable, "-I", "-S", "-c", code],
+        Confinement(read_only=(sys.base_prefix,), read_write=(str(world / "rw"),)),
+    )
+    assert result.stdout.splitlines() == [b"0 0", b"-1 %d" % errno.EPERM], result.stderr
+
+
 def test_file_size_limit(world: Path) -> None:
     """RLIMIT_FSIZE stops a file from growing past the limit (SIGXFSZ)."""
     limits = ResourceLimits(file_size=100_000)
