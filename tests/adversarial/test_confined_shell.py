@@ -65,6 +65,25 @@ def test_command_ends_with_the_calls_deadline(tmp_path: Path) -> None:
     assert time.monotonic() - started < 0.5 + 0.1
 
 
+class CancelledChannel(NullChannel):
+    """A client that has cancelled the call."""
+
+    def cancelled(self) -> bool:
+        """Always: the call is cancelled."""
+        return True
+
+
+def test_cancelled_call_kills_its_command(tmp_path: Path) -> None:
+    """A command of a cancelled call is killed and the guest gets ``cancelled``."""
+    ctx = context(tmp_path, SLEEP)
+    ctx.channel = CancelledChannel()
+    started = time.monotonic()
+    with pytest.raises(HostCallError) as caught:
+        shell.run(ctx, {"argv": ["/bin/sleep", "30"], "timeout_ms": 30_000})
+    assert caught.value.code == "cancelled"
+    assert time.monotonic() - started < 5
+
+
 def bash_connect(port: int, tcp: str) -> str:
     """A policy letting bash open a TCP connection, with ``tcp`` as its tcp section."""
     return f"""\

@@ -335,6 +335,22 @@ def test_background_grandchild_is_gone_when_the_program_exits() -> None:
     assert host_processes(marker) == []
 
 
+def test_cancelled_ends_the_tree(world: Path) -> None:
+    """When the caller cancels, the command's whole tree ends and the result says so."""
+    started = world / "rw/started"
+    marker = "86395.25"
+    result = go(
+        [SH, "-c", f"echo > {started}; exec /bin/sleep {marker}"],
+        grants(world, executables=tools("sleep")),
+        seconds=30,
+        cancelled=started.exists,
+    )
+    assert result.cancelled
+    assert not result.timed_out
+    assert result.duration < 5
+    assert host_processes(marker) == []
+
+
 def test_fork_bomb_is_contained_and_the_next_call_answers() -> None:
     """A fork bomb stays under its process limit, ends at the deadline, and the runner
     answers the next call at once."""
@@ -350,7 +366,9 @@ def test_fork_bomb_is_contained_and_the_next_call_answers() -> None:
     watcher.start()
     try:
         bomb = go(
-            [SH, "-c", "f() { f | f & }; f; while :; do :; done", marker],
+            # The bomb in a subshell; the main shell only spins (a fork failing in it
+            # would end it early).
+            [SH, "-c", "(f() { f | f & }; f); while :; do :; done", marker],
             Confinement(limits=ResourceLimits(processes=16)),
             seconds=1.5,
         )

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -114,7 +114,7 @@ class ProcessResult:
 
     ``exit_code`` is ``None`` when a signal ended it (``signal``); ``dropped`` counts
     output bytes read past the cap and thrown away; ``timed_out`` says the deadline
-    ended the tree.
+    ended the tree, ``cancelled`` that the caller's ``cancelled()`` did.
     """
 
     exit_code: int | None
@@ -124,6 +124,7 @@ class ProcessResult:
     dropped: int
     timed_out: bool
     duration: float
+    cancelled: bool = False
 
 
 def landlock_abi() -> int:
@@ -418,19 +419,30 @@ def _spec(
     }
 
 
-def _exited_by(proc: subprocess.Popen[bytes], deadline: float) -> bool:
-    """Whether the trampoline exits before ``deadline``, woken by its pidfd the moment it
-    does (``Popen.wait(timeout)`` polls with sleeps of up to 50 ms)."""
+# How often a command's caller is asked whether it cancelled (the sandbox looks at a
+# running guest about as often).
+_CANCEL_POLL_S = 0.01
+
+
+def _wait(
+    proc: subprocess.Popen[bytes], deadline: float, cancelled: Callable[[], bool] | None
+) -> str:
+    """``exited``, ``deadline`` or ``cancelled``: whichever comes first. The trampoline's
+    pidfd wakes this the moment it exits (``Popen.wait(timeout)`` polls with sleeps of up
+    to 50 ms)."""
     pidfd = os.pidfd_open(proc.pid)
     try:
         poller = select.poll()
         poller.register(pidfd, select.POLLIN)
         while True:
+            if cancelled is not None and cancelled():
+                return "cancelled"
             left = deadline - time.monotonic()
             if left <= 0:
-                return proc.poll() is not None
-            if poller.poll(math.ceil(left * 1000)):
-                return True
+                return "exited" if proc.poll() is not None else "deadline"
+            step = left if cancelled is None else min(left, _CANCEL_POLL_S)
+            if poller.poll(math.ceil(step * 1000)):
+                return "exited"
     finally:
         os.close(pidfd)
 
@@ -501,13 +513,15 @@ def run(
     env: Mapping[str, str] | None = None,
     stdin: bytes = b"",
     output_cap: int = OUTPUT_CAP,
+    cancelled: Callable[[], bool] | None = None,
 ) -> ProcessResult:
-    """Run ``argv`` confined, to its end or to ``deadline`` (``time.monotonic()``).
+    """Run ``argv`` confined, to its end, to ``deadline`` (``time.monotonic()``) or until
+    ``cancelled()`` says so (asked every 10 ms).
 
     ``env`` is the command's whole environment (nothing of the host's leaks in);
     ``stdout`` and ``stderr`` each keep ``output_cap`` bytes and the rest is read and
-    dropped. At the deadline, or when the program exits, every process it started is
-    killed (they live in its PID namespace).
+    dropped. When the program exits, at the deadline or on cancellation, every process
+    it started is killed (they live in its PID namespace).
 
     Raises:
         ConfinementUnavailable: the kernel lacks what ``confinement`` needs; never
@@ -521,34 +535,78 @@ def run(
     abi = require(confinement)
     program = resolve_program(argv[0], environment)
     start = time.monotonic()
-    cgroup = _cgroup_create(confinement.limits.processes) if os.geteuid() == 0 else None
-    try:
-        return _run(
-            program, argv, confinement, abi, cwd, environment, stdin, output_cap,
-            deadline, start, cgroup,
+    with _pids_cgroup(confinement.limits.processes) as cgroup:
+        spec = _spec(
+            program, argv, confinement, abi=abi, cwd=cwd, env=environment,
+            seconds=max(deadline - start, 0.0), cgroup=cgroup,
         )  # fmt: skip
+        proc, status_r = _start(spec)
+        assert proc.stdin is not None
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        out, err = bytearray(), bytearray()
+        dropped = [0]
+        workers = [
+            threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True),
+            threading.Thread(
+                target=_drain, args=(proc.stdout, output_cap, out, dropped), daemon=True
+            ),
+            threading.Thread(
+                target=_drain, args=(proc.stderr, output_cap, err, dropped), daemon=True
+            ),
+        ]
+        for worker in workers:
+            worker.start()
+        ended = "deadline"
+        try:
+            ended = _wait(proc, deadline, cancelled)
+            if ended == "exited":
+                proc.wait()
+        finally:
+            if ended != "exited":
+                _end_tree(proc)
+            duration = time.monotonic() - start
+            status = _read_status(status_r)
+            for worker in workers:
+                worker.join(_DRAIN_GRACE_S)
+    if ended != "exited":
+        return ProcessResult(
+            None, signal.SIGKILL, bytes(out), bytes(err), dropped[0],
+            ended == "deadline", duration, ended == "cancelled",
+        )  # fmt: skip
+    code, sig = _outcome(status, argv[0])
+    if code is None and sig is None:
+        raise ConfinementUnavailable(
+            f"cannot confine {argv[0]}: the trampoline ended without a status "
+            f"(exit {proc.returncode}); the command may not have run",
+            feature="trampoline",
+        )
+    return ProcessResult(code, sig, bytes(out), bytes(err), dropped[0], False, duration)
+
+
+@contextlib.contextmanager
+def _pids_cgroup(processes: int) -> Iterator[Path | None]:
+    """A pids cgroup for one command's tree when skilld is root (``None`` otherwise).
+
+    Raises:
+        ConfinementUnavailable: root, and no writable pids controller.
+    """
+    if os.geteuid() != 0:
+        yield None
+        return
+    path = _cgroup_create(processes)
+    try:
+        yield path
     finally:
-        if cgroup is not None:
-            _cgroup_remove(cgroup)
+        _cgroup_remove(path)
 
 
-def _run(
-    program: str,
-    argv: Sequence[str],
-    confinement: Confinement,
-    abi: int,
-    cwd: str,
-    env: Mapping[str, str],
-    stdin: bytes,
-    output_cap: int,
-    deadline: float,
-    start: float,
-    cgroup: Path | None,
-) -> ProcessResult:
-    spec = _spec(
-        program, argv, confinement, abi=abi, cwd=cwd, env=env,
-        seconds=max(deadline - start, 0.0), cgroup=cgroup,
-    )  # fmt: skip
+def _start(spec: dict[str, Any]) -> tuple[subprocess.Popen[bytes], int]:
+    """Start the trampoline with ``spec`` on a pipe; its process and the status pipe.
+
+    Raises:
+        ConfinementUnavailable: the trampoline could not be started.
+    """
     spec_r, spec_w = os.pipe()
     status_r, status_w = os.pipe()
     try:
@@ -572,42 +630,4 @@ def _run(
     os.close(status_w)
     with contextlib.suppress(BrokenPipeError), os.fdopen(spec_w, "wb") as f:
         f.write(marshal.dumps(spec))
-    assert proc.stdin is not None
-    assert proc.stdout is not None
-    assert proc.stderr is not None
-    out, err = bytearray(), bytearray()
-    dropped = [0]
-    workers = [
-        threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True),
-        threading.Thread(target=_drain, args=(proc.stdout, output_cap, out, dropped), daemon=True),
-        threading.Thread(target=_drain, args=(proc.stderr, output_cap, err, dropped), daemon=True),
-    ]
-    for worker in workers:
-        worker.start()
-    timed_out = False
-    try:
-        if _exited_by(proc, deadline):
-            proc.wait()
-        else:
-            timed_out = True
-            _end_tree(proc)
-    except BaseException:
-        _end_tree(proc)
-        raise
-    finally:
-        duration = time.monotonic() - start
-        status = _read_status(status_r)
-        for worker in workers:
-            worker.join(_DRAIN_GRACE_S)
-    if timed_out:
-        return ProcessResult(
-            None, signal.SIGKILL, bytes(out), bytes(err), dropped[0], True, duration
-        )
-    code, sig = _outcome(status, argv[0])
-    if code is None and sig is None:
-        raise ConfinementUnavailable(
-            f"cannot confine {argv[0]}: the trampoline ended without a status "
-            f"(exit {proc.returncode}); the command may not have run",
-            feature="trampoline",
-        )
-    return ProcessResult(code, sig, bytes(out), bytes(err), dropped[0], False, duration)
+    return proc, status_r

@@ -27,8 +27,9 @@ program, apart from the skill's own ``env`` grants, so a token can go to a trust
 tool without the skill reading it (unless the tool prints it). The child gets no
 stdin unless given, the smallest of the rule's timeout, the request's and what is
 left of the call's deadline, and the rule's output cap: output past the cap is read
-and dropped, so a chatty child can neither block nor fill the host's memory. At the
-deadline, or when the program exits, every process it started is killed.
+and dropped, so a chatty child can neither block nor fill the host's memory. When the
+program exits, at the deadline or when the client cancels the call, every process it
+started is killed.
 """
 
 from __future__ import annotations
@@ -146,6 +147,7 @@ def run(ctx: CallContext, cmd: dict[str, object]) -> dict[str, object]:
     Raises:
         HostCallError: ``not-permitted`` for an argv or cwd the tables refuse,
             ``unavailable`` when the kernel cannot confine it (nothing ran),
+            ``cancelled`` when the client cancelled the call (the command was killed),
             ``invalid-argument``, ``not-found``, ``timeout``, ``io``.
     """
     argv = [str(a) for a in cmd["argv"]]  # type: ignore[attr-defined]
@@ -172,6 +174,7 @@ def run(ctx: CallContext, cmd: dict[str, object]) -> dict[str, object]:
             env=_environment(rule),
             stdin=data,
             output_cap=int(rule.get("output_bytes") or OUTPUT_CAP),
+            cancelled=ctx.channel.cancelled,
         )
     except ConfinementUnavailable as exc:
         raise HostCallError(
@@ -180,6 +183,8 @@ def run(ctx: CallContext, cmd: dict[str, object]) -> dict[str, object]:
     except ProgramNotStarted as exc:
         kind = "not-found" if exc.errno == errno.ENOENT else "io"
         raise HostCallError(kind, f"shell.run: {exc.message}", rule=decision.rule) from exc
+    if result.cancelled:
+        raise HostCallError("cancelled", f"{argv[0]} was killed: the client cancelled the call")
     if result.timed_out:
         limit = f"{timeout_ms} ms" if seconds * 1000 >= timeout_ms else "the call's deadline"
         raise HostCallError("timeout", f"{argv[0]} ran past {limit} and was killed")
