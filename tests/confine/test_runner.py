@@ -428,6 +428,12 @@ def test_granted_port_connects_and_others_do_not(listener: int) -> None:
     assert b"Permission denied" in other.stderr
 
 
+def test_name_resolution_files_come_with_the_network() -> None:
+    """A command with a tcp grant can read /etc/hosts (to resolve names); one without cannot."""
+    assert go(["/bin/cat", "/etc/hosts"], Confinement(tcp_connect=(443,))).exit_code == 0
+    assert go(["/bin/cat", "/etc/hosts"]).exit_code != 0
+
+
 def test_abstract_unix_socket_of_the_host_is_out_of_reach() -> None:
     """An abstract unix socket of the host cannot be reached, with or without network."""
     name = f"\0skilld-confine-test-{os.getpid()}"
