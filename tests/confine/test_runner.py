@@ -335,6 +335,14 @@ def test_background_grandchild_is_gone_when_the_program_exits() -> None:
     assert host_processes(marker) == []
 
 
+def test_no_time_left_starts_nothing(world: Path) -> None:
+    """A deadline already passed times out at once, without starting the program."""
+    marker = world / "rw/ran"
+    result = go(["/usr/bin/touch", str(marker)], grants(world), seconds=-1)
+    assert result.timed_out
+    assert not marker.exists()
+
+
 def test_cancelled_ends_the_tree(world: Path) -> None:
     """When the caller cancels, the command's whole tree ends and the result says so."""
     started = world / "rw/started"

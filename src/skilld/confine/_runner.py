@@ -554,6 +554,9 @@ def run(
     abi = require(confinement)
     program = resolve_program(argv[0], environment)
     start = time.monotonic()
+    if deadline <= start:
+        # No time left: nothing is started.
+        return ProcessResult(None, None, b"", b"", 0, True, 0.0)
     with _pids_cgroup(confinement.limits.processes) as cgroup:
         spec = _spec(
             program, argv, confinement, abi=abi, cwd=cwd, env=environment,
