@@ -480,6 +480,28 @@ def test_host_processes_cannot_be_signalled() -> None:
         victim.wait()
 
 
+def test_host_processes_cannot_be_traced() -> None:
+    """ptrace(ATTACH) of a host process fails from inside: it is not even visible."""
+    victim = subprocess.Popen(["/bin/sleep", "86394"])
+    code = (
+        "import ctypes\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        f"print(libc.ptrace(16, {victim.pid}, None, None), ctypes.get_errno())\n"
+    )
+    try:
+        for tcp in ((), (9,)):
+            result = go(
+                [sys.executable, "-I", "-S", "-c", code],
+                Confinement(read_only=(sys.base_prefix,), tcp_connect=tcp),
+            )
+            assert result.stdout.split()[0] == b"-1", result.stderr
+            assert int(result.stdout.split()[1]) in (errno.ESRCH, errno.EPERM)
+        assert victim.poll() is None
+    finally:
+        victim.kill()
+        victim.wait()
+
+
 # -- failing closed ------------------------------------------------------------
 
 
