@@ -35,7 +35,7 @@ pytestmark = [
 
 TAG = "localhost/skilld:test"
 BASE = "docker.io/library/debian:bookworm-slim"
-TOOLS = ROOT.parent / "shared" / "tools"
+TOOLS = ROOT / "tools"
 UID = 10001  # the image's skilld user
 # What `buildah run` itself leaves in the writable layer.
 RUN_FILES = {"run", "run/.containerenv"}
