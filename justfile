@@ -53,7 +53,7 @@ image-run PORT="8080" STATE="/tmp/skilld-state" TAG="localhost/skilld:dev":
       -- /opt/skilld/bin/skilld serve --bundle /opt/skilld-bundle --transport http \
       --host 0.0.0.0 --port {{PORT}}
 
-# Pin the flake's Python wheels (URL and sha256) in nix/wheels.json from pyproject.toml.
+# Pin the flake's Python wheels (name, version, tags, sha256; no URLs) in nix/wheels.json from pyproject.toml.
 nix-wheels:
     {{py}} nix/wheels.py
 
