@@ -169,12 +169,35 @@ def compile_policies(
     root = Path(policy_dir)
     if not root.is_dir():
         raise PolicyError("not a directory", location=str(policy_dir))
+    # The tables record each rule's source as `policies/x.yaml:LINE`, the same wherever the
+    # directory sits (the bundle digest must not depend on it); what the user reads names
+    # the directory as they gave it.
+    stable, given = f"{root.name}/", f"{str(policy_dir).rstrip('/') or '/'}/"
     documents: dict[str, tuple[str, object]] = {}
-    for path in sorted(root.iterdir()):
-        if path.is_file() and path.suffix in (".yaml", ".yml"):
-            label = f"{root.name}/{path.name}"
-            documents[path.name] = (label, _read(path, label))
-    return compile_documents(documents, skills, needs_sources=needs_sources)
+    try:
+        for path in sorted(root.iterdir()):
+            if path.is_file() and path.suffix in (".yaml", ".yml"):
+                label = f"{stable}{path.name}"
+                documents[path.name] = (label, _read(path, label))
+        result = compile_documents(documents, skills, needs_sources=needs_sources)
+    except PolicyError as exc:
+        exc.location = _as_given(exc.location, stable, given)
+        raise
+    return replace(
+        result,
+        warnings=tuple(_relocate(f, stable, given) for f in result.warnings),
+        problems=tuple(_relocate(f, stable, given) for f in result.problems),
+    )
+
+
+def _as_given(location: str | None, stable: str, given: str) -> str | None:
+    if location is not None and location.startswith(stable):
+        return given + location.removeprefix(stable)
+    return location
+
+
+def _relocate(finding: Finding, stable: str, given: str) -> Finding:
+    return replace(finding, location=_as_given(finding.location, stable, given) or "")
 
 
 def compile_documents(
