@@ -26,7 +26,7 @@ import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-from tests_env import ROOT
+from tests_env import ROOT, cache_dir
 
 # CI (.ci/run) installs buildah, podman and debootstrap, so there a missing buildah fails
 # the run instead of skipping the image tests unseen.
@@ -66,8 +66,11 @@ def image() -> str:
         env={**os.environ, "SOURCE_DATE_EPOCH": "315532800"},
     )
     bud = ["buildah", "bud", "--isolation", "chroot", "--pull-never", "--layers", "--format"]
+    # The builder stage's skill and native-code cache is this run's (digest-keyed, built by
+    # the tests already): the image's bundle is the same, built without compiling again.
+    cache = ["--volume", f"{cache_dir()}:/tmp/skilld-cache"]
     subprocess.run(
-        [*bud, "docker", "-t", TAG, "-f", "Containerfile", "."],
+        [*bud, "docker", *cache, "-t", TAG, "-f", "Containerfile", "."],
         cwd=ROOT,
         check=True,
         stdout=subprocess.DEVNULL,

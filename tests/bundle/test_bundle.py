@@ -45,15 +45,15 @@ def test_lock_names_everything(demo_bundle: BuildResult) -> None:
         p.relative_to(demo_bundle.out).as_posix() for p in demo_bundle.out.rglob("*") if p.is_file()
     } - {LOCK}
     assert set(lock.files) == files
-    assert {s.id for s in lock.skills} == {"echo", "echo-wat", "notes", "conformance"}
+    assert {s.id for s in lock.skills} == {"echo", "echo-wat", "notes"}
     assert len(lock.bundle_digest) == 64 and lock.policy_digest and lock.engine
 
 
 def test_loads_clean(demo_bundle: BuildResult, sandbox: Sandbox) -> None:
     """An untouched bundle loads: every component ready, tables returned."""
     loaded = open_bundle(demo_bundle.out, sandbox)
-    assert set(loaded.components) == {"echo", "echo-wat", "notes", "conformance"}
-    assert set(loaded.tables.skills) == {"echo", "echo-wat", "notes", "conformance"}
+    assert set(loaded.components) == {"echo", "echo-wat", "notes"}
+    assert set(loaded.tables.skills) == {"echo", "echo-wat", "notes"}
     assert loaded.tables.digest == loaded.lock.policy_digest
 
 
@@ -89,7 +89,7 @@ def test_flipped_byte_is_refused_naming_the_file(copy: Path, sandbox: Sandbox, a
         finally:
             path.write_bytes(original)
     loaded = load()  # repaired: loads again
-    assert set(loaded.components) == {"echo", "echo-wat", "notes", "conformance"}
+    assert set(loaded.components) == {"echo", "echo-wat", "notes"}
     del loaded, info
     gc.collect()  # loaded components keep their native code's file open until freed
     assert not _open_under(copy)
@@ -195,7 +195,7 @@ def test_other_engine_is_refused(copy: Path, sandbox: Sandbox) -> None:
             open_bundle(copy, sandbox)
         assert "bundle.lock" in str(info.value)
         loaded = open_bundle(copy, sandbox, recompile=True)
-        assert set(loaded.components) == {"echo", "echo-wat", "notes", "conformance"}
+        assert set(loaded.components) == {"echo", "echo-wat", "notes"}
     finally:
         lock_path.write_bytes(original)
 

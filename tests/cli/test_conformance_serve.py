@@ -18,18 +18,16 @@ SUITE = Path(os.environ.get("SKILLD_MCP_CONFORMANCE") or ROOT / "tools" / "mcp-c
 
 
 @pytest.mark.slow
-def test_serve_passes_every_server_scenario(demo_bundle: object, tmp_path: Path) -> None:
-    """All 30 active server scenarios pass against the real server and the wasm skill."""
+def test_serve_passes_every_server_scenario(tmp_path: Path) -> None:
+    """All 30 active server scenarios pass against `serve --with-conformance` and the wasm skill."""
     assert SUITE.is_file(), f"no conformance runner at {SUITE} (SKILLD_MCP_CONFORMANCE)"
-    bundle = demo_bundle.out  # type: ignore[attr-defined]
     server = subprocess.Popen(
         [
             sys.executable,
             "-m",
             "skilld",
             "serve",
-            "--bundle",
-            str(bundle),
+            "--with-conformance",
             "--transport",
             "http",
             "--port",

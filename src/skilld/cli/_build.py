@@ -21,14 +21,28 @@ def register(sub: Any) -> None:
         "a read-only bundle with bundle.lock. Same inputs and SOURCE_DATE_EPOCH give the "
         "same bundle digest.",
     )
-    p.add_argument("--skills", type=Path, default=Path("skills"), help="skills directory (skills/)")
+    p.add_argument(
+        "--skills",
+        type=Path,
+        default=Path("skills"),
+        metavar="DIR",
+        help="skill sources (DIR/NAME/skill.yaml) and signed .skill packages (default: skills/)",
+    )
     p.add_argument(
         "--policies",
         type=Path,
         default=Path("policies"),
-        help="policies directory with trust/ inside (policies/)",
+        metavar="DIR",
+        help="one NAME.yaml per skill, with the trust keys in DIR/trust/ (default: policies/)",
     )
-    p.add_argument("-o", "--output", type=Path, default=Path("bundle"), help="bundle directory")
+    p.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        default=Path("bundle"),
+        metavar="DIR",
+        help="where to write the bundle (default: bundle/)",
+    )
     p.add_argument(
         "--skill-key",
         type=Path,

@@ -31,13 +31,16 @@ def register(sub: Any) -> None:
             "tables (canonical JSON). Warnings and problems go to stderr."
         ),
     )
-    comp.add_argument("policies", type=Path, help="the policies directory")
+    comp.add_argument("policies", type=Path, metavar="POLICIES", help="the policies directory")
     comp.add_argument(
         "--skills",
         type=Path,
+        metavar="DIR",
         help="directory of skills (DIR/*/skill.yaml or DIR/*.skill) whose needs to check",
     )
-    comp.add_argument("-o", "--output", type=Path, help="write the tables here (default: stdout)")
+    comp.add_argument(
+        "-o", "--output", type=Path, metavar="FILE", help="write the tables here (default: stdout)"
+    )
     comp.add_argument("--strict", action="store_true", help="fail when a need is not granted")
     comp.set_defaults(handler=_compile)
 
@@ -53,22 +56,35 @@ def register(sub: Any) -> None:
             "--bundle. Exit status 0 when allowed, 1 when denied, 2 for a usage error."
         ),
     )
-    exp.add_argument("skill", help="the skill id")
+    exp.add_argument("skill", metavar="SKILL", help="the skill id")
     exp.add_argument(
         "action",
+        metavar="ACTION",
         help="CAPABILITY.ACTION, one of: fs.read, fs.write (fs.list, ...), http.get (any "
         "method), http.address, tcp.connect, tcp.address, shell.run, shell.cwd, env.read, "
         "invoke.call, transfer.send, transfer.fetch, kv.get (kv.set, ...), mcp.sample, "
         "mcp.elicit",
     )
-    exp.add_argument("target", help="path, URL, HOST:PORT, command line, skill id, NAME")
+    exp.add_argument(
+        "target", metavar="TARGET", help="path, URL, HOST:PORT, command line, skill id, NAME"
+    )
     src = exp.add_mutually_exclusive_group()
-    src.add_argument("--policies", type=Path, help="compile this directory (default: policies/)")
-    src.add_argument("--tables", type=Path, help="use compiled tables (skilld policy compile -o)")
-    src.add_argument("--bundle", type=Path, help="use the tables of this built bundle")
+    src.add_argument(
+        "--policies", type=Path, metavar="DIR", help="compile this directory (default: policies/)"
+    )
+    src.add_argument(
+        "--tables",
+        type=Path,
+        metavar="FILE",
+        help="use compiled tables (skilld policy compile -o)",
+    )
+    src.add_argument(
+        "--bundle", type=Path, metavar="DIR", help="use the tables of this built bundle"
+    )
     exp.add_argument(
         "--skills",
         type=Path,
+        metavar="DIR",
         help="the skills whose needs the grants are intersected with (default: the skills/ "
         "directory beside POLICIES, when there is one)",
     )
