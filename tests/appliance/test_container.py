@@ -54,8 +54,12 @@ def _containers() -> set[str]:
 
 
 @pytest.fixture(scope="module")
-def image() -> str:
-    """The image built from the current tree (wheelhouse refreshed first); its tag."""
+def image(demo_bundle: object) -> str:
+    """The image built from the current tree (wheelhouse refreshed first); its tag.
+
+    ``demo_bundle`` first: its components and native code land in this run's cache, which
+    the image's build stage then reuses instead of compiling them again.
+    """
     if subprocess.run(["podman", "image", "exists", BASE], check=False).returncode != 0:
         subprocess.run([str(TOOLS / "oci-base")], check=True)
     # As `just wheelhouse image`: a reproducible skilld wheel keeps buildah's layer cache.
@@ -66,8 +70,8 @@ def image() -> str:
         env={**os.environ, "SOURCE_DATE_EPOCH": "315532800"},
     )
     bud = ["buildah", "bud", "--isolation", "chroot", "--pull-never", "--layers", "--format"]
-    # The builder stage's skill and native-code cache is this run's (digest-keyed, built by
-    # the tests already): the image's bundle is the same, built without compiling again.
+    # The builder stage's skill and native-code cache is this run's (digest-keyed, filled by
+    # demo_bundle): the image's bundle is the same, built without compiling again.
     cache = ["--volume", f"{cache_dir()}:/tmp/skilld-cache"]
     subprocess.run(
         [*bud, "docker", *cache, "-t", TAG, "-f", "Containerfile", "."],
