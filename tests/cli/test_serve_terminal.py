@@ -130,3 +130,20 @@ def test_busy_port_is_a_clear_error_before_ready(demo_bundle: object, tmp_path: 
     failed = events[-1]
     assert failed["event"] == "failed" and failed["kind"] == "UsageError"
     assert f"cannot listen on 127.0.0.1:{port}" in failed["error"]
+
+
+def test_with_conformance_goes_with_the_demo_only(demo_bundle: object, tmp_path: Path) -> None:
+    """--with-conformance beside --bundle is a usage error (exit 2), said in a JSON line."""
+    bundle = demo_bundle.out  # type: ignore[attr-defined]
+    done = subprocess.run(
+        _argv(bundle, "--with-conformance"),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env=_env(tmp_path),
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2
+    (failed,) = [json.loads(line) for line in done.stderr.splitlines()]
+    assert failed["event"] == "failed" and "--with-conformance" in failed["error"]
