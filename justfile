@@ -40,8 +40,7 @@ wheelhouse:
 airgap-install VENV="/tmp/skilld-airgap":
     python3 -m venv {{VENV}} && {{VENV}}/bin/pip install -q --no-index --find-links wheelhouse 'skilld[build]'
 
-# Build the container image (buildah; tools/oci-base makes the Debian base locally when no
-# registry is reachable; docker format keeps HEALTHCHECK).
+# Build the container image with buildah (tools/oci-base makes its Debian base locally).
 image TAG="localhost/skilld:dev": wheelhouse
     tools/oci-base
     buildah bud --isolation chroot --pull-never --layers --format docker -t {{TAG}} -f Containerfile .
