@@ -91,20 +91,3 @@ def test_wheels_nix_fetches_with_fetchpypi() -> None:
     text = (ROOT / "nix" / "wheels.nix").read_text()
     assert "fetchPypi" in text and 'format = "wheel"' in text
     assert "fetchurl" not in text and "url" not in text.replace("URL", "")
-
-
-def test_repository_carries_no_package_download_urls() -> None:
-    """No tracked file names a package-index download (PyPI files, npm tarballs)."""
-    files = subprocess.run(
-        ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
-    ).stdout.split(b"\0")
-    download = re.compile(
-        rb"https?://(files\.pythonhosted\.org/packages/|pypi\.org/packages/"
-        rb"|registry\.npmjs\.org/\S+\.tgz)"
-    )
-    found = [
-        f.decode()
-        for f in files
-        if f and (ROOT / f.decode()).is_file() and download.search((ROOT / f.decode()).read_bytes())
-    ]
-    assert not found
