@@ -165,7 +165,7 @@ def test_explain_mistyped_action_is_a_usage_error(
 def test_policy_errors_name_the_directory_as_given(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An error in mine/policies/x.yaml names mine/policies/x.yaml, not policies/x.yaml."""
+    """Errors, and explain's rule sources, name mine/policies/x.yaml, not policies/x.yaml."""
     (tmp_path / "mine" / "policies").mkdir(parents=True)
     (tmp_path / "mine" / "policies" / "x.yaml").write_text(
         "kv: {}\nfs:\n  - path: /x\n    raed: 1\n"
@@ -174,3 +174,6 @@ def test_policy_errors_name_the_directory_as_given(
     assert main(["policy", "compile", "mine/policies", "-o", "t.json"]) == 1
     err = capsys.readouterr().err
     assert "skilld: error: mine/policies/x.yaml:4: unknown key 'raed'" in err
+    (tmp_path / "mine" / "policies" / "x.yaml").write_text("kv: {}\nenv: [HOME]\n")
+    assert main(["policy", "explain", "x", "env.read", "HOME", "--policies", "mine/policies"]) == 0
+    assert "rule: x.env[0] (mine/policies/x.yaml:2)" in capsys.readouterr().out

@@ -155,10 +155,11 @@ def _compile(args: argparse.Namespace) -> int:
 
 def _explain(args: argparse.Namespace) -> int:
     from skilld.permissions import explain, explain_action
-    from skilld.policy import compile_policies, load_tables
+    from skilld.policy import compile_policies, load_tables, source_as_given
 
     explain_action(args.action)  # a typo is a usage error before anything is compiled
     tables: Tables
+    policies: Path | None = None
     if args.skills is not None and (args.tables or args.bundle):
         raise UsageError("--skills goes with --policies: compiled tables already hold the needs")
     if args.tables is not None:
@@ -185,7 +186,8 @@ def _explain(args: argparse.Namespace) -> int:
         rules = section if isinstance(section, tuple) else (section,)
         for rule in rules:
             if isinstance(rule, Mapping) and rule.get("id") == decision.rule:
-                source = f" ({rule['source']})"
+                shown = source_as_given(rule["source"], policies) if policies else rule["source"]
+                source = f" ({shown})"
     verdict = "allow" if decision.allowed else "deny"
     print(f"{verdict}: {args.skill} {args.action} {args.target}")
     print(f"  rule: {decision.rule}{source}")

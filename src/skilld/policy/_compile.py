@@ -172,32 +172,37 @@ def compile_policies(
     # The tables record each rule's source as `policies/x.yaml:LINE`, the same wherever the
     # directory sits (the bundle digest must not depend on it); what the user reads names
     # the directory as they gave it.
-    stable, given = f"{root.name}/", f"{str(policy_dir).rstrip('/') or '/'}/"
     documents: dict[str, tuple[str, object]] = {}
     try:
         for path in sorted(root.iterdir()):
             if path.is_file() and path.suffix in (".yaml", ".yml"):
-                label = f"{stable}{path.name}"
+                label = f"{root.name}/{path.name}"
                 documents[path.name] = (label, _read(path, label))
         result = compile_documents(documents, skills, needs_sources=needs_sources)
     except PolicyError as exc:
-        exc.location = _as_given(exc.location, stable, given)
+        exc.location = source_as_given(exc.location, policy_dir)
         raise
     return replace(
         result,
-        warnings=tuple(_relocate(f, stable, given) for f in result.warnings),
-        problems=tuple(_relocate(f, stable, given) for f in result.problems),
+        warnings=tuple(_relocate(f, policy_dir) for f in result.warnings),
+        problems=tuple(_relocate(f, policy_dir) for f in result.problems),
     )
 
 
-def _as_given(location: str | None, stable: str, given: str) -> str | None:
-    if location is not None and location.startswith(stable):
-        return given + location.removeprefix(stable)
-    return location
+def source_as_given(source: str | None, policy_dir: str | Path) -> str | None:
+    """A rule's ``source`` (``policies/x.yaml:LINE``) with the directory named as given.
+
+    The tables keep ``policies/x.yaml:6`` wherever the directory is; a user who passed
+    ``mine/policies`` reads ``mine/policies/x.yaml:6``. Other locations pass unchanged.
+    """
+    stable = f"{Path(policy_dir).name}/"
+    if source is not None and source.startswith(stable):
+        return f"{str(policy_dir).rstrip('/') or '/'}/{source.removeprefix(stable)}"
+    return source
 
 
-def _relocate(finding: Finding, stable: str, given: str) -> Finding:
-    return replace(finding, location=_as_given(finding.location, stable, given) or "")
+def _relocate(finding: Finding, policy_dir: str | Path) -> Finding:
+    return replace(finding, location=source_as_given(finding.location, policy_dir) or "")
 
 
 def compile_documents(
