@@ -49,6 +49,11 @@ def test_lock_names_everything(demo_bundle: BuildResult) -> None:
     assert len(lock.bundle_digest) == 64 and lock.policy_digest and lock.engine
 
 
+def test_demo_build_warns_about_nothing(demo_bundle: BuildResult) -> None:
+    """The demo policies grant exactly what the demo skills need: a demo build has no warning."""
+    assert demo_bundle.warnings == ()
+
+
 def test_loads_clean(demo_bundle: BuildResult, sandbox: Sandbox) -> None:
     """An untouched bundle loads: every component ready, tables returned."""
     loaded = open_bundle(demo_bundle.out, sandbox)
