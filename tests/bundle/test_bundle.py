@@ -382,3 +382,17 @@ def test_build_cli_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     out = capsys.readouterr().out
     assert code == 0
     assert "echo" in out and "notes" in out and "digest" in out
+
+
+def test_build_cli_quiet_still_shows_warnings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """-q drops the progress lines, not the warnings (named by the policies path as given)."""
+    from tests_env import ROOT
+
+    policies = ROOT / "docs" / "examples" / "policies"
+    args = ["build", "--skills", str(ROOT / "skills"), "--policies", str(policies)]
+    assert main([*args, "-o", str(tmp_path / "b"), "-q"]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: {policies}/notes.yaml:6: notes.notes-dir is granted but" in err
+    assert all(line.startswith("warning: ") for line in err.splitlines())  # no progress

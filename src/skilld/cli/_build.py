@@ -62,7 +62,9 @@ def register(sub: Any) -> None:
         action="store_true",
         help="report needs that no grant covers as warnings, not errors",
     )
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    p.add_argument(
+        "-q", "--quiet", action="store_true", help="no progress lines (warnings still show)"
+    )
     p.set_defaults(handler=run)
 
 
@@ -92,6 +94,9 @@ def run(args: argparse.Namespace) -> int:
             cache_dir=cache,
             progress=progress,
         )
+    if args.quiet:  # progress carried them otherwise; quiet drops progress, never warnings
+        for warning in result.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
     print(f"{'skill':<14} {'version':<9} {'methods':>7}  {'package':>9} {'native':>9}  grants")
     for row in result.rows:
         print(
