@@ -28,7 +28,13 @@ def demo_cluster_bundle(
     sandbox: Sandbox, keys: Keys, tmp_path_factory: pytest.TempPathFactory
 ) -> Path:
     """The demo skills (echo, echo-wat, notes, conformance) with the repo's policies."""
-    policies = {p.name: p.read_text() for p in (ROOT / "policies").glob("*.yaml")}
+    policies = {
+        p.name: p.read_text()
+        for p in [
+            *(ROOT / "policies").glob("*.yaml"),
+            ROOT / "tests" / "policies" / "conformance.yaml",
+        ]
+    }
     return make_bundle(
         sandbox,
         tmp_path_factory.mktemp("demo-cluster"),

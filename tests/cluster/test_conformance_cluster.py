@@ -13,9 +13,7 @@ from cluster_harness import Keys, NatsServer, start_node
 from tests_env import ROOT
 
 # Where tests/cli/test_conformance_serve.py looks for the runner too.
-SUITE = Path(
-    os.environ.get("SKILLD_MCP_CONFORMANCE") or ROOT.parent / "shared" / "tools" / "mcp-conformance"
-)
+SUITE = Path(os.environ.get("SKILLD_MCP_CONFORMANCE") or ROOT / "tools" / "mcp-conformance")
 
 
 @pytest.mark.slow

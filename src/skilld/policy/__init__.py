@@ -11,14 +11,21 @@ returns frozen :class:`Tables` (identity: :attr:`Tables.digest`), which
 
 from __future__ import annotations
 
-from skilld.policy._compile import CompileResult, Finding, compile_documents, compile_policies
-from skilld.policy._schema import CAPABILITY_SECTIONS, Exposure, parse_grants
+from skilld.policy._compile import (
+    CompileResult,
+    Finding,
+    compile_documents,
+    compile_policies,
+    source_as_given,
+)
+from skilld.policy._schema import CAPABILITY_SECTIONS, HTTP_METHODS, Exposure, parse_grants
 from skilld.policy._tables import FORMAT, Tables, load_tables
 from skilld.policy._yaml import load_yaml
 
 __all__ = [
     "CAPABILITY_SECTIONS",
     "FORMAT",
+    "HTTP_METHODS",
     "CompileResult",
     "Exposure",
     "Finding",
@@ -28,4 +35,5 @@ __all__ = [
     "load_tables",
     "load_yaml",
     "parse_grants",
+    "source_as_given",
 ]

@@ -169,12 +169,40 @@ def compile_policies(
     root = Path(policy_dir)
     if not root.is_dir():
         raise PolicyError("not a directory", location=str(policy_dir))
+    # The tables record each rule's source as `policies/x.yaml:LINE`, the same wherever the
+    # directory sits (the bundle digest must not depend on it); what the user reads names
+    # the directory as they gave it.
     documents: dict[str, tuple[str, object]] = {}
-    for path in sorted(root.iterdir()):
-        if path.is_file() and path.suffix in (".yaml", ".yml"):
-            label = f"{root.name}/{path.name}"
-            documents[path.name] = (label, _read(path, label))
-    return compile_documents(documents, skills, needs_sources=needs_sources)
+    try:
+        for path in sorted(root.iterdir()):
+            if path.is_file() and path.suffix in (".yaml", ".yml"):
+                label = f"{root.name}/{path.name}"
+                documents[path.name] = (label, _read(path, label))
+        result = compile_documents(documents, skills, needs_sources=needs_sources)
+    except PolicyError as exc:
+        exc.location = source_as_given(exc.location, policy_dir)
+        raise
+    return replace(
+        result,
+        warnings=tuple(_relocate(f, policy_dir) for f in result.warnings),
+        problems=tuple(_relocate(f, policy_dir) for f in result.problems),
+    )
+
+
+def source_as_given(source: str | None, policy_dir: str | Path) -> str | None:
+    """A rule's ``source`` (``policies/x.yaml:LINE``) with the directory named as given.
+
+    The tables keep ``policies/x.yaml:6`` wherever the directory is; a user who passed
+    ``mine/policies`` reads ``mine/policies/x.yaml:6``. Other locations pass unchanged.
+    """
+    stable = f"{Path(policy_dir).name}/"
+    if source is not None and source.startswith(stable):
+        return f"{str(policy_dir).rstrip('/') or '/'}/{source.removeprefix(stable)}"
+    return source
+
+
+def _relocate(finding: Finding, policy_dir: str | Path) -> Finding:
+    return replace(finding, location=source_as_given(finding.location, policy_dir) or "")
 
 
 def compile_documents(
