@@ -14,6 +14,7 @@ sandbox's (``skilld.sandbox.abi.transfer``), handed in as :class:`FileAccess`.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -213,41 +214,50 @@ class Transfers:
     async def _on_request(self, msg: Msg) -> None:
         headers = msg.headers or {}
         op = headers.get(H_OP, "")
+        if op == "read" and msg.reply:
+            try:
+                data, _at = self._outgoing[headers.get(H_ID, "")]
+            except KeyError:
+                await self._link.nc.publish(msg.reply, _NO_SUCH)
+                return
+            size, seq = self._chunk_size(), _seq(headers)
+            chunk = data[seq * size : (seq + 1) * size]
+            await self._link.nc.publish(msg.reply, chunk, headers={H_OP: "data"})
+            return
+        if op == "close":
+            self._outgoing.pop(headers.get(H_ID, ""), None)
+            return
+        # Files are opened, written, synced and read on a thread, not on the link's loop
+        # (routed calls share it); a subscription's messages are handled one at a time,
+        # so the chunks of a transfer still arrive in order.
+        answer = await asyncio.get_running_loop().run_in_executor(
+            None, self._answer, op, msg.data, headers
+        )
+        if msg.reply:
+            await self._link.nc.publish(msg.reply, answer)
+
+    def _answer(self, op: str, data: bytes, headers: Mapping[str, str]) -> bytes:
         try:
             if op == "put":
-                reply: Any = self._begin_put(msg.data, headers)
+                reply: Any = self._begin_put(data, headers)
             elif op == "chunk":
                 sink, _doc, _at = self._incoming[headers.get(H_ID, "")]
-                sink.write(msg.data)
+                sink.write(data)
                 reply = True
             elif op == "end":
                 reply = self._end_put(headers.get(H_ID, ""))
             elif op == "get":
-                reply = self._begin_get(msg.data, headers)
-            elif op == "read":
-                data, _at = self._outgoing[headers.get(H_ID, "")]
-                size = self._chunk_size()
-                seq = int(headers.get(H_SEQ, "0"))
-                if msg.reply:
-                    await self._link.nc.publish(
-                        msg.reply, data[seq * size : (seq + 1) * size], headers={H_OP: "data"}
-                    )
-                return
-            elif op == "close":
-                self._outgoing.pop(headers.get(H_ID, ""), None)
-                return
+                reply = self._begin_get(data, headers)
             else:
                 raise HostCallError("invalid-argument", f"unknown transfer operation {op!r}")
-            answer = dumps({"ok": reply})
+            return dumps({"ok": reply})
         except KeyError:
-            answer = dumps({"error": {"code": "not-found", "message": "no such transfer"}})
+            return _NO_SUCH
         except SkilldError as exc:
             tid = headers.get(H_ID)
             if tid in self._incoming:
                 self._incoming.pop(tid)[0].abort()
-            answer = dumps({"error": _error(exc)})
-        if msg.reply:
-            await self._link.nc.publish(msg.reply, answer)
+            return dumps({"error": _error(exc)})
 
     def _signed(self, data: bytes, headers: Mapping[str, str]) -> dict[str, Any]:
         try:
@@ -334,6 +344,16 @@ class Transfers:
             }
         )
         return {"size": len(payload), "sha256": sha, "parts": max(1, -(-len(payload) // size))}
+
+
+_NO_SUCH = dumps({"error": {"code": "not-found", "message": "no such transfer"}})
+
+
+def _seq(headers: Mapping[str, str]) -> int:
+    try:
+        return max(0, int(headers.get(H_SEQ, "0")))
+    except ValueError:
+        return 0
 
 
 def _record(
