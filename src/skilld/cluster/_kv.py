@@ -39,6 +39,7 @@ from skilld.errors import ClusterError, QuotaExceeded, StateError
 _USAGE = "_usage"
 _TIMEOUT_S = 5.0
 _CAS_ATTEMPTS = 32
+_KEYS_ATTEMPTS = 5
 _WRONG_LAST_SEQUENCE = 10071  # JetStream's error code for a failed compare-and-set
 
 
@@ -209,10 +210,19 @@ class JetStreamKV:
         return self._run(self._keys(prefix, limit), "listing keys")  # type: ignore[no-any-return]
 
     async def _keys(self, prefix: str, limit: int) -> list[str]:
-        try:
-            stored = await self._kv.keys()
-        except NoKeysError:
-            return []
+        for _ in range(_KEYS_ATTEMPTS):
+            try:
+                stored = await self._kv.keys()
+                break
+            except NoKeysError:
+                # nats-py's keys() can end before the first key arrives (it compares the
+                # consumer's pending count with what it has processed, and races with
+                # delivery). A bucket that was ever written holds _usage, so "no keys at
+                # all" there is that race: ask again.
+                if await self._get(_USAGE) is None:
+                    return []
+        else:
+            raise StateError("JetStream KV did not list the keys", location=self.skill_id)
         found = sorted(
             k for k in (decode_key(s) for s in stored) if k is not None and k.startswith(prefix)
         )
