@@ -115,6 +115,7 @@ def load_registry(
     """
     from skilld.bundle import open_bundle
     from skilld.permissions import SkillPermissions
+    from skilld.policy import RUNNER
     from skilld.registry import Registry, SkillEntry, annotations_for
     from skilld.sandbox import Sandbox
     from skilld.state import SqliteState
@@ -145,6 +146,8 @@ def load_registry(
     state = SqliteState(state_dir / "state.sqlite3")
     registry = Registry(audit=audit)
     for locked in loaded.lock.skills:
+        if locked.id == RUNNER:  # delegate's runner: registered once per kit below
+            continue
         spec = specs[locked.id]
         checker = SkillPermissions.from_tables(tables, locked.id)
         limits = tables.limits(locked.id)
@@ -165,6 +168,17 @@ def load_registry(
                 annotations=annotations_for(grants),
                 description=locked.description,
             )
+        )
+    if tables.kits:
+        from skilld.delegate import InferenceConfig
+        from skilld.delegate import register as register_kits
+
+        register_kits(
+            registry,
+            tables,
+            loaded.components[RUNNER],
+            lambda sid: SkillPermissions.from_tables(tables, sid),
+            InferenceConfig.from_env(),
         )
     t = _stage(timings, "register", t)
     registry.mark_ready()
