@@ -104,10 +104,12 @@ def load_registry(
     recompile: bool = False,
     lock_key: Path | None = None,
     prehash: Any = None,
+    delegate_config: Any = None,
 ) -> tuple[Any, Any, dict[str, float]]:
     """Verify and load a bundle into a ready registry; returns (registry, sandbox, timings).
 
-    ``prehash`` is the bundle's files already being hashed (``prehash_bundle``).
+    ``prehash`` is the bundle's files already being hashed (``prehash_bundle``);
+    ``delegate_config`` the kits' inference tiers (default: from the environment).
 
     Raises:
         BundleError: the bundle is damaged, unknown content, or for another engine.
@@ -178,7 +180,7 @@ def load_registry(
             tables,
             loaded.components[RUNNER],
             lambda sid: SkillPermissions.from_tables(tables, sid),
-            InferenceConfig.from_env(),
+            delegate_config or InferenceConfig.from_env(),
         )
     t = _stage(timings, "register", t)
     registry.mark_ready()
@@ -297,9 +299,11 @@ def _demo_bundle() -> Path:
 
     skills, policies = _demo_sources()
     # Everything the demo bundle is made of: its sources, the SDK and ABI compiled into
-    # every skill, and this skilld (engine included) that compiles it.
+    # every skill, delegate's runner, and this skilld (engine included) that compiles it.
     h = hashlib.sha256(f"{__version__} {engine_fingerprint()[1]}".encode())
-    for root in (skills, policies, paths.sdk_dir(), paths.wit_dir()):
+    from skilld.bundle._build import RUNNER_DIR
+
+    for root in (skills, policies, paths.sdk_dir(), paths.wit_dir(), RUNNER_DIR):
         for path in sorted(root.rglob("*")):
             if path.is_file() and "__pycache__" not in path.parts:
                 h.update(path.relative_to(root.parent).as_posix().encode() + b"\0")
