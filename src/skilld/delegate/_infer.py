@@ -31,7 +31,7 @@ from skilld.errors import DelegateError, InferenceError, UsageError
 
 DEFAULT_RETRIES = 2
 OLLAMA_MODEL = "qwen2.5-coder:7b"
-ANTHROPIC_MODEL = "claude-sonnet-4-5"
+ANTHROPIC_MODEL = "claude-sonnet-5"
 _FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
 
 

@@ -87,6 +87,7 @@ _REFUSED: dict[type[ast.AST], tuple[str, str]] = {
     ast.ClassDef: ("definition", "class definitions are not allowed"),
     ast.While: ("while", "'while' is not allowed; loop with 'for' over a list or range()"),
     ast.Try: ("try", "'try' is not allowed; a failing tool call ends the program"),
+    ast.TryStar: ("try", "'try' is not allowed; a failing tool call ends the program"),
     ast.Lambda: ("lambda", "'lambda' is allowed only as the key= argument of a call"),
     ast.With: ("with", "'with' is not allowed"),
     ast.Raise: ("raise", "'raise' is not allowed"),
@@ -179,7 +180,8 @@ class _Checker:
                 self.add(node, "size", f"program has more than {MAX_NODES} syntax nodes")
                 break
             if depth > MAX_DEPTH:
-                self.add(node, "depth", f"program nests deeper than {MAX_DEPTH} levels")
+                if not any(p.rule == "delegate.depth" for p in self.problems):
+                    self.add(node, "depth", f"program nests deeper than {MAX_DEPTH} levels")
                 continue
             if not self.node(node, parent):
                 continue
