@@ -1,23 +1,35 @@
-"""Helpers for delegate's tests: a bundle loaded into a registry, the service behind it."""
+"""Helpers for delegate's tests: a bundle opened as a node, the service behind it."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
-from skilld.audit import MemorySink
-from skilld.cli._serve import load_registry
 from skilld.delegate import SKILL_ID, DelegateBackend, DelegateService, InferenceConfig
+from skilld.node import Node, NodeConfig
 from skilld.registry import Registry
 
 
-def loaded(bundle: Path, state: Path, config: InferenceConfig | None = None) -> Any:
-    """(registry, sandbox, audit sink) of ``bundle``, its kits' tiers from ``config``."""
-    sink = MemorySink()
-    registry, sandbox, _ = load_registry(
-        bundle, state, audit=sink, delegate_config=config or InferenceConfig()
+class AuditFile:
+    """The audit records a node wrote so far (its JSON lines file, read on each look)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        """Every record, in order."""
+        if not self.path.exists():
+            return []
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line]
+
+
+def opened(bundle: Path, state: Path, config: InferenceConfig | None = None) -> Node:
+    """A node of ``bundle`` with state (and audit) in ``state``, its kits' tiers from ``config``."""
+    return Node.open(
+        NodeConfig(bundle=bundle, state_dir=state, delegate=config or InferenceConfig())
     )
-    return registry, sandbox, sink
 
 
 def service_of(registry: Registry) -> DelegateService:

@@ -17,10 +17,10 @@ import json
 from typing import Any
 
 import pytest
+from delegate_util import AuditFile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from skilld.audit import MemorySink
 from skilld.delegate import DelegateService, validate
 from skilld.policy import RUNNER_METHOD
 from skilld.registry import Registry
@@ -121,7 +121,7 @@ REFUSED: list[tuple[str, str, str]] = [
 @pytest.mark.parametrize(("program", "rule"), [r[1:] for r in REFUSED], ids=[r[0] for r in REFUSED])
 def test_refused_with_rule_and_place(
     service: DelegateService,
-    kits_registry: tuple[Registry, MemorySink],
+    kits_registry: tuple[Registry, AuditFile],
     program: str,
     rule: str,
 ) -> None:
@@ -254,7 +254,7 @@ UNVALIDATED: list[tuple[str, str, str, str]] = [
 )
 def test_unvalidated_programs_stay_contained(
     service: DelegateService,
-    kits_registry: tuple[Registry, MemorySink],
+    kits_registry: tuple[Registry, AuditFile],
     program: str,
     kit: str,
     needle: str,

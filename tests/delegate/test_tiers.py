@@ -13,7 +13,7 @@ from typing import Any
 
 import anyio
 import pytest
-from delegate_util import loaded, service_of
+from delegate_util import opened, service_of
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
@@ -111,11 +111,8 @@ def claude() -> Iterator[Canned]:
 
 
 def _run(bundle: BuildResult, state: Path, config: InferenceConfig, intent: str) -> Any:
-    registry, sandbox, _ = loaded(bundle.out, state, config)
-    try:
-        return service_of(registry).delegate(intent, "text")
-    finally:
-        sandbox.close()
+    with opened(bundle.out, state, config) as node:
+        return service_of(node.registry).delegate(intent, "text")
 
 
 def test_ollama_tier_corrects_a_refused_program(
@@ -205,11 +202,8 @@ def test_system_prompt_names_the_kit_and_bound_params(
     demo_bundle: BuildResult, tmp_path: Path
 ) -> None:
     """A model is told the kit's functions (positional order) and the names already bound."""
-    registry, sandbox, _ = loaded(demo_bundle.out, tmp_path)
-    try:
-        kit = service_of(registry).kit("notes")
-    finally:
-        sandbox.close()
+    with opened(demo_bundle.out, tmp_path) as node:
+        kit = service_of(node.registry).kit("notes")
     prompt = system_prompt(kit, {"day": "monday"})
     assert "add(title, body)" in prompt and "titles()" in prompt
     assert "Names already bound: day." in prompt

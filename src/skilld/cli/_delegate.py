@@ -1,6 +1,6 @@
 """``skilld delegate``: an intent (or a program file to validate) over a kit, from the shell.
 
-It loads the bundle like ``skilld serve`` and calls the ``delegate`` skill through the
+It opens the bundle as a node like ``skilld serve`` and calls the ``delegate`` skill through the
 registry, so a CLI run is the same code as an MCP call: slots, audit, the sandbox.
 """
 
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,9 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--bundle", type=Path, help="bundle directory (default: the demo bundle)")
     p.add_argument("--state-dir", type=Path, help=f"key-value state ({paths.state_dir()})")
-    p.add_argument("--audit-log", metavar="FILE|-", help="audit records (default: none)")
+    p.add_argument(
+        "--audit-log", metavar="FILE|-", help="audit records (default: STATE_DIR/audit.jsonl)"
+    )
     p.add_argument("--ollama-url", help="use a local Ollama model at this URL as a tier")
     p.add_argument("--ollama-model", help="the Ollama model's name")
     p.add_argument("--anthropic-key-file", type=Path, help="use Anthropic; the key is in FILE")
@@ -50,8 +51,8 @@ def run(args: argparse.Namespace) -> int:
     """Handle ``skilld delegate``."""
     from dataclasses import replace
 
-    from skilld.cli._serve import _demo_bundle, load_registry
     from skilld.delegate import SKILL_ID, InferenceConfig, parse_params
+    from skilld.node import Node, NodeConfig, demo_bundle
 
     if args.words[0] == "validate" and len(args.words) == 2:
         source = Path(args.words[1])
@@ -74,24 +75,16 @@ def run(args: argparse.Namespace) -> int:
         "retries": args.retries,
     }
     config = replace(config, **{k: v for k, v in overrides.items() if v is not None})
-    state_dir = args.state_dir or paths.state_dir()
-    state_dir.mkdir(parents=True, exist_ok=True)
-    audit = None
-    if args.audit_log:
-        from skilld.audit import JsonLinesSink
-
-        audit = JsonLinesSink(sys.stderr if args.audit_log == "-" else Path(args.audit_log))
-    registry, sandbox, _ = load_registry(
-        args.bundle or _demo_bundle(), state_dir, audit=audit, delegate_config=config
+    node_config = NodeConfig(
+        bundle=args.bundle or demo_bundle(),
+        state_dir=args.state_dir or paths.state_dir(),
+        audit_log=args.audit_log,
+        delegate=config,
     )
-    try:
-        if SKILL_ID not in {s.spec.id for s in registry.skills()}:
+    with Node.open(node_config) as node:
+        if SKILL_ID not in {s.spec.id for s in node.registry.skills()}:
             raise UsageError("this bundle has no kits", hint="declare kits in policies/kits/")
-        out = registry.call_method(SKILL_ID, method, call_args, caller="cli")
-    finally:
-        sandbox.close()
-        if audit is not None:
-            audit.close()
+        out = node.registry.call_method(SKILL_ID, method, call_args, caller="cli")
     print(json.dumps(out.value, indent=2, ensure_ascii=False))
     if method == "validate_program":
         return 0 if out.value["valid"] else 1
