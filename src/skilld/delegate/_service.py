@@ -25,13 +25,16 @@ from skilld.delegate._infer import InferenceConfig, infer, monotonic_budget, no_
 from skilld.delegate._kits import Kit, load_kits
 from skilld.delegate._validate import check_program, validate
 from skilld.errors import (
+    CallCancelled,
+    DeadlineExceeded,
     DelegateError,
     GuestError,
     GuestFault,
     HostCallError,
+    MemoryExhausted,
     ProgramRejected,
     RunOnThread,
-    SkilldError,
+    StackExhausted,
     UsageError,
 )
 from skilld.policy import RUNNER_METHOD, Exposure, Tables
@@ -90,7 +93,6 @@ class TraceEntry:
 class _Run:
     """What a kit runner call records for the service (one per program run)."""
 
-    kit: Kit
     trace: list[TraceEntry] = field(default_factory=list)
 
 
@@ -116,7 +118,7 @@ class KitRunner:
         """
         if ctx.inline_until is not None:
             raise RunOnThread
-        run = _CURRENT.get() or _Run(self.kit)
+        run = _CURRENT.get() or _Run()
         upstream = ctx.invoker
         if upstream is None:  # pragma: no cover - the registry always sets one
             raise GuestError("internal", "the kit runner has no invoker")
@@ -330,7 +332,7 @@ class DelegateService:
                 ],
             }
             return _timed(result, t0, None)
-        run = _Run(kit)
+        run = _Run()
         token = _CURRENT.set(run)
         t1 = time.perf_counter()
         try:
@@ -367,14 +369,17 @@ class DelegateService:
         return _timed(result, t0, t1)
 
 
-def _fault_code(exc: SkilldError) -> str:
-    name = type(exc).__name__
-    return {
-        "DeadlineExceeded": "deadline",
-        "MemoryExhausted": "memory",
-        "StackExhausted": "stack",
-        "CallCancelled": "cancelled",
-    }.get(name, "fault")
+def _fault_code(exc: GuestFault) -> str:
+    """The result's error code for a fault (the audit record's outcome names)."""
+    for kind, code in (
+        (DeadlineExceeded, "deadline"),
+        (MemoryExhausted, "memory"),
+        (StackExhausted, "stack"),
+        (CallCancelled, "cancelled"),
+    ):
+        if isinstance(exc, kind):
+            return code
+    return "fault"
 
 
 def _timed(result: dict[str, Any], t0: float, t1: float | None) -> dict[str, Any]:
