@@ -18,9 +18,9 @@ from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from skilld.bundle import BuildResult
-from skilld.delegate import InferenceConfig
-from skilld.delegate._infer import system_prompt
-from skilld.errors import DelegateError
+from skilld.delegate import InferenceConfig, parse_params
+from skilld.delegate._infer import infer, system_prompt
+from skilld.errors import DelegateError, UsageError
 from tests_env import cache_dir
 
 BAD = "Here it is:\n```python\nimport os\nresult = echo('hi')\n```"
@@ -278,3 +278,47 @@ def test_templates_and_rules_end_to_end_over_mcp(demo_bundle: BuildResult, tmp_p
                 )
 
     anyio.run(run)
+
+
+def test_model_tiers_stop_when_the_call_has_no_time_left(
+    demo_bundle: BuildResult, ollama: Canned, tmp_path: Path
+) -> None:
+    """A model tier is bounded by the call's deadline: with none left it is not asked."""
+    with opened(demo_bundle.out, tmp_path, InferenceConfig(ollama_url=ollama.url)) as node:
+        kit = service_of(node.registry).kit("text")
+    generated = infer("say hi", kit, {}, InferenceConfig(ollama_url=ollama.url), lambda: 0.1)
+    assert generated.program is None and ollama.requests == []
+    assert generated.tiers_tried[-1] == {
+        "tier": "ollama",
+        "error": "no time left for the model",
+        "problems": [],
+    }
+
+
+def test_configuration_from_the_environment() -> None:
+    """SKILLD_DELEGATE_* variables turn model tiers on, in order; nothing set means none."""
+    config = InferenceConfig.from_env(
+        {
+            "SKILLD_DELEGATE_OLLAMA_URL": "http://127.0.0.1:11434",
+            "SKILLD_DELEGATE_ANTHROPIC_KEY_ENV": "MY_KEY",
+            "SKILLD_DELEGATE_ANTHROPIC_MODEL": "claude-haiku-4-5",
+        }
+    )
+    assert config.tiers() == ["templates", "rules", "ollama", "anthropic"]
+    assert config.anthropic_model == "claude-haiku-4-5" and config.anthropic_key_env == "MY_KEY"
+
+
+@pytest.mark.parametrize(
+    ("items", "expected"),
+    [(["n=3", "s=hello", "j=[1, 2]"], {"n": 3, "s": "hello", "j": [1, 2]}), ([], {})],
+)
+def test_params_from_the_command_line(items: list[str], expected: dict[str, Any]) -> None:
+    """--param NAME=VALUE: JSON values stay typed, anything else is a string."""
+    assert parse_params(items) == expected
+
+
+@pytest.mark.parametrize("item", ["novalue", "Bad=1", "_x=1", "=1"])
+def test_bad_params_are_usage_errors(item: str) -> None:
+    """A --param without '=' or with a bad name is refused."""
+    with pytest.raises(UsageError, match="--param takes NAME=VALUE"):
+        parse_params([item])
