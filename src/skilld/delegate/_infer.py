@@ -30,6 +30,8 @@ from skilld.delegate._validate import BUILTINS, METHODS, Problem, validate
 from skilld.errors import DelegateError, InferenceError, UsageError
 
 DEFAULT_RETRIES = 2
+# Below this many seconds left, a model is not asked: no answer would come back in time.
+MIN_MODEL_S = 0.5
 OLLAMA_MODEL = "qwen2.5-coder:7b"
 ANTHROPIC_MODEL = "claude-sonnet-5"
 _FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
@@ -157,7 +159,7 @@ def _ask(
     last: list[str] = []
     for attempt in range(retries + 1):
         budget = remaining()
-        if budget <= 0.5:
+        if budget <= MIN_MODEL_S:
             return None, corrections, {"error": "no time left for the model", "problems": last}
         try:
             reply = model.complete(system, messages, budget)

@@ -448,6 +448,10 @@ class DelegateBackend:
             raise GuestError("invalid-argument", "arguments must be a JSON object")
         if method in ("delegate", "run_program") and ctx.inline_until is not None:
             raise RunOnThread
+        if ctx.deadline is None:
+            # The registry leaves the clock to the backend (the sandbox arms its own for a
+            # guest); model tiers are bounded by what is left of this one.
+            ctx.deadline = time.monotonic() + ctx.limits.timeout_ms / 1000
         svc = self.service
         try:
             if method == "delegate":
