@@ -123,6 +123,12 @@ def test_runner_entry_may_invoke_exactly_the_kit_skills(tmp_path: Path) -> None:
         ),
         ("tools:\n  read: files/read\nlimits:\n  tool_calls: 0\n", 4, "limits.tool_calls"),
         ("kit: other\ntools:\n  read: files/read\n", 1, "does not match"),
+        (
+            "tools:\n  read: files/read\nrules:\n  - id: r\n    keywords: [two words]\n"
+            "    program: result = read('x')\n",
+            5,
+            "must be one word",
+        ),
     ],
 )
 def test_kit_errors_name_file_and_line(tmp_path: Path, text: str, line: int, message: str) -> None:

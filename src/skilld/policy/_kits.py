@@ -53,6 +53,13 @@ RUNNER_METHOD = "run_program"
 KIT_PREFIX = "kit."
 _NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}\Z")
 _FUNC = re.compile(r"^[a-z][a-z0-9_]{0,31}\Z")
+# An entry of templates / rules: (keys it takes, keys it needs).
+_ENTRY_KEYS = {
+    "templates": (("id", "pattern", "program"), ("id", "pattern", "program")),
+    "rules": (("id", "keywords", "captures", "program"), ("id", "keywords", "program")),
+}
+# A keyword is one word as the rules tier splits an intent into words.
+_KEYWORD = re.compile(r"^[\w.-]+\Z")
 _KIT_KEYS = ("kit", "description", "tools", "limits", "templates", "rules")
 _MAX_CALLS = 16
 _MAX_OUTPUT = 64 * 1024
@@ -234,12 +241,7 @@ def _patterns(m: Mapping[str, Any], key: str, where: Where, tools: set[str]) -> 
     for i, item in enumerate(_list(m[key], kw, key)):
         at = _line(m[key], i, kw)
         im = _mapping(item, at, f"an entry of {key}")
-        allowed = (
-            ("id", "pattern", "program")
-            if key == "templates"
-            else ("id", "keywords", "captures", "program")
-        )
-        need = ("id", "pattern", "program") if key == "templates" else ("id", "keywords", "program")
+        allowed, need = _ENTRY_KEYS[key]
         _check_keys(im, allowed, at, f"an entry of {key}", required=need)
         program = im["program"]
         if not isinstance(program, str) or not program.strip():
@@ -251,7 +253,11 @@ def _patterns(m: Mapping[str, Any], key: str, where: Where, tools: set[str]) -> 
             entry["pattern"] = regex.pattern
             names = set(regex.groupindex)
         else:
-            words = _str_list(im["keywords"], _line(im, "keywords", at), "a keyword")
+            kw_at = _line(im, "keywords", at)
+            words = _str_list(im["keywords"], kw_at, "a keyword")
+            for word in words:
+                if not _KEYWORD.match(word):
+                    raise _fail(kw_at, f"keyword {word!r} must be one word (letters, digits, _.-)")
             entry["keywords"] = [w.lower() for w in words]
             caps: dict[str, str] = {}
             if "captures" in im:
