@@ -212,3 +212,27 @@ def test_cli_delegate_and_validate(demo_bundle: BuildResult, tmp_path: Path) -> 
     assert json.loads(param.stdout)["output"] == "hi"
     unknown = _skilld("delegate", "x", "--kit", "nope", *bundle, state=tmp_path)
     assert unknown.returncode == 1 and "no kit named 'nope'" in unknown.stderr
+
+
+def test_refused_template_program_stops_the_node(tmp_path: Path, sandbox: Any) -> None:
+    """A kit whose template holds a refused program is refused when a node loads it, at its line."""
+    import shutil
+
+    from skilld.bundle import build_bundle
+    from skilld.errors import DelegateError
+    from skilld.node import Node, NodeConfig
+
+    skills = tmp_path / "skills"
+    shutil.copytree(ROOT / "skills" / "echo", skills / "echo")
+    policies = tmp_path / "policies"
+    (policies / "kits").mkdir(parents=True)
+    (policies / "echo.yaml").write_text("skill: echo\n")
+    (policies / "kits" / "k.yaml").write_text(
+        "tools:\n  echo: echo/echo\ntemplates:\n  - id: bad\n    pattern: 'x (?P<t>.+)'\n"
+        "    program: |\n      import os\n"
+    )
+    bundle = tmp_path / "b"
+    build_bundle(skills, policies, bundle, sandbox=sandbox, cache_dir=cache_dir())
+    with pytest.raises(DelegateError, match=r"entry 'bad'.*imports are not allowed") as info:
+        Node.open(NodeConfig(bundle=bundle, state_dir=tmp_path / "state"))
+    assert info.value.location == "policies/kits/k.yaml:4"
