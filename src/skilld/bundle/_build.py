@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from skilld import ABI_VERSION, __version__, package
+from skilld import ABI_VERSION, __version__, package, paths
 from skilld.bundle._lock import FORMAT, LOCK, LOCK_SIG, Lock, LockedSkill, canonical_json
 from skilld.errors import BundleError, SkilldError, UsageError
 from skilld.package.build import build_component
@@ -140,7 +140,7 @@ def _collect(
     sources = [d for d in sorted(skills_dir.iterdir()) if (d / "skill.yaml").is_file()]
     if with_runner:
         # delegate's kits run their programs in the CPython runner, built like a source skill.
-        sources.append(RUNNER_DIR)
+        sources.append(paths.runner_dir())
     prebuilt = sorted(skills_dir.glob("*.skill"))
     if not sources and not prebuilt:
         raise BundleError(
@@ -174,10 +174,6 @@ def _collect(
             target.write_bytes(data)
             out.append(_Collected(target, d, (meta.id, meta.version)))
     return out
-
-
-# The runner component's source (``skilld.sandbox``'s ``pyrunner`` skill directory).
-RUNNER_DIR = Path(__file__).resolve().parents[1] / "sandbox" / "pyrunner"
 
 
 def _has_kits(policies_dir: Path) -> bool:

@@ -36,14 +36,13 @@ def demo_bundle() -> Path:
         UsageError: no demo sources (see :func:`demo_sources`).
         PackageError, PolicyError, BundleError: building it failed.
     """
-    from skilld.bundle._build import RUNNER_DIR
     from skilld.sandbox import Sandbox, engine_fingerprint
 
     skills, policies = demo_sources()
     # Everything the demo bundle is made of: its sources, the SDK and ABI compiled into
     # every skill, delegate's runner, and this skilld (engine included) that compiles it.
     h = hashlib.sha256(f"{__version__} {engine_fingerprint()[1]}".encode())
-    for root in (skills, policies, paths.sdk_dir(), paths.wit_dir(), RUNNER_DIR):
+    for root in (skills, policies, paths.sdk_dir(), paths.wit_dir(), paths.runner_dir()):
         for path in sorted(root.rglob("*")):
             if path.is_file() and "__pycache__" not in path.parts:
                 h.update(path.relative_to(root.parent).as_posix().encode() + b"\0")
