@@ -241,6 +241,13 @@ UNVALIDATED: list[tuple[str, str, str, str]] = [
         "more than 8 tool calls",
     ),
     (
+        "raw-binding-bad-json",
+        "b = echo.__globals__['invoke'].call.__globals__['_binding']('invoke')\n"
+        "result = b.call('echo', 'echo', '{not json')",
+        "text",
+        "args are not JSON",
+    ),
+    (
         "frame-walk",
         "g = (x for x in [1])\nresult = str(sorted(g.gi_frame.f_globals))",
         "text",

@@ -134,8 +134,12 @@ class KitRunner:
                 reason = f"more than {self.kit.max_calls} tool calls"
                 ctx.record(Decision(False, "invoke", "call", f"{skill}/{target}", rule, reason))
                 raise HostCallError("limit-exceeded", reason, rule=rule)
+            try:
+                parsed = json.loads(args)
+            except ValueError as exc:  # a guest past the SDK can send anything
+                raise HostCallError("invalid-argument", f"{name}() args are not JSON") from exc
             ctx.record(Decision(True, "invoke", "call", f"{skill}/{target}", rule, name))
-            entry = TraceEntry(len(run.trace) + 1, name, json.loads(args))
+            entry = TraceEntry(len(run.trace) + 1, name, parsed)
             run.trace.append(entry)
             t0 = time.perf_counter()
             try:
@@ -443,7 +447,10 @@ class DelegateBackend:
             RunOnThread: an inline attempt at ``delegate`` or ``run_program``.
             GuestError: unknown method or kit, bad arguments, no program for an intent.
         """
-        args = json.loads(args_json) if args_json.strip() else {}
+        try:
+            args = json.loads(args_json) if args_json.strip() else {}
+        except ValueError as exc:
+            raise GuestError("invalid-argument", f"arguments are not JSON: {exc}") from exc
         if not isinstance(args, dict):
             raise GuestError("invalid-argument", "arguments must be a JSON object")
         if method in ("delegate", "run_program") and ctx.inline_until is not None:
