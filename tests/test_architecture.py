@@ -59,6 +59,8 @@ BOUNDARIES = {
     "jsonschema": {"mcp"},
     "nats": {"cluster", "state"},
     "cryptography": {"package"},
+    # delegate's Anthropic tier is the only user of the SDK (an optional extra).
+    "anthropic": {"delegate"},
 }
 
 # The one exception: building a skill from WebAssembly text uses wasmtime's text

@@ -46,6 +46,11 @@ def wit_dir() -> Path:
     return Path(__file__).resolve().parent / "wit"
 
 
+def runner_dir() -> Path:
+    """The CPython runner component's sources (``sandbox/pyrunner``: a skill built once)."""
+    return Path(__file__).resolve().parent / "sandbox" / "pyrunner"
+
+
 def sdk_dir() -> Path:
     """The ``skilld_sdk`` package copied into every Python skill (found, not imported)."""
     spec = importlib.util.find_spec("skilld_sdk")

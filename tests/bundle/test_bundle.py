@@ -38,6 +38,10 @@ def copy(demo_bundle: BuildResult, tmp_path_factory: pytest.TempPathFactory) -> 
     return target
 
 
+# pyrunner: delegate's runner component, bundled because policies/kits/ declares kits.
+DEMO_SKILLS = {"echo", "echo-wat", "notes", "pyrunner"}
+
+
 def test_lock_names_everything(demo_bundle: BuildResult) -> None:
     """The lock lists every file with its digest, each skill, the engine and the policy."""
     lock = demo_bundle.lock
@@ -45,7 +49,7 @@ def test_lock_names_everything(demo_bundle: BuildResult) -> None:
         p.relative_to(demo_bundle.out).as_posix() for p in demo_bundle.out.rglob("*") if p.is_file()
     } - {LOCK}
     assert set(lock.files) == files
-    assert {s.id for s in lock.skills} == {"echo", "echo-wat", "notes"}
+    assert {s.id for s in lock.skills} == DEMO_SKILLS
     assert len(lock.bundle_digest) == 64 and lock.policy_digest and lock.engine
 
 
@@ -57,8 +61,9 @@ def test_demo_build_warns_about_nothing(demo_bundle: BuildResult) -> None:
 def test_loads_clean(demo_bundle: BuildResult, sandbox: Sandbox) -> None:
     """An untouched bundle loads: every component ready, tables returned."""
     loaded = open_bundle(demo_bundle.out, sandbox)
-    assert set(loaded.components) == {"echo", "echo-wat", "notes"}
-    assert set(loaded.tables.skills) == {"echo", "echo-wat", "notes"}
+    assert set(loaded.components) == DEMO_SKILLS
+    # a runner entry per kit of policies/kits/ (delegate)
+    assert set(loaded.tables.skills) == DEMO_SKILLS | {"kit.notes", "kit.text"}
     assert loaded.tables.digest == loaded.lock.policy_digest
 
 
@@ -94,7 +99,7 @@ def test_flipped_byte_is_refused_naming_the_file(copy: Path, sandbox: Sandbox, a
         finally:
             path.write_bytes(original)
     loaded = load()  # repaired: loads again
-    assert set(loaded.components) == {"echo", "echo-wat", "notes"}
+    assert set(loaded.components) == DEMO_SKILLS
     del loaded, info
     gc.collect()  # loaded components keep their native code's file open until freed
     assert not _open_under(copy)
@@ -200,7 +205,7 @@ def test_other_engine_is_refused(copy: Path, sandbox: Sandbox) -> None:
             open_bundle(copy, sandbox)
         assert "bundle.lock" in str(info.value)
         loaded = open_bundle(copy, sandbox, recompile=True)
-        assert set(loaded.components) == {"echo", "echo-wat", "notes"}
+        assert set(loaded.components) == DEMO_SKILLS
     finally:
         lock_path.write_bytes(original)
 

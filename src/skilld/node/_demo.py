@@ -63,7 +63,7 @@ def _digest(roots: list[Path]) -> str:
     from skilld.sandbox import engine_fingerprint
 
     h = hashlib.sha256(f"{__version__} {engine_fingerprint()[1]}".encode())
-    for root in (*roots, paths.sdk_dir(), paths.wit_dir()):
+    for root in (*roots, paths.sdk_dir(), paths.wit_dir(), paths.runner_dir()):
         files = [root] if root.is_file() else sorted(root.rglob("*"))
         for path in files:
             if path.is_file() and "__pycache__" not in path.parts:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import time
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
     from skilld.audit import JsonLinesSink
     from skilld.bundle import LoadedBundle
     from skilld.cluster import Cluster, ClusterConfig
+    from skilld.delegate import InferenceConfig
     from skilld.registry import Registry
     from skilld.sandbox import Sandbox
     from skilld.state import SqliteState
@@ -25,19 +27,22 @@ if TYPE_CHECKING:
 class NodeConfig:
     """What a node is made of; one frozen value, passed down explicitly.
 
-    Attributes:
-        bundle: the bundle directory (holding ``bundle.lock``).
-        state_dir: where key-value state (``state.sqlite3``) and, by default, the audit
-            log live; created when missing.
-        audit_log: the audit log as JSON lines: a file, ``"-"`` for stderr, or ``None``
-            for ``STATE_DIR/audit.jsonl``.
-        recompile: compile native code into the cache when the engine changed.
-        lock_key: require ``bundle.lock`` to be signed by this trust key.
-        cache_dir: built components and native code (default ``$SKILLD_CACHE``).
-        cluster: join this cluster (``skilld serve --cluster``); None: a node on its own.
-        serve_skills: register the bundle's skills; False makes an entry-only node of a
-            cluster, which verifies the bundle (its trust set decides which peers are
-            accepted) but serves only the skills of other nodes.
+        Attributes:
+            bundle: the bundle directory (holding ``bundle.lock``).
+            state_dir: where key-value state (``state.sqlite3``) and, by default, the audit
+                log live; created when missing.
+            audit_log: the audit log as JSON lines: a file, ``"-"`` for stderr, or ``None``
+                for ``STATE_DIR/audit.jsonl``.
+            recompile: compile native code into the cache when the engine changed.
+            lock_key: require ``bundle.lock`` to be signed by this trust key.
+            cache_dir: built components and native code (default ``$SKILLD_CACHE``).
+            cluster: join this cluster (``skilld serve --cluster``); None: a node on its own.
+            serve_skills: register the bundle's skills; False makes an entry-only node of a
+                cluster, which verifies the bundle (its trust set decides which peers are
+                accepted) but serves only the skills of other nodes.
+            delegate: the kits' inference tiers (``skilld.delegate.InferenceConfig``;
+                ``None``: from the ``SKILLD_DELEGATE_*`` environment, templates and rules
+                only when unset).
     """
 
     bundle: Path
@@ -48,6 +53,7 @@ class NodeConfig:
     cache_dir: Path = field(default_factory=paths.cache_dir)
     cluster: ClusterConfig | None = None
     serve_skills: bool = True
+    delegate: InferenceConfig | None = None
 
     def audit_target(self) -> Path | str:
         """Where the audit records go: a path, or ``"-"`` for stderr."""
@@ -112,10 +118,12 @@ class Node:
             AuditError: the audit log cannot be opened.
             BundleError: the bundle is damaged, holds unknown content, or is for another engine.
             PolicyError: its tables are malformed.
+            DelegateError: a kit names an unknown method or holds a refused program.
         """
         from skilld.audit import JsonLinesSink
         from skilld.bundle import open_bundle
         from skilld.permissions import SkillPermissions
+        from skilld.policy import RUNNER
         from skilld.registry import Registry, SkillEntry, annotations_for
         from skilld.sandbox import Sandbox
         from skilld.state import SqliteState
@@ -163,6 +171,8 @@ class Node:
             state = SqliteState(config.state_dir / "state.sqlite3")
             registry = Registry(audit=audit)
             for locked in loaded.lock.skills if config.serve_skills else ():
+                if locked.id == RUNNER:  # delegate's runner: registered once per kit below
+                    continue
                 limits = tables.limits(locked.id)
                 loaded.components[locked.id].prewarm(limits)
                 grants = tables.skill(locked.id)
@@ -183,6 +193,17 @@ class Node:
                         annotations=annotations_for(grants),
                         description=locked.description,
                     )
+                )
+            if tables.kits and config.serve_skills:
+                from skilld.delegate import InferenceConfig
+                from skilld.delegate import register as register_kits
+
+                register_kits(
+                    registry,
+                    tables,
+                    loaded.components[RUNNER],
+                    lambda sid: SkillPermissions.from_tables(tables, sid),
+                    config.delegate or InferenceConfig.from_env(),
                 )
             _stage(timings, "register", t)
         except BaseException:
@@ -212,13 +233,22 @@ class Node:
             ClusterError: NATS cannot be reached or refuses the credentials.
         """
         from skilld.cluster import Cluster, FileAccess, LocalSkill
-        from skilld.package import load_private_key, load_trust
+        from skilld.package import canonical_json, load_private_key, load_trust
         from skilld.sandbox.abi import fs, transfer
 
         trust = load_trust(self.config.bundle / "trust")
         key = load_private_key(cluster.key_file)
         digests = {locked.id: locked.component_sha256 for locked in self.bundle.lock.skills}
-        local = [LocalSkill(e, digests[e.spec.id]) for e in self.registry.skills()]
+        # A skill the host implements (a delegate kit) has no package: its replicas are
+        # the nodes describing it the same way.
+        local = [
+            LocalSkill(
+                e,
+                digests.get(e.spec.id)
+                or hashlib.sha256(canonical_json(e.spec.as_dict())).hexdigest(),
+            )
+            for e in self.registry.skills()
+        ]
 
         def refused(node: str, reason: str) -> None:
             self.audit.emit(
