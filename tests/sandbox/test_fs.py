@@ -1,4 +1,5 @@
-"""fs host functions, driven from a real guest: canonical paths keep the guest inside its grant."""
+"""fs host functions, driven from a real guest: folded paths, opened beneath the grant without
+following symlinks, keep the guest inside it."""
 
 from __future__ import annotations
 
@@ -72,10 +73,11 @@ def test_read_inside_grant(prober: Component, tree: dict[str, Path]) -> None:
     ],
 )
 def test_dotdot_escapes_denied(prober: Component, tree: dict[str, Path], suffix: str) -> None:
-    """.. sequences that leave the grant are denied with the rule and the resolved path."""
-    out = run(prober, tree, "fs_read", path=f"{tree['ro']}{suffix}")
+    """.. sequences that leave the grant are denied with the rule and the path as written."""
+    path = f"{tree['ro']}{suffix}"
+    out = run(prober, tree, "fs_read", path=path)
     assert out["error"] == "not-permitted" and out["rule"] == "default-deny"
-    assert "resolves to" in out["message"] or "denied" in out["message"]
+    assert out["message"].startswith(f"fs.read {path} denied")
 
 
 def test_prefix_sibling_denied(prober: Component, tree: dict[str, Path]) -> None:
@@ -85,21 +87,22 @@ def test_prefix_sibling_denied(prober: Component, tree: dict[str, Path]) -> None
 
 
 def test_symlink_escape_denied(prober: Component, tree: dict[str, Path]) -> None:
-    """A symlink inside the grant pointing outside it is judged by its target."""
+    """A symlink inside the grant is not followed, and the refusal does not say where it leads."""
     (tree["ro"] / "link.txt").symlink_to(tree["root"] / "secret.txt")
     (tree["ro"] / "up").symlink_to(tree["root"])
-    assert run(prober, tree, "fs_read", path=f"{tree['ro']}/link.txt")["error"] == "not-permitted"
-    assert (
-        run(prober, tree, "fs_read", path=f"{tree['ro']}/up/secret.txt")["error"] == "not-permitted"
-    )
+    for path in (f"{tree['ro']}/link.txt", f"{tree['ro']}/up/secret.txt"):
+        out = run(prober, tree, "fs_read", path=path)
+        assert out["error"] == "not-permitted" and out["rule"] == "fs.no-follow", out
+        assert "secret" not in out["message"].replace(path, "")
     out = run(prober, tree, "fs_write", path=f"{tree['rw']}/../ro/hello.txt", data="x")
     assert out["error"] == "not-permitted"
 
 
-def test_symlink_inside_grant_allowed(prober: Component, tree: dict[str, Path]) -> None:
-    """A symlink whose target stays inside the grant is fine."""
+def test_symlink_inside_grant_refused(prober: Component, tree: dict[str, Path]) -> None:
+    """Even a symlink whose target stays inside the grant is not followed (fs.no-follow)."""
     (tree["ro"] / "alias.txt").symlink_to(tree["ro"] / "hello.txt")
-    assert run(prober, tree, "fs_read", path=f"{tree['ro']}/alias.txt") == {"ok": "hello"}
+    out = run(prober, tree, "fs_read", path=f"{tree['ro']}/alias.txt")
+    assert out["error"] == "not-permitted" and out["rule"] == "fs.no-follow"
 
 
 def test_write_needs_rw(prober: Component, tree: dict[str, Path]) -> None:
@@ -149,7 +152,7 @@ def test_dirs_list_stat_remove(prober: Component, tree: dict[str, Path]) -> None
 
 
 def test_glob_filters_by_policy(prober: Component, tree: dict[str, Path]) -> None:
-    """glob returns only matches the policy allows, even through symlinks."""
+    """glob returns only matches the policy allows, and neither follows nor returns symlinks."""
     (tree["ro"] / "sub").mkdir()
     (tree["ro"] / "sub" / "deep.txt").write_text("d")
     (tree["ro"] / "leak.txt").symlink_to(tree["root"] / "secret.txt")

@@ -34,9 +34,10 @@ def test_a_burst_of_calls_never_exhausts_the_instance_pool(
     echo = _load(sandbox, component_path, "echo")
     limits = Limits()
     echo.prewarm(limits, depth=2)
-    ctx = CallContext("echo", limits, NullChannel())
     try:
         for i in range(700):
+            # A context per call, as the registry makes: its deadline is that call's.
+            ctx = CallContext("echo", limits, NullChannel())
             assert echo.call("echo", json.dumps({"text": f"t{i}"}), ctx).value == f"t{i}"
             assert len(echo._used) <= _MAX_UNFREED + 1
     finally:
