@@ -246,9 +246,11 @@ class Channel(NullChannel):
 
     def __init__(self) -> None:
         self.flag = threading.Event()
+        self.asked = threading.Event()
         self.abandoned = threading.Event()
 
     def sample(self, params: Mapping[str, Any]) -> Mapping[str, Any]:
+        self.asked.set()
         threading.Event().wait(30)
         return {}
 
@@ -407,10 +409,18 @@ def test_cancel_interrupts_the_host_call(
     for _ in range(REPEAT):
         channel = Channel()
         ctx = CallContext("prober", limits, channel, checker=checker)
+        # Cancel once the guest is parked: the peer took the connection, or the client
+        # got the request.
+        parked = channel.asked if name == "sample" else (holder if "tcp" in name else web).accepted
+        parked.clear()
         cancelled_at: list[float] = []
 
-        def cancel(channel: Channel = channel) -> None:
-            time.sleep(0.1)  # a real client's cancel comes some time after the call started
+        def cancel(
+            parked: threading.Event = parked,
+            channel: Channel = channel,
+            cancelled_at: list[float] = cancelled_at,
+        ) -> None:
+            parked.wait(10)
             cancelled_at.append(time.monotonic())
             channel.flag.set()
 
