@@ -4,6 +4,7 @@ following symlinks, keep the guest inside it."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import pytest
 
 from skilld.registry import NullChannel
 from skilld.sandbox import CallContext, Component, Sandbox
+from skilld.sandbox.abi import fs
 from skilld.types import Decision, Limits
 
 
@@ -166,3 +168,43 @@ def test_no_checker_denies(prober: Component, tree: dict[str, Path]) -> None:
     ctx = CallContext("prober", Limits(), NullChannel())
     out = prober.call("fs_read", json.dumps({"path": f"{tree['ro']}/hello.txt"}), ctx).value
     assert out["error"] == "not-permitted" and out["rule"] == "default-deny"
+
+
+def test_hardlinked_file_is_never_written(prober: Component, tree: dict[str, Path]) -> None:
+    """A second name of a file outside the grants is refused for writing, before any byte
+    (truncation included) reaches it; reading it is allowed (docs/policy.md says why)."""
+    outside = tree["root"] / "secret.txt"
+    os.link(outside, tree["rw"] / "alias.txt")
+    for append in (False, True):
+        out = run(prober, tree, "fs_write", path=f"{tree['rw']}/alias.txt", data="x", append=append)
+        assert out["error"] == "not-permitted" and out["rule"] == "fs.hardlink", out
+    assert outside.read_text() == "TOP SECRET"
+    assert run(prober, tree, "fs_read", path=f"{tree['rw']}/alias.txt") == {"ok": "TOP SECRET"}
+
+
+def test_symlink_itself_is_removed_not_its_target(prober: Component, tree: dict[str, Path]) -> None:
+    """Removing a symlink in a granted directory removes the link, never what it points to."""
+    (tree["rw"] / "link").symlink_to(tree["root"] / "secret.txt")
+    assert run(prober, tree, "fs_remove", path=f"{tree['rw']}/link") == {"ok": None}
+    assert not (tree["rw"] / "link").is_symlink()
+    assert (tree["root"] / "secret.txt").read_text() == "TOP SECRET"
+
+
+@pytest.mark.parametrize("use_openat2", [True, False])
+def test_both_resolvers_agree(
+    prober: Component, tree: dict[str, Path], monkeypatch: pytest.MonkeyPatch, use_openat2: bool
+) -> None:
+    """openat2 and the component walk give the same answers, refusals included."""
+    monkeypatch.setattr(fs, "USE_OPENAT2", use_openat2)
+    (tree["ro"] / "sub").mkdir()
+    (tree["ro"] / "link").symlink_to(tree["ro"] / "hello.txt")
+    assert run(prober, tree, "fs_read", path=f"{tree['ro']}/hello.txt") == {"ok": "hello"}
+    assert run(prober, tree, "fs_stat", path=f"{tree['ro']}/sub")["ok"]["is_dir"] is True
+    assert run(prober, tree, "fs_list", path=f"{tree['ro']}") == {
+        "ok": ["hello.txt", "link", "sub"]
+    }
+    for method in ("fs_read", "fs_stat", "fs_list"):
+        out = run(prober, tree, method, path=f"{tree['ro']}/link")
+        assert out["rule"] == "fs.no-follow", (method, out)
+    assert run(prober, tree, "fs_read", path=f"{tree['ro']}/sub/nope")["error"] == "not-found"
+    assert run(prober, tree, "fs_read", path=f"{tree['ro']}/hello.txt/x")["error"] == "not-found"
