@@ -127,7 +127,12 @@ CASES: list[tuple[str, str, dict[str, Any], tuple[Any, ...]]] = [
         {"path": "{R}/data/Notes/..%2fsecret.txt"},
         ("error", "not-found", "does not exist"),
     ),
-    ("symlink-inside", "fs_read", {"path": "{R}/data/Notes/inside"}, ("deny", NOFOLLOW, "do not follow symlinks")),
+    (
+        "symlink-inside",
+        "fs_read",
+        {"path": "{R}/data/Notes/inside"},
+        ("deny", NOFOLLOW, "do not follow symlinks"),
+    ),
     (
         "symlink-dir-inside",
         "fs_read",
