@@ -37,6 +37,8 @@ limits:
 http:
   - id: slow
     url: http://127.0.0.1:{H}/
+  - id: tls
+    url: https://127.0.0.1:{T}/
 tcp:
   - id: peers
     host: 127.0.0.1
@@ -295,6 +297,7 @@ SLOW: list[tuple[str, str, dict[str, Any]]] = [
     ("http-trickle-headers", "http_timed", {"url": "http://127.0.0.1:{H}/trickle-headers"}),
     ("http-chunked-trickle", "http_timed", {"url": "http://127.0.0.1:{H}/chunked"}),
     ("http-slow-redirects", "http_timed", {"url": "http://127.0.0.1:{H}/redirect/0"}),
+    ("https-handshake-hold", "http_timed", {"url": "https://127.0.0.1:{T}/"}),
     ("tcp-hold", "tcp_hold", {"host": "127.0.0.1", "port": "{T}"}),
     ("tcp-connect-blackhole", "tcp_hold", {"host": "127.0.0.1", "port": "{B}"}),
 ]
@@ -387,6 +390,7 @@ PARKED: list[tuple[str, str, dict[str, Any]]] = [
     ("tcp-receive", "tcp_hold", {"host": "127.0.0.1", "port": "{T}"}),
     ("http-hold", "http_timed", {"url": "http://127.0.0.1:{H}/hold"}),
     ("http-trickle", "http_timed", {"url": "http://127.0.0.1:{H}/trickle-body"}),
+    ("https-handshake", "http_timed", {"url": "https://127.0.0.1:{T}/"}),
     ("sample", "mcp_ask", {"kind": "sample", "params": {}}),
 ]
 
@@ -411,7 +415,8 @@ def test_cancel_interrupts_the_host_call(
         ctx = CallContext("prober", limits, channel, checker=checker)
         # Cancel once the guest is parked: the peer took the connection, or the client
         # got the request.
-        parked = channel.asked if name == "sample" else (holder if "tcp" in name else web).accepted
+        peer = holder if "{T}" in json.dumps(args) else web
+        parked = channel.asked if name == "sample" else peer.accepted
         parked.clear()
         cancelled_at: list[float] = []
 
