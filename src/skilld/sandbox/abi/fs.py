@@ -79,19 +79,26 @@ _syscall.restype = ctypes.c_long
 
 def _openat2(dirfd: int, rel: str, flags: int, mode: int) -> int:
     how = _OpenHow(flags, mode if flags & os.O_CREAT else 0, _RESOLVE)
-    fd = int(
-        _syscall(
-            ctypes.c_long(_SYS_OPENAT2),
-            ctypes.c_int(dirfd),
-            ctypes.c_char_p(os.fsencode(rel)),
-            ctypes.byref(how),
-            ctypes.c_size_t(ctypes.sizeof(how)),
+    path = ctypes.c_char_p(os.fsencode(rel))
+    code = errno.EAGAIN
+    # EAGAIN: the kernel saw a rename or mount race during a RESOLVE_BENEATH lookup
+    # and asks for a retry (openat2(2)); with '..' folded away it should not happen.
+    for _ in range(3):
+        fd = int(
+            _syscall(
+                ctypes.c_long(_SYS_OPENAT2),
+                ctypes.c_int(dirfd),
+                path,
+                ctypes.byref(how),
+                ctypes.c_size_t(ctypes.sizeof(how)),
+            )
         )
-    )
-    if fd < 0:
+        if fd >= 0:
+            return fd
         code = ctypes.get_errno()
-        raise OSError(code, os.strerror(code), rel)
-    return fd
+        if code != errno.EAGAIN:
+            break
+    raise OSError(code, os.strerror(code), rel)
 
 
 def _has_openat2() -> bool:
@@ -156,12 +163,12 @@ def _beneath(path: str, root: str) -> bool:
 
 
 class _Target:
-    """A checked path: its folded form, the directory it is resolved beneath, the guest's text."""
+    """A checked path: its folded form and the directory it is resolved beneath."""
 
-    __slots__ = ("anchor", "lex", "shown")
+    __slots__ = ("anchor", "lex")
 
-    def __init__(self, lex: str, anchor: str, shown: str):
-        self.lex, self.anchor, self.shown = lex, anchor, shown
+    def __init__(self, lex: str, anchor: str):
+        self.lex, self.anchor = lex, anchor
 
     def rel(self, path: str | None = None) -> str:
         """``path`` (default: the target) relative to the anchor (``.`` for the anchor)."""
@@ -183,7 +190,7 @@ def _anchor(ctx: CallContext, decision: Decision, lex: str) -> str:
 def _checked(ctx: CallContext, path: str, action: str) -> _Target:
     lex = lexical(path)
     decision = decide(ctx, "fs", action, lex, shown=path)
-    return _Target(lex, _anchor(ctx, decision, lex), path)
+    return _Target(lex, _anchor(ctx, decision, lex))
 
 
 def _errno(exc: OSError, path: str) -> HostCallError:
@@ -209,6 +216,8 @@ def _errno(exc: OSError, path: str) -> HostCallError:
         return HostCallError("invalid-argument", f"{path} exists and is not a directory")
     if code == errno.ENAMETOOLONG:
         return HostCallError("invalid-argument", f"{path}: a name is too long")
+    if code == errno.EAGAIN:
+        return HostCallError("unavailable", f"{path} kept changing while it was opened; try again")
     if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EMFILE, errno.ENFILE):
         return HostCallError("limit-exceeded", f"{path}: {exc.strerror}")
     return HostCallError("io", f"{path}: {exc.strerror or 'I/O error'}")
