@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 from adversarial_harness import Probe, compile_dir, fill
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from skilld.policy import Tables
 from skilld.registry import NullChannel
@@ -223,3 +225,28 @@ def test_log_levels_are_known_ones(prober_mcp: Component, level: str, forwarded:
         assert channel.logged == []
         (refused,) = decisions
         assert (refused.allowed, refused.rule) == (False, "mcp.bad-value")
+
+
+SEGMENTS = ["..", ".", "", "g", "rw", "file-link", "dir-link", "secret.txt", "hidden-place", "x"]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    method=st.sampled_from(["fs_read", "fs_stat", "fs_list", "fs_write", "fs_remove", "fs_mkdir"]),
+    parts=st.lists(st.sampled_from(SEGMENTS), min_size=1, max_size=8),
+)
+def test_any_path_ends_clean_and_reveals_nothing(
+    prober: Component, tables: Tables, world: Path, method: str, parts: list[str]
+) -> None:
+    """Any path built from dots, grants, links and the secret's names: a clean outcome, the
+    secret neither read, changed nor named beyond what the guest wrote."""
+    path = str(world) + "/" + "/".join(parts)
+    args: dict[str, Any] = {"path": path} | ({"data": "x"} if method == "fs_write" else {})
+    report = Probe(prober, tables)(method, **args).report
+    assert report.get("error") in (None, "not-found", "not-permitted", "invalid-argument"), report
+    assert "TOP SECRET" not in json.dumps(report)
+    if "error" in report:
+        assert "resolves to" not in report["message"]
+        if "hidden-place" not in path:
+            assert "hidden-place" not in report["message"], report
+    assert (world / "hidden-place" / "secret.txt").read_text() == "TOP SECRET"
