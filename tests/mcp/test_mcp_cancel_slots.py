@@ -1,23 +1,31 @@
-"""A real MCP client cancels calls parked in host calls: their concurrency slots free at once."""
+"""A real MCP client cancels calls parked in host calls: their concurrency slots free at once;
+a request to the client that a call gave up on is abandoned."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import pytest
-from mcp_fakes import connect, text_of
+from mcp.client.session import ClientSession
+from mcp.shared.memory import create_client_server_memory_streams
+from mcp_fakes import connect, memory_service, text_of
 
 from skilld.audit import MemorySink
+from skilld.errors import GuestError
+from skilld.mcp._channel import SessionChannel
+from skilld.mcp.testing import StaticDispatcher, static_tool
 from skilld.permissions import SkillPermissions
 from skilld.policy import compile_policies
 from skilld.registry import NullChannel, Registry, SkillEntry
 from skilld.sandbox import CallContext, Sandbox
+from skilld.types import ClientChannel
 
 pytestmark = pytest.mark.anyio
 
@@ -134,3 +142,48 @@ async def test_cancel_frees_the_slot_at_once(
                     after = await session.call_tool("prober/fs_stat", {"path": "/"})
                 assert "not-permitted" in text_of(after)
     assert [r["method"] for r in sink.records] == [tool.split("/")[1], "fs_stat"] * 3
+
+
+async def test_an_abandoned_sampling_request_ends_at_once() -> None:
+    """A sampling request the call gave up on (its deadline came) is abandoned on the session:
+    the thread waiting for the client's answer is released at once, not after 300 s."""
+    asked = threading.Event()
+    seen: dict[str, Any] = {}
+
+    def tool(args: Mapping[str, Any], channel: ClientChannel) -> Any:
+        answered = threading.Event()
+
+        def ask() -> None:
+            try:
+                channel.sample({"messages": [], "maxTokens": 1})
+            except GuestError as exc:
+                seen["code"] = exc.code
+            answered.set()
+
+        threading.Thread(target=ask, daemon=True).start()
+        assert asked.wait(10)
+        cast(SessionChannel, channel).abandon_requests()
+        return {"released": answered.wait(2), "code": seen.get("code")}
+
+    async def never_answers(context: Any, params: Any) -> Any:
+        asked.set()
+        await anyio.sleep_forever()
+
+    service = memory_service(StaticDispatcher(tools_=[static_tool("t/ask", tool)]))
+    with anyio.fail_after(30):
+        async with (
+            create_client_server_memory_streams() as (client, srv),
+            anyio.create_task_group() as tg,
+        ):
+            tg.start_soon(
+                lambda: service.server.run(
+                    srv[0], srv[1], service.server.create_initialization_options()
+                )
+            )
+            async with ClientSession(
+                client[0], client[1], sampling_callback=never_answers
+            ) as session:
+                await session.initialize()
+                result = await session.call_tool("t/ask", {})
+            tg.cancel_scope.cancel()
+    assert json.loads(text_of(result)) == {"released": True, "code": "cancelled"}
