@@ -208,3 +208,16 @@ def test_both_resolvers_agree(
         assert out["rule"] == "fs.no-follow", (method, out)
     assert run(prober, tree, "fs_read", path=f"{tree['ro']}/sub/nope")["error"] == "not-found"
     assert run(prober, tree, "fs_read", path=f"{tree['ro']}/hello.txt/x")["error"] == "not-found"
+
+
+def test_glob_stops_at_its_visit_cap(
+    prober: Component, tree: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A walk that would look at more entries than the cap stops with limit-exceeded."""
+    for i in range(30):
+        (tree["ro"] / f"f{i}").write_text("x")
+    monkeypatch.setattr(fs, "MAX_GLOB_VISITS", 20)
+    out = run(prober, tree, "fs_glob", pattern=f"{tree['ro']}/*")
+    assert out["error"] == "limit-exceeded" and "20 entries" in out["message"], out
+    monkeypatch.setattr(fs, "MAX_GLOB_VISITS", 40)
+    assert len(run(prober, tree, "fs_glob", pattern=f"{tree['ro']}/*")["ok"]) == 31

@@ -556,17 +556,19 @@ class _Glob:
             raise HostCallError(
                 "limit-exceeded", f"glob went deeper than {MAX_GLOB_DEPTH} directories"
             )
+        entries = []
         try:
             with os.scandir(fd) as it:
-                # A symlink is neither walked nor matched: no fs call would follow it.
-                entries = sorted(
-                    (e.name, e.is_dir(follow_symlinks=False)) for e in it if not e.is_symlink()
-                )
+                for e in it:
+                    # Counted as read, so one huge directory meets the cap and the clock too.
+                    self.tick()
+                    # A symlink is neither walked nor matched: no fs call would follow it.
+                    if not e.is_symlink():
+                        entries.append((e.name, e.is_dir(follow_symlinks=False)))
         except OSError:
             return  # gone or unreadable meanwhile: nothing below it matches
         base = path.rstrip("/")
-        for name, is_dir in entries:
-            self.tick()
+        for name, is_dir in sorted(entries):
             stepped = {i + 1 for i in states if i < self.end and self._fits(i, name)}
             if not is_dir:
                 # Only a last segment that is not '**' matches a file, as it always has.
