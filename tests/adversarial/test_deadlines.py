@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import socket
 import threading
 import time
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from adversarial_harness import compile_dir
+from adversarial_harness import Probe, compile_dir
 
 from skilld.errors import CallCancelled, DeadlineExceeded
 from skilld.permissions import SkillPermissions
@@ -187,20 +188,23 @@ TREE_FANOUT = 4
 
 
 @pytest.fixture(scope="module")
-def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tree 6 directories deep, 4 wide (5,460 directories), as a guest could build one."""
-    root = tmp_path_factory.mktemp("tree")
-    level = [root]
-    for _ in range(TREE_DEPTH):
-        nxt = []
-        for parent in level:
-            for i in range(TREE_FANOUT):
-                child = parent / f"d{i}"
-                child.mkdir()
-                nxt.append(child)
-        level = nxt
-    for leaf in level[:50]:
-        (leaf / "x").write_text("x")
+def tree(prober: Component, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tree 6 directories deep, 4 wide (5,460 directories), built by the guest itself
+    through fs.mkdir under a read-write grant of its own."""
+    root = Path(os.path.realpath(tmp_path_factory.mktemp("tree")))
+    builder = compile_dir(
+        tmp_path_factory.mktemp("builder"),
+        {"prober": f"limits:\n  wall_time: 120s\nfs:\n  - path: {root}\n    mode: rw\n"},
+    )
+    leaves = [
+        str(root) + "".join(f"/d{(n // TREE_FANOUT**k) % TREE_FANOUT}" for k in range(TREE_DEPTH))
+        for n in range(TREE_FANOUT**TREE_DEPTH)
+    ]
+    build = Probe(prober, builder)
+    made = build("fs_batch", op="mkdir", paths=leaves).report["ok"]
+    assert all(r == {"ok": None} for r in made), made[:3]
+    wrote = build("fs_batch", op="write", paths=[f"{leaf}/x" for leaf in leaves[:50]])
+    assert all(r == {"ok": None} for r in wrote.report["ok"])
     return root
 
 
