@@ -565,7 +565,8 @@ class _Glob:
                     # A symlink is neither walked nor matched: no fs call would follow it.
                     if not e.is_symlink():
                         entries.append((e.name, e.is_dir(follow_symlinks=False)))
-        except OSError:
+        except OSError as exc:
+            _out_of_descriptors(exc)
             return  # gone or unreadable meanwhile: nothing below it matches
         base = path.rstrip("/")
         for name, is_dir in sorted(entries):
@@ -581,7 +582,8 @@ class _Glob:
                 continue
             try:
                 child = _step(fd, name, os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK)
-            except OSError:
+            except OSError as exc:
+                _out_of_descriptors(exc)
                 continue  # swapped for a file or a symlink, or gone: not walked
             try:
                 self.directory(child, f"{base}/{name}", nxt, depth + 1)
@@ -591,6 +593,16 @@ class _Glob:
     def _fits(self, i: int, name: str) -> bool:
         part = self.parts[i]
         return part != "**" and fnmatch.fnmatchcase(name, part)
+
+
+def _out_of_descriptors(exc: OSError) -> None:
+    """A walk that cannot open what it found must say so, not return fewer matches.
+
+    Raises:
+        HostCallError: ``limit-exceeded`` when the process is out of file descriptors.
+    """
+    if exc.errno in (errno.EMFILE, errno.ENFILE):
+        raise HostCallError("limit-exceeded", "fs.glob: the host is out of file descriptors")
 
 
 FUNCTIONS: Functions = {
