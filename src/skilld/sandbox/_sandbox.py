@@ -357,7 +357,11 @@ class Component:
         self._pool_depth = depth
 
     def _fresh(
-        self, memory_bytes: int, inline_until: float | None = None, ctx: CallContext | None = None
+        self,
+        memory_bytes: int,
+        inline_until: float | None = None,
+        *,
+        ctx: CallContext | None = None,
     ) -> _Instance:
         """A new store and instance; the caller keeps the epoch ticker running.
 
@@ -428,7 +432,7 @@ class Component:
             # Instantiating a large component (or one never instantiated yet) costs
             # more than an inline attempt may hold up the event loop.
             raise RunOnThread
-        return self._fresh(ctx.limits.memory_bytes, ctx.inline_until, ctx)
+        return self._fresh(ctx.limits.memory_bytes, ctx.inline_until, ctx=ctx)
 
     def _retire(self, inst: _Instance) -> None:
         """Hand a used instance to the background worker, which frees it.
