@@ -178,8 +178,12 @@ def test_swapped_entries_never_lead_outside(
     assert swapper.swaps > 0
     codes = {r.get("error") for r in reports} - {None}
     assert codes <= CLEAN, [r for r in reports if r.get("error") not in CLEAN | {None}][:3]
-    if name != "write-ro":  # the interleavings reached both outcomes, not only refusals
-        assert any("ok" in r for r in reports) and codes, codes
+    # The interleavings reached successes, and refusals too (a glob refuses only when its
+    # literal prefix is swapped at the wrong moment, which a loaded machine may never do).
+    if name != "write-ro":
+        assert any("ok" in r for r in reports)
+    if op != "glob":
+        assert codes
     leaked = [r for r in reports if "ok" in r and _leaks(op, r["ok"])]
     assert not leaked, leaked[:3]
     assert "CANARY" not in str(reports)
