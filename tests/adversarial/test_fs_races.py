@@ -1,4 +1,4 @@
-"""fs under fire: an outside thread swaps granted entries while the guest reads, writes and globs.
+"""fs under fire: entries of granted directories change while the guest reads, writes and globs.
 
 The swapper turns each entry of the granted directories, as fast as it can, into a real
 file, a real directory, a symlink to a canary file outside every grant or a symlink to a
@@ -7,7 +7,8 @@ per call through the real host functions, under real compiled tables, with opena
 with the component-by-component walk. Whatever interleaving happens: no byte of a canary
 is read, listed, stat'ed, written or removed, nothing appears outside the grants, and
 every refusal is a clean ``not-found``, ``not-permitted`` or ``invalid-argument`` with no
-``internal`` error and no traceback in the log.
+``internal`` error and no traceback in the log. The same holds when the flipping is done by
+a second call of the same skill, through a granted ``ln -s`` and ``fs.remove``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,10 @@ fs:
   - id: rw
     path: {R}/rw
     mode: rw
+shell:
+  - id: ln
+    program: /bin/ln
+    args: ["-s", "*", "{R}/rw/*"]
 """
 
 
@@ -195,3 +200,75 @@ def test_swapped_entries_never_lead_outside(
 def fill_root(root: Path) -> str:
     """The race policy for the tree at ``root``."""
     return POLICY.replace("{R}", str(root))
+
+
+# (id, prober fs_batch op, paths under rw/ read or written while another call flips them)
+FLIPPED: list[tuple[str, str, list[str]]] = [
+    ("read", "read", ["rw/link", "rw/dlink/f.txt"]),
+    ("write", "write", ["rw/link", "rw/dlink/f.txt"]),
+    ("stat", "stat", ["rw/link", "rw/dlink/f.txt"]),
+    ("list", "list", ["rw/dlink", "rw/dlink/d"]),
+    ("glob", "glob", ["rw/dlink/*", "rw/**"]),
+    ("mkdir", "mkdir", ["rw/dlink/d/new"]),
+    ("remove", "remove", ["rw/dlink/f.txt", "rw/dlink/d"]),
+]
+
+
+@pytest.mark.parametrize(("name", "op", "paths"), FLIPPED, ids=[f[0] for f in FLIPPED])
+def test_a_second_call_flipping_links_never_leads_outside(
+    prober: Component,
+    world: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    resolver: str,
+    caplog: pytest.LogCaptureFixture,
+    name: str,
+    op: str,
+    paths: list[str],
+) -> None:
+    """One call of the skill flips links in its own read-write grant between inside and outside
+    targets (fs.remove, then a granted ``ln -s``) while another call goes through them."""
+    tables = compile_dir(tmp_path_factory.mktemp("policies"), {"prober": fill_root(world)})
+    probe = Probe(prober, tables)
+    rw = world / "rw"
+    (rw / "real-dir" / "d").mkdir(parents=True)
+    (rw / "real-dir" / "f.txt").write_text("inside")
+    (rw / "real-file").write_text("inside")
+    targets = [
+        ("link", world / "outside" / "canary.txt"),
+        ("dlink", world / "outside" / "dir"),
+        ("link", rw / "real-file"),
+        ("dlink", rw / "real-dir"),
+    ]
+    before = _snapshot(world / "outside")
+    caplog.set_level(logging.ERROR, logger="skilld")
+    stop = threading.Event()
+    flips: list[int] = []
+
+    def flip() -> None:
+        i = 0
+        while not stop.is_set():
+            link, target = targets[i % len(targets)]
+            probe("fs_remove", path=f"{rw}/{link}")
+            made = probe("shell_run", argv=["/bin/ln", "-s", str(target), f"{rw}/{link}"])
+            flips.append(made.report.get("ok", {}).get("exit", -1))
+            i += 1
+
+    flipper = threading.Thread(target=flip, daemon=True)
+    flipper.start()
+    try:
+        reports = []
+        while len(flips) < 8 or len(reports) < 200:
+            out = probe("fs_batch", op=op, paths=[f"{world}/{p}" for p in paths], rounds=20)
+            reports += out.report["ok"]
+    finally:
+        stop.set()
+        flipper.join()
+    assert flips.count(0) >= 4, flips  # the links really flipped, through the granted ln
+    codes = {r.get("error") for r in reports} - {None}
+    assert codes <= CLEAN, [r for r in reports if r.get("error") not in CLEAN | {None}][:3]
+    leaked = [r for r in reports if "ok" in r and _leaks(op, r["ok"])]
+    assert not leaked, leaked[:3]
+    assert "CANARY" not in str(reports)
+    assert "outside" not in str(reports)
+    assert _snapshot(world / "outside") == before
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
