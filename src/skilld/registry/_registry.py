@@ -444,7 +444,11 @@ class Registry:
         except GuestError as exc:
             raise HostCallError(exc.code, exc.message, rule=exc.rule) from exc
         except DeadlineExceeded as exc:
-            raise HostCallError("timeout", f"'{callee}' ran out of time: {exc}") from exc
+            raise HostCallError(
+                "timeout",
+                f"'{callee}' was stopped at its deadline (its own wall time or what was left "
+                f"of '{caller}''s, whichever came first)",
+            ) from exc
         except CallCancelled as exc:
             raise HostCallError("cancelled", f"'{callee}' was cancelled") from exc
         except SkilldError as exc:
