@@ -9,6 +9,9 @@
    with ``realpath``, checked, then walked from ``/`` with ``O_NOFOLLOW``; kept here
    only) and after (folded, checked, resolved beneath the grant's root with ``openat2``,
    and with the component walk used where ``openat2`` is missing).
+4. A command: ``shell.run`` of ``/bin/true`` (confined by ``skilld.confine``: trampoline,
+   namespaces, Landlock) against an unconfined ``subprocess.run`` of it, and the
+   floor the trampoline stands on (starting ``python -I -S``).
 
 Run: ``python bench/bench_sandbox.py [--scale F]`` (builds ``skills/echo`` first,
 cached; ``--scale 0.1`` runs a tenth of the iterations, to check the bench works).
@@ -22,6 +25,7 @@ import importlib.util
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -33,6 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _util import row, timings
 
+from skilld import confine
 from skilld.digest import sha256_fd
 from skilld.package.build import build_component
 from skilld.paths import cache_dir
@@ -41,9 +46,9 @@ from skilld.policy import compile_policies
 from skilld.registry import NullChannel
 from skilld.sandbox import CallContext, Component, Sandbox
 from skilld.sandbox._native import compile_component
-from skilld.sandbox.abi import decide
+from skilld.sandbox.abi import decide, shell
 from skilld.sandbox.abi import fs as fs_abi
-from skilld.types import Limits
+from skilld.types import Decision, Limits
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -225,6 +230,37 @@ def main() -> None:
         ratio = statistics.median(call_t) / statistics.median(plain_t)
         print(f"\nratio sandboxed / plain: {ratio:.0f}x")
     fs_read_section(n(20_000))
+    bench_commands(n)
+
+
+class _AllowAll:
+    """A checker that allows everything: the bench measures the runner, not the tables."""
+
+    def check(self, capability: str, action: str, target: str) -> Decision:
+        return Decision(True, capability, action, target, "bench", "bench")
+
+
+def bench_commands(n: Callable[[int], int]) -> None:
+    """Print a confined ``shell.run`` of /bin/true beside an unconfined subprocess.run."""
+    ctx = CallContext("bench", Limits(), NullChannel(), checker=_AllowAll())
+    shell_t = timings(lambda: shell.run(ctx, {"argv": ["/bin/true"]}), n=n(40))
+    runner_t = timings(
+        lambda: confine.run(
+            ["/bin/true"], confinement=confine.Confinement(), deadline=time.monotonic() + 10
+        ),
+        n=n(40),
+    )
+    plain_t = timings(lambda: subprocess.run(["/bin/true"], check=True), n=n(200))
+    floor_t = timings(
+        lambda: subprocess.run([sys.executable, "-I", "-S", "-c", ""], check=True), n=n(40)
+    )
+    print("\n## A command: /bin/true (ms)\n\n| path | median | p99 |\n|---|---|---|")
+    print(row("shell.run, confined (check + trampoline + namespaces + Landlock)", shell_t))
+    print(row("skilld.confine.run alone", runner_t))
+    print(row("subprocess.run, unconfined", plain_t))
+    print(row("python -I -S starting (the trampoline's floor)", floor_t))
+    ratio = statistics.median(shell_t) / statistics.median(plain_t)
+    print(f"\nratio confined shell.run / unconfined subprocess.run: {ratio:.0f}x")
 
 
 if __name__ == "__main__":
