@@ -499,13 +499,17 @@ def test_guest_made_symlink_cannot_escape(probe: Probe, world: Path) -> None:
             (
                 "deny",
                 "prober.ln",
-                "{R}/rw/../planted (resolves to /bin/ln -s /etc/passwd {R}/planted)",
+                "{R}/rw/../planted (a path argument, resolved, is outside the pattern)",
             ),
         ),
         (
             "symlinked-dir-out",
             "{R}/rw/dir-out/planted",
-            ("deny", "prober.ln", "(resolves to /bin/ln -s /etc/passwd {R}/data/planted)"),
+            (
+                "deny",
+                "prober.ln",
+                "{R}/rw/dir-out/planted (a path argument, resolved, is outside the pattern)",
+            ),
         ),
         ("dot-segment-inside", "{R}/rw/./inside-link", ("ok", lambda v: v["exit"] == 0)),
     ],
@@ -529,20 +533,29 @@ FLAG_PATHS: list[tuple[str, str, tuple[Any, ...], str]] = [
         (
             "deny",
             "prober.ln-t",
-            "(resolves to /usr/bin/ln -s /etc/hostname --target-directory={R})",
+            "--target-directory={R}/rw/.. (a path argument, resolved, is outside the pattern)",
         ),
         "{R}/hostname",
     ),
     (
         "flag-dotdot-deep-out",
         "{R}/rw/tdir/../../data",
-        ("deny", "prober.ln-t", "--target-directory={R}/data)"),
+        (
+            "deny",
+            "prober.ln-t",
+            "--target-directory={R}/rw/tdir/../../data "
+            "(a path argument, resolved, is outside the pattern)",
+        ),
         "{R}/data/hostname",
     ),
     (
         "flag-symlinked-dir-out",
         "{R}/rw/dir-out",
-        ("deny", "prober.ln-t", "--target-directory={R}/data)"),
+        (
+            "deny",
+            "prober.ln-t",
+            "--target-directory={R}/rw/dir-out (a path argument, resolved, is outside the pattern)",
+        ),
         "{R}/data/hostname",
     ),
     (
@@ -590,7 +603,12 @@ def test_literal_path_arg_through_planted_symlink(probe: Probe, world: Path) -> 
     assert made.report["ok"]["exit"] == 0
     out = probe("shell_run", argv=["/usr/bin/touch", f"{world}/rw/touched"])
     assert_outcome(
-        out, ("deny", "prober.touch", f"(resolves to /usr/bin/touch {world}/planted-by-touch)")
+        out,
+        (
+            "deny",
+            "prober.touch",
+            f"{world}/rw/touched (a path argument, resolved, is outside the pattern)",
+        ),
     )
     assert not (world / "planted-by-touch").exists()
     (world / "rw" / "touched").unlink()
