@@ -28,7 +28,7 @@ from typing import Protocol
 from skilld.errors import HostCallError
 from skilld.sandbox._context import CallContext
 from skilld.sandbox.abi import Functions, decide
-from skilld.sandbox.abi.fs import _errno, _open, _parent_fd, canonical
+from skilld.sandbox.abi.fs import _errno, _open, _parent, _Target, canonical
 
 # The largest file one transfer moves (either way).
 MAX_TRANSFER = 64 * 1024 * 1024
@@ -57,7 +57,9 @@ def read_file(canon: str, shown: str) -> bytes:
         HostCallError: not a regular file, too large, missing, or refused by the host.
     """
     try:
-        fd = _open(canon, os.O_RDONLY)
+        # Resolved from / without following links (fs's walk); the grant was checked on
+        # the canonical path.
+        fd = _open(_Target(canon, "/"), os.O_RDONLY)
         try:
             info = os.fstat(fd)
             if not stat_mod.S_ISREG(info.st_mode):
@@ -94,10 +96,12 @@ class Incoming:
         self.size = 0
         self._fd = -1
         self._dir = -1
+        self._name = canon.rsplit("/", 1)[-1]
         try:
-            with _parent_fd(canon) as (dfd, name):
-                self._dir = os.dup(dfd)
-                self._name = name
+            if not self._name:
+                raise HostCallError("invalid-argument", f"{shown} names no file")
+            target = _Target(canon, "/")
+            self._dir = _open(target, os.O_RDONLY | os.O_DIRECTORY, path=_parent(canon))
             self._fd = os.open(
                 ".", os.O_TMPFILE | os.O_WRONLY | os.O_CLOEXEC, 0o644, dir_fd=self._dir
             )
