@@ -27,22 +27,22 @@ if TYPE_CHECKING:
 class NodeConfig:
     """What a node is made of; one frozen value, passed down explicitly.
 
-        Attributes:
-            bundle: the bundle directory (holding ``bundle.lock``).
-            state_dir: where key-value state (``state.sqlite3``) and, by default, the audit
-                log live; created when missing.
-            audit_log: the audit log as JSON lines: a file, ``"-"`` for stderr, or ``None``
-                for ``STATE_DIR/audit.jsonl``.
-            recompile: compile native code into the cache when the engine changed.
-            lock_key: require ``bundle.lock`` to be signed by this trust key.
-            cache_dir: built components and native code (default ``$SKILLD_CACHE``).
-            cluster: join this cluster (``skilld serve --cluster``); None: a node on its own.
-            serve_skills: register the bundle's skills; False makes an entry-only node of a
-                cluster, which verifies the bundle (its trust set decides which peers are
-                accepted) but serves only the skills of other nodes.
-            delegate: the kits' inference tiers (``skilld.delegate.InferenceConfig``;
-                ``None``: from the ``SKILLD_DELEGATE_*`` environment, templates and rules
-                only when unset).
+    Attributes:
+        bundle: the bundle directory (holding ``bundle.lock``).
+        state_dir: where key-value state (``state.sqlite3``) and, by default, the audit
+            log live; created when missing.
+        audit_log: the audit log as JSON lines: a file, ``"-"`` for stderr, or ``None``
+            for ``STATE_DIR/audit.jsonl``.
+        recompile: compile native code into the cache when the engine changed.
+        lock_key: require ``bundle.lock`` to be signed by this trust key.
+        cache_dir: built components and native code (default ``$SKILLD_CACHE``).
+        cluster: join this cluster (``skilld serve --cluster``); None: a node on its own.
+        serve_skills: register the bundle's skills; False makes an entry-only node of a
+            cluster, which verifies the bundle (its trust set decides which peers are
+            accepted) but serves only the skills of other nodes.
+        delegate: the kits' inference tiers (``skilld.delegate.InferenceConfig``;
+            ``None``: from the ``SKILLD_DELEGATE_*`` environment, templates and rules
+            only when unset).
     """
 
     bundle: Path
