@@ -33,6 +33,7 @@ into this tree at the one boundary that uses the library (``raise X(...) from ex
     ├── AuditError              an audit sink could not record
     ├── RegistryError           an unknown skill, method or tool name
     ├── BundleError             a bundle or its lock is inconsistent (names the file)
+    ├── AgentSkillError         an Agent Skill is invalid or its script cannot run (file:line)
     └── ClusterError            a NATS peer or route failed
 
 Outside the tree, :class:`RunOnThread` is a signal between the sandbox and the MCP
@@ -201,6 +202,13 @@ class RegistryError(SkilldError):
 
 class BundleError(SkilldError):
     """A bundle or its lock is inconsistent; ``location`` names the file."""
+
+
+class AgentSkillError(SkilldError):
+    """An Agent Skills directory does not meet the specification, or its script cannot run.
+
+    The message names ``SKILL.md:LINE`` and the field, worded like ``skills-ref``.
+    """
 
 
 class ClusterError(SkilldError):

@@ -54,6 +54,10 @@ class CallContext:
     # Monotonic time at which the guest call's wall time ends; every host call is
     # bounded by what is left of it (``remaining``). Set when the call starts.
     deadline: float | None = None
+    # WASI directories for this call only: (host path, guest path, writable). A call
+    # with preopens gets an instance of its own, never a pooled one (whose WASI
+    # context was made without them). Agent Skills' wasm executor sets them.
+    preopens: tuple[tuple[str, str, bool], ...] = ()
 
     def remaining(self) -> float:
         """Seconds left before the call's deadline (0 when past it; inf when unset)."""
