@@ -34,7 +34,9 @@ into this tree at the one boundary that uses the library (``raise X(...) from ex
     ├── RegistryError           an unknown skill, method or tool name
     ├── BundleError             a bundle or its lock is inconsistent (names the file)
     ├── AgentSkillError         an Agent Skill is invalid or its script cannot run (file:line)
-    └── ClusterError            a NATS peer or route failed
+    ├── ClusterError            a NATS peer or route failed
+    ├── ConfinementUnavailable  the kernel lacks what a confined process needs (names it)
+    └── ProgramNotStarted       a confined program could not be started (errno, path)
 
 Outside the tree, :class:`RunOnThread` is a signal between the sandbox and the MCP
 layer, never an error anyone reports.
@@ -213,6 +215,31 @@ class AgentSkillError(SkilldError):
 
 class ClusterError(SkilldError):
     """A NATS peer or route failed."""
+
+
+class ConfinementUnavailable(SkilldError):
+    """The kernel lacks a feature a confined process needs; nothing was run.
+
+    Args:
+        feature: what is missing (``landlock``, ``landlock-tcp``, ``user namespaces``, ...).
+    """
+
+    def __init__(self, message: str, *, feature: str, hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.feature = feature
+
+
+class ProgramNotStarted(SkilldError):
+    """A confined program could not be started (``execve`` or ``chdir`` failed).
+
+    Args:
+        errno: the error number (``ENOENT``, ``EACCES`` when Landlock or the file's
+            mode refuses to execute it, ...).
+    """
+
+    def __init__(self, message: str, *, errno: int, location: str | None = None):
+        super().__init__(message, location=location)
+        self.errno = errno
 
 
 class RunOnThread(Exception):
