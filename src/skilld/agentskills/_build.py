@@ -244,6 +244,8 @@ def check_stdlib_only(skill_id: str, files: Mapping[str, bytes]) -> None:
                 modules = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 modules = [node.module]
+            else:
+                continue
             for module in modules:
                 if module.split(".")[0] not in allowed:
                     raise AgentSkillError(

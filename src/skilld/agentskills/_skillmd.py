@@ -67,6 +67,7 @@ class SkillMd:
     metadata: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     allowed_tools: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
+    allowed_tools_line: int = 0
 
 
 @dataclass
@@ -213,6 +214,7 @@ def parse_skill_text(text: str, dir_name: str, *, source: str, lenient: bool = F
         metadata=MappingProxyType(metadata),
         allowed_tools=tools,
         warnings=tuple(found.warnings),
+        allowed_tools_line=line("allowed-tools"),
     )
 
 

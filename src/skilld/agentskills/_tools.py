@@ -27,6 +27,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from skilld.policy import LMap
+
 READ_TOOLS = frozenset({"Read", "Grep", "Glob", "LS"})
 WRITE_TOOLS = frozenset({"Write", "Edit", "MultiEdit"})
 _BASH = re.compile(r"Bash\((?P<cmd>[^():]+?)(?::\*)?\)")
@@ -41,12 +43,13 @@ class ToolNeeds:
     findings: tuple[str, ...]
 
 
-def tools_to_needs(tools: Sequence[str], grants: Mapping[str, Any]) -> ToolNeeds:
+def tools_to_needs(tools: Sequence[str], grants: Mapping[str, Any], line: int = 0) -> ToolNeeds:
     """Map declared tools onto needs, given the operator's grants for the skill.
 
     ``grants`` is the skill's policy table as the compiler would emit it with no
     needs (``fs``, ``http`` lists of rule tables). A ``Read`` cannot name paths the
-    operator did not; it asks for what the operator granted, read-only.
+    operator did not; it asks for what the operator granted, read-only. ``line`` is
+    the line of ``allowed-tools`` in SKILL.md: the compiler's findings point at it.
     """
     fs: list[dict[str, Any]] = []
     shell: list[dict[str, Any]] = []
@@ -88,9 +91,11 @@ def tools_to_needs(tools: Sequence[str], grants: Mapping[str, Any]) -> ToolNeeds
             )
         else:
             findings.append(f"allowed-tools {tool}: not a tool skilld maps; grants nothing")
-    needs: dict[str, Any] = {}
+    needs = LMap()
+    needs.line, needs.key_lines = line, {}
     for key, items in (("fs", fs), ("shell", shell), ("http", http)):
         unique = {repr(sorted(i.items())): i for i in items}
         if unique:
             needs[key] = list(unique.values())
+            needs.key_lines[key] = line
     return ToolNeeds(needs, tuple(findings))

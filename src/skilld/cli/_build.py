@@ -46,7 +46,15 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--lenient",
         action="store_true",
-        help="report needs that no grant covers as warnings, not errors",
+        help="report needs that no grant covers as warnings, not errors, and load Agent "
+        "Skills as the specification's client guide allows (a name that differs from its "
+        "directory, an over-long name or description: warnings)",
+    )
+    p.add_argument(
+        "--wheelhouse",
+        type=Path,
+        metavar="DIR",
+        help="wheels that Agent Skills' requirements are installed from (offline, at build)",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     p.set_defaults(handler=run)
@@ -75,6 +83,8 @@ def run(args: argparse.Namespace) -> int:
             previous=args.previous,
             allow_downgrade=args.allow_downgrade,
             strict=not args.lenient,
+            lenient=args.lenient,
+            wheelhouse=args.wheelhouse,
             cache_dir=cache,
             progress=progress,
         )

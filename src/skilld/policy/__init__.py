@@ -14,11 +14,12 @@ from __future__ import annotations
 from skilld.policy._compile import CompileResult, Finding, compile_documents, compile_policies
 from skilld.policy._schema import CAPABILITY_SECTIONS, Exposure, parse_grants
 from skilld.policy._tables import FORMAT, Tables, load_tables
-from skilld.policy._yaml import load_yaml
+from skilld.policy._yaml import LMap, load_yaml
 
 __all__ = [
     "CAPABILITY_SECTIONS",
     "FORMAT",
+    "LMap",
     "CompileResult",
     "Exposure",
     "Finding",
