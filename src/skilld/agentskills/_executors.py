@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import sys
+import sysconfig
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -54,6 +55,16 @@ _BOOT = (
     "runpy.run_path(s,run_name='__main__')"
 )
 _ENV_KEEP = ("LANG", "LC_ALL")
+
+
+def python_libraries() -> tuple[str, ...]:
+    """Where this Python's standard library and libpython are (read-only for scripts).
+
+    Under /usr they are among the system libraries already; a Python installed
+    elsewhere (pyenv, a Nix store path, a container's /opt) needs its own rules.
+    """
+    found = {str(Path(os.__file__).parent), str(sysconfig.get_config_var("LIBDIR") or "")}
+    return tuple(sorted(d for d in found if d and Path(d).is_dir()))
 
 
 class _Runner(Protocol):
@@ -217,6 +228,7 @@ class NativeExecutor:
             self.confinement,
             read_only=(*self.confinement.read_only, *readable),
             read_write=(*self.confinement.read_write, str(workspace)),
+            libraries=(*self.confinement.libraries, *python_libraries()),
             executables=(*self.confinement.executables, command[0], *self.programs),
         )
         env = {

@@ -19,10 +19,10 @@ from skilld.policy._yaml import LMap, load_yaml
 __all__ = [
     "CAPABILITY_SECTIONS",
     "FORMAT",
-    "LMap",
     "CompileResult",
     "Exposure",
     "Finding",
+    "LMap",
     "Tables",
     "compile_documents",
     "compile_policies",
