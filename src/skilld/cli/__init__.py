@@ -24,6 +24,7 @@ _COMMAND_MODULES = (
     "skilld.cli._build",
     "skilld.cli._call",
     "skilld.cli._skill",
+    "skilld.cli._skills",
     "skilld.cli._package",
     "skilld.cli._policy",
 )
