@@ -167,6 +167,9 @@ def test_attack_is_refused_or_contained_and_the_next_call_answers(
         record = world["audit"].records[-1]
         assert record["outcome"] == "ok"
         assert record["decisions"][0]["capability"] == "scripts"
+        assert record["executor"] == "native"
+        assert record["script"] == "scripts/probe.py"
+        assert record["exit_status"] == value["exit_status"]
         assert record["input_sha256"] and record["output_sha256"]
     after = {p: p.read_bytes() for p in world["skill_dir"].rglob("*") if p.is_file()}
     assert after == before

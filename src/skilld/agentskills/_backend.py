@@ -171,11 +171,18 @@ class AgentSkillBackend:
             else str(args.get("stdin") or "").encode()
         )
         workspace = Path(tempfile.mkdtemp(prefix=f"skilld-ws-{self.spec.id}-", dir=self.workspaces))
+        ctx.audit.update(executor=self.executor.name, script=script)
         try:
             run = self.executor.run(script, argv, stdin, workspace, ctx)
             files = _collect(workspace, self.spec.id)
         finally:
             _remove(workspace)
+        ctx.audit.update(
+            exit_status=run.exit_status,
+            signal=run.signal,
+            output_dropped_bytes=run.dropped_bytes,
+            files_written=len(files),
+        )
         value: dict[str, Any] = {
             "exit_status": run.exit_status,
             "signal": run.signal,
