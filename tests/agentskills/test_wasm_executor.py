@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -38,7 +36,7 @@ else:
 @pytest.fixture(scope="module")
 def world(
     agent_bundle: BuildResult, sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[str, Any]]:
+) -> dict[str, Any]:
     """A skill with the probe script, run by the bundle's runner, with two fs grants."""
     root = tmp_path_factory.mktemp("wasm")
     skill = root / "probe"
@@ -63,7 +61,7 @@ def world(
     backend = agentskills.open_backend(spec, skill, None, "wasm", {}, grants, limits, runner)
     registry = Registry()
     registry.add(SkillEntry(spec=spec, component=backend, limits=limits))
-    yield {"registry": registry, "skill": skill, "ro": ro, "rw": rw}
+    return {"registry": registry, "skill": skill, "ro": ro, "rw": rw}
 
 
 def probe(world: dict[str, Any], case: str, arg: str) -> str:
