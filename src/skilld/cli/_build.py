@@ -17,7 +17,8 @@ def register(sub: Any) -> None:
         "build",
         help="build an appliance bundle from skills/ and policies/",
         description="Verify every package against policies/trust/, build and sign source "
-        "skills, compile the policy, AOT-compile every component for this engine and write "
+        "skills (skill.yaml) and Agent Skills (SKILL.md, docs/agent-skills.md), compile the "
+        "policy, AOT-compile every component for this engine and write "
         "a read-only bundle with bundle.lock. Same inputs and SOURCE_DATE_EPOCH give the "
         "same bundle digest.",
     )
