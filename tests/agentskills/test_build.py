@@ -220,3 +220,14 @@ def test_allowed_tools_map_onto_the_policy_vocabulary() -> None:
     assert mapped.needs["http"] == [{"url": "https://api.example.com/", "methods": ["GET"]}]
     assert len(mapped.findings) == 2
     assert agentskills.tools_to_needs([], grants).needs == {}
+
+
+def test_skilld_pack_packs_an_agent_skill(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """skilld pack signs an Agent Skills directory into a .skill of kind agent-skill."""
+    out = tmp_path / "brand-voice.skill"
+    argv = ["pack", str(FIXTURES / "skills" / "brand-voice"), "-o", str(out)]
+    assert main([*argv, "--ephemeral-key-out", str(tmp_path / "keys")]) == 0
+    assert "Agent Skill brand-voice" in capsys.readouterr().out
+    assert package.read_package(out.read_bytes()).manifest.kind == package.KIND_AGENT_SKILL
