@@ -231,3 +231,13 @@ def test_skilld_pack_packs_an_agent_skill(
     assert main([*argv, "--ephemeral-key-out", str(tmp_path / "keys")]) == 0
     assert "Agent Skill brand-voice" in capsys.readouterr().out
     assert package.read_package(out.read_bytes()).manifest.kind == package.KIND_AGENT_SKILL
+
+
+def test_the_same_inputs_build_the_same_bundle_digest(
+    agent_bundle: BuildResult, sandbox: Sandbox, tmp_path: Path
+) -> None:
+    """Building the fixtures again (a new ephemeral key, pip run again) gives the same digest."""
+    shutil.copytree(FIXTURES / "skills", tmp_path / "skills")
+    shutil.copytree(FIXTURES / "policies", tmp_path / "policies")
+    again = build(tmp_path, sandbox, wheelhouse=wheelhouse())
+    assert again.lock.bundle_digest == agent_bundle.lock.bundle_digest

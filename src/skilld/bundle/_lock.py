@@ -106,9 +106,11 @@ class Lock:
             ],
         }
         # Only bundles holding Agent Skills carry these keys: other digests stay as they were.
+        # An Agent Skill's content is its unpacked files and environment; its package is
+        # not (like a wasm skill's, it holds the signatures of whoever built it).
         if self.agent_skills:
             identity["agent_skills"] = [
-                [a.id, a.version, self.files.get(a.package, ""), a.executor, self._tree_digest(a)]
+                [a.id, a.version, a.executor, self._tree_digest(a)]
                 for a in sorted(self.agent_skills, key=lambda a: a.id)
             ]
         if self.runner is not None:
