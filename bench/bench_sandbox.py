@@ -5,6 +5,9 @@
 2. One call of ``echo``: instantiating alone; a call in a new store and instance; a
    call on a pre-warmed instance (``Component.prewarm``, its worker given time to warm
    between calls); the same SDK method called as plain Python.
+3. A command: ``shell.run`` of ``/bin/true`` (confined by ``skilld.confine``: trampoline,
+   namespaces, Landlock) against an unconfined ``subprocess.run`` of it, and the
+   floor the trampoline stands on (starting ``python -I -S``).
 
 Run: ``python bench/bench_sandbox.py [--scale F]`` (builds ``skills/echo`` first,
 cached; ``--scale 0.1`` runs a tenth of the iterations, to check the bench works).
@@ -18,6 +21,7 @@ import importlib.util
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -29,13 +33,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _util import row, timings
 
+from skilld import confine
 from skilld.digest import sha256_fd
 from skilld.package.build import build_component
 from skilld.paths import cache_dir
 from skilld.registry import NullChannel
 from skilld.sandbox import CallContext, Component, Sandbox
 from skilld.sandbox._native import compile_component
-from skilld.types import Limits
+from skilld.sandbox.abi import shell
+from skilld.types import Decision, Limits
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -149,6 +155,37 @@ def main() -> None:
         print(row("plain Python: same SDK method in-process", plain_t))
         ratio = statistics.median(call_t) / statistics.median(plain_t)
         print(f"\nratio sandboxed / plain: {ratio:.0f}x")
+    bench_commands(n)
+
+
+class _AllowAll:
+    """A checker that allows everything: the bench measures the runner, not the tables."""
+
+    def check(self, capability: str, action: str, target: str) -> Decision:
+        return Decision(True, capability, action, target, "bench", "bench")
+
+
+def bench_commands(n: Callable[[int], int]) -> None:
+    """Print a confined ``shell.run`` of /bin/true beside an unconfined subprocess.run."""
+    ctx = CallContext("bench", Limits(), NullChannel(), checker=_AllowAll())
+    shell_t = timings(lambda: shell.run(ctx, {"argv": ["/bin/true"]}), n=n(40))
+    runner_t = timings(
+        lambda: confine.run(
+            ["/bin/true"], confinement=confine.Confinement(), deadline=time.monotonic() + 10
+        ),
+        n=n(40),
+    )
+    plain_t = timings(lambda: subprocess.run(["/bin/true"], check=True), n=n(200))
+    floor_t = timings(
+        lambda: subprocess.run([sys.executable, "-I", "-S", "-c", ""], check=True), n=n(40)
+    )
+    print("\n## A command: /bin/true (ms)\n\n| path | median | p99 |\n|---|---|---|")
+    print(row("shell.run, confined (check + trampoline + namespaces + Landlock)", shell_t))
+    print(row("skilld.confine.run alone", runner_t))
+    print(row("subprocess.run, unconfined", plain_t))
+    print(row("python -I -S starting (the trampoline's floor)", floor_t))
+    ratio = statistics.median(shell_t) / statistics.median(plain_t)
+    print(f"\nratio confined shell.run / unconfined subprocess.run: {ratio:.0f}x")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from __future__ import annotations
 from skilld.confine._grants import from_grants
 from skilld.confine._runner import (
     DEVICES,
+    OUTPUT_CAP,
     SIMULATE_ABI_ENV,
     SYSTEM_LIBRARIES,
     Confinement,
@@ -39,6 +40,7 @@ from skilld.errors import ConfinementUnavailable, ProgramNotStarted
 
 __all__ = [
     "DEVICES",
+    "OUTPUT_CAP",
     "SIMULATE_ABI_ENV",
     "SYSTEM_LIBRARIES",
     "Confinement",

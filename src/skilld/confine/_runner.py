@@ -16,6 +16,7 @@ import itertools
 import marshal
 import math
 import os
+import select
 import shutil
 import signal
 import struct
@@ -23,7 +24,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -113,7 +114,7 @@ class ProcessResult:
 
     ``exit_code`` is ``None`` when a signal ended it (``signal``); ``dropped`` counts
     output bytes read past the cap and thrown away; ``timed_out`` says the deadline
-    ended the tree.
+    ended the tree, ``cancelled`` that the caller's ``cancelled()`` did.
     """
 
     exit_code: int | None
@@ -123,6 +124,7 @@ class ProcessResult:
     dropped: int
     timed_out: bool
     duration: float
+    cancelled: bool = False
 
 
 def landlock_abi() -> int:
@@ -155,7 +157,9 @@ def require(confinement: Confinement) -> int:
         ConfinementUnavailable: naming the missing feature; nothing is run.
     """
     abi = landlock_abi()
-    hint = "run skilld on Linux 6.7 or later with Landlock enabled (lsm=...,landlock)"
+    hint = (
+        "run skilld on Linux 6.7 or later with Landlock enabled (boot parameter lsm= with landlock)"
+    )
     if abi == 0:
         raise ConfinementUnavailable(
             "Landlock is not available in this kernel; commands are refused rather than "
@@ -223,21 +227,32 @@ def elf_interpreter(path: str) -> str | None:
     return None
 
 
-def _shebang(path: str) -> str | None:
+def _shebang(path: str, search: str) -> list[str]:
+    """The programs a script's ``#!`` line runs: its interpreter and, for
+    ``#!/usr/bin/env NAME``, NAME as found in ``search``."""
     try:
         with open(path, "rb") as f:
             line = f.readline(256)
     except OSError:
-        return None
+        return []
     if not line.startswith(b"#!"):
-        return None
-    words = line[2:].split()
-    return words[0].decode(errors="replace") if words else None
+        return []
+    words = line[2:].decode(errors="replace").split()
+    if not words:
+        return []
+    out = [words[0]]
+    rest = [w for w in words[1:] if not w.startswith("-")]
+    if Path(words[0]).name == "env" and rest:
+        found = shutil.which(rest[0], path=search)
+        if found:
+            out.append(found)
+    return out
 
 
-def program_files(program: str) -> tuple[str, ...]:
-    """What the kernel executes to run ``program``: itself, a script's interpreter and
-    their ELF loaders, as real paths (Landlock rules apply where files really are)."""
+def program_files(program: str, search: str = os.defpath) -> tuple[str, ...]:
+    """What the kernel executes to run ``program``: itself, a script's interpreter (and
+    the program ``#!/usr/bin/env`` finds in ``search``) and their ELF loaders, as real
+    paths (Landlock rules apply where files really are)."""
     out: list[str] = []
     todo: list[str] = [program]
     while todo and len(out) < 8:
@@ -245,9 +260,8 @@ def program_files(program: str) -> tuple[str, ...]:
         if path in out:
             continue
         out.append(path)
-        for found in (elf_interpreter(path), _shebang(path)):
-            if found and found.startswith("/"):
-                todo.append(found)
+        found = [elf_interpreter(path), *_shebang(path, search)]
+        todo += [f for f in found if f and f.startswith("/")]
     return tuple(out)
 
 
@@ -272,7 +286,7 @@ _cgroup_count = itertools.count()
 
 def _cgroup_base() -> Path | None:
     if (_PIDS_V1 / "cgroup.procs").exists():
-        return _PIDS_V1 / "skilld" / str(os.getpid())
+        return _PIDS_V1 / "skilld"
     try:
         own = Path("/proc/self/cgroup").read_text().splitlines()
     except OSError:
@@ -280,9 +294,23 @@ def _cgroup_base() -> Path | None:
     for line in own:
         if line.startswith("0::"):
             v2 = Path("/sys/fs/cgroup") / line[3:].lstrip("/")
-            if "pids" in (v2 / "cgroup.subtree_control").read_text(errors="replace"):
-                return v2 / f"skilld-{os.getpid()}"
+            with contextlib.suppress(OSError):
+                if "pids" in (v2 / "cgroup.subtree_control").read_text():
+                    return v2 / "skilld"
     return None
+
+
+def _sweep(base: Path) -> None:
+    """Remove the cgroups of calls whose tree was still dying when they ended (this
+    process's) and of skilld processes that are gone; a busy one stays."""
+    mine = f"{os.getpid()}-"
+    for stale in base.iterdir():
+        owner = stale.name.partition("-")[0]
+        if not stale.is_dir() or not owner.isdigit() or stale in _cgroup_live:
+            continue
+        if stale.name.startswith(mine) or not Path(f"/proc/{owner}").exists():
+            with contextlib.suppress(OSError):
+                stale.rmdir()
 
 
 def _cgroup_create(processes: int) -> Path:
@@ -297,12 +325,8 @@ def _cgroup_create(processes: int) -> Path:
     try:
         base.mkdir(parents=True, exist_ok=True)
         with _cgroup_lock:
-            # Cgroups of calls whose tree was still dying when they ended.
-            for stale in base.iterdir():
-                if stale.is_dir() and stale not in _cgroup_live:
-                    with contextlib.suppress(OSError):
-                        stale.rmdir()
-            path = base / str(next(_cgroup_count))
+            _sweep(base)
+            path = base / f"{os.getpid()}-{next(_cgroup_count)}"
             path.mkdir()
             _cgroup_live.add(path)
         # The trampoline and PID 1 of the namespace count too.
@@ -373,7 +397,10 @@ def _spec(
         "cgroup": str(cgroup) if cgroup else None,
         "read_only": list(confinement.read_only),
         "read_write": list(confinement.read_write),
-        "executables": [*program_files(program), *confinement.executables],
+        "executables": [
+            *program_files(program, env.get("PATH", os.defpath)),
+            *confinement.executables,
+        ],
         "libraries": list(confinement.libraries),
         "devices": list(confinement.devices),
         "network": confinement.network,
@@ -390,6 +417,34 @@ def _spec(
             "RLIMIT_CORE": 0,
         },
     }
+
+
+# How often a command's caller is asked whether it cancelled (the sandbox looks at a
+# running guest about as often).
+_CANCEL_POLL_S = 0.01
+
+
+def _wait(
+    proc: subprocess.Popen[bytes], deadline: float, cancelled: Callable[[], bool] | None
+) -> str:
+    """``exited``, ``deadline`` or ``cancelled``: whichever comes first. The trampoline's
+    pidfd wakes this the moment it exits (``Popen.wait(timeout)`` polls with sleeps of up
+    to 50 ms)."""
+    pidfd = os.pidfd_open(proc.pid)
+    try:
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        while True:
+            if cancelled is not None and cancelled():
+                return "cancelled"
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return "exited" if proc.poll() is not None else "deadline"
+            step = left if cancelled is None else min(left, _CANCEL_POLL_S)
+            if poller.poll(math.ceil(step * 1000)):
+                return "exited"
+    finally:
+        os.close(pidfd)
 
 
 def _end_tree(proc: subprocess.Popen[bytes]) -> None:
@@ -458,13 +513,15 @@ def run(
     env: Mapping[str, str] | None = None,
     stdin: bytes = b"",
     output_cap: int = OUTPUT_CAP,
+    cancelled: Callable[[], bool] | None = None,
 ) -> ProcessResult:
-    """Run ``argv`` confined, to its end or to ``deadline`` (``time.monotonic()``).
+    """Run ``argv`` confined, to its end, to ``deadline`` (``time.monotonic()``) or until
+    ``cancelled()`` says so (asked every 10 ms).
 
     ``env`` is the command's whole environment (nothing of the host's leaks in);
     ``stdout`` and ``stderr`` each keep ``output_cap`` bytes and the rest is read and
-    dropped. At the deadline, or when the program exits, every process it started is
-    killed (they live in its PID namespace).
+    dropped. When the program exits, at the deadline or on cancellation, every process
+    it started is killed (they live in its PID namespace).
 
     Raises:
         ConfinementUnavailable: the kernel lacks what ``confinement`` needs; never
@@ -478,34 +535,78 @@ def run(
     abi = require(confinement)
     program = resolve_program(argv[0], environment)
     start = time.monotonic()
-    cgroup = _cgroup_create(confinement.limits.processes) if os.geteuid() == 0 else None
-    try:
-        return _run(
-            program, argv, confinement, abi, cwd, environment, stdin, output_cap,
-            deadline, start, cgroup,
+    with _pids_cgroup(confinement.limits.processes) as cgroup:
+        spec = _spec(
+            program, argv, confinement, abi=abi, cwd=cwd, env=environment,
+            seconds=max(deadline - start, 0.0), cgroup=cgroup,
         )  # fmt: skip
+        proc, status_r = _start(spec)
+        assert proc.stdin is not None
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        out, err = bytearray(), bytearray()
+        dropped = [0]
+        workers = [
+            threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True),
+            threading.Thread(
+                target=_drain, args=(proc.stdout, output_cap, out, dropped), daemon=True
+            ),
+            threading.Thread(
+                target=_drain, args=(proc.stderr, output_cap, err, dropped), daemon=True
+            ),
+        ]
+        for worker in workers:
+            worker.start()
+        ended = "deadline"
+        try:
+            ended = _wait(proc, deadline, cancelled)
+            if ended == "exited":
+                proc.wait()
+        finally:
+            if ended != "exited":
+                _end_tree(proc)
+            duration = time.monotonic() - start
+            status = _read_status(status_r)
+            for worker in workers:
+                worker.join(_DRAIN_GRACE_S)
+    if ended != "exited":
+        return ProcessResult(
+            None, signal.SIGKILL, bytes(out), bytes(err), dropped[0],
+            ended == "deadline", duration, ended == "cancelled",
+        )  # fmt: skip
+    code, sig = _outcome(status, argv[0])
+    if code is None and sig is None:
+        raise ConfinementUnavailable(
+            f"cannot confine {argv[0]}: the trampoline ended without a status "
+            f"(exit {proc.returncode}); the command may not have run",
+            feature="trampoline",
+        )
+    return ProcessResult(code, sig, bytes(out), bytes(err), dropped[0], False, duration)
+
+
+@contextlib.contextmanager
+def _pids_cgroup(processes: int) -> Iterator[Path | None]:
+    """A pids cgroup for one command's tree when skilld is root (``None`` otherwise).
+
+    Raises:
+        ConfinementUnavailable: root, and no writable pids controller.
+    """
+    if os.geteuid() != 0:
+        yield None
+        return
+    path = _cgroup_create(processes)
+    try:
+        yield path
     finally:
-        if cgroup is not None:
-            _cgroup_remove(cgroup)
+        _cgroup_remove(path)
 
 
-def _run(
-    program: str,
-    argv: Sequence[str],
-    confinement: Confinement,
-    abi: int,
-    cwd: str,
-    env: Mapping[str, str],
-    stdin: bytes,
-    output_cap: int,
-    deadline: float,
-    start: float,
-    cgroup: Path | None,
-) -> ProcessResult:
-    spec = _spec(
-        program, argv, confinement, abi=abi, cwd=cwd, env=env,
-        seconds=max(deadline - start, 0.0), cgroup=cgroup,
-    )  # fmt: skip
+def _start(spec: dict[str, Any]) -> tuple[subprocess.Popen[bytes], int]:
+    """Start the trampoline with ``spec`` on a pipe; its process and the status pipe.
+
+    Raises:
+        ConfinementUnavailable: the trampoline could not be started.
+    """
     spec_r, spec_w = os.pipe()
     status_r, status_w = os.pipe()
     try:
@@ -529,41 +630,4 @@ def _run(
     os.close(status_w)
     with contextlib.suppress(BrokenPipeError), os.fdopen(spec_w, "wb") as f:
         f.write(marshal.dumps(spec))
-    assert proc.stdin is not None
-    assert proc.stdout is not None
-    assert proc.stderr is not None
-    out, err = bytearray(), bytearray()
-    dropped = [0]
-    workers = [
-        threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True),
-        threading.Thread(target=_drain, args=(proc.stdout, output_cap, out, dropped), daemon=True),
-        threading.Thread(target=_drain, args=(proc.stderr, output_cap, err, dropped), daemon=True),
-    ]
-    for worker in workers:
-        worker.start()
-    timed_out = False
-    try:
-        proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        _end_tree(proc)
-    except BaseException:
-        _end_tree(proc)
-        raise
-    finally:
-        duration = time.monotonic() - start
-        status = _read_status(status_r)
-        for worker in workers:
-            worker.join(_DRAIN_GRACE_S)
-    if timed_out:
-        return ProcessResult(
-            None, signal.SIGKILL, bytes(out), bytes(err), dropped[0], True, duration
-        )
-    code, sig = _outcome(status, argv[0])
-    if code is None and sig is None:
-        raise ConfinementUnavailable(
-            f"cannot confine {argv[0]}: the trampoline ended without a status "
-            f"(exit {proc.returncode}); the command may not have run",
-            feature="trampoline",
-        )
-    return ProcessResult(code, sig, bytes(out), bytes(err), dropped[0], False, duration)
+    return proc, status_r

@@ -31,16 +31,18 @@ import marshal
 import os
 import resource
 import select
-import signal
 import stat
 import sys
 
 # Not ``from typing import TYPE_CHECKING``: every millisecond of imports here is paid
-# by every command (``json`` and ``typing`` pull in ``re``).
+# by every command (``json`` and ``typing`` pull in ``re``, ``signal`` pulls in ``enum``).
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import signal
     from collections.abc import Iterable, Mapping
     from typing import Any
+else:
+    import _signal as signal
 
 # -- Landlock (include/uapi/linux/landlock.h) ---------------------------------
 # The three syscalls have the same numbers on every architecture (added after the
@@ -101,7 +103,6 @@ PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
 PR_CAP_AMBIENT = 47
 PR_CAP_AMBIENT_CLEAR_ALL = 4
-CLONE_NEWNS = 0x00020000
 CLONE_NEWIPC = 0x08000000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
@@ -311,8 +312,13 @@ def _status(fd: int, kind: str, value: int, text: str = "") -> None:
 
 def _limits(spec: Mapping[str, Any]) -> None:
     for name, value in spec["rlimits"].items():
-        if value is not None:
-            resource.setrlimit(getattr(resource, name), (int(value), int(value)))
+        if value is None:
+            continue
+        which = getattr(resource, name)
+        hard = resource.getrlimit(which)[1]
+        # Lowering is always allowed; a host limit already below ours stays.
+        limit = int(value) if hard == resource.RLIM_INFINITY else min(int(value), hard)
+        resource.setrlimit(which, (limit, limit))
 
 
 def _command(spec: Mapping[str, Any], status: int) -> None:

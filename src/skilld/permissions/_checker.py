@@ -259,6 +259,7 @@ class SkillPermissions:
         ``tables`` (all skills) is needed to know which callees consent to calls.
         """
         self.skill_id = skill_id
+        self._table = table
         self._rules: dict[str, Mapping[str, Any]] = {}
         self._index_fs(table.get("fs", ()))
         self._index_http(table.get("http", ()))
@@ -289,6 +290,14 @@ class SkillPermissions:
     def rule(self, rule_id: str) -> Mapping[str, Any] | None:
         """The table entry of a rule (e.g. a shell rule's ``timeout_ms`` and ``env``)."""
         return self._rules.get(rule_id)
+
+    def grants(self, capability: str) -> tuple[Mapping[str, Any], ...]:
+        """The skill's rules for ``capability`` (``fs``, ``tcp``, ...), in table order.
+
+        For what the kernel enforces beside the checks: a confined command's Landlock
+        ruleset is built from the ``fs`` and ``tcp`` grants.
+        """
+        return tuple(self._table.get(capability, ()))
 
     # -- indexing ----------------------------------------------------------
 
