@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import socket
+import threading
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -23,7 +24,7 @@ import pytest
 
 from skilld import agentskills
 from skilld.confine import SIMULATE_ABI_ENV
-from skilld.errors import ConfinementUnavailable, DeadlineExceeded
+from skilld.errors import CallCancelled, ConfinementUnavailable, DeadlineExceeded
 from skilld.registry import Registry, SkillEntry
 from skilld.types import Limits
 
@@ -203,3 +204,44 @@ def test_an_old_landlock_refuses_to_run(
     monkeypatch.setenv(SIMULATE_ABI_ENV, "2")
     with pytest.raises(ConfinementUnavailable):
         _probe(world, "ping")
+
+
+class CancelAfter:
+    """A client channel that says it cancelled once ``event`` is set."""
+
+    def __init__(self, event: threading.Event) -> None:
+        self.event = event
+
+    def progress(self, progress: float, total: float | None, message: str | None) -> None:
+        """Drop it."""
+
+    def log(self, level: str, data: Any) -> None:
+        """Drop it."""
+
+    def sample(self, params: Mapping[str, Any]) -> Mapping[str, Any]:
+        """No client to ask."""
+        raise AssertionError("not used")
+
+    def elicit(self, params: Mapping[str, Any]) -> Mapping[str, Any]:
+        """No client to ask."""
+        raise AssertionError("not used")
+
+    def cancelled(self) -> bool:
+        """True once the test cancels."""
+        return self.event.is_set()
+
+
+def test_cancelling_kills_the_script_tree(world: dict[str, Any]) -> None:
+    """A client's cancellation ends a spinning script's tree; the audit says cancelled."""
+    event = threading.Event()
+    event.set()  # cancelled from the start: the executor must notice while it runs
+    registry: Registry = world["registry"]
+    with pytest.raises(CallCancelled, match="whole process tree was killed"):
+        registry.call_method(
+            "hostile",
+            "run_script",
+            {"script": "scripts/probe.py", "args": ["cpu-spin", json.dumps(world["ctx"])]},
+            CancelAfter(event),
+        )
+    assert world["audit"].records[-1]["outcome"] == "cancelled"
+    assert "pong" in _probe(world, "ping")["stdout"]

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from skilld.agentskills._backend import ScriptRun
 from skilld.confine import ProgramNotStarted, ResourceLimits, from_grants, run
-from skilld.errors import DeadlineExceeded, GuestError
+from skilld.errors import CallCancelled, DeadlineExceeded, GuestError
 from skilld.sandbox import CallContext
 from skilld.types import CallOutput, Decision, Limits
 
@@ -219,6 +219,7 @@ class NativeExecutor:
                 nothing ran.
             DeadlineExceeded: the script ran past the call's deadline; its whole process
                 tree was killed.
+            CallCancelled: the client cancelled the call; the tree was killed too.
             GuestError: no interpreter granted for it, or it could not be started.
         """
         command = self._interpreter(script)
@@ -248,9 +249,15 @@ class NativeExecutor:
                 env=env,
                 stdin=stdin,
                 output_cap=OUTPUT_CAP,
+                cancelled=ctx.channel.cancelled,
             )
         except ProgramNotStarted as exc:
             raise GuestError("unavailable", f"'{script}' could not be started: {exc}") from exc
+        if done.cancelled:
+            raise CallCancelled(
+                f"the client cancelled script '{script}' of '{self.skill_id}'; its whole "
+                "process tree was killed"
+            )
         if done.timed_out:
             raise DeadlineExceeded(
                 f"script '{script}' of '{self.skill_id}' ran past its deadline of "
