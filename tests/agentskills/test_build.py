@@ -6,8 +6,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+from agentskills_util import FIXTURES, wheelhouse
 
-from conftest import FIXTURES, wheelhouse
 from skilld import agentskills, package
 from skilld.bundle import BuildResult, build_bundle, open_bundle
 from skilld.cli import main

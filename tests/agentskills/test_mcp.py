@@ -12,10 +12,10 @@ from pathlib import Path
 
 import anyio
 import pytest
+from agentskills_util import make_pdf
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
-from conftest import make_pdf
 from skilld.bundle import BuildResult
 from tests_env import cache_dir
 
