@@ -241,3 +241,16 @@ def test_the_same_inputs_build_the_same_bundle_digest(
     shutil.copytree(FIXTURES / "policies", tmp_path / "policies")
     again = build(tmp_path, sandbox, wheelhouse=wheelhouse())
     assert again.lock.bundle_digest == agent_bundle.lock.bundle_digest
+
+
+def test_scripts_get_directory_trees_never_widened_globs() -> None:
+    """Literal and /** grants reach scripts as directories; a glob grant does not at all."""
+    kept, left = agentskills.tree_grants(
+        [
+            {"id": "a", "path": "/data/in", "mode": "ro"},
+            {"id": "b", "path": "/data/out/**", "mode": "rw"},
+            {"id": "c", "path": "/data/docs/**/*.md", "mode": "ro"},
+        ]
+    )
+    assert kept == [{"path": "/data/in", "mode": "ro"}, {"path": "/data/out", "mode": "rw"}]
+    assert left == ["c"]

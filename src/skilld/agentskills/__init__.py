@@ -40,7 +40,7 @@ from skilld.agentskills._build import (
     resource_uri,
     scripts_of,
 )
-from skilld.agentskills._executors import NativeExecutor, WasmExecutor
+from skilld.agentskills._executors import NativeExecutor, WasmExecutor, tree_grants
 from skilld.agentskills._listing import available_skills_xml
 from skilld.agentskills._skillmd import SKILL_MD, SkillMd, parse_skill_md, parse_skill_text
 from skilld.agentskills._tools import ToolNeeds, tools_to_needs
@@ -113,4 +113,5 @@ __all__ = [
     "resource_uri",
     "scripts_of",
     "tools_to_needs",
+    "tree_grants",
 ]

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 from skilld.agentskills._backend import ScriptRun
 from skilld.confine import ProgramNotStarted, ResourceLimits, from_grants, run
 from skilld.errors import CallCancelled, DeadlineExceeded, GuestError
+from skilld.policy import _patterns as patterns
 from skilld.sandbox import CallContext
 from skilld.types import CallOutput, Decision, Limits
 
@@ -95,15 +96,29 @@ def _deadline(ctx: CallContext) -> float:
     return ctx.deadline
 
 
-def _directory_rules(fs: Iterable[Mapping[str, Any]]) -> list[tuple[str, bool]]:
-    """(directory, writable) for each fs grant that names an existing directory."""
-    out: list[tuple[str, bool]] = []
+def tree_grants(
+    fs: Iterable[Mapping[str, Any]],
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The fs grants a kernel rule can hold exactly: directory trees (``/data`` or
+    ``/data/**``), as ``{"path", "mode"}``; and the ids of the others (globs such as
+    ``/data/**/*.md``), which scripts do not get: a Landlock rule or a WASI preopen
+    names a directory, and widening a glob to its directory would grant more than the
+    operator wrote."""
+    kept: list[dict[str, Any]] = []
+    left: list[str] = []
     for rule in fs:
-        path = str(rule["path"])
-        literal = path.split("*", 1)[0].rstrip("/") or "/"
-        if Path(literal).is_dir():
-            out.append((literal, rule.get("mode") == "rw"))
-    return out
+        segments = patterns.parse_path_pattern(str(rule["path"]))
+        tree = segments[:-1] if segments and segments[-1] == "**" else segments
+        if patterns.is_literal(tree):
+            kept.append({"path": patterns.join_path(tree), "mode": rule.get("mode", "ro")})
+        else:
+            left.append(str(rule.get("id", rule["path"])))
+    return kept, left
+
+
+def _directory_rules(fs: Iterable[Mapping[str, Any]]) -> list[tuple[str, bool]]:
+    """(directory, writable) for each tree grant that names an existing directory."""
+    return [(r["path"], r["mode"] == "rw") for r in tree_grants(fs)[0] if Path(r["path"]).is_dir()]
 
 
 class WasmExecutor:
@@ -177,7 +192,7 @@ class NativeExecutor:
         self.interpreters = tuple(interpreters)
         self.grants = grants
         self.confinement = from_grants(
-            grants.get("fs") or (),
+            tree_grants(grants.get("fs") or ())[0],
             grants.get("tcp") or (),
             limits=ResourceLimits(
                 # CPython maps ~100 MiB of address space before it runs a line.

@@ -486,6 +486,12 @@ def _stage_agent_skills(
         sid, version = v.manifest.id, v.manifest.version
         scripts = tables.scripts(sid)
         executor = scripts["executor"]
+        _trees, globs = agentskills.tree_grants(tables.skill(sid).get("fs") or ())
+        if globs and agentskills.scripts_of(v.files):
+            progress(
+                f"warning: {sid}: scripts do not get the glob fs grant(s) {', '.join(globs)} "
+                "(the kernel names directories); grant a directory tree instead"
+            )
         root = f"agentskills/{sid}/files"
         for name, data in v.files.items():
             _write(stage / root / name, data)
