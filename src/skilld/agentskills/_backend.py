@@ -162,7 +162,10 @@ class AgentSkillBackend:
             raise GuestError(
                 "invalid-argument", f"'{script}' is not a script of skill '{self.spec.id}'"
             )
-        argv = [str(a) for a in args.get("args") or ()]
+        raw_argv = args.get("args") or []
+        if not isinstance(raw_argv, list) or not all(isinstance(a, str) for a in raw_argv):
+            raise GuestError("invalid-argument", "'args' must be a list of strings")
+        argv = list(raw_argv)
         if "input" in args and args.get("stdin") is not None:
             raise GuestError("invalid-argument", "give stdin or input, not both")
         stdin = (
