@@ -254,3 +254,19 @@ def test_scripts_get_directory_trees_never_widened_globs() -> None:
     )
     assert kept == [{"path": "/data/in", "mode": "ro"}, {"path": "/data/out", "mode": "rw"}]
     assert left == ["c"]
+
+
+def test_skilld_build_cli_takes_lenient_and_wheelhouse(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """skilld build --lenient --wheelhouse builds Agent Skills and lists them in its summary."""
+    monkeypatch.setenv("SKILLD_CACHE", str(cache_dir()))
+    shutil.copytree(FIXTURES / "skills" / "pdf-text", tmp_path / "skills" / "pdf-txt")
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "pdf-text.yaml").write_text("scripts:\n  executor: native\n")
+    argv = ["build", "--skills", str(tmp_path / "skills"), "--policies", str(tmp_path / "policies")]
+    argv += ["-o", str(tmp_path / "bundle"), "-q", "--wheelhouse", str(wheelhouse())]
+    assert main(argv) == 1  # strict: the directory is not named pdf-text
+    assert "must match skill name 'pdf-text'" in capsys.readouterr().err
+    assert main([*argv, "--lenient"]) == 0
+    assert "pdf-text" in capsys.readouterr().out
