@@ -419,8 +419,18 @@ def build_bundle(
                     (stage / native_rel).stat().st_size,
                 )
             )
+        # A bundle that already holds the runner as a skill (delegate's kits) shares it.
+        built_runner = next((s for s in locked if s.id == agentskills.RUNNER_ID), None)
         locked_agents, runner = _stage_agent_skills(
-            agents, mds, compiled.tables, stage, sandbox, cache_dir, wheelhouse, progress
+            agents,
+            mds,
+            compiled.tables,
+            stage,
+            sandbox,
+            cache_dir,
+            wheelhouse,
+            progress,
+            built_runner,
         )
         for c, v in agents:
             rows.append(
@@ -473,8 +483,10 @@ def _stage_agent_skills(
     cache_dir: Path | None,
     wheelhouse: Path | None,
     progress: Progress,
+    built_runner: LockedSkill | None = None,
 ) -> tuple[list[LockedAgentSkill], LockedRunner | None]:
-    """Unpack each Agent Skill, bake its requirements, and compile the runner if needed.
+    """Unpack each Agent Skill, bake its requirements, and compile the runner if needed
+    (once: ``built_runner`` is the runner already compiled as a skill of the bundle).
 
     Raises:
         AgentSkillError: a wasm script imports beyond the standard library, a wasm
@@ -527,7 +539,11 @@ def _stage_agent_skills(
             )
         )
     runner = None
-    if wants_runner:
+    if wants_runner and built_runner is not None:
+        runner = LockedRunner(
+            built_runner.component_sha256, built_runner.native, built_runner.native_sha256
+        )
+    elif wants_runner:
         progress("building the CPython runner component for the wasm executor")
         wasm = build_component(agentskills.RUNNER_DIR, cache_dir=cache_dir).read_bytes()
         comp = sandbox.load(wasm, name="pyrunner")
