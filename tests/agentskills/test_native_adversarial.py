@@ -48,8 +48,9 @@ DEADLINE = {"cpu-spin"}
 TRUNCATED = {"stdout-flood", "stderr-flood"}
 # Landlock does not govern file metadata: a process owning the skill's files may change
 # their mode or times (never their content, which the test checks after every case).
-# A bundle on a read-only mount (the container image, the Nix store) refuses these too.
-METADATA = {"chmod-skill-file", "utime-skill-file"}
+# Run as root, the executor serves a copy owned by nobody, where both fail; otherwise a
+# bundle on a read-only mount or owned by another user is what refuses them.
+METADATA = set() if os.geteuid() == 0 else {"chmod-skill-file", "utime-skill-file"}
 # Exhaustion is refused (MemoryError, EAGAIN) or, on a host under memory pressure, the
 # kernel kills the process: contained either way.
 KILLED_OK = {"memory-bomb", "fork-bomb"}
@@ -99,7 +100,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             "registry": registry,
             "audit": sink,
             "ctx": {
-                "skill": str(skill_dir),
+                "skill": str(backend.executor.root),  # type: ignore[union-attr]
                 "outside_file": str(root / "bundle" / "bundle.lock"),
                 "outside_dir": str(outside),
                 "port": listener.getsockname()[1],
@@ -110,6 +111,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
                 "token": f"skilld-grandchild-{uuid.uuid4().hex}",
             },
             "skill_dir": skill_dir,
+            "served_dir": backend.executor.root,  # type: ignore[union-attr]
         }
     finally:
         os.environ.pop(secret_name, None)
@@ -153,7 +155,8 @@ def test_attack_is_refused_or_contained_and_the_next_call_answers(
 ) -> None:
     """The attack gets nothing (the kernel refuses it, or the call is cut short), the
     skill directory is unchanged, and the next call of the skill is answered."""
-    before = {p: p.read_bytes() for p in world["skill_dir"].rglob("*") if p.is_file()}
+    served = world["served_dir"]
+    before = {p: (p.read_bytes(), p.stat().st_mode) for p in served.rglob("*") if p.is_file()}
     if case in DEADLINE:
         with pytest.raises(DeadlineExceeded, match="whole process tree was killed"):
             _probe(world, case)
@@ -177,7 +180,7 @@ def test_attack_is_refused_or_contained_and_the_next_call_answers(
         assert record["script"] == "scripts/probe.py"
         assert record["exit_status"] == value["exit_status"]
         assert record["input_sha256"] and record["output_sha256"]
-    after = {p: p.read_bytes() for p in world["skill_dir"].rglob("*") if p.is_file()}
+    after = {p: (p.read_bytes(), p.stat().st_mode) for p in served.rglob("*") if p.is_file()}
     assert after == before
     assert _processes_with(world["ctx"]["token"]) == []
     assert "pong" in _probe(world, "ping")["stdout"]

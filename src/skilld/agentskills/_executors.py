@@ -23,6 +23,7 @@ import os
 import shutil
 import sys
 import sysconfig
+import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -56,6 +57,7 @@ _BOOT = (
     "runpy.run_path(s,run_name='__main__')"
 )
 _ENV_KEEP = ("LANG", "LC_ALL")
+_NOBODY = 65534
 
 
 def python_libraries() -> tuple[str, ...]:
@@ -187,6 +189,9 @@ class NativeExecutor:
         limits: Limits,
     ):
         self.skill_id = skill_id
+        self._copies: tempfile.TemporaryDirectory[str] | None = None
+        if os.geteuid() == 0:
+            root, env = self._unowned_copy(root, env)
         self.root = root
         self.env = env
         self.interpreters = tuple(interpreters)
@@ -205,6 +210,29 @@ class NativeExecutor:
         self.programs = tuple(
             p for p in (shutil.which(str(r["program"])) for r in grants.get("shell") or ()) if p
         )
+
+    def _unowned_copy(self, root: Path, env: Path | None) -> tuple[Path, Path | None]:
+        """The skill's files and environment, copied once and owned by ``nobody``.
+
+        Landlock does not govern metadata: a process owning a file may chmod or utime
+        it. Run as root, skilld owns the bundle, and so would the script (uid 0, no
+        capabilities); over files owned by another user both fail with EPERM. The
+        bundle was verified when it was opened and is read-only.
+        """
+        self._copies = tempfile.TemporaryDirectory(prefix=f"skilld-{self.skill_id}-")
+        base = Path(self._copies.name)
+        base.chmod(0o755)
+        out: list[Path] = []
+        for name, tree in (("files", root), ("env", env)):
+            if tree is None:
+                continue
+            dest = base / name
+            shutil.copytree(tree, dest, symlinks=True)
+            for path in [dest, *dest.rglob("*")]:
+                os.chown(path, _NOBODY, _NOBODY, follow_symlinks=False)
+                path.chmod(0o555 if path.is_dir() else 0o444)
+            out.append(dest)
+        return out[0], (out[1] if env is not None else None)
 
     def _interpreter(self, script: str) -> list[str]:
         name = INTERPRETERS.get(Path(script).suffix.lower())
