@@ -11,6 +11,7 @@ mtime unchanged, nothing created outside, and never an ``internal`` error.
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -58,6 +59,9 @@ shell:
   - id: truncate
     program: /usr/bin/truncate
     args: ["-s", "0", "{R}/a/*"]
+  - id: rm
+    program: /bin/rm
+    args: ["-rf", "{R}/a/*"]
   - id: tee-ro
     program: /usr/bin/tee
     args: ["{R}/ro/*"]
@@ -267,6 +271,65 @@ def test_race_won_every_time_still_reaches_nothing(
     assert "ok" in out.report, out.report
     assert out.report["ok"]["exit"] != 0, out.report
     assert SECRET not in out.report["ok"]["stdout"]
+    assert_untouched(world, before)
+
+
+# The entry a/x cycles through a real file, a real directory, a link to the outside
+# file and a link to the outside directory while these run on it.
+SWAPPED: list[Victim] = [
+    ("cat", ["/bin/cat", "{L}"], None, "x"),
+    ("tee-write", ["/usr/bin/tee", "{L}"], "PWNED\n", "x"),
+    ("cp-into", ["/bin/cp", "{R}/a/inside.txt", "{L}"], None, "x"),
+    ("rm-rf-trailing-slash", ["/bin/rm", "-rf", "{L}/"], None, "x"),
+]
+
+
+@pytest.fixture
+def swapping(world: Path) -> Iterator[None]:
+    """A host thread swapping a/x between a file, a directory and links out."""
+    stop = threading.Event()
+    entry = world / "a/x"
+
+    def make(step: int) -> None:
+        kind = step % 4
+        if kind == 0:
+            entry.write_text("inside\n")
+        elif kind == 1:
+            entry.mkdir()
+        else:
+            entry.symlink_to(world / ("out/secret" if kind == 2 else "out/dir"))
+
+    def swap() -> None:
+        step = 0
+        while not stop.is_set():
+            if entry.is_symlink() or entry.is_file():
+                entry.unlink(missing_ok=True)
+            elif entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            try:
+                make(step)
+            except OSError:  # a command made something there meanwhile
+                continue
+            step += 1
+
+    thread = threading.Thread(target=swap, daemon=True)
+    thread.start()
+    yield
+    stop.set()
+    thread.join()
+
+
+@pytest.mark.parametrize("victim", SWAPPED, ids=[v[0] for v in SWAPPED])
+@pytest.mark.usefixtures("swapping")
+def test_entry_swapped_between_file_dir_and_links_out(
+    probe: Probe, world: Path, victim: Victim
+) -> None:
+    """An entry of a granted directory turning into a file, a directory and links out
+    while commands read, write, copy into and remove through it: nothing outside moves."""
+    before = snapshot(world)
+    seen = {"ran": 0, "refused": 0}
+    for _ in range(ROUNDS):
+        check(run_victim(probe, world, victim), world, seen)
     assert_untouched(world, before)
 
 

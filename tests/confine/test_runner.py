@@ -335,6 +335,14 @@ def test_background_grandchild_is_gone_when_the_program_exits() -> None:
     assert host_processes(marker) == []
 
 
+def test_no_time_left_starts_nothing(world: Path) -> None:
+    """A deadline already passed times out at once, without starting the program."""
+    marker = world / "rw/ran"
+    result = go(["/usr/bin/touch", str(marker)], grants(world), seconds=-1)
+    assert result.timed_out
+    assert not marker.exists()
+
+
 def test_cancelled_ends_the_tree(world: Path) -> None:
     """When the caller cancels, the command's whole tree ends and the result says so."""
     started = world / "rw/started"
@@ -428,6 +436,12 @@ def test_granted_port_connects_and_others_do_not(listener: int) -> None:
     assert b"Permission denied" in other.stderr
 
 
+def test_name_resolution_files_come_with_the_network() -> None:
+    """A command with a tcp grant can read /etc/hosts (to resolve names); one without cannot."""
+    assert go(["/bin/cat", "/etc/hosts"], Confinement(tcp_connect=(443,))).exit_code == 0
+    assert go(["/bin/cat", "/etc/hosts"]).exit_code != 0
+
+
 def test_abstract_unix_socket_of_the_host_is_out_of_reach() -> None:
     """An abstract unix socket of the host cannot be reached, with or without network."""
     name = f"\0skilld-confine-test-{os.getpid()}"
@@ -460,6 +474,28 @@ def test_host_processes_cannot_be_signalled() -> None:
         for confinement in (Confinement(), Confinement(tcp_connect=(9,))):
             result = go([SH, "-c", f"kill -9 {victim.pid}"], confinement)
             assert result.exit_code != 0
+        assert victim.poll() is None
+    finally:
+        victim.kill()
+        victim.wait()
+
+
+def test_host_processes_cannot_be_traced() -> None:
+    """ptrace(ATTACH) of a host process fails from inside: it is not even visible."""
+    victim = subprocess.Popen(["/bin/sleep", "86394"])
+    code = (
+        "import ctypes\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        f"print(libc.ptrace(16, {victim.pid}, None, None), ctypes.get_errno())\n"
+    )
+    try:
+        for tcp in ((), (9,)):
+            result = go(
+                [sys.executable, "-I", "-S", "-c", code],
+                Confinement(read_only=(sys.base_prefix,), tcp_connect=tcp),
+            )
+            assert result.stdout.split()[0] == b"-1", result.stderr
+            assert int(result.stdout.split()[1]) in (errno.ESRCH, errno.EPERM)
         assert victim.poll() is None
     finally:
         victim.kill()

@@ -25,6 +25,7 @@ from __future__ import annotations
 from skilld.confine._grants import from_grants
 from skilld.confine._runner import (
     DEVICES,
+    NETWORK_FILES,
     OUTPUT_CAP,
     SIMULATE_ABI_ENV,
     SYSTEM_LIBRARIES,
@@ -40,6 +41,7 @@ from skilld.errors import ConfinementUnavailable, ProgramNotStarted
 
 __all__ = [
     "DEVICES",
+    "NETWORK_FILES",
     "OUTPUT_CAP",
     "SIMULATE_ABI_ENV",
     "SYSTEM_LIBRARIES",

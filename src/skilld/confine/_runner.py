@@ -55,6 +55,22 @@ SYSTEM_LIBRARIES = (
     "/nix/store",
 )
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+# What resolving names and checking TLS certificates read, read-only, for a command that
+# shares the host's network (public data: no secret lives in these).
+NETWORK_FILES = (
+    "/etc/resolv.conf",
+    "/etc/hosts",
+    "/etc/nsswitch.conf",
+    "/etc/host.conf",
+    "/etc/gai.conf",
+    "/etc/services",
+    "/etc/protocols",
+    "/etc/ssl/certs",
+    "/etc/ssl/cert.pem",
+    "/etc/ca-certificates",
+    "/etc/pki/tls/certs",
+    "/usr/share/ca-certificates",
+)
 # After SIGTERM to the trampoline, how long it has to empty the namespace.
 _KILL_GRACE_S = 2.0
 # After the tree is gone, how long the output pipes may take to reach EOF.
@@ -401,7 +417,10 @@ def _spec(
             *program_files(program, env.get("PATH", os.defpath)),
             *confinement.executables,
         ],
-        "libraries": list(confinement.libraries),
+        "libraries": [
+            *confinement.libraries,
+            *(NETWORK_FILES if confinement.shares_network else ()),
+        ],
         "devices": list(confinement.devices),
         "network": confinement.network,
         "handle_tcp": not confinement.network,
@@ -535,6 +554,9 @@ def run(
     abi = require(confinement)
     program = resolve_program(argv[0], environment)
     start = time.monotonic()
+    if deadline <= start:
+        # No time left: nothing is started.
+        return ProcessResult(None, None, b"", b"", 0, True, 0.0)
     with _pids_cgroup(confinement.limits.processes) as cgroup:
         spec = _spec(
             program, argv, confinement, abi=abi, cwd=cwd, env=environment,

@@ -157,6 +157,11 @@ class Unavailable(Exception):
         self.detail = detail
 
 
+def _prctl(option: int, arg: int = 0) -> int:
+    # prctl is variadic and reads unsigned longs: pass them as such, not as C ints.
+    return int(_libc.prctl(option, *(ctypes.c_ulong(a) for a in (arg, 0, 0, 0))))
+
+
 def _check(result: int, feature: str, what: str) -> int:
     if result < 0:
         err = ctypes.get_errno()
@@ -166,7 +171,9 @@ def _check(result: int, feature: str, what: str) -> int:
 
 def landlock_abi() -> int:
     """The Landlock ABI version of the running kernel; 0 when Landlock is off or absent."""
-    abi = int(_libc.syscall(SYS_LANDLOCK_CREATE_RULESET, None, 0, CREATE_RULESET_VERSION))
+    abi = int(
+        _libc.syscall(SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), CREATE_RULESET_VERSION)
+    )
     return max(abi, 0)
 
 
@@ -185,7 +192,13 @@ def _open_path(path: str, follow: bool) -> int:
         return os.open(path, os.O_PATH | os.O_CLOEXEC)
     how = _OpenHow(os.O_PATH | os.O_CLOEXEC, 0, RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
     fd = int(
-        _libc.syscall(SYS_OPENAT2, -100, os.fsencode(path), ctypes.byref(how), ctypes.sizeof(how))
+        _libc.syscall(
+            SYS_OPENAT2,
+            ctypes.c_int(-100),  # AT_FDCWD
+            os.fsencode(path),
+            ctypes.byref(how),
+            ctypes.c_size_t(ctypes.sizeof(how)),
+        )
     )
     if fd < 0:
         err = ctypes.get_errno()
@@ -235,7 +248,9 @@ def apply_landlock(spec: Mapping[str, Any]) -> None:
     # The struct as the kernel of that ABI knows it (an older kernel refuses a longer one).
     size = 24 if abi >= 6 else 16 if abi >= 4 else 8
     ruleset = _check(
-        int(_libc.syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), size, 0)),
+        int(
+            _libc.syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), 0)
+        ),
         "landlock",
         "landlock_create_ruleset",
     )
@@ -255,7 +270,7 @@ def apply_landlock(spec: Mapping[str, Any]) -> None:
                         "landlock-tcp",
                         f"landlock_add_rule(port {port})",
                     )
-        _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs", "prctl")
+        _check(_prctl(PR_SET_NO_NEW_PRIVS, 1), "no_new_privs", "prctl")
         _check(
             int(_libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0)),
             "landlock",
@@ -292,8 +307,8 @@ def drop_capabilities() -> None:
     for cap in range(last + 1):
         # EINVAL for a capability this kernel does not know; EPERM without CAP_SETPCAP
         # (then the bounding set is already as small as it can be made here).
-        _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
-    _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+        _prctl(PR_CAPBSET_DROP, cap)
+    _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
     header = _CapHeader(_CAP_VERSION_3, 0)
     data = (_CapData * 2)()
     _check(_libc.capset(ctypes.byref(header), data), "capabilities", "capset")
@@ -349,7 +364,7 @@ def _init(spec: Mapping[str, Any], status: int, alive: int) -> None:
     """C: PID 1 of the namespace. Confines itself, starts G, reaps, reports. Never returns."""
     code = 0
     try:
-        _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl", "PDEATHSIG")
+        _check(_prctl(PR_SET_PDEATHSIG, signal.SIGKILL), "prctl", "PDEATHSIG")
         # T may have died before PDEATHSIG was armed; its end of ``alive`` then reads EOF.
         if select.select([alive], [], [], 0)[0]:
             os._exit(1)
@@ -416,7 +431,7 @@ def main(spec_fd: int, status: int) -> None:
         with os.fdopen(spec_fd, "rb") as f:
             # Written by the host on a pipe only it and this process hold.
             spec = marshal.loads(f.read())  # noqa: S302
-        _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl", "PDEATHSIG")
+        _check(_prctl(PR_SET_PDEATHSIG, signal.SIGKILL), "prctl", "PDEATHSIG")
         if os.getppid() != spec["host_pid"]:
             os._exit(1)
         if spec["cgroup"]:
