@@ -47,7 +47,7 @@ def test_tiers_resources_prompts_and_both_executors(
 ) -> None:
     """Tier 1 lists each skill as a tool, tier 2 returns its body and file index, tier 3
     reads files as skill:// resources with MIME types; a stdlib script runs under wasm
-    and a pypdf script under native, both through the SDK client."""
+    and a pypdf script under native, both through the SDK client, each audited."""
 
     async def main() -> None:
         async with session_for(agent_bundle.out, tmp_path / "state") as s:
@@ -102,6 +102,18 @@ def test_tiers_resources_prompts_and_both_executors(
             assert embedded[0].resource.text.strip() == "Hello from a test PDF"  # type: ignore[union-attr]
 
     anyio.run(main)
+    records = [
+        json.loads(line) for line in (tmp_path / "state" / "audit.jsonl").read_text().splitlines()
+    ]
+    runs = [r for r in records if r.get("method") == "run_script"]
+    assert [(r["skill"], r["executor"], r["exit_status"]) for r in runs] == [
+        ("csv-summary", "wasm", 0),
+        ("pdf-text", "native", 0),
+    ]
+    assert all(r["input_sha256"] and r["output_sha256"] and r["duration_ms"] for r in runs)
+    assert runs[1]["decisions"][0]["rule"] == "pdf-text.scripts"
+    reads = [r for r in records if r.get("method") == "read-resource"]
+    assert reads[0]["target"] == "skill://csv-summary/references/FORMAT.md"
 
 
 @pytest.mark.parametrize("script", ["../SKILL.md", "scripts/missing.py", "SKILL.md"])
