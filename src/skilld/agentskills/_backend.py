@@ -74,21 +74,12 @@ class AgentSkillBackend:
         spec: what the skill serves (from the lock).
         root: the skill's files (``agentskills/NAME/files`` in the bundle).
         executor: runs its scripts; ``None`` when it has none.
-        workspaces: where per-call workspaces are made (a private temporary directory).
     """
 
-    def __init__(
-        self,
-        spec: SkillSpec,
-        root: Path,
-        executor: ScriptExecutor | None,
-        *,
-        workspaces: Path | None = None,
-    ):
+    def __init__(self, spec: SkillSpec, root: Path, executor: ScriptExecutor | None):
         self.spec = spec
         self.root = root
         self.executor = executor
-        self.workspaces = workspaces
         self._files = {r.uri: r for r in spec.resources}
         self._paths = {r.uri: r.name.split("/", 1)[1] for r in spec.resources}
         text = self._read(SKILL_MD).decode("utf-8")
@@ -173,7 +164,8 @@ class AgentSkillBackend:
             if "input" in args
             else str(args.get("stdin") or "").encode()
         )
-        workspace = Path(tempfile.mkdtemp(prefix=f"skilld-ws-{self.spec.id}-", dir=self.workspaces))
+        # A fresh private directory (mode 0700) per call, removed when the call ends.
+        workspace = Path(tempfile.mkdtemp(prefix=f"skilld-ws-{self.spec.id}-"))
         ctx.audit.update(executor=self.executor.name, script=script)
         try:
             run = self.executor.run(script, argv, stdin, workspace, ctx)

@@ -195,7 +195,6 @@ class NativeExecutor:
         self.root = root
         self.env = env
         self.interpreters = tuple(interpreters)
-        self.grants = grants
         self.confinement = from_grants(
             tree_grants(grants.get("fs") or ())[0],
             grants.get("tcp") or (),
