@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from pathlib import Path
 
 import pytest
 from agentskills_util import FIXTURES, wheelhouse
+from hypothesis import given
+from hypothesis import strategies as st
 
 from skilld import agentskills, package
 from skilld.bundle import BuildResult, build_bundle, open_bundle
@@ -270,3 +273,16 @@ def test_skilld_build_cli_takes_lenient_and_wheelhouse(
     assert "must match skill name 'pdf-text'" in capsys.readouterr().err
     assert main([*argv, "--lenient"]) == 0
     assert "pdf-text" in capsys.readouterr().out
+
+
+@given(st.lists(st.text(alphabet="BashRdWeF():*. /-gitx", max_size=24), max_size=6))
+def test_any_allowed_tools_give_needs_the_policy_reads_or_refuses(tools: list[str]) -> None:
+    """Whatever allowed-tools hold, their needs parse as policy needs or are refused as a
+    PolicyError (with its location), never anything else."""
+    from skilld.policy import parse_grants
+    from skilld.policy._schema import NEEDS_KEYS
+
+    grants = {"fs": [{"path": "/data", "mode": "rw"}], "http": [{"url": "https://x.test/"}]}
+    mapped = agentskills.tools_to_needs(tools, grants, 3)
+    with contextlib.suppress(PolicyError):
+        parse_grants(mapped.needs, "demo", "demo/SKILL.md", allowed=NEEDS_KEYS)
