@@ -34,6 +34,9 @@ into this tree at the one boundary that uses the library (``raise X(...) from ex
     ├── RegistryError           an unknown skill, method or tool name
     ├── BundleError             a bundle or its lock is inconsistent (names the file)
     ├── AgentSkillError         an Agent Skill is invalid or its script cannot run (file:line)
+    ├── DelegateError           delegate: an unknown kit, no program for an intent
+    │   ├── ProgramRejected         the validator refused a program (line, column, rule)
+    │   └── InferenceError          an inference provider failed or answered nonsense
     ├── ClusterError            a NATS peer or route failed
     ├── ConfinementUnavailable  the kernel lacks what a confined process needs (names it)
     └── ProgramNotStarted       a confined program could not be started (errno, path)
@@ -211,6 +214,30 @@ class AgentSkillError(SkilldError):
 
     The message names ``SKILL.md:LINE`` and the field, worded like ``skills-ref``.
     """
+
+
+class DelegateError(SkilldError):
+    """delegate could not serve a request: an unknown kit, no tier produced a program."""
+
+
+class ProgramRejected(DelegateError):
+    """The validator refused a program; ``problems`` holds each (line, column, rule, message).
+
+    Args:
+        problems: every problem found, in source order; the first is the message.
+    """
+
+    def __init__(self, problems: list[tuple[int, int, str, str]], *, hint: str | None = None):
+        line, col, rule, message = problems[0]
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        super().__init__(
+            f"{message} [rule {rule}]{more}", location=f"program:{line}:{col}", hint=hint
+        )
+        self.problems = problems
+
+
+class InferenceError(DelegateError):
+    """An inference provider (Ollama, Anthropic) failed or gave no usable answer."""
 
 
 class ClusterError(SkilldError):

@@ -47,11 +47,6 @@ from skilld.agentskills._tools import ToolNeeds, tools_to_needs
 from skilld.errors import BundleError
 from skilld.types import Limits, SkillSpec
 
-# The CPython runner component's sources (built once, like any Python skill), and its
-# id (its skill.yaml's) when a bundle holds it as a skill.
-RUNNER_DIR = Path(__file__).resolve().parent.parent / "sandbox" / "pyrunner"
-RUNNER_ID = "pyrunner"
-
 
 def open_backend(
     spec: SkillSpec,
@@ -88,8 +83,6 @@ def open_backend(
 
 __all__ = [
     "INSTRUCTIONS",
-    "RUNNER_DIR",
-    "RUNNER_ID",
     "RUN_SCRIPT",
     "SKILL_MD",
     "AgentSkillBackend",

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from skilld import ABI_VERSION, __version__, agentskills, package
+from skilld import ABI_VERSION, __version__, agentskills, package, paths
 from skilld.bundle._lock import (
     FORMAT,
     LOCK,
@@ -44,7 +44,7 @@ from skilld.bundle._lock import (
 )
 from skilld.errors import AgentSkillError, BundleError, SkilldError, UsageError
 from skilld.package.build import build_component
-from skilld.policy import compile_policies
+from skilld.policy import RUNNER, check_kit_methods, compile_policies
 from skilld.sandbox import CallContext, Sandbox, write_native
 from skilld.types import Limits
 
@@ -143,6 +143,7 @@ def _collect(
     epoch: int,
     progress: Progress,
     lenient: bool = False,
+    with_runner: bool = False,
 ) -> list[_Collected]:
     """Copy pre-signed packages and build+sign source skills into ``stage/packages``."""
     pkg_dir = stage / "packages"
@@ -154,6 +155,9 @@ def _collect(
             if f.is_file() and f.name.endswith(".pub.json"):
                 shutil.copyfile(f, trust_dir / f.name)
     sources = [d for d in sorted(skills_dir.iterdir()) if (d / "skill.yaml").is_file()]
+    if with_runner:
+        # delegate's kits run their programs in the CPython runner, built like a source skill.
+        sources.append(paths.runner_dir())
     agents = [
         agentskills.read_source(d, lenient=lenient)
         for d in sorted(skills_dir.iterdir())
@@ -204,6 +208,11 @@ def _collect(
             target.write_bytes(data)
             out.append(_Collected(target, a.origin, (a.md.id, version)))
     return out
+
+
+def _has_kits(policies_dir: Path) -> bool:
+    kits = policies_dir / "kits"
+    return kits.is_dir() and any(p.suffix in (".yaml", ".yml") for p in kits.iterdir())
 
 
 def sign_lock(key_path: Path, lock_bytes: bytes) -> bytes:
@@ -314,6 +323,7 @@ def build_bundle(
             epoch,
             progress,
             lenient,
+            with_runner=_has_kits(policies_dir),
         )
         trust = package.load_trust(stage / "trust")
         verified: list[tuple[_Collected, package.VerifiedPackage]] = []
@@ -354,8 +364,9 @@ def build_bundle(
             for _, v in agents
         }
         progress("compiling policies")
+        # The runner's grants come from the kits (skilld.policy._kits), not from a policy.
         needs: dict[str, dict[str, Any] | None] = {
-            v.manifest.id: dict(v.manifest.needs) for _, v in verified
+            v.manifest.id: dict(v.manifest.needs) for _, v in verified if v.manifest.id != RUNNER
         }
         sources: dict[str, str] = {}
         if agents:
@@ -420,7 +431,7 @@ def build_bundle(
                 )
             )
         # A bundle that already holds the runner as a skill (delegate's kits) shares it.
-        built_runner = next((s for s in locked if s.id == agentskills.RUNNER_ID), None)
+        built_runner = next((s for s in locked if s.id == RUNNER), None)
         locked_agents, runner = _stage_agent_skills(
             agents,
             mds,
@@ -443,6 +454,10 @@ def build_bundle(
                     0,
                 )
             )
+        check_kit_methods(
+            compiled.tables.kits,
+            {s.id: {m["name"] for m in s.spec.get("methods", ())} for s in locked},
+        )
         files = {}
         for path in sorted(stage.rglob("*")):
             if path.is_file():
@@ -545,7 +560,7 @@ def _stage_agent_skills(
         )
     elif wants_runner:
         progress("building the CPython runner component for the wasm executor")
-        wasm = build_component(agentskills.RUNNER_DIR, cache_dir=cache_dir).read_bytes()
+        wasm = build_component(paths.runner_dir(), cache_dir=cache_dir).read_bytes()
         comp = sandbox.load(wasm, name="pyrunner")
         native_rel = "native/_pyrunner.cwasm"
         native_sha = write_native(comp.native, stage / native_rel)

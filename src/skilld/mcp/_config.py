@@ -39,8 +39,10 @@ class ServeConfig:
             stopped unseen and runs again on a thread. 0 sends every call to a thread.
         client_request_timeout_s: how long a guest waits for a sampling or elicitation answer.
         shutdown_grace_s: how long shutdown waits for calls in flight.
-        log_file: write the JSON log lines here instead of stderr.
+        log_file: write the log lines here instead of stderr.
         log_level: the lowest level of skilld's own log lines.
+        log_format: ``json`` (one object per line, for machines) or ``text``
+            (``skilld: LEVEL: EVENT key=value``, for a person at a terminal).
         server_name: the name reported in ``serverInfo``.
         server_version: the version reported in ``serverInfo``.
     """
@@ -61,6 +63,7 @@ class ServeConfig:
     shutdown_grace_s: float = 30.0
     log_file: Path | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["json", "text"] = "json"
     server_name: str = "skilld"
     server_version: str = "0.1.0"
 

@@ -21,8 +21,8 @@ from skilld.policy import _patterns as p
 from skilld.types import Decision, Limits
 
 DEFAULT_DENY = "default-deny"
-_READ_ACTIONS = frozenset({"read", "list", "stat", "glob"})
-_WRITE_ACTIONS = frozenset({"write", "create", "delete", "remove", "mkdir", "rename"})
+FS_READ_ACTIONS = frozenset({"read", "list", "stat", "glob"})
+FS_WRITE_ACTIONS = frozenset({"write", "create", "delete", "remove", "mkdir", "rename"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -460,8 +460,8 @@ class SkillPermissions:
 
     def _check(self, capability: str, action: str, target: str) -> Decision:
         if capability == "fs":
-            if action in _READ_ACTIONS or action in _WRITE_ACTIONS:
-                return self.check_path(target, write=action in _WRITE_ACTIONS, action=action)
+            if action in FS_READ_ACTIONS or action in FS_WRITE_ACTIONS:
+                return self.check_path(target, write=action in FS_WRITE_ACTIONS, action=action)
         elif capability == "http":
             if action == "address":
                 addr, _, host = target.partition(" ")

@@ -130,7 +130,8 @@ def run_program(
 
     Args:
         program: the program's source (validated by the host first).
-        tools: function name -> {"skill": id, "method": name, "params": [names in order]}.
+        tools: function name -> {"skill": id, "method": name, "params": [names]}, where
+            ``params`` are the names positional arguments bind, in order.
         params: values bound as names before the program runs (JSON data).
         max_calls: at most this many tool calls.
         max_output: at most this many bytes of result (as JSON) or printed text.
@@ -143,7 +144,10 @@ def run_program(
 
         def tool(*args: Any, **kwargs: Any) -> Any:
             if len(args) > len(order):
-                raise TypeError(f"{name}() takes at most {len(order)} positional arguments")
+                raise TypeError(
+                    f"{name}() takes at most {len(order)} positional arguments; "
+                    "pass the others by name"
+                )
             for pname, value in zip(order, args, strict=False):
                 if pname in kwargs:
                     raise TypeError(f"{name}() got two values for '{pname}'")
