@@ -286,3 +286,30 @@ def test_any_allowed_tools_give_needs_the_policy_reads_or_refuses(tools: list[st
     mapped = agentskills.tools_to_needs(tools, grants, 3)
     with contextlib.suppress(PolicyError):
         parse_grants(mapped.needs, "demo", "demo/SKILL.md", allowed=NEEDS_KEYS)
+
+
+def test_one_runner_serves_kits_and_wasm_scripts(
+    sandbox: Sandbox, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a bundle with delegate's kits, the wasm executor uses the runner the kits
+    compiled (no second copy), and a script runs on it through a node."""
+    from skilld.node import Node, NodeConfig
+    from skilld.policy import RUNNER
+    from tests_env import ROOT
+
+    shutil.copytree(ROOT / "skills", tmp_path / "skills")
+    shutil.copytree(ROOT / "policies", tmp_path / "policies")
+    shutil.copytree(FIXTURES / "skills" / "csv-summary", tmp_path / "skills" / "csv-summary")
+    shutil.copy(FIXTURES / "policies" / "csv-summary.yaml", tmp_path / "policies")
+    result = build(tmp_path, sandbox)
+    runner_skill = next(s for s in result.lock.skills if s.id == RUNNER)
+    assert result.lock.runner is not None
+    assert result.lock.runner.native == runner_skill.native
+    assert not any(f.startswith("native/_pyrunner") for f in result.lock.files)
+    monkeypatch.setenv("SKILLD_CACHE", str(cache_dir()))
+    with Node.open(NodeConfig(bundle=result.out, state_dir=tmp_path / "state")) as node:
+        out = node.registry.call_method(
+            "csv-summary", "run_script", {"script": "scripts/summarize.py", "stdin": "a\n1\n"}
+        )
+    assert out.value["exit_status"] == 0, out.value["stderr"]
+    assert '"rows": 1' in out.value["stdout"]
