@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pty
+import re
 import select
 import signal
 import socket
@@ -78,7 +79,9 @@ def test_terminal_gets_a_plain_banner_with_url_and_how_to_stop(
     finally:
         os.close(master)
     lines = [line for line in text.splitlines() if line.strip()]
-    assert lines[0].startswith(f"skilld 0.1.0: serving {bundle} (3 skills, ")
+    assert re.fullmatch(
+        rf"skilld 0\.1\.0: serving {re.escape(str(bundle))} \(\d+ skills, \d+ tools\)", lines[0]
+    )
     assert any(line.split()[-1].startswith("http://127.0.0.1:") for line in lines)
     assert any("/sse" in line for line in lines)
     assert not [line for line in lines if line.lstrip().startswith("{")]

@@ -291,6 +291,14 @@ class SkillPermissions:
         """The table entry of a rule (e.g. a shell rule's ``timeout_ms`` and ``env``)."""
         return self._rules.get(rule_id)
 
+    def grant_root(self, rule_id: str) -> str | None:
+        """The directory an fs rule's path starts from: its literal part before any wildcard.
+
+        The host resolves a granted path beneath it (``fs`` opens it first, then the
+        rest of the path from its descriptor). ``None`` for a rule that is not an fs rule.
+        """
+        return self._fs_roots.get(rule_id)
+
     def grants(self, capability: str) -> tuple[Mapping[str, Any], ...]:
         """The skill's rules for ``capability`` (``fs``, ``tcp``, ...), in table order.
 
@@ -309,9 +317,11 @@ class SkillPermissions:
     def _index_fs(self, rules: Sequence[Mapping[str, Any]]) -> None:
         self._fs_tree: dict[str, list[tuple[str, bool]]] = {}
         self._fs_glob: dict[str, list[tuple[re.Pattern[str], str, bool, str]]] = {}
+        self._fs_roots: dict[str, str] = {}
         for r in rules:
             rid, rw = self._keep(r), r["mode"] == "rw"
             segments = p.parse_path_pattern(r["path"])
+            self._fs_roots[rid] = p.literal_prefix(segments)
             if p.is_literal(segments):
                 self._fs_tree.setdefault(p.join_path(segments), []).append((rid, rw))
             else:

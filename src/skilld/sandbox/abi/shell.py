@@ -113,7 +113,9 @@ def _canonical_args(argv: list[str], rule: Mapping[str, Any]) -> list[str]:
 def _check_path_args(ctx: CallContext, argv: list[str], rule: Mapping[str, Any]) -> None:
     canon = _canonical_args(argv, rule)
     if canon != argv:
-        shown = f"{shlex.join(argv)} (resolves to {shlex.join(canon)})"
+        # The refusal names the argv as the guest wrote it, never where its paths lead
+        # (a planted link's target is the host's business); the audit keeps both.
+        shown = f"{shlex.join(argv)} (a path argument, resolved, is outside the pattern)"
         decide(ctx, "shell", "run", shlex.join(canon), shown=shown)
 
 
