@@ -61,6 +61,13 @@ class CallContext:
     # Monotonic time at which the guest call's wall time ends; every host call is
     # bounded by what is left of it (``remaining``). Set when the call starts.
     deadline: float | None = None
+    # WASI directories for this call only: (host path, guest path, writable). A call
+    # with preopens gets an instance of its own, never a pooled one (whose WASI
+    # context was made without them). Agent Skills' wasm executor sets them.
+    preopens: tuple[tuple[str, str, bool], ...] = ()
+    # Facts a backend adds to its call's audit record (a script's exit status, its
+    # executor); JSON values under names the record does not already use.
+    audit: dict[str, Any] = field(default_factory=dict)
 
     def remaining(self) -> float:
         """Seconds left before the call's deadline (0 when past it; inf when unset)."""
