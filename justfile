@@ -59,3 +59,29 @@ nix-wheels:
 # Check that flake.nix and nix/*.nix parse (nix cannot build here: no binary cache).
 nix-check:
     for f in flake.nix nix/*.nix; do nix-instantiate --parse "$f" >/dev/null || exit 1; done
+
+# A local cluster: nats-server (JetStream) on NATS_PORT and three nodes of the demo bundle:
+# node-a entry-only on http://127.0.0.1:PORT/mcp, node-b holding the demo skills, node-c a
+# worker-only replica. Everything lives in DIR; Ctrl-C stops it all. See docs/cluster.md.
+cluster-demo DIR="/tmp/skilld-cluster-demo" PORT="8081" NATS_PORT="4333":
+    #!/usr/bin/env bash
+    set -euo pipefail
+    mkdir -p {{DIR}}/policies/trust
+    if [ ! -f {{DIR}}/member.pem ]; then
+      {{venv}}/bin/skilld keygen -o {{DIR}}/member.pem \
+        --trust-out {{DIR}}/policies/trust/members.pub.json --cluster 'node-*'
+    fi
+    cp policies/*.yaml {{DIR}}/policies/
+    cp policies/trust/*.pub.json {{DIR}}/policies/trust/ 2>/dev/null || true
+    [ -f {{DIR}}/bundle/bundle.lock ] || \
+      {{venv}}/bin/skilld build --skills skills --policies {{DIR}}/policies -o {{DIR}}/bundle
+    trap 'kill 0' EXIT
+    {{venv}}/bin/nats-server -js -sd {{DIR}}/jetstream -a 127.0.0.1 -p {{NATS_PORT}} &
+    sleep 1  # nats-server listens within milliseconds; the nodes retry within their timeout
+    node() { {{venv}}/bin/skilld serve --bundle {{DIR}}/bundle --state-dir {{DIR}}/$1 \
+      --cluster nats://127.0.0.1:{{NATS_PORT}} --node $1 --cluster-key {{DIR}}/member.pem "${@:2}" & }
+    node node-b --no-mcp
+    node node-c --no-mcp
+    node node-a --entry-only --transport http --port {{PORT}}
+    echo "entry node: http://127.0.0.1:{{PORT}}/mcp   status: {{venv}}/bin/skilld cluster status --cluster nats://127.0.0.1:{{NATS_PORT}} --bundle {{DIR}}/bundle"
+    wait

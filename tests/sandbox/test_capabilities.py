@@ -177,8 +177,12 @@ def test_env_only_listed(prober: Component, monkeypatch: pytest.MonkeyPatch) -> 
     assert call(prober, allowed, "env_get", name="SKILLD_UNSET") == {"ok": None}
 
 
-def test_transfer_not_yet_permitted(prober: Component) -> None:
-    """File transfer answers not-permitted until the cluster work lands."""
+def test_transfer_checks_the_grant_then_needs_a_cluster(prober: Component) -> None:
+    """An ungranted transfer is not-permitted; a granted one outside a cluster is unavailable."""
     out = call(prober, set(), "transfer_send", node="n2", local_path="/a", remote_path="/b")
     assert out["error"] == "not-permitted" and out["rule"] == "default-deny"
-    assert out["message"] == "transfer.send is not permitted for skill 'prober'"
+    granted = {("transfer", "send", "n2:/a")}
+    out = call(prober, granted, "transfer_send", node="n2", local_path="/a", remote_path="/b")
+    assert out["error"] == "unavailable" and out["rule"] == "transfer.no-cluster"
+    assert "not part of a cluster" in out["message"]
+    # (tests/cluster/test_transfer.py moves files between two real nodes)

@@ -28,6 +28,7 @@ _COMMAND_MODULES = (
     "skilld.cli._skills",
     "skilld.cli._package",
     "skilld.cli._policy",
+    "skilld.cli._cluster",
 )
 
 

@@ -73,6 +73,14 @@ def register(sub: Any) -> None:
         "(repeatable; required with --trust-out)",
     )
     keygen.add_argument(
+        "--cluster",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="node names whose cluster announcements the key may sign (skilld serve "
+        "--cluster-key; repeatable); with it, --scope may be left out",
+    )
+    keygen.add_argument(
         "--threshold",
         action="append",
         default=[],
@@ -223,17 +231,21 @@ def run_keygen(args: argparse.Namespace) -> int:
         write_private_key,
     )
 
-    if (args.scope or args.threshold or args.name) and not args.trust_out:
-        raise UsageError("--scope, --threshold and --name only apply with --trust-out")
-    if args.trust_out and not args.scope:
-        raise UsageError("--trust-out needs at least one --scope PATTERN")
+    if (args.scope or args.threshold or args.name or args.cluster) and not args.trust_out:
+        raise UsageError("--scope, --cluster, --threshold and --name only apply with --trust-out")
+    if args.trust_out and not (args.scope or args.cluster):
+        raise UsageError("--trust-out needs at least one --scope or --cluster PATTERN")
     passphrase = _passphrase(args)
     key = SigningKey.generate()
     trusted = None
     if args.trust_out:  # check the trust file's fields before writing anything
         name = args.name or args.output.name.removesuffix(".pem").removesuffix(".key")
         trusted = trusted_key(
-            name, key.public_raw, args.scope, thresholds=_thresholds(args.threshold)
+            name,
+            key.public_raw,
+            args.scope,
+            thresholds=_thresholds(args.threshold),
+            cluster=args.cluster,
         )
     write_private_key(key, args.output, passphrase=passphrase, force=args.force)
     print(f"key id:     {key.key_id}")
@@ -242,7 +254,11 @@ def run_keygen(args: argparse.Namespace) -> int:
     if trusted is not None:
         args.trust_out.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(args.trust_out, trust_file_bytes(trusted))
-        print(f"wrote {args.trust_out} (name {trusted.name}, scope {', '.join(trusted.scope)})")
+        print(
+            f"wrote {args.trust_out} (name {trusted.name}, scope {', '.join(trusted.scope)}"
+            + (f"; cluster {', '.join(trusted.cluster)}" if trusted.cluster else "")
+            + ")"
+        )
     return 0
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from skilld import __version__, paths
+from skilld.cli._cluster import add_nats_options, nats_options
 from skilld.errors import SkilldError, UsageError
 
 
@@ -99,6 +100,44 @@ def register(sub: Any) -> None:
         action="store_true",
         help="compile native code into the cache when the engine changed",
     )
+    c = p.add_argument_group(
+        "cluster",
+        "join a cluster over NATS: serve this bundle's skills to it and, as an entry node, "
+        "the tools of every node (docs/cluster.md). Secrets are read from files only.",
+    )
+    add_nats_options(c)
+    c.add_argument("--node", metavar="NAME", help="this node's name in the cluster ([a-z0-9-])")
+    c.add_argument(
+        "--cluster-key",
+        type=Path,
+        metavar="KEY.pem",
+        help="the private key signing this node's announcements; peers must trust its "
+        "public half for this node's name ('cluster' in a trust file)",
+    )
+    c.add_argument(
+        "--heartbeat",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="announcement interval H (default 1); a node silent for 2.5 H is removed",
+    )
+    c.add_argument(
+        "--cluster-kv",
+        action="store_true",
+        help="keep skills' key-value state in JetStream KV, shared by the nodes holding a "
+        "skill (default: this node's SQLite file)",
+    )
+    c.add_argument(
+        "--entry-only",
+        action="store_true",
+        help="serve only the cluster's skills, none of this bundle's own (its trust set "
+        "still decides which nodes are accepted)",
+    )
+    c.add_argument(
+        "--no-mcp",
+        action="store_true",
+        help="a worker-only node: serve skills to the cluster, no MCP transport",
+    )
     p.set_defaults(handler=run)
 
 
@@ -159,6 +198,8 @@ def _serve(args: argparse.Namespace, text: bool, logger: _Logger) -> int:
         audit_log=args.audit_log,
         recompile=args.recompile,
         lock_key=args.lock_key,
+        cluster=_cluster_config(args),
+        serve_skills=not args.entry_only,
     )
     started = time.perf_counter()
     # Start-up is mostly imports (which hold the GIL) and hashing the bundle (which does
@@ -182,7 +223,8 @@ def _serve(args: argparse.Namespace, text: bool, logger: _Logger) -> int:
 
             # Bound before anything says ready: a busy port is the error a user sees.
             try:
-                sock = bind(args.host, args.port) if args.transport == "http" else None
+                http = args.transport == "http" and not args.no_mcp
+                sock = bind(args.host, args.port) if http else None
             except BaseException:
                 with contextlib.suppress(Exception):
                     loading.result().close()
@@ -215,12 +257,57 @@ def _serve(args: argparse.Namespace, text: bool, logger: _Logger) -> int:
             tools=len(node.registry.tools()),
             state_dir=str(node_config.state_dir),
             stages_ms=node.timings,
+            cluster=node_config.cluster.node if node_config.cluster else None,
             total_ms=round((time.perf_counter() - started) * 1000, 2),
         )
+        if args.no_mcp:
+            _wait_for_signal(logger)
+            return 0
         if text:
             _banner(args, config, node, node_config)
         serve(node.registry, config, sock=sock)
     return 0
+
+
+def _cluster_config(args: argparse.Namespace) -> Any:
+    """The cluster options as a ClusterConfig, or None without --cluster.
+
+    Raises:
+        UsageError: --cluster without --node or --cluster-key, or cluster options without
+            --cluster.
+    """
+    if args.cluster is None:
+        if args.node or args.cluster_key or args.no_mcp or args.entry_only:
+            raise UsageError("--node, --cluster-key, --entry-only and --no-mcp need --cluster")
+        return None
+    if not args.node or not args.cluster_key:
+        raise UsageError(
+            "--cluster needs --node NAME and --cluster-key KEY.pem",
+            hint="create a key with 'skilld keygen' and trust its public half for the node "
+            "names ('cluster' in policies/trust/NAME.pub.json)",
+        )
+    from skilld.cluster import ClusterConfig
+
+    return ClusterConfig(
+        node=args.node,
+        key_file=args.cluster_key,
+        heartbeat_s=args.heartbeat,
+        **nats_options(args),
+        entry=not args.no_mcp,
+        kv=args.cluster_kv,
+    )
+
+
+def _wait_for_signal(logger: _Logger) -> None:
+    """Block until SIGTERM or SIGINT (a worker-only node has no transport to wait on)."""
+    import signal
+    import threading
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda _n, _f: stop.set())
+    logger.get().info("serving the cluster only (--no-mcp) until SIGTERM")
+    stop.wait()
 
 
 def _banner(args: argparse.Namespace, config: Any, node: Any, node_config: Any) -> None:

@@ -38,7 +38,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from skilld.mcp._config import ServeConfig
-from skilld.mcp._metrics import Metrics
+from skilld.mcp._metrics import Metrics, render_gauges
 from skilld.mcp._server import McpService
 
 PROBES = frozenset({"/healthz", "/readyz"})
@@ -176,7 +176,8 @@ def build_app(service: McpService, tokens: Sequence[str]) -> Starlette:
 
     async def metrics(request: Request) -> Response:
         return PlainTextResponse(
-            service.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"
+            service.metrics.render() + render_gauges(service.dispatcher),
+            media_type="text/plain; version=0.0.4; charset=utf-8",
         )
 
     routes: list[BaseRoute] = [

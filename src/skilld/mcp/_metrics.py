@@ -130,3 +130,15 @@ class Metrics:
             for status, n in sorted(self._http_rejections.items()):
                 out.append(f"skilld_http_rejections_total{_labels(status=str(status))} {n}")
         return "\n".join(out) + "\n"
+
+
+def render_gauges(dispatcher: object) -> str:
+    """The gauges a dispatcher reports besides the server's own (``Registry.gauges``:
+    a cluster's nodes, connection and routed calls), in the text format."""
+    source = getattr(dispatcher, "gauges", None)
+    if source is None:
+        return ""
+    out: list[str] = []
+    for name, (help_text, value) in sorted(source().items()):
+        out += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name} {value!r}"]
+    return "\n".join(out) + "\n" if out else ""

@@ -10,9 +10,11 @@ per-session state (log level, subscriptions), metrics and the call log.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, TypeVar
@@ -21,7 +23,8 @@ import anyio
 import structlog
 from mcp import types
 from mcp.server.context import ServerRequestContext
-from mcp.server.lowlevel.server import Server
+from mcp.server.lowlevel.server import NotificationOptions, Server
+from mcp.server.models import InitializationOptions
 from mcp.shared.exceptions import MCPError
 from mcp.shared.uri_template import InvalidUriTemplate, UriTemplate
 from pydantic import ValidationError
@@ -172,6 +175,29 @@ def _object_schema(schema: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
     return {"type": "object", "properties": {"result": dict(schema)}, "required": ["result"]}, True
 
 
+class _ChangingServer(Server[Any]):
+    """A server whose tools, resources and prompts change while it serves (a cluster).
+
+    It says so in its capabilities (``listChanged``) on every transport, including the
+    ones that build their initialization options themselves (Streamable HTTP).
+    """
+
+    def create_initialization_options(
+        self,
+        notification_options: NotificationOptions | None = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+    ) -> InitializationOptions:
+        return super().create_initialization_options(
+            notification_options
+            or NotificationOptions(
+                prompts_changed=True, resources_changed=True, tools_changed=True
+            ),
+            experimental_capabilities,
+            extensions,
+        )
+
+
 class McpService:
     """A dispatcher served over MCP; build once per server run, inside its event loop.
 
@@ -196,7 +222,14 @@ class McpService:
         self._in_flight = 0
         self._idle: anyio.Event | None = None
         self.draining = False
-        self.server = self._build()
+        # Sessions that listed or called something: told when the dispatcher's skills change.
+        self._sessions: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._notifying: set[asyncio.Task[None]] = set()
+        watch = getattr(dispatcher, "watch", None)
+        self.server = self._build(changing=watch is not None)
+        if watch is not None:
+            watch(self._dispatcher_changed)
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -214,8 +247,35 @@ class McpService:
             await self._idle.wait()
         return self._in_flight == 0
 
-    def _build(self) -> Server[Any]:
-        server: Server[Any] = Server(
+    def _dispatcher_changed(self) -> None:
+        """Skills came or went (a cluster node joined or left): any thread may call this."""
+        self._tools = {}
+        self._validators = {}
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._notify_sessions)
+
+    def _notify_sessions(self) -> None:
+        task = asyncio.get_running_loop().create_task(self._send_list_changed())
+        self._notifying.add(task)
+        task.add_done_callback(self._notifying.discard)
+
+    async def _send_list_changed(self) -> None:
+        for session in list(self._sessions):
+            try:
+                await session.send_tool_list_changed()
+                await session.send_resource_list_changed()
+                await session.send_prompt_list_changed()
+            except Exception:  # noqa: BLE001 - a session that went away is just dropped
+                self._sessions.discard(session)
+
+    def _seen(self, ctx: Ctx) -> None:
+        self._sessions.add(ctx.session)
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+
+    def _build(self, *, changing: bool) -> Server[Any]:
+        server: Server[Any] = (_ChangingServer if changing else Server)(
             self.config.server_name,
             version=self.config.server_version,
             get_tool_input_schema=self._input_schema,
@@ -257,6 +317,7 @@ class McpService:
     async def _list_tools(
         self, ctx: Ctx, params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
+        self._seen(ctx)
         tools = []
         for tool in self.dispatcher.tools():
             output = None if tool.output_schema is None else _object_schema(tool.output_schema)[0]
@@ -282,6 +343,7 @@ class McpService:
     async def _call_tool(
         self, ctx: Ctx, params: types.CallToolRequestParams
     ) -> types.CallToolResult:
+        self._seen(ctx)
         name = params.name
         tool = self._tool(name)
         if tool is None:

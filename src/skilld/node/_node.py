@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import time
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from skilld.errors import UsageError
 if TYPE_CHECKING:
     from skilld.audit import JsonLinesSink
     from skilld.bundle import LoadedBundle
+    from skilld.cluster import Cluster, ClusterConfig
     from skilld.delegate import InferenceConfig
     from skilld.registry import Registry
     from skilld.sandbox import Sandbox
@@ -34,6 +36,10 @@ class NodeConfig:
         recompile: compile native code into the cache when the engine changed.
         lock_key: require ``bundle.lock`` to be signed by this trust key.
         cache_dir: built components and native code (default ``$SKILLD_CACHE``).
+        cluster: join this cluster (``skilld serve --cluster``); None: a node on its own.
+        serve_skills: register the bundle's skills; False makes an entry-only node of a
+            cluster, which verifies the bundle (its trust set decides which peers are
+            accepted) but serves only the skills of other nodes.
         delegate: the kits' inference tiers (``skilld.delegate.InferenceConfig``;
             ``None``: from the ``SKILLD_DELEGATE_*`` environment, templates and rules
             only when unset).
@@ -45,6 +51,8 @@ class NodeConfig:
     recompile: bool = False
     lock_key: Path | None = None
     cache_dir: Path = field(default_factory=paths.cache_dir)
+    cluster: ClusterConfig | None = None
+    serve_skills: bool = True
     delegate: InferenceConfig | None = None
 
     def audit_target(self) -> Path | str:
@@ -127,6 +135,7 @@ class Node:
         audit: the audit sink every call's record goes to.
         bundle: the loaded bundle (its verified lock, tables and components).
         timings: milliseconds spent in each stage of opening.
+        cluster: the node's part in its cluster, when it joined one.
     """
 
     def __init__(
@@ -146,6 +155,7 @@ class Node:
         self.audit = audit
         self.bundle = bundle
         self.timings = timings
+        self.cluster: Cluster | None = None
         self._closed = False
 
     @classmethod
@@ -176,6 +186,8 @@ class Node:
                 f"{config.bundle} is not a bundle (no bundle.lock)",
                 hint="build one with 'skilld build -o DIR'",
             )
+        if not config.serve_skills and config.cluster is None:
+            raise UsageError("a node that serves no skill of its own must join a cluster")
         config.state_dir.mkdir(parents=True, exist_ok=True)
         target = config.audit_target()
         audit = JsonLinesSink(sys.stderr if target == "-" else target)
@@ -210,7 +222,7 @@ class Node:
             t = _stage(timings, "describe", t)
             state = SqliteState(config.state_dir / "state.sqlite3")
             registry = Registry(audit=audit)
-            for locked in loaded.lock.skills:
+            for locked in loaded.lock.skills if config.serve_skills else ():
                 if locked.id == RUNNER:  # delegate's runner: registered once per kit below
                     continue
                 limits = tables.limits(locked.id)
@@ -234,8 +246,9 @@ class Node:
                         description=locked.description,
                     )
                 )
-            _register_agent_skills(registry, loaded, sandbox, tables)
-            if tables.kits:
+            if config.serve_skills:
+                _register_agent_skills(registry, loaded, sandbox, tables)
+            if tables.kits and config.serve_skills:
                 from skilld.delegate import InferenceConfig
                 from skilld.delegate import register as register_kits
 
@@ -254,13 +267,79 @@ class Node:
             audit.close()
             raise
         registry.mark_ready()
-        return cls(config, registry, sandbox, state, audit, loaded, timings)
+        node = cls(config, registry, sandbox, state, audit, loaded, timings)
+        if config.cluster is not None:
+            t = time.perf_counter()
+            try:
+                node._join(config.cluster)
+            except BaseException:
+                node.close()
+                raise
+            _stage(timings, "join", t)
+        return node
+
+    def _join(self, cluster: ClusterConfig) -> None:
+        """Join the cluster: serve this bundle's skills to it and add its peers' skills.
+
+        Raises:
+            TrustError: the bundle's trust set is malformed.
+            UsageError: the announcement key cannot be read.
+            ClusterError: NATS cannot be reached or refuses the credentials.
+        """
+        from skilld.cluster import Cluster, FileAccess, LocalSkill
+        from skilld.package import canonical_json, load_private_key, load_trust
+        from skilld.sandbox.abi import fs, transfer
+
+        trust = load_trust(self.config.bundle / "trust")
+        key = load_private_key(cluster.key_file)
+        digests = {locked.id: locked.component_sha256 for locked in self.bundle.lock.skills}
+        # A skill the host implements (a delegate kit) has no package: its replicas are
+        # the nodes describing it the same way.
+        local = [
+            LocalSkill(
+                e,
+                digests.get(e.spec.id)
+                or hashlib.sha256(canonical_json(e.spec.as_dict())).hexdigest(),
+            )
+            for e in self.registry.skills()
+        ]
+
+        def refused(node: str, reason: str) -> None:
+            self.audit.emit(
+                {"event": "cluster-refused", "node": node, "reason": reason, "start": time.time()}
+            )
+
+        self.cluster = Cluster(
+            cluster,
+            self.registry,
+            trust,
+            key,
+            self.bundle.lock.bundle_digest,
+            local,
+            files=FileAccess(
+                canonical=fs.canonical,
+                read=transfer.read_file,
+                incoming=transfer.Incoming,
+                max_bytes=transfer.MAX_TRANSFER,
+            ),
+            audit=self.audit.emit,
+            on_refused=refused,
+        )
+        self.cluster.start()
+        self.registry.add_gauges(self.cluster.gauges)
 
     def close(self) -> None:
-        """Release the sandbox, the state and the audit sink (idempotent)."""
+        """Leave the cluster; release the sandbox, the state and the audit sink (idempotent)."""
         if self._closed:
             return
         self._closed = True
+        try:
+            if self.cluster is not None:
+                self.cluster.close()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
         try:
             self.sandbox.close()
             self.state.close()

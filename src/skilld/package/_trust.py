@@ -12,10 +12,13 @@ per key, ``NAME.pub.json``::
     }
 
 ``scope`` lists the skill ids the key may sign, as patterns where ``*`` matches
-any run of id characters. ``threshold`` (optional) says how many *distinct*
-trusted keys must sign a skill whose id matches the pattern; the strictest
-threshold any trust file declares for an id applies (1 when none does). Other
-files in the directory are ignored, so a README may sit beside the keys.
+any run of id characters. ``cluster`` (optional) lists, as patterns of the same
+form, the node names whose cluster announcements the key may sign (``skilld serve
+--cluster``); a key used only for that may have an empty ``scope``. ``threshold``
+(optional) says how many *distinct* trusted keys must sign a skill whose id
+matches the pattern; the strictest threshold any trust file declares for an id
+applies (1 when none does). Other files in the directory are ignored, so a
+README may sit beside the keys.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ MAX_THRESHOLD = 64
 # Used with fullmatch: "$" would also match before a trailing newline.
 _PATTERN_RE = re.compile(r"[a-z0-9*][a-z0-9*-]{0,62}")
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-_KEYS = {"name", "key_id", "public_key", "scope", "threshold"}
+_KEYS = {"name", "key_id", "public_key", "scope", "threshold", "cluster"}
 
 
 def check_scope_pattern(pattern: object) -> str:
@@ -68,10 +71,15 @@ class TrustedKey:
     scope: tuple[str, ...]
     thresholds: tuple[tuple[str, int], ...] = ()
     source: str = ""
+    cluster: tuple[str, ...] = ()
 
     def may_sign(self, skill_id: str) -> bool:
         """True when ``skill_id`` matches one of this key's scope patterns."""
         return any(fnmatchcase(skill_id, pattern) for pattern in self.scope)
+
+    def may_announce(self, node: str) -> bool:
+        """True when ``node`` matches one of this key's cluster membership patterns."""
+        return any(fnmatchcase(node, pattern) for pattern in self.cluster)
 
     def to_json(self) -> dict[str, Any]:
         """The trust file's content for this key."""
@@ -83,6 +91,8 @@ class TrustedKey:
         }
         if self.thresholds:
             doc["threshold"] = dict(self.thresholds)
+        if self.cluster:
+            doc["cluster"] = list(self.cluster)
         return doc
 
 
@@ -127,11 +137,12 @@ def trusted_key(
     *,
     thresholds: Mapping[str, int] | None = None,
     source: str = "",
+    cluster: Sequence[str] = (),
 ) -> TrustedKey:
     """Build a :class:`TrustedKey`, checking every field as the loader does.
 
     Raises:
-        TrustError: a bad name, public key, scope pattern or threshold.
+        TrustError: a bad name, public key, scope or cluster pattern or threshold.
     """
     where = source or name
     if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
@@ -140,14 +151,22 @@ def trusted_key(
         check_public_key(public_raw)
     except SignatureError as exc:
         raise TrustError(exc.message, location=where) from exc
-    if isinstance(scope, str) or not isinstance(scope, Sequence) or not scope:
-        raise TrustError("'scope' must be a non-empty list of skill-id patterns", location=where)
+    for field_name, value in (("scope", scope), ("cluster", cluster)):
+        if isinstance(value, str) or not isinstance(value, Sequence):
+            raise TrustError(f"'{field_name}' must be a non-empty list of patterns", location=where)
+    if not scope and not cluster:
+        raise TrustError(
+            "'scope' must be a non-empty list of skill-id patterns "
+            "(or 'cluster' a non-empty list of node-name patterns)",
+            location=where,
+        )
     try:
         patterns = tuple(check_scope_pattern(p) for p in scope)
+        nodes = tuple(check_scope_pattern(p) for p in cluster)
         rules = _threshold_rules(thresholds or {})
     except ValueError as exc:
         raise TrustError(str(exc), location=where) from exc
-    return TrustedKey(name, key_id(public_raw), public_raw, patterns, rules, source)
+    return TrustedKey(name, key_id(public_raw), public_raw, patterns, rules, source, nodes)
 
 
 def load_trust_file(path: Path) -> TrustedKey:
@@ -185,7 +204,14 @@ def load_trust_file(path: Path) -> TrustedKey:
     thresholds = doc.get("threshold") or {}
     if not isinstance(thresholds, dict):
         raise TrustError("'threshold' must map skill-id patterns to counts", location=where)
-    key = trusted_key(doc["name"], public_raw, doc["scope"], thresholds=thresholds, source=where)
+    key = trusted_key(
+        doc["name"],
+        public_raw,
+        doc["scope"],
+        thresholds=thresholds,
+        source=where,
+        cluster=doc.get("cluster") or (),
+    )
     if doc["key_id"] != key.key_id:
         raise TrustError(
             f"key_id {doc['key_id']!r} is not the id of this public key ({key.key_id})",

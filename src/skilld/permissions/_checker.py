@@ -782,6 +782,10 @@ class SkillPermissions:
             )
         return self._allow("invoke", "call", callee, rid, f"depth {depth} of {inv['max_depth']}")
 
+    def may_transfer_with(self, node: str) -> bool:
+        """True when some transfer rule names ``node`` (``transfer.nodes`` lists it)."""
+        return any(rx.fullmatch(node) for _rid, nodes, _dirs, _rw in self._transfer for rx in nodes)
+
     def check_transfer(self, node: str, path: str, fetch: bool = False) -> Decision:
         """May the skill send ``path`` to ``node`` (or fetch into it, ``fetch=True``)?"""
         action = "fetch" if fetch else "send"

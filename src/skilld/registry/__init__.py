@@ -29,9 +29,14 @@ from skilld.registry._contract import (
     ToolAnnotations,
 )
 from skilld.registry._registry import Registry, SkillEntry, annotations_for, per_skill_schema
+
+# A backend's methods take the call's context: part of this package's contract, so that
+# backends outside the sandbox (a cluster's remote skills) need not reach into it.
+from skilld.sandbox import CallContext
 from skilld.types import ClientChannel
 
 __all__ = [
+    "CallContext",
     "ClientChannel",
     "Dispatcher",
     "Exposure",

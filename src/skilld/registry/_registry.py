@@ -125,6 +125,12 @@ class Registry:
         self._tools: dict[str, tuple[Tool, str, str | None]] = {}
         self._audit = audit
         self._ready = False
+        # Skills come and go while serving (a cluster's remote skills): add and remove
+        # replace the two maps whole under this lock, so readers on other threads never
+        # see one half-changed and never need the lock.
+        self._changing = threading.Lock()
+        self._watchers: list[Callable[[], None]] = []
+        self._gauges: list[Callable[[], Mapping[str, tuple[str, float]]]] = []
         # (skill, method) -> inline attempts still to skip after one gave up
         self._inline_backoff: dict[tuple[str, str], int] = {}
 
@@ -137,19 +143,59 @@ class Registry:
             RegistryError: the skill id or one of its tool names is taken.
         """
         sid = entry.spec.id
-        if sid in self._skills:
-            raise RegistryError(f"skill '{sid}' is registered twice")
-        tools = list(self._tools_of(entry))
-        for tool, _method in tools:
-            if tool.name in self._tools:
-                raise RegistryError(
-                    f"tool name '{tool.name}' of skill '{sid}' is already taken "
-                    f"by skill '{self._tools[tool.name][1]}'",
-                    hint="rename it in the policy's mcp.names",
-                )
-        self._skills[sid] = entry
-        for tool, method in tools:
-            self._tools[tool.name] = (tool, sid, method)
+        with self._changing:
+            if sid in self._skills:
+                raise RegistryError(f"skill '{sid}' is registered twice")
+            tools = list(self._tools_of(entry))
+            for tool, _method in tools:
+                if tool.name in self._tools:
+                    raise RegistryError(
+                        f"tool name '{tool.name}' of skill '{sid}' is already taken "
+                        f"by skill '{self._tools[tool.name][1]}'",
+                        hint="rename it in the policy's mcp.names",
+                    )
+            self._skills = {**self._skills, sid: entry}
+            self._tools = {**self._tools, **{t.name: (t, sid, m) for t, m in tools}}
+        if self._ready:
+            self._changed()
+
+    def remove(self, skill_id: str) -> SkillEntry:
+        """Unregister a skill and its tools (a cluster node that left); returns its entry.
+
+        Calls already running keep their entry and finish; new calls find no such tool.
+
+        Raises:
+            RegistryError: no skill ``skill_id`` is registered.
+        """
+        with self._changing:
+            entry = self._skills.get(skill_id)
+            if entry is None:
+                raise RegistryError(f"no skill named '{skill_id}'")
+            self._skills = {k: v for k, v in self._skills.items() if k != skill_id}
+            self._tools = {k: v for k, v in self._tools.items() if v[1] != skill_id}
+            self._inline_backoff = {
+                k: v for k, v in self._inline_backoff.items() if k[0] != skill_id
+            }
+        self._changed()
+        return entry
+
+    def watch(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (on the changing thread) whenever skills are added or removed
+        after the registry is ready: the MCP layer sends ``list_changed`` notifications."""
+        self._watchers.append(callback)
+
+    def add_gauges(self, source: Callable[[], Mapping[str, tuple[str, float]]]) -> None:
+        """Report ``source()``'s gauges (name -> (help, value)) with :meth:`gauges`: the
+        cluster's membership shows in /metrics this way."""
+        self._gauges.append(source)
+
+    def gauges(self) -> dict[str, tuple[str, float]]:
+        """The gauges of every source added, by name."""
+        return {name: value for source in self._gauges for name, value in source().items()}
+
+    def _changed(self) -> None:
+        for callback in list(self._watchers):
+            callback()
 
     def mark_ready(self) -> None:
         """Every skill is loaded: /readyz may say so."""
@@ -243,17 +289,7 @@ class Registry:
             RegistryError, UsageError, GuestError, GuestFault: as for :meth:`call`.
         """
         sid, method, args = self._resolve(tool, arguments)
-        key = (sid, method)
-        backoff = self._inline_backoff.get(key, 0)
-        if backoff > 0:
-            self._inline_backoff[key] = backoff - 1
-            raise RunOnThread
-        try:
-            return self.call_method(sid, method, args, channel, caller="mcp", inline_s=budget_s)
-        except RunOnThread as exc:
-            if exc.ran:
-                self._inline_backoff[key] = _INLINE_BACKOFF
-            raise
+        return self.call_method(sid, method, args, channel, caller="mcp", inline_s=budget_s)
 
     def _resolve(
         self, tool: str, arguments: Mapping[str, Any]
@@ -290,7 +326,8 @@ class Registry:
     ) -> CallOutput:
         """Call ``method`` of ``skill_id`` directly (tools, ``invoke``, ``skilld call``).
 
-        ``inline_s`` makes it an inline attempt of about that long (see :meth:`call_inline`).
+        ``inline_s`` makes it an inline attempt of about that long (see :meth:`call_inline`;
+        a routed call from another node of a cluster is tried inline the same way).
         ``deadline`` (monotonic; a nested call's caller's) ends the call sooner than its
         own wall time would.
 
@@ -303,18 +340,29 @@ class Registry:
         if entry is None:
             raise RegistryError(f"no skill named '{skill_id}'")
         args_json = json.dumps(arguments, separators=(",", ":"), sort_keys=True)
-        return self._run(
-            entry,
-            method,
-            args_json,
-            channel,
-            lambda ctx: entry.component.call(method, args_json, ctx),
-            caller=caller,
-            depth=depth,
-            chain=chain,
-            inline_s=inline_s,
-            deadline=deadline,
-        )
+        key = (skill_id, method)
+        if inline_s is not None:
+            backoff = self._inline_backoff.get(key, 0)
+            if backoff > 0:
+                self._inline_backoff[key] = backoff - 1
+                raise RunOnThread
+        try:
+            return self._run(
+                entry,
+                method,
+                args_json,
+                channel,
+                lambda ctx: entry.component.call(method, args_json, ctx),
+                caller=caller,
+                depth=depth,
+                chain=chain,
+                inline_s=inline_s,
+                deadline=deadline,
+            )
+        except RunOnThread as exc:
+            if exc.ran:
+                self._inline_backoff[key] = _INLINE_BACKOFF
+            raise
 
     def _run(
         self,

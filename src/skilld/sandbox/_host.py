@@ -18,7 +18,7 @@ from wasmtime import component
 from skilld import ABI_VERSION
 from skilld.errors import HostCallError, PermissionDenied
 from skilld.sandbox._context import current
-from skilld.sandbox.abi import Functions, HostFn, Kind, _denied
+from skilld.sandbox.abi import Functions, HostFn, Kind
 
 log = logging.getLogger("skilld.sandbox")
 
@@ -105,11 +105,8 @@ def _adapt(interface: str, name: str, fn: HostFn, kind: Kind) -> Any:
 
 
 def functions_of(interface: str) -> Functions:
-    """The host implementation of one interface (a denying one until it exists)."""
-    try:
-        module = importlib.import_module(f"skilld.sandbox.abi.{interface}")
-    except ModuleNotFoundError:
-        return _denied.functions(interface)
+    """The host implementation of one interface (``skilld.sandbox.abi.INTERFACE``)."""
+    module = importlib.import_module(f"skilld.sandbox.abi.{interface}")
     fns: Functions = module.FUNCTIONS
     return fns
 

@@ -1,0 +1,33 @@
+"""Many nodes, one set of tools: membership, routing, clustered state over NATS.
+
+Build on what NATS provides and write no membership or consensus protocol of our own:
+
+- **Membership.** Each node publishes a signed announcement (``skilld.announce``) every
+  ``heartbeat_s`` (H): its name, roles, bundle digest and skills. A node accepts a
+  peer's skills only when its own bundle's trust set holds the signing key with
+  ``cluster`` patterns matching the peer's name. A peer silent for 2H-3H is removed,
+  as is one that sent a signed leave; a node that lost its own NATS connection
+  removes nobody until its connection has been back for a full expiry window.
+- **Routing.** Each node serves its skills as a ``nats.micro`` service, one endpoint
+  per skill package in a queue group, so replicas share the load and ``nats micro
+  ls/info/stats`` see them. Every node adds its peers' skills to its registry as
+  :class:`RemoteSkill` backends; a call goes over request/reply with the deadline,
+  a call id and the caller in headers, and the holder relays progress, logs,
+  sampling and elicitation back; cancellation goes the other way.
+
+- **State and files.** With ``kv``, skills' key-value state lives in JetStream KV
+  (a bucket per skill); the ``transfer`` host interface moves files between nodes by
+  chunked request/reply, each side checking its own policy.
+
+``Cluster`` is what ``skilld.node`` starts for ``skilld serve --cluster``. Only this
+package imports ``nats``; its exceptions become :class:`~skilld.errors.ClusterError`.
+"""
+
+from skilld.cluster._announce import LocalSkill
+from skilld.cluster._cluster import Cluster
+from skilld.cluster._config import ClusterConfig
+from skilld.cluster._observe import observe
+from skilld.cluster._remote import RemoteSkill
+from skilld.cluster._transfer import FileAccess
+
+__all__ = ["Cluster", "ClusterConfig", "FileAccess", "LocalSkill", "RemoteSkill", "observe"]

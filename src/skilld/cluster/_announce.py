@@ -1,0 +1,191 @@
+"""Signed announcements: who a node is and which skills it serves.
+
+A node publishes its announcement as its heartbeat. The payload is canonical JSON
+(node, roles, bundle digest, skills with version, package digest, methods with
+schemas, exposure, annotations and limits); the headers carry the signing key's id
+and an Ed25519 signature over a context string and the payload. A receiver accepts
+it only when its own bundle's trust set holds that key with ``cluster`` patterns
+matching the node's name (``TrustedKey.may_announce``): a stray NATS client cannot
+inject tools. A leave message is signed the same way.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from skilld.cluster._config import NODE_RE
+from skilld.cluster._wire import H_KEY, H_SIG
+from skilld.errors import ClusterError, PackageFormatError
+from skilld.package import SigningKey, TrustStore, canonical_json, verify_signature
+from skilld.registry import Exposure, SkillEntry, ToolAnnotations
+from skilld.types import Limits, SkillSpec
+
+CONTEXT = b"skilld-cluster-announcement-v1\0"
+LEAVE_CONTEXT = b"skilld-cluster-leave-v1\0"
+MAX_ANNOUNCEMENT = 4 * 1024 * 1024
+VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class LocalSkill:
+    """A skill this node serves to the cluster: its registry entry and package digest."""
+
+    entry: SkillEntry
+    digest: str
+
+
+@dataclass(frozen=True, slots=True)
+class AnnouncedSkill:
+    """One skill of a peer, as its verified announcement describes it."""
+
+    spec: SkillSpec
+    digest: str
+    exposure: Exposure
+    annotations: ToolAnnotations
+    description: str | None
+    limits: Limits
+
+
+@dataclass(frozen=True, slots=True)
+class Announcement:
+    """A peer's verified announcement."""
+
+    node: str
+    roles: tuple[str, ...]
+    bundle: str
+    skills: tuple[AnnouncedSkill, ...]
+    key_id: str
+    fingerprint: str  # sha256 of the payload: an unchanged announcement is not re-read
+
+
+def payload(node: str, roles: tuple[str, ...], bundle: str, skills: list[LocalSkill]) -> bytes:
+    """The canonical bytes of this node's announcement."""
+    doc = {
+        "v": VERSION,
+        "node": node,
+        "roles": list(roles),
+        "bundle": bundle,
+        "skills": [
+            {
+                "spec": s.entry.spec.as_dict(),
+                "digest": s.digest,
+                "exposure": s.entry.exposure.table(),
+                "annotations": {
+                    "read_only": s.entry.annotations.read_only,
+                    "destructive": s.entry.annotations.destructive,
+                    "idempotent": s.entry.annotations.idempotent,
+                    "open_world": s.entry.annotations.open_world,
+                },
+                "description": s.entry.description,
+                "limits": {
+                    "timeout_ms": s.entry.limits.timeout_ms,
+                    "max_concurrency": s.entry.limits.max_concurrency,
+                },
+            }
+            for s in skills
+        ],
+    }
+    return canonical_json(doc)
+
+
+def sign(data: bytes, key: SigningKey, context: bytes = CONTEXT) -> dict[str, str]:
+    """The headers that sign ``data``."""
+    return {H_KEY: key.key_id, H_SIG: base64.b64encode(key.sign(context + data)).decode()}
+
+
+def leave_payload(node: str, nonce: str) -> bytes:
+    """The canonical bytes of a leave message."""
+    return canonical_json({"v": VERSION, "leave": node, "nonce": nonce})
+
+
+def check_signature(
+    data: bytes, headers: Mapping[str, str] | None, trust: TrustStore, context: bytes
+) -> tuple[dict[str, Any], str]:
+    """Verify a signed cluster message; returns its JSON document and the key id.
+
+    Raises:
+        ClusterError: unsigned, signed by a key the trust set does not hold, a bad
+            signature, not JSON, or a node name the key may not speak for.
+    """
+    headers = headers or {}
+    kid, sig_b64 = headers.get(H_KEY), headers.get(H_SIG)
+    if not kid or not sig_b64:
+        raise ClusterError("unsigned cluster message refused")
+    key = trust.get(kid)
+    if key is None:
+        raise ClusterError(f"signed by key {kid}, which this node's trust set does not hold")
+    try:
+        signature = base64.b64decode(sig_b64, validate=True)
+    except (binascii.Error, ValueError):
+        raise ClusterError(f"the signature of key {kid} is not base64") from None
+    if len(data) > MAX_ANNOUNCEMENT or not verify_signature(
+        key.public_raw, signature, context + data
+    ):
+        raise ClusterError(f"the signature by key {key.name} ({kid}) does not verify")
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        raise ClusterError("a signed cluster message that is not JSON") from None
+    if not isinstance(doc, dict) or doc.get("v") != VERSION:
+        raise ClusterError("a cluster message of an unknown version")
+    node = doc.get("node", doc.get("leave"))
+    if not isinstance(node, str) or not NODE_RE.fullmatch(node):
+        raise ClusterError(f"a cluster message for an invalid node name {node!r}")
+    if not key.may_announce(node):
+        raise ClusterError(
+            f"key {key.name} ({kid}) may not speak for node {node!r}: its trust file's "
+            f"'cluster' patterns are {list(key.cluster) or 'empty'}",
+            location=key.source or None,
+        )
+    return doc, kid
+
+
+def verify(data: bytes, headers: Mapping[str, str] | None, trust: TrustStore) -> Announcement:
+    """A verified announcement from a message's bytes and headers.
+
+    Raises:
+        ClusterError: as for :func:`check_signature`, or a malformed announcement.
+    """
+    doc, kid = check_signature(data, headers, trust, CONTEXT)
+    try:
+        skills = tuple(
+            AnnouncedSkill(
+                spec=SkillSpec.from_dict(s["spec"]),
+                digest=str(s["digest"]),
+                exposure=_exposure(s["exposure"]),
+                annotations=ToolAnnotations(**{k: bool(v) for k, v in s["annotations"].items()}),
+                description=s.get("description"),
+                limits=Limits(
+                    timeout_ms=int(s["limits"]["timeout_ms"]),
+                    max_concurrency=int(s["limits"]["max_concurrency"]),
+                ),
+            )
+            for s in doc["skills"]
+        )
+        return Announcement(
+            node=doc["node"],
+            roles=tuple(doc["roles"]),
+            bundle=str(doc["bundle"]),
+            skills=skills,
+            key_id=kid,
+            fingerprint=hashlib.sha256(data).hexdigest(),
+        )
+    except (KeyError, TypeError, ValueError, AttributeError, PackageFormatError) as exc:
+        raise ClusterError(f"a malformed announcement from {doc.get('node')!r}: {exc!r}") from exc
+
+
+def _exposure(table: Mapping[str, Any]) -> Exposure:
+    return Exposure(
+        per_skill=table["tools"] == "per-skill",
+        hidden=tuple(table["hidden"]),
+        names=dict(table["names"]),
+        titles=dict(table["titles"]),
+        descriptions=dict(table["descriptions"]),
+        client=tuple(table["client"]),
+    )

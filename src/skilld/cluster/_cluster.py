@@ -1,0 +1,295 @@
+"""A node's part in the cluster: its link, membership, served skills and remote skills."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from skilld.cluster import _announce
+from skilld.cluster._announce import AnnouncedSkill, LocalSkill
+from skilld.cluster._config import ClusterConfig
+from skilld.cluster._kv import JetStreamKV
+from skilld.cluster._link import NatsLink
+from skilld.cluster._member import Membership, Peer
+from skilld.cluster._remote import RemoteSkill, Router
+from skilld.cluster._transfer import FileAccess, Transfers
+from skilld.cluster._wire import call_subject
+from skilld.cluster._worker import SkillServer
+from skilld.errors import ClusterError, RegistryError
+from skilld.package import SigningKey, TrustStore
+from skilld.registry import Registry, SkillEntry
+from skilld.types import Limits
+
+log = logging.getLogger("skilld.cluster")
+
+# A remote skill's slots on the entry node: its holders enforce their own limits.
+_REMOTE_CONCURRENCY = 64
+_START_TIMEOUT_S = 10.0
+
+
+class Cluster:
+    """Joins the cluster for one node: see ``skilld.cluster``.
+
+    Args:
+        config: how to reach NATS and who this node is.
+        registry: this node's registry; its local skills are served to the cluster and
+            the skills of trusted peers are added to (and removed from) it.
+        trust: the trust set (the bundle's) that peers' announcements must verify against.
+        key: this node's announcement signing key.
+        bundle_digest: the digest of this node's bundle, announced.
+        local: the skills this node serves to the cluster.
+        files: the file side of transfers (the sandbox's); None: no file transfer.
+        audit: where this node's transfer records go.
+        on_refused: told ``(claimed node, reason)`` of each refused announcement (audit).
+    """
+
+    def __init__(
+        self,
+        config: ClusterConfig,
+        registry: Registry,
+        trust: TrustStore,
+        key: SigningKey,
+        bundle_digest: str,
+        local: list[LocalSkill],
+        *,
+        files: FileAccess | None = None,
+        audit: Callable[[dict[str, Any]], None] = lambda record: None,
+        on_refused: Callable[[str, str], None] = lambda node, reason: None,
+    ):
+        self.config = config
+        self.registry = registry
+        self.bundle_digest = bundle_digest
+        self._local = local
+        self._local_ids = {s.entry.spec.id for s in local}
+        self._remote: dict[str, RemoteSkill] = {}
+        self.link = NatsLink(
+            config, on_disconnect=self._disconnected, on_reconnect=self._reconnected
+        )
+        # entry: serves MCP clients; worker: serves skills of its own to the cluster.
+        roles = tuple(r for r, has in (("entry", config.entry), ("worker", bool(local))) if has)
+        self.router = Router(self.link, config.node, self._alive)
+        self.server = SkillServer(
+            self.link, registry, config.node, local, threads=32, alive=self._alive
+        )
+        self.membership = Membership(
+            self.link,
+            config,
+            trust,
+            key,
+            _announce.payload(config.node, roles, bundle_digest, local),
+            on_join=self._joined,
+            on_change=self._changed,
+            on_leave=self._left,
+            on_refused=on_refused,
+        )
+        self.transfers = (
+            None
+            if files is None
+            else Transfers(
+                self.link,
+                config.node,
+                key,
+                trust,
+                registry,
+                files,
+                lambda: sorted(self.membership.peers),
+                audit,
+            )
+        )
+        self.started_at = time.time()
+        self.disconnects = 0
+        self._started = False
+
+    def start(self) -> None:
+        """Connect, serve the local skills, announce and listen for peers.
+
+        Raises:
+            UsageError: a credentials or TLS file cannot be read.
+            ClusterError: NATS cannot be reached or refuses us.
+        """
+        self.link.start()
+        try:
+            self.link.run(self._start(), timeout=_START_TIMEOUT_S)
+        except Exception:
+            self.link.close()
+            raise
+        self._started = True
+
+    async def _start(self) -> None:
+        if self.config.kv:
+            # Before this node serves anything: its skills' state moves to JetStream KV.
+            for skill in self._local:
+                entry = skill.entry
+                if entry.kv is not None:
+                    entry.kv = await JetStreamKV.open(
+                        self.link,
+                        entry.spec.id,
+                        entry.limits.kv_value_bytes,
+                        entry.limits.kv_total_bytes,
+                    )
+        if self.transfers is not None:
+            for skill in self._local:
+                skill.entry.services["transfer"] = self.transfers
+            await self.transfers.start()
+        await self.router.start()
+        await self.server.start()
+        await self.membership.start()
+
+    def close(self) -> None:
+        """Leave the cluster at once (signed leave), finish calls in flight, disconnect."""
+        if self._started:
+            self._started = False
+            try:
+                self.link.run(self._stop(), timeout=35)
+            except ClusterError as exc:
+                log.info("cluster: leaving did not finish cleanly: %s", exc)
+        self.link.close()
+
+    async def _stop(self) -> None:
+        await self.membership.stop()
+        await self.server.stop()
+
+    # -- membership callbacks (on the link's loop) --------------------------------
+
+    def _alive(self, node: str) -> bool:
+        return node in self.membership.peers
+
+    def _disconnected(self) -> None:
+        self.disconnects += 1
+        self.membership.disconnected()
+
+    def _reconnected(self) -> None:
+        self.membership.reconnected()
+
+    def _joined(self, peer: Peer) -> None:
+        for skill in peer.announcement.skills:
+            self._attach(peer.node, skill)
+
+    def _left(self, peer: Peer, reason: str) -> None:
+        for skill in peer.announcement.skills:
+            self._detach(peer.node, skill)
+
+    def _changed(self, old: Peer, new: Peer) -> None:
+        before = {(s.spec.id, s.digest) for s in old.announcement.skills}
+        after = {(s.spec.id, s.digest) for s in new.announcement.skills}
+        for skill in old.announcement.skills:
+            if (skill.spec.id, skill.digest) not in after:
+                self._detach(old.node, skill)
+        for skill in new.announcement.skills:
+            if (skill.spec.id, skill.digest) not in before:
+                self._attach(new.node, skill)
+
+    def _attach(self, node: str, skill: AnnouncedSkill) -> None:
+        sid = skill.spec.id
+        if sid in self._local_ids:
+            return  # held here too: served locally, and this node is one of its replicas
+        remote = self._remote.get(sid)
+        if remote is not None:
+            if remote.digest == skill.digest:
+                remote.holders.add(node)
+            else:
+                log.warning(
+                    "cluster: node %s announces skill %s with package %s, but %s serves %s; "
+                    "ignored until those nodes leave",
+                    node,
+                    sid,
+                    skill.digest[:16],
+                    sorted(remote.holders),
+                    remote.digest[:16],
+                )
+            return
+        remote = RemoteSkill(self.router, sid, call_subject(sid, skill.digest), skill.digest)
+        remote.holders.add(node)
+        entry = SkillEntry(
+            spec=skill.spec,
+            component=remote,
+            limits=Limits(
+                timeout_ms=skill.limits.timeout_ms,
+                max_concurrency=max(_REMOTE_CONCURRENCY, skill.limits.max_concurrency),
+            ),
+            exposure=skill.exposure,
+            annotations=skill.annotations,
+            description=skill.description,
+        )
+        try:
+            self.registry.add(entry)
+        except RegistryError as exc:
+            log.warning("cluster: skill %s of node %s not added: %s", sid, node, exc)
+            return
+        self._remote[sid] = remote
+
+    def _detach(self, node: str, skill: AnnouncedSkill) -> None:
+        remote = self._remote.get(skill.spec.id)
+        if remote is None or remote.digest != skill.digest:
+            return
+        remote.holders.discard(node)
+        if not remote.holders:
+            del self._remote[skill.spec.id]
+            self.registry.remove(skill.spec.id)
+
+    # -- operations -----------------------------------------------------------------
+
+    def gauges(self) -> dict[str, tuple[str, float]]:
+        """This node's cluster gauges for /metrics (read without the link's loop)."""
+        return {
+            "skilld_cluster_connected": (
+                "1 while this node's NATS connection is up.",
+                float(self.membership.connected_since is not None),
+            ),
+            "skilld_cluster_nodes": (
+                "Other nodes this node sees (verified announcements).",
+                float(len(self.membership.peers)),
+            ),
+            "skilld_cluster_remote_skills": (
+                "Skills of other nodes in this node's registry.",
+                float(len(self._remote)),
+            ),
+            "skilld_cluster_refused_announcements": (
+                "Announcements refused since start (unsigned, untrusted, out of scope).",
+                float(self.membership.refused),
+            ),
+            "skilld_cluster_disconnects": (
+                "Times this node lost its NATS connection since start.",
+                float(self.disconnects),
+            ),
+            "skilld_cluster_routed_calls_served": (
+                "Calls from other nodes this node ran since start.",
+                float(self.server.served),
+            ),
+        }
+
+    def status(self) -> dict[str, Any]:
+        """This node's view of the cluster, JSON-ready (``skilld cluster status``, /metrics)."""
+        return self.link.run(self._status(), timeout=5)
+
+    async def _status(self) -> dict[str, Any]:
+        now, wall = time.monotonic(), time.time()
+        connected = self.membership.connected_since is not None
+        return {
+            "node": self.config.node,
+            "connected": connected,
+            "heartbeat_s": self.config.heartbeat_s,
+            "expiry_s": self.config.expiry_s,
+            "refused_announcements": self.membership.refused,
+            "disconnects": self.disconnects,
+            "routed_calls_served": self.server.served,
+            "remote_skills": len(self._remote),
+            "nodes": [
+                {
+                    "node": p.node,
+                    "roles": list(p.announcement.roles),
+                    "bundle": p.announcement.bundle,
+                    "key_id": p.announcement.key_id,
+                    "last_heartbeat_s": round(now - p.last_seen, 3),
+                    "last_heartbeat_at": round(wall - (now - p.last_seen), 3),
+                    "heartbeats": p.heartbeats,
+                    "skills": [
+                        {"id": s.spec.id, "version": s.spec.version, "digest": s.digest}
+                        for s in p.announcement.skills
+                    ],
+                }
+                for p in sorted(self.membership.peers.values(), key=lambda p: p.node)
+            ],
+        }

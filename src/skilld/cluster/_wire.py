@@ -1,0 +1,153 @@
+"""What travels between nodes: subjects, headers, and call results and errors as bytes.
+
+A routed call is one request on the skill's subject (``skilld.call.SKILL.DIGEST``,
+a queue group, so the replicas holding that package share the load) whose reply
+subject is a stream back to the entry node: ``started``, then any number of
+``progress`` and ``log`` events and ``sample``/``elicit`` requests (answered by the
+entry node), then the outcome, split into ``part`` messages when it is larger than
+the server's payload limit. Cancellation goes to ``skilld.cancel.CALL_ID``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from skilld.errors import (
+    CallCancelled,
+    DeadlineExceeded,
+    GuestError,
+    GuestFault,
+    GuestTrap,
+    HostCallError,
+    MemoryExhausted,
+    RegistryError,
+    SkilldError,
+    StackExhausted,
+    UsageError,
+)
+from skilld.types import CallOutput, ContentBlock
+
+ANNOUNCE = "skilld.announce"
+LEAVE = "skilld.leave"
+CALL_PREFIX = "skilld.call"
+CANCEL_PREFIX = "skilld.cancel"
+
+# request headers
+H_CALL = "Skilld-Call"
+H_KIND = "Skilld-Kind"  # call | resource | prompt
+H_NAME = "Skilld-Name"  # the method, resource URI or prompt name
+H_TIMEOUT = "Skilld-Timeout-Ms"  # what is left of the entry's deadline (clocks differ)
+H_CALLER = "Skilld-Caller"
+H_ENTRY = "Skilld-Entry"
+H_DEPTH = "Skilld-Depth"
+H_CHAIN = "Skilld-Chain"
+# reply stream headers
+H_EVENT = "Skilld-Event"  # started | progress | log | sample | elicit | part | done
+H_NODE = "Skilld-Node"
+# announcement headers
+H_KEY = "Skilld-Key"
+H_SIG = "Skilld-Sig"
+
+# Room left in a message for headers when a result is split into parts.
+PART_HEADROOM = 4096
+
+
+def call_subject(skill_id: str, digest: str) -> str:
+    """The subject (and queue group) of one skill package's replicas."""
+    return f"{CALL_PREFIX}.{skill_id}.{digest[:16]}"
+
+
+def cancel_subject(call_id: str) -> str:
+    """Where the entry node says that a call was cancelled."""
+    return f"{CANCEL_PREFIX}.{call_id}"
+
+
+def dumps(value: Any) -> bytes:
+    """Compact JSON bytes."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def output_to_json(out: CallOutput) -> dict[str, Any]:
+    """A call's output as JSON (content bytes in base64)."""
+    return {
+        "value": out.value,
+        "content": [
+            {
+                "kind": b.kind,
+                "text": b.text,
+                "mime_type": b.mime_type,
+                "data": None if b.data is None else base64.b64encode(b.data).decode(),
+                "uri": b.uri,
+            }
+            for b in out.content
+        ],
+    }
+
+
+def output_from_json(doc: Mapping[str, Any]) -> CallOutput:
+    """The inverse of :func:`output_to_json`.
+
+    Raises:
+        KeyError, TypeError, ValueError: a malformed document.
+    """
+    return CallOutput(
+        value=doc["value"],
+        content=tuple(
+            ContentBlock(
+                kind=str(b["kind"]),
+                text=b.get("text"),
+                mime_type=b.get("mime_type"),
+                data=None if b.get("data") is None else base64.b64decode(b["data"]),
+                uri=b.get("uri"),
+            )
+            for b in doc.get("content") or ()
+        ),
+    )
+
+
+# Errors that cross the wire keep their class; anything else arrives as GuestError internal.
+_FAULTS: dict[str, type[GuestFault]] = {
+    c.__name__: c
+    for c in (GuestTrap, DeadlineExceeded, CallCancelled, MemoryExhausted, StackExhausted)
+}
+
+
+def error_to_json(exc: SkilldError, node: str) -> dict[str, Any]:
+    """A failure of a routed call, as JSON."""
+    doc: dict[str, Any] = {
+        "type": type(exc).__name__,
+        "message": exc.message,
+        "location": exc.location,
+        "hint": exc.hint,
+        "node": node,
+    }
+    if isinstance(exc, GuestError | HostCallError):
+        doc["code"], doc["rule"] = exc.code, exc.rule
+    return doc
+
+
+def error_from_json(doc: Mapping[str, Any]) -> SkilldError:
+    """The error a routed call raised on its node, rebuilt on the entry node."""
+    kind = str(doc.get("type", ""))
+    message = str(doc.get("message", "the remote call failed"))
+    location = doc.get("location")
+    if kind in ("GuestError", "HostCallError"):
+        return GuestError(
+            str(doc.get("code") or "internal"), message, rule=doc.get("rule"), location=location
+        )
+    if kind in _FAULTS:
+        return _FAULTS[kind](message, location=location)
+    if kind == "RegistryError":
+        return RegistryError(message, location=location)
+    if kind == "UsageError":
+        return UsageError(message, location=location, hint=doc.get("hint"))
+    return GuestError("internal", f"on node {doc.get('node')}: {message}", location=location)
+
+
+def split(payload: bytes, max_payload: int) -> list[bytes]:
+    """``payload`` in parts that each fit in one message."""
+    size = max(1024, max_payload - PART_HEADROOM)
+    return [payload[i : i + size] for i in range(0, len(payload), size)] or [b""]

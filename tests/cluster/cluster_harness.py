@@ -1,0 +1,356 @@
+"""A real nats-server (JetStream, temp dir, ephemeral port) and skilld nodes as processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+from mcp import types
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+from skilld.bundle import build_bundle
+from skilld.package import SigningKey, trust_file_bytes, trusted_key, write_private_key
+from skilld.sandbox import Sandbox
+from tests_env import ROOT, SKILLS, cache_dir, cache_env
+
+NATS_SERVER = Path(sys.executable).parent / "nats-server"
+START_TIMEOUT_S = 60.0
+AUDIT_EVENTS = ("call", "cluster-refused", "transfer")
+
+
+def _reader(stream: Any, lines: list[str], inbox: queue.Queue[str]) -> None:
+    for line in stream:
+        lines.append(line)
+        inbox.put(line)
+    inbox.put("")  # end of stream
+
+
+def _wait_line(inbox: queue.Queue[str], pattern: str, timeout: float, what: str) -> re.Match[str]:
+    regex = re.compile(pattern)
+    end = time.monotonic() + timeout
+    while True:
+        left = end - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"{what}: no line matching {pattern!r} within {timeout}s")
+        try:
+            line = inbox.get(timeout=left)
+        except queue.Empty:
+            continue
+        if line == "":
+            raise RuntimeError(f"{what} ended before printing {pattern!r}")
+        found = regex.search(line)
+        if found:
+            return found
+
+
+class NatsServer:
+    """nats-server with JetStream in ``store``, on 127.0.0.1; restartable on the same port."""
+
+    def __init__(self, store: Path, max_payload: int | None = None):
+        self.store = store
+        self.max_payload = max_payload
+        self.port = -1
+        self.proc: subprocess.Popen[str] | None = None
+        self.lines: list[str] = []
+
+    @property
+    def url(self) -> str:
+        """The client URL."""
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        """Start it (on the port it had, once it had one) and wait until it is ready."""
+        argv = [str(NATS_SERVER), "-js", "-sd", str(self.store), "-a", "127.0.0.1"]
+        argv += ["-p", str(self.port)]
+        if self.max_payload is not None:
+            config = self.store.parent / "nats.conf"
+            config.write_text(f"max_payload: {self.max_payload}\n")
+            argv += ["-c", str(config)]
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        inbox: queue.Queue[str] = queue.Queue()
+        threading.Thread(
+            target=_reader, args=(self.proc.stderr, self.lines, inbox), daemon=True
+        ).start()
+        found = _wait_line(
+            inbox, r"Listening for client connections on [\d.]+:(\d+)", 30, "nats-server"
+        )
+        self.port = int(found.group(1))
+        _wait_line(inbox, r"Server is ready", 30, "nats-server")
+
+    def stop(self) -> None:
+        """Stop it (SIGTERM) and wait."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+
+
+@dataclass
+class NodeProc:
+    """A ``skilld serve --cluster`` process."""
+
+    name: str
+    proc: subprocess.Popen[str]
+    lines: list[str]
+    inbox: queue.Queue[str]
+    url: str | None = None
+    state: Path = field(default_factory=Path)
+    reader: threading.Thread | None = None
+
+    def wait_line(self, pattern: str, timeout: float = 30) -> re.Match[str]:
+        """The next line of its log matching ``pattern``."""
+        return _wait_line(self.inbox, pattern, timeout, f"node {self.name}")
+
+    def seen(self, pattern: str, timeout: float = 30) -> None:
+        """Wait until its log (so far, or from now on) has a line matching ``pattern``."""
+        if not any(re.search(pattern, line) for line in list(self.lines)):
+            self.wait_line(pattern, timeout)
+
+    def log(self) -> str:
+        """Everything it logged so far."""
+        return "".join(self.lines)
+
+    def kill(self) -> None:
+        """kill -9."""
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+        self._drained()
+
+    def _drained(self) -> None:
+        # Everything it wrote is in ``lines`` once the reader saw the end of its stderr.
+        if self.reader is not None:
+            self.reader.join(timeout=30)
+
+    def stop(self) -> None:
+        """SIGTERM, and wait for it to leave."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._drained()
+
+    def audit(self) -> list[dict[str, Any]]:
+        """Its audit records so far (nodes write them to stderr: ``--audit-log -``)."""
+        records = []
+        for line in list(self.lines):
+            if line.startswith("{"):
+                doc = json.loads(line)
+                if doc.get("event") in AUDIT_EVENTS:
+                    records.append(doc)
+        return records
+
+    def audit_until(
+        self, ok: Callable[[list[dict[str, Any]]], bool], timeout: float = 30
+    ) -> list[dict[str, Any]]:
+        """Its audit records, once ``ok`` holds for them (waiting for more lines meanwhile)."""
+        end = time.monotonic() + timeout
+        while not ok(records := self.audit()):
+            left = end - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"node {self.name}: audit never matched: {records[-5:]}")
+            try:
+                self.inbox.get(timeout=left)  # any new line: look again
+            except queue.Empty:
+                continue
+        return records
+
+    def wait_audit(self, **match: Any) -> dict[str, Any]:
+        """The next audit record whose fields equal ``match`` (skipping others)."""
+        while True:
+            found = self.wait_line(r"^\{.*\}$")
+            doc = json.loads(found.group(0))
+            if doc.get("event") in AUDIT_EVENTS and all(doc.get(k) == v for k, v in match.items()):
+                return dict(doc)
+
+
+@dataclass
+class Keys:
+    """The membership key (trusted for node-*) and a stranger's key (trusted for nothing)."""
+
+    member: Path
+    stranger: Path
+    trust: Path  # a trust file for the member key, scoped to node names node-*
+
+
+def make_keys(root: Path) -> Keys:
+    """Two signing keys; only the first is trusted (for nodes named node-*)."""
+    root.mkdir(parents=True, exist_ok=True)
+    member, stranger = SigningKey.generate(), SigningKey.generate()
+    write_private_key(member, root / "member.pem")
+    write_private_key(stranger, root / "stranger.pem")
+    trusted = trusted_key("cluster-members", member.public_raw, [], cluster=["node-*"])
+    (root / "cluster-members.pub.json").write_bytes(trust_file_bytes(trusted))
+    return Keys(root / "member.pem", root / "stranger.pem", root / "cluster-members.pub.json")
+
+
+CLUSTER_SKILLS = Path(__file__).resolve().parent / "skills"
+
+
+def make_bundle(
+    sandbox: Sandbox, root: Path, skills: Sequence[str], keys: Keys, policies: dict[str, str]
+) -> Path:
+    """A bundle of ``skills`` (repo, test or cluster-test skills) trusting the member key."""
+    src = root / "src"
+    (src / "skills").mkdir(parents=True)
+    (src / "policies" / "trust").mkdir(parents=True)
+    for name in skills:
+        origin = SKILLS.get(name) or (
+            CLUSTER_SKILLS / name if (CLUSTER_SKILLS / name).is_dir() else ROOT / "skills" / name
+        )
+        shutil.copytree(origin, src / "skills" / name)
+    for name, text in policies.items():
+        (src / "policies" / name).write_text(text)
+    shutil.copy(keys.trust, src / "policies" / "trust" / keys.trust.name)
+    out = root / "bundle"
+    build_bundle(
+        src / "skills", src / "policies", out, sandbox=sandbox, cache_dir=cache_dir(), strict=False
+    )
+    return out
+
+
+def start_node(
+    name: str,
+    bundle: Path,
+    nats_url: str,
+    key: Path,
+    state: Path,
+    *,
+    http: bool = True,
+    extra: Sequence[str] = (),
+    heartbeat: float = 0.5,
+) -> NodeProc:
+    """Start ``skilld serve --cluster`` and wait until it serves (HTTP) or has joined."""
+    argv = [
+        sys.executable,
+        "-m",
+        "skilld",
+        "serve",
+        "--bundle",
+        str(bundle),
+        "--state-dir",
+        str(state),
+        "--cluster",
+        nats_url,
+        "--node",
+        name,
+        "--cluster-key",
+        str(key),
+        "--heartbeat",
+        str(heartbeat),
+        "--audit-log",
+        "-",
+        *extra,
+    ]
+    argv += ["--transport", "http", "--port", "0"] if http else ["--no-mcp"]
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **cache_env()},
+    )
+    lines: list[str] = []
+    inbox: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(target=_reader, args=(proc.stderr, lines, inbox), daemon=True)
+    reader.start()
+    node = NodeProc(name, proc, lines, inbox, state=state, reader=reader)
+    try:
+        if http:
+            found = node.wait_line(r'^(\{.*"serving".*\})$', START_TIMEOUT_S)
+            node.url = json.loads(found.group(1))["url"]
+        else:
+            node.wait_line(r"serving the cluster only", START_TIMEOUT_S)
+    except (TimeoutError, RuntimeError):
+        node.stop()
+        raise RuntimeError(f"node {name} did not start:\n{node.log()[-4000:]}") from None
+    return node
+
+
+@dataclass
+class Client:
+    """An MCP SDK client session to an entry node, with what it was sent."""
+
+    session: ClientSession
+    changed: list[anyio.Event] = field(default_factory=lambda: [anyio.Event()])
+    logs: list[types.LoggingMessageNotificationParams] = field(default_factory=list)
+
+    async def tool_names(self) -> set[str]:
+        """The tools listed now."""
+        return {t.name for t in (await self.session.list_tools()).tools}
+
+    async def wait_tools(self, ok: Callable[[set[str]], bool], timeout: float = 30) -> set[str]:
+        """List tools until ``ok`` holds, waiting for list_changed notifications in between."""
+        with anyio.fail_after(timeout):
+            while True:
+                event = self.changed[-1]
+                names = await self.tool_names()
+                if ok(names):
+                    return names
+                await event.wait()
+
+
+async def _sampling(
+    context: Any, params: types.CreateMessageRequestParams
+) -> types.CreateMessageResult:
+    first = params.messages[0].content
+    text = first.text if isinstance(first, types.TextContent) else "?"
+    return types.CreateMessageResult(
+        role="assistant", content=types.TextContent(type="text", text=f"echo: {text}"), model="fake"
+    )
+
+
+async def _elicitation(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+    return types.ElicitResult(action="accept", content={"name": "Ada"})
+
+
+@asynccontextmanager
+async def mcp_client(url: str) -> AsyncIterator[Client]:
+    """An initialized client session to ``url`` that notes list_changed notifications."""
+    holder: list[Client] = []
+
+    async def on_message(message: Any) -> None:
+        root = getattr(message, "root", message)
+        if isinstance(root, types.ToolListChangedNotification) and holder:
+            done = holder[0].changed[-1]
+            holder[0].changed.append(anyio.Event())
+            done.set()
+
+    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+        holder[0].logs.append(params)
+
+    async with (
+        streamable_http_client(url) as (read, write),
+        ClientSession(
+            read,
+            write,
+            message_handler=on_message,
+            logging_callback=on_log,
+            sampling_callback=_sampling,
+            elicitation_callback=_elicitation,
+        ) as session,
+    ):
+        holder.append(Client(session))
+        await session.initialize()
+        yield holder[0]

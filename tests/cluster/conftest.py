@@ -1,0 +1,84 @@
+"""Fixtures for the cluster tests: keys, bundles, a nats-server per test."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cluster_harness import Keys, NatsServer, make_bundle, make_keys
+
+from skilld.sandbox import Sandbox
+from tests_env import ROOT
+
+HOSTILE_POLICY = (
+    "skill: hostile\nkv: {}\nfs:\n  - id: data-ro\n    path: {data}\n    mode: ro\n"
+    "invoke:\n  calls: [echo]\nlimits:\n  wall_time: 2s\n  memory: 128MiB\n"
+)
+
+
+@pytest.fixture(scope="session")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> Keys:
+    """The membership key (trusted for node-*) and a stranger's key."""
+    return make_keys(tmp_path_factory.mktemp("keys"))
+
+
+@pytest.fixture(scope="session")
+def demo_cluster_bundle(
+    sandbox: Sandbox, keys: Keys, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """The demo skills (echo, echo-wat, notes, conformance) with the repo's policies."""
+    policies = {
+        p.name: p.read_text()
+        for p in [
+            *(ROOT / "policies").glob("*.yaml"),
+            ROOT / "tests" / "policies" / "conformance.yaml",
+        ]
+    }
+    return make_bundle(
+        sandbox,
+        tmp_path_factory.mktemp("demo-cluster"),
+        ["echo", "echo-wat", "notes", "conformance"],
+        keys,
+        policies,
+    )
+
+
+@pytest.fixture(scope="session")
+def hostile_bundle(sandbox: Sandbox, keys: Keys, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The hostile test skill (spins, chats, keeps kv) with a 2 s wall time."""
+    root = tmp_path_factory.mktemp("hostile-cluster")
+    (root / "data").mkdir()
+    return make_bundle(
+        sandbox,
+        root,
+        ["hostile", "echo"],
+        keys,
+        {
+            "hostile.yaml": HOSTILE_POLICY.replace("{data}", str(root / "data")),
+            "echo.yaml": "skill: echo\ninvoke:\n  called_by: [hostile]\n",
+        },
+    )
+
+
+@pytest.fixture(scope="session")
+def gateway_bundle(sandbox: Sandbox, keys: Keys, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small bundle for entry-only nodes: only its trust set matters."""
+    return make_bundle(sandbox, tmp_path_factory.mktemp("gateway"), ["echo-wat"], keys, {})
+
+
+@pytest.fixture
+def nats(tmp_path: Path) -> Iterator[NatsServer]:
+    """A nats-server with JetStream in a temp dir, on an ephemeral port."""
+    server = NatsServer(tmp_path / "jetstream")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """The MCP client runs on asyncio."""
+    return "asyncio"

@@ -1,0 +1,41 @@
+"""The official MCP conformance suite through an entry node that holds no skill itself."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from cluster_harness import Keys, NatsServer, start_node
+
+from tests_env import ROOT
+
+# Where tests/cli/test_conformance_serve.py looks for the runner too.
+SUITE = Path(os.environ.get("SKILLD_MCP_CONFORMANCE") or ROOT / "tools" / "mcp-conformance")
+
+
+@pytest.mark.slow
+def test_entry_node_passes_every_server_scenario(
+    nats: NatsServer, keys: Keys, demo_cluster_bundle: Path, gateway_bundle: Path, tmp_path: Path
+) -> None:
+    """All 30 server scenarios pass against node-a, with the conformance skill on node-b."""
+    assert SUITE.exists(), f"the conformance runner is not at {SUITE} (set SKILLD_MCP_CONFORMANCE)"
+    holder = start_node(
+        "node-b", demo_cluster_bundle, nats.url, keys.member, tmp_path / "b", http=False
+    )
+    entry = start_node(
+        "node-a", gateway_bundle, nats.url, keys.member, tmp_path / "a", extra=["--entry-only"]
+    )
+    try:
+        entry.seen(r"node node-b joined")
+        assert entry.url is not None
+        done = subprocess.run(
+            [str(SUITE), entry.url], capture_output=True, text=True, timeout=900, check=False
+        )
+    finally:
+        entry.stop()
+        holder.stop()
+    summary = done.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"scenarios: 30 passed, 0 failed", summary), done.stdout[-4000:]

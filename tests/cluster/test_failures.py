@@ -1,0 +1,256 @@
+"""Failures of a cluster with real processes: kill -9, NATS down, forged announcements, replicas."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import nats as nats_client
+import pytest
+from cluster_harness import Keys, NatsServer, NodeProc, mcp_client, start_node
+from mcp import types
+
+from skilld.package import canonical_json, load_private_key
+
+pytestmark = pytest.mark.anyio
+
+HOSTILE_TOOLS = {"hostile/ok", "hostile/loop"}
+HEARTBEAT_S = 0.5
+EXPIRY_S = 2.5 * HEARTBEAT_S
+
+
+def _text(result: types.CallToolResult) -> str:
+    return "".join(b.text for b in result.content if isinstance(b, types.TextContent))
+
+
+@pytest.fixture
+def pair(
+    nats: NatsServer, keys: Keys, hostile_bundle: Path, gateway_bundle: Path, tmp_path: Path
+) -> Iterator[dict[str, NodeProc]]:
+    """node-a: an entry-only node; node-c: a worker holding the hostile skill (2 s wall time)."""
+    nodes: dict[str, NodeProc] = {}
+    try:
+        nodes["c"] = start_node(
+            "node-c", hostile_bundle, nats.url, keys.member, tmp_path / "c", http=False
+        )
+        nodes["a"] = start_node(
+            "node-a", gateway_bundle, nats.url, keys.member, tmp_path / "a", extra=["--entry-only"]
+        )
+        yield nodes
+    finally:
+        for node in nodes.values():
+            node.stop()
+
+
+async def test_kill_9_removes_tools_and_fails_the_call_in_flight(pair: dict[str, NodeProc]) -> None:
+    """kill -9 of a node: its tools vanish within 3 s; a call in flight ends [unavailable]."""
+    url = pair["a"].url
+    assert url is not None
+    async with mcp_client(url) as client, anyio.create_task_group() as tg:
+        await client.wait_tools(lambda n: n >= HOSTILE_TOOLS)
+        outcome: list[tuple[types.CallToolResult, float]] = []
+
+        async def call() -> None:
+            started = time.monotonic()
+            result = await client.session.call_tool("hostile/loop", {})
+            outcome.append((result, time.monotonic() - started))
+
+        tg.start_soon(call)
+        # Not synchronisation: had the call not reached node-c yet, the outcome must be the
+        # same; the pause makes "running on node-c" the case this test exercises.
+        await anyio.sleep(0.3)
+        pair["c"].kill()
+        killed = time.monotonic()
+        names = await client.wait_tools(lambda n: not n & HOSTILE_TOOLS, timeout=10)
+        gone_after = time.monotonic() - killed
+        assert not names & HOSTILE_TOOLS
+        assert gone_after < 3.0, f"tools vanished {gone_after:.2f}s after kill -9"
+    result, took = outcome[0]
+    assert result.is_error
+    assert _text(result).startswith("[unavailable]"), _text(result)
+    assert "node-c" in _text(result)
+    assert took < 2.0 + 1.0, f"the call took {took:.2f}s against a 2 s deadline"
+
+
+async def test_nats_down_for_three_expiry_windows_drops_nobody(
+    nats: NatsServer, pair: dict[str, NodeProc]
+) -> None:
+    """NATS stopped for 3x the expiry window and back: no node dropped, tools back at once."""
+    url = pair["a"].url
+    assert url is not None
+    async with mcp_client(url) as client:
+        await client.wait_tools(lambda n: n >= HOSTILE_TOOLS)
+        nats.stop()
+        await anyio.to_thread.run_sync(lambda: pair["a"].wait_line("lost the NATS connection"))
+        await anyio.sleep(3 * EXPIRY_S)  # the outage under test, not synchronisation
+        assert await client.tool_names() >= HOSTILE_TOOLS  # nobody dropped while cut off
+        nats.start()
+        for node in pair.values():
+            await anyio.to_thread.run_sync(lambda n=node: n.wait_line("NATS connection back"))
+        # A full expiry window after the reconnect, when expiry resumes: still everyone.
+        await anyio.sleep(EXPIRY_S + HEARTBEAT_S)
+        result = await client.session.call_tool("hostile/ok", {"text": "back"})
+        assert _text(result) == "back"
+        assert await client.tool_names() >= HOSTILE_TOOLS
+    for node in pair.values():
+        assert "expired" not in node.log(), node.log()[-3000:]
+
+
+def _announcement(node: str) -> bytes:
+    return canonical_json(
+        {
+            "v": 1,
+            "node": node,
+            "roles": ["worker"],
+            "bundle": "0" * 64,
+            "skills": [
+                {
+                    "spec": {
+                        "id": "evil",
+                        "version": "1.0.0",
+                        "description": "injected",
+                        "methods": [{"name": "run", "description": "", "params": {}, "result": {}}],
+                        "resources": [],
+                        "prompts": [],
+                    },
+                    "digest": "f" * 64,
+                    "exposure": {
+                        "tools": "per-method",
+                        "hidden": [],
+                        "names": {},
+                        "titles": {},
+                        "descriptions": {},
+                        "client": [],
+                    },
+                    "annotations": {
+                        "read_only": True,
+                        "destructive": False,
+                        "idempotent": True,
+                        "open_world": False,
+                    },
+                    "description": "injected",
+                    "limits": {"timeout_ms": 1000, "max_concurrency": 1},
+                }
+            ],
+        }
+    )
+
+
+async def test_forged_announcements_are_refused_and_logged(
+    nats: NatsServer, keys: Keys, gateway_bundle: Path, tmp_path: Path
+) -> None:
+    """Unsigned, untrusted, out-of-scope and tampered announcements add no tool, and are logged."""
+    import base64
+
+    entry = start_node(
+        "node-a", gateway_bundle, nats.url, keys.member, tmp_path / "a", extra=["--entry-only"]
+    )
+    stranger = None
+    try:
+        member = load_private_key(keys.member)
+        outsider = load_private_key(keys.stranger)
+        context = b"skilld-cluster-announcement-v1\0"
+
+        def signed(key: object, data: bytes) -> dict[str, str]:
+            return {
+                "Skilld-Key": key.key_id,  # type: ignore[attr-defined]
+                "Skilld-Sig": base64.b64encode(key.sign(context + data)).decode(),  # type: ignore[attr-defined]
+            }
+
+        good = _announcement("node-x")
+        forged = {
+            "unsigned": (good, {}),
+            "untrusted key": (good, signed(outsider, good)),
+            "out of scope": (_announcement("rogue"), signed(member, _announcement("rogue"))),
+            "tampered": (good.replace(b"injected", b"INJECTED"), signed(member, good)),
+        }
+        nc = await nats_client.connect(nats.url)
+        try:
+            for data, headers in forged.values():
+                await nc.publish("skilld.announce", data, headers=headers or None)
+            await nc.flush()
+        finally:
+            await nc.close()
+        reasons = [
+            await anyio.to_thread.run_sync(lambda: entry.wait_audit(event="cluster-refused"))
+            for _ in forged
+        ]
+        expected = [
+            "unsigned cluster message refused",
+            f"signed by key {outsider.key_id}, which this node's trust set does not hold",
+            f"key cluster-members ({member.key_id}) may not speak for node 'rogue': its trust "
+            "file's 'cluster' patterns are ['node-*']",
+            f"the signature by key cluster-members ({member.key_id}) does not verify",
+        ]
+        for record, reason in zip(reasons, expected, strict=True):
+            assert record["reason"].endswith(reason), record  # (after the trust file's path)
+        assert "announcement refused" in entry.log()
+        # A whole node with a key the entry does not trust joins nothing either.
+        stranger = start_node(
+            "node-s", gateway_bundle, nats.url, keys.stranger, tmp_path / "s", http=False
+        )
+        refused = await anyio.to_thread.run_sync(
+            lambda: entry.wait_audit(event="cluster-refused", node="node-s")
+        )
+        assert "trust set does not hold" in refused["reason"]
+        assert entry.url is not None
+        async with mcp_client(entry.url) as client:
+            assert not await client.tool_names()
+    finally:
+        entry.stop()
+        if stranger is not None:
+            stranger.stop()
+
+
+async def test_replicas_share_the_load(
+    nats: NatsServer, keys: Keys, hostile_bundle: Path, gateway_bundle: Path, tmp_path: Path
+) -> None:
+    """Two nodes holding the same skill package both serve calls routed through an entry node."""
+    nodes = [
+        start_node(
+            f"node-r{i}", hostile_bundle, nats.url, keys.member, tmp_path / f"r{i}", http=False
+        )
+        for i in (1, 2)
+    ]
+    entry = start_node(
+        "node-a", gateway_bundle, nats.url, keys.member, tmp_path / "a", extra=["--entry-only"]
+    )
+    try:
+        assert entry.url is not None
+        async with mcp_client(entry.url) as client:
+            await client.wait_tools(lambda n: n >= HOSTILE_TOOLS)
+            for i in range(40):
+                result = await client.session.call_tool("hostile/ok", {"text": str(i)})
+                assert _text(result) == str(i)
+
+        def oks(records: list[dict[str, object]]) -> int:
+            return len([r for r in records if r.get("method") == "ok"])
+
+        # Every node wrote its records before it answered; wait until this side read them.
+        served = [oks(node.audit()) for node in nodes]
+        if sum(served) < 40:
+            nodes[0].audit_until(lambda rs: oks(rs) + oks(nodes[1].audit()) >= 40)
+            served = [oks(node.audit()) for node in nodes]
+        assert sum(served) == 40
+        assert min(served) > 0, served
+        assert json.dumps(served)
+    finally:
+        for node in [entry, *nodes]:
+            node.stop()
+
+
+async def test_graceful_stop_leaves_at_once(pair: dict[str, NodeProc]) -> None:
+    """SIGTERM: the node says a signed goodbye and its tools go well before the expiry window."""
+    url = pair["a"].url
+    assert url is not None
+    async with mcp_client(url) as client:
+        await client.wait_tools(lambda n: n >= HOSTILE_TOOLS)
+        stopped = time.monotonic()
+        await anyio.to_thread.run_sync(pair["c"].stop)
+        await client.wait_tools(lambda n: not n & HOSTILE_TOOLS, timeout=10)
+        assert time.monotonic() - stopped < 30  # bounded by node-c's own shutdown
+    pair["a"].seen("node node-c left")
+    assert "node-c expired" not in pair["a"].log()

@@ -1,0 +1,139 @@
+"""Clustered key-value state in JetStream KV: keys round-trip, quotas hold, acked writes survive."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+from cluster_harness import Keys, NatsServer, mcp_client, start_node
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from mcp import types
+
+from skilld.cluster import ClusterConfig
+from skilld.cluster._kv import JetStreamKV, bucket_name, decode_key, encode_key
+from skilld.cluster._link import NatsLink
+from skilld.errors import QuotaExceeded
+
+# What the SDK accepts as a key: 1 to 1024 bytes of UTF-8.
+SDK_KEYS = st.text(min_size=1, max_size=300).filter(lambda k: 0 < len(k.encode()) <= 1024)
+
+
+@pytest.fixture
+def link(nats: NatsServer, tmp_path: Path) -> Iterator[NatsLink]:
+    """A started NATS link (as a node has one)."""
+    config = ClusterConfig(url=nats.url, node="node-t", key_file=tmp_path / "unused.pem")
+    link = NatsLink(config)
+    link.start()
+    try:
+        yield link
+    finally:
+        link.close()
+
+
+def _store(link: NatsLink, skill: str, value_limit: int = 1024, total: int = 4096) -> JetStreamKV:
+    return link.run(JetStreamKV.open(link, skill, value_limit, total), timeout=10)
+
+
+@given(key=SDK_KEYS)
+def test_any_sdk_key_encodes_to_a_nats_key_and_back(key: str) -> None:
+    """Every key the SDK accepts becomes a valid NATS KV key that decodes to itself."""
+    stored = encode_key(key)
+    assert all(c.isascii() and (c.isalnum() or c in "-_") for c in stored)
+    assert decode_key(stored) == key
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(key=SDK_KEYS, value=st.binary(max_size=64))
+def test_keys_round_trip_through_jetstream(link: NatsLink, key: str, value: bytes) -> None:
+    """Hostile keys and values are stored, listed, read back and deleted unchanged."""
+    kv = _store(link, "roundtrip", total=1 << 20)
+    kv.set(key, value)
+    assert kv.get(key) == value
+    assert key in kv.keys(key[:1], 10_000)
+    assert kv.delete(key) is True
+    assert kv.get(key) is None
+    assert kv.delete(key) is False
+
+
+def test_quotas_and_listing(link: NatsLink) -> None:
+    """The value limit and the total quota are the SQLite backend's; keys list in order."""
+    kv = _store(link, "quota", value_limit=100, total=300)
+    with pytest.raises(QuotaExceeded, match="limit per value"):
+        kv.set("big", b"x" * 101)
+    kv.set("b", b"x" * 99)  # 100 bytes
+    kv.set("a", b"x" * 99)  # 200 bytes
+    kv.set("a", b"y" * 99)  # overwriting frees the old value first
+    with pytest.raises(QuotaExceeded, match="over the 300-byte quota"):
+        kv.set("c", b"x" * 100)
+    assert kv.delete("b")
+    kv.set("c", b"x" * 99)
+    assert kv.keys("", 10) == ["a", "c"]
+    assert kv.keys("c", 10) == ["c"]
+    assert kv.keys("", 1) == ["a"]
+    # another skill's bucket sees none of it
+    assert _store(link, "other").keys("", 10) == []
+    assert bucket_name("quota") != bucket_name("other")
+
+
+@pytest.mark.anyio
+async def test_a_replica_killed_mid_run_loses_no_acknowledged_write(
+    nats: NatsServer, keys: Keys, hostile_bundle: Path, gateway_bundle: Path, tmp_path: Path
+) -> None:
+    """Replicas share one bucket; kill -9 of one costs no write whose call returned."""
+    replicas = [
+        start_node(
+            f"node-r{i}",
+            hostile_bundle,
+            nats.url,
+            keys.member,
+            tmp_path / f"r{i}",
+            http=False,
+            extra=["--cluster-kv"],
+        )
+        for i in (1, 2)
+    ]
+    entry = start_node(
+        "node-a", gateway_bundle, nats.url, keys.member, tmp_path / "a", extra=["--entry-only"]
+    )
+    acknowledged: list[str] = []
+    try:
+        assert entry.url is not None
+        async with mcp_client(entry.url) as client:
+            await client.wait_tools(lambda n: "hostile/write_keys" in n)
+            for i in range(60):
+                if i == 20:
+                    replicas[0].kill()
+                    killed = time.monotonic()
+                result = await client.session.call_tool(
+                    "hostile/write_keys", {"count": 1, "prefix": f"w{i:03d}-"}
+                )
+                if not result.is_error:
+                    acknowledged.append(f"w{i:03d}-000000")
+                else:
+                    text = "".join(
+                        b.text for b in result.content if isinstance(b, types.TextContent)
+                    )
+                    assert text.startswith("[unavailable]"), text
+            assert time.monotonic() - killed < 30
+    finally:
+        entry.stop()
+        for node in replicas:
+            node.stop()
+    served = [len([r for r in n.audit() if r.get("method") == "write_keys"]) for n in replicas]
+    assert min(served) > 0, served  # both replicas took writes before the kill
+    assert len(acknowledged) >= 40
+    config = ClusterConfig(url=nats.url, node="node-check", key_file=tmp_path / "unused.pem")
+    link = NatsLink(config)
+    link.start()
+    try:
+        stored = set(_store(link, "hostile", total=64 << 20).keys("w", 10_000))
+    finally:
+        link.close()
+    assert set(acknowledged) <= stored
+    await anyio.lowlevel.checkpoint()
