@@ -99,6 +99,10 @@ class KeyValueStore(Protocol):
 
     Raises ``StateError`` (or ``QuotaExceeded``) from every method on failure. A
     ``set`` that returns has reached stable storage.
+
+    A store may also offer ``within(seconds)``, a context manager bounding how long the
+    operations made inside it may wait (for a lock, for a server); the ``kv`` host
+    interface uses it to keep every operation inside the guest call's deadline.
     """
 
     def get(self, key: str) -> bytes | None:
