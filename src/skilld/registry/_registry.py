@@ -109,6 +109,24 @@ class SkillEntry:
 _INLINE_BACKOFF = 32
 
 
+# A call waiting for a slot looks at its client's cancellation this often.
+_SLOT_SLICE_S = 0.05
+
+
+def _take_slot(slots: threading.BoundedSemaphore, wait_s: float, channel: ClientChannel) -> bool:
+    """A slot within ``wait_s``, given up as soon as the client cancels the call."""
+    if slots.acquire(blocking=False):
+        return True
+    end = time.monotonic() + wait_s
+    while not channel.cancelled():
+        left = end - time.monotonic()
+        if left <= 0:
+            return False
+        if slots.acquire(timeout=min(left, _SLOT_SLICE_S)):
+            return True
+    return False
+
+
 def _digest(data: str) -> str:
     return hashlib.sha256(data.encode()).hexdigest()
 
@@ -415,15 +433,23 @@ class Registry:
         # that already holds slots of the same skill could deadlock it. Nor does an
         # inline attempt: waiting is for a thread, not the event loop.
         wait = entry.limits.timeout_ms / 1000 if depth == 0 and inline_s is None else 0
-        if not entry.slots.acquire(timeout=wait):
+        if not _take_slot(entry.slots, wait, ctx.channel):
             if inline_s is not None:
                 raise RunOnThread
-            outcome = "busy"
-            error = GuestError(
-                "limit-exceeded",
-                f"skill '{skill_id}' is at its limit of "
-                f"{entry.limits.max_concurrency} concurrent calls",
-            )
+            if ctx.channel.cancelled():
+                outcome, error = (
+                    "cancelled",
+                    CallCancelled(
+                        f"{skill_id}: the client cancelled the call while it waited for a slot"
+                    ),
+                )
+            else:
+                outcome = "busy"
+                error = GuestError(
+                    "limit-exceeded",
+                    f"skill '{skill_id}' is at its limit of "
+                    f"{entry.limits.max_concurrency} concurrent calls",
+                )
         else:
             try:
                 out = guest(ctx)
