@@ -67,6 +67,14 @@ def register(sub: Any) -> None:
         "worker thread (default 1; 0 = every call on a thread; at most 100)",
     )
     p.add_argument(
+        "--shutdown-grace",
+        type=_seconds,
+        default=30.0,
+        metavar="S",
+        help="on SIGTERM or SIGINT, how long calls in flight may still run while new ones "
+        "are refused (default 30; keep it below the stop timeout of docker or systemd)",
+    )
+    p.add_argument(
         "--lock-key",
         type=Path,
         metavar="TRUST.pub.json",
@@ -87,6 +95,16 @@ def _inline_ms(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number of milliseconds: {text!r}") from None
     if not 0 <= value <= 100:
         raise argparse.ArgumentTypeError(f"must be between 0 and 100, not {text}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, not {text}")
     return value
 
 
@@ -243,6 +261,7 @@ def run(args: argparse.Namespace) -> int:
         token_env=args.token_env,
         log_file=args.log_file,
         inline_ms=args.inline_ms,
+        shutdown_grace_s=args.shutdown_grace,
     )
     try:
         serve(registry, config)

@@ -6,9 +6,15 @@ never imports uvicorn and starlette (about 80 ms of its start-up).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import signal
 import socket
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from types import FrameType
 
 import anyio
 import uvicorn
@@ -34,16 +40,67 @@ def advertised_url(host: str, port: int) -> str:
     return f"http://{f'[{host}]' if ':' in host else host}:{port}/mcp"
 
 
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
 class _DrainingServer(uvicorn.Server):
-    """uvicorn, but shutdown first lets the calls in flight finish (bounded by the grace)."""
+    """uvicorn, but shutdown first lets the calls in flight finish (bounded by the grace).
+
+    The server owns SIGTERM and SIGINT instead of uvicorn, for two reasons. uvicorn's
+    handler is the one sse-starlette patches (and finds again by introspecting the
+    SIGTERM handler): either way every open event stream, the responses of calls in
+    flight included, is closed about half a second after the signal, long before the
+    drain ends. And uvicorn raises the signal again once it has served, so the process
+    dies of it and nothing after ``serve`` runs (the ``stopped`` line, closing the
+    sandbox and the audit sink). Here the first signal starts the drain exactly as
+    :meth:`HttpServer.stop` does; a second one ends the drain at once.
+    """
 
     def __init__(self, config: uvicorn.Config, service: McpService):
         super().__init__(config)
         self._service = service
+        self._drain_scope: anyio.CancelScope | None = None
+        self.drained = True
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """Handle SIGTERM and SIGINT on the event loop while serving; restore the old handlers.
+
+        Handlers can only be installed from the main thread; a server run on another
+        thread (a test's) is stopped through :meth:`HttpServer.stop`.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        loop = asyncio.get_running_loop()
+        previous = {sig: signal.getsignal(sig) for sig in _SIGNALS}
+        for sig in _SIGNALS:
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                loop.remove_signal_handler(sig)
+                signal.signal(sig, handler)
+
+    def _on_signal(self, sig: int) -> None:
+        self.handle_exit(sig, None)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        """The first signal starts a graceful shutdown; a second ends the drain at once."""
+        if self.should_exit:
+            self.force_exit = True
+            if self._drain_scope is not None:
+                self._drain_scope.cancel()
+        self.should_exit = True
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         """Drain the calls in flight, then stop accepting and close connections."""
-        await self._service.drain(self._service.config.shutdown_grace_s)
+        with anyio.CancelScope() as self._drain_scope:
+            if not self.force_exit:
+                self.drained = await self._service.drain(self._service.config.shutdown_grace_s)
+        if self._drain_scope.cancel_called:
+            self.drained = False
         await super().shutdown(sockets)
 
 
@@ -119,4 +176,4 @@ async def serve_http_async(
     task_status.started(handle)
     with sock:
         await server.serve(sockets=[sock])
-    log.info("stopped", transport="http")
+    log.info("stopped", transport="http", drained=server.drained)
