@@ -113,6 +113,9 @@ async def test_sigterm_answers_calls_in_flight_and_refuses_new_ones(
     server.drain_log()
     stopped = [e for e in server.events() if e.get("event") == "stopped"]
     assert stopped and stopped[0]["drained"] is True
-    # The audit sink was flushed and closed after both calls were recorded.
-    outcomes = {(r["skill"], r["method"]): r["outcome"] for r in server.audit()}
-    assert outcomes[("conformance", "elicitation")] == "ok"
+    # The audit sink was flushed and closed after both calls were recorded: the refused
+    # one too, though its guest never ran.
+    outcomes = {(r["skill"], r["method"]): r for r in server.audit() if r["event"] == "call"}
+    assert outcomes[("conformance", "elicitation")]["outcome"] == "ok"
+    assert outcomes[("echo", "echo")]["outcome"] == "draining"
+    assert outcomes[("echo", "echo")]["refused"] is True

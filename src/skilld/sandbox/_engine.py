@@ -29,8 +29,14 @@ _POOL_TABLE_ELEMENTS = 1 << 18
 _POOL_INSTANCE_SIZE = 16 << 20
 # A freed slot keeps this much of its memory mapped and filled with the guest's initial
 # image (wasmtime resets it by copying): the next instance starts without page faults.
+# Every slot ever touched keeps it, not just the warm ones, and while fewer than
+# _POOL_WARM_SLOTS freed slots are warm the allocator takes an untouched slot rather
+# than reuse one, so what stays resident is about (warm slots + instances alive at
+# once) x up to 16 MiB. With 32 warm slots a soak at concurrency 16 climbed to
+# 600-900 MB and stayed there (bench/bench_soak.py, docs/runtime.md); 8 keep it near
+# 400 MB for the demo bundle, and flat once the busiest moment has been seen.
 _POOL_KEEP_RESIDENT = 16 << 20
-_POOL_WARM_SLOTS = 32
+_POOL_WARM_SLOTS = 8
 
 
 class Ticker:

@@ -44,7 +44,9 @@ def get(ctx: CallContext, key: str) -> bytes:
 def set_(ctx: CallContext, key: str, value: bytes) -> None:
     """Store ``value`` durably."""
     try:
-        _store(ctx, "set", key).set(key, bytes(value))
+        store = _store(ctx, "set", key)
+        ctx.will_write_state()
+        store.set(key, bytes(value))
     except StateError as exc:
         raise _guard(exc) from exc
 
@@ -52,7 +54,9 @@ def set_(ctx: CallContext, key: str, value: bytes) -> None:
 def delete(ctx: CallContext, key: str) -> bool:
     """Remove ``key``."""
     try:
-        return _store(ctx, "delete", key).delete(key)
+        store = _store(ctx, "delete", key)
+        ctx.will_write_state()
+        return store.delete(key)
     except StateError as exc:
         raise _guard(exc) from exc
 
