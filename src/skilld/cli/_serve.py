@@ -75,6 +75,29 @@ def register(sub: Any) -> None:
         "are refused (default 30; keep it below the stop timeout of docker or systemd)",
     )
     p.add_argument(
+        "--max-connections",
+        type=int,
+        default=1000,
+        metavar="N",
+        help="HTTP connections open at once (default 1000, lowered to what ulimit -n allows); "
+        "past it the longest-idle one is closed, or new requests get 503",
+    )
+    p.add_argument(
+        "--idle-timeout",
+        type=_seconds,
+        default=5.0,
+        metavar="S",
+        help="close an HTTP connection idle this long after a response (default 5)",
+    )
+    p.add_argument(
+        "--header-timeout",
+        type=_seconds,
+        default=10.0,
+        metavar="S",
+        help="close an HTTP connection that has not sent a request's headers within this "
+        "long (default 10)",
+    )
+    p.add_argument(
         "--lock-key",
         type=Path,
         metavar="TRUST.pub.json",
@@ -262,6 +285,9 @@ def run(args: argparse.Namespace) -> int:
         log_file=args.log_file,
         inline_ms=args.inline_ms,
         shutdown_grace_s=args.shutdown_grace,
+        max_connections=args.max_connections,
+        idle_timeout_s=args.idle_timeout,
+        header_timeout_s=args.header_timeout,
     )
     try:
         serve(registry, config)

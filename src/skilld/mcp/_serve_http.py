@@ -22,6 +22,7 @@ from anyio.abc import TaskStatus
 
 from skilld.errors import UsageError
 from skilld.mcp._config import ServeConfig
+from skilld.mcp._connections import ACCEPT_BATCH, ConnectionGuard, connection_cap
 from skilld.mcp._http import build_app
 from skilld.mcp._logging import make_logger
 from skilld.mcp._metrics import Metrics
@@ -41,6 +42,7 @@ def advertised_url(host: str, port: int) -> str:
 
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_LISTEN_BACKLOG = 1024
 
 
 class _DrainingServer(uvicorn.Server):
@@ -94,6 +96,17 @@ class _DrainingServer(uvicorn.Server):
                 self._drain_scope.cancel()
         self.should_exit = True
 
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """Start serving; then give the listen queue back its full length.
+
+        uvicorn's ``backlog`` is both the listen queue and how many connections
+        asyncio accepts per wake-up; it is set to ``ACCEPT_BATCH`` for the second,
+        and the queue is lengthened again here.
+        """
+        await super().startup(sockets)
+        for sock in sockets or []:
+            sock.listen(_LISTEN_BACKLOG)
+
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         """Drain the calls in flight, then stop accepting and close connections."""
         with anyio.CancelScope() as self._drain_scope:
@@ -126,7 +139,7 @@ class HttpServer:
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
-        return socket.create_server((host, port), family=family, backlog=1024)
+        return socket.create_server((host, port), family=family, backlog=_LISTEN_BACKLOG)
     except OSError as exc:
         raise UsageError(
             f"cannot listen on {host}:{port}: {exc.strerror}", hint="pick another --port or --host"
@@ -155,13 +168,19 @@ async def serve_http_async(
     app = build_app(service, tokens)
     sock = _bind(config.host, config.port)
     port = sock.getsockname()[1]
+    guard = ConnectionGuard(
+        connection_cap(config.max_connections), config.header_timeout_s, service.metrics, log
+    )
     uv_config = uvicorn.Config(
         app,
+        http=guard.protocol_class(),
         log_config=None,
         log_level="warning",
         access_log=False,
         lifespan="on",
         server_header=False,
+        timeout_keep_alive=config.idle_timeout_s,  # type: ignore[arg-type]
+        backlog=ACCEPT_BATCH,
         timeout_graceful_shutdown=_STREAM_CLOSE_S,
     )
     server = _DrainingServer(uv_config, service)
@@ -171,9 +190,16 @@ async def serve_http_async(
         transport="http",
         url=handle.url,
         auth=bool(tokens),
+        max_connections=guard.cap,
         expose_ms=round((time.perf_counter() - started) * 1000, 2),
     )
     task_status.started(handle)
-    with sock:
-        await server.serve(sockets=[sock])
+    loop = asyncio.get_running_loop()
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(guard.exception_handler(previous))
+    try:
+        with sock:
+            await server.serve(sockets=[sock])
+    finally:
+        loop.set_exception_handler(previous)
     log.info("stopped", transport="http", drained=server.drained)
