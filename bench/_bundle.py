@@ -9,14 +9,11 @@ from typing import Any
 
 def echo_registry() -> Any:
     """The demo bundle's registry (wasm skills, policy checks, audit to a temp file)."""
-    from skilld.audit import JsonLinesSink
-    from skilld.cli._serve import _demo_bundle, load_registry
+    from skilld.node import Node, NodeConfig, demo_bundle
 
     state = Path(tempfile.mkdtemp(prefix="skilld-bench-"))
-    registry, _sandbox, _timings = load_registry(
-        _demo_bundle(), state, audit=JsonLinesSink(state / "audit.jsonl")
-    )
-    return registry
+    # The node lives as long as the benchmark process: its registry is all a bench uses.
+    return Node.open(NodeConfig(bundle=demo_bundle(), state_dir=state)).registry
 
 
 def echo_registry_cold() -> Any:

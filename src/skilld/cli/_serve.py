@@ -5,14 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from skilld import __version__, paths
-from skilld.errors import UsageError
+from skilld import paths
 
 log = logging.getLogger("skilld.serve")
 
@@ -131,100 +129,21 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _stage(timings: dict[str, float], name: str, since: float) -> float:
-    now = time.perf_counter()
-    timings[name] = round((now - since) * 1000, 2)
-    return now
-
-
-def load_registry(
-    bundle_dir: Path,
-    state_dir: Path,
-    *,
-    audit: Any,
-    recompile: bool = False,
-    lock_key: Path | None = None,
-    prehash: Any = None,
-) -> tuple[Any, Any, dict[str, float]]:
-    """Verify and load a bundle into a ready registry; returns (registry, sandbox, timings).
-
-    ``prehash`` is the bundle's files already being hashed (``prehash_bundle``).
-
-    Raises:
-        BundleError: the bundle is damaged, unknown content, or for another engine.
-        PolicyError: its tables are malformed.
-    """
-    from skilld.bundle import open_bundle
-    from skilld.permissions import SkillPermissions
-    from skilld.registry import Registry, SkillEntry, annotations_for
-    from skilld.sandbox import Sandbox
-    from skilld.state import SqliteState
-    from skilld.types import SkillSpec
-
-    timings: dict[str, float] = {}
-    t = time.perf_counter()
-    sandbox = Sandbox(paths.cache_dir())
-    verify = None
-    if lock_key is not None:
-        # The build side (and cryptography) only when a lock key asks for it.
-        from skilld.bundle import verify_lock_signature
-
-        verify = verify_lock_signature(lock_key)
-    loaded = open_bundle(
-        bundle_dir, sandbox, recompile=recompile, verify_lock=verify, prehash=prehash
-    )
-    timings.update({k: round(v, 2) for k, v in loaded.timings_ms.items()})
-    tables = loaded.tables
-    t = time.perf_counter()
-    # describe: what each skill's describe export returned at build time, from the lock
-    # (verified above), so serving never runs guest code before the first call.
-    specs = {
-        locked.id: SkillSpec.from_dict({**locked.spec, "id": locked.id, "version": locked.version})
-        for locked in loaded.lock.skills
-    }
-    t = _stage(timings, "describe", t)
-    state = SqliteState(state_dir / "state.sqlite3")
-    registry = Registry(audit=audit)
-    for locked in loaded.lock.skills:
-        spec = specs[locked.id]
-        checker = SkillPermissions.from_tables(tables, locked.id)
-        limits = tables.limits(locked.id)
-        loaded.components[locked.id].prewarm(limits)
-        grants = tables.skill(locked.id)
-        registry.add(
-            SkillEntry(
-                spec=spec,
-                component=loaded.components[locked.id],
-                limits=limits,
-                kv=state.store(
-                    locked.id, value_limit=limits.kv_value_bytes, total_limit=limits.kv_total_bytes
-                )
-                if grants.get("kv")
-                else None,
-                checker=checker,
-                exposure=tables.exposure(locked.id),
-                annotations=annotations_for(grants),
-                description=locked.description,
-            )
-        )
-    t = _stage(timings, "register", t)
-    registry.mark_ready()
-    return registry, sandbox, timings
-
-
 def run(args: argparse.Namespace) -> int:
     """Handle ``skilld serve``."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from skilld.node import Node, NodeConfig, demo_bundle
+
     _setup_logging(args.log_file)
-    state_dir = args.state_dir or paths.state_dir()
-    state_dir.mkdir(parents=True, exist_ok=True)
-    bundle_dir = args.bundle or _demo_bundle()
-    if not (bundle_dir / "bundle.lock").is_file():
-        raise UsageError(
-            f"{bundle_dir} is not a bundle (no bundle.lock)",
-            hint="build one with 'skilld build -o DIR'",
-        )
+    bundle_dir = args.bundle or demo_bundle()
+    node_config = NodeConfig(
+        bundle=bundle_dir,
+        state_dir=args.state_dir or paths.state_dir(),
+        audit_log=args.audit_log,
+        recompile=args.recompile,
+        lock_key=args.lock_key,
+    )
     started = time.perf_counter()
     # Start-up is mostly imports (which hold the GIL) and hashing the bundle (which does
     # not): the bundle's files are opened and hashed on other cores from here on, while
@@ -233,67 +152,49 @@ def run(args: argparse.Namespace) -> int:
     from skilld.bundle import prehash_bundle
 
     with prehash_bundle(bundle_dir) as prehash:
-        from skilld.audit import JsonLinesSink
-
-        if args.audit_log == "-":
-            audit = JsonLinesSink(sys.stderr)
-        else:
-            audit = JsonLinesSink(
-                Path(args.audit_log) if args.audit_log else state_dir / "audit.jsonl"
-            )
         # The runtime's own modules are imported here, before the loader thread starts:
         # two threads importing at once only slow each other down.
+        import skilld.audit
         import skilld.bundle._load
         import skilld.permissions
         import skilld.registry
         import skilld.state  # noqa: F401
 
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="skilld-load") as pool:
-            loading = pool.submit(
-                load_registry,
-                bundle_dir,
-                state_dir,
-                audit=audit,
-                recompile=args.recompile,
-                lock_key=args.lock_key,
-                prehash=prehash,
-            )
+            loading = pool.submit(Node.open, node_config, prehash=prehash)
             from skilld.mcp import ServeConfig, serve
 
-            registry, sandbox, timings = loading.result()
-    log.info(
-        "skilld ready: %s",
-        json.dumps(
-            {
-                "event": "ready",
-                "bundle": str(bundle_dir),
-                "skills": len(registry.skills()),
-                "tools": len(registry.tools()),
-                "stages_ms": timings,
-                "total_ms": round((time.perf_counter() - started) * 1000, 2),
-            }
-        ),
-    )
-    config = ServeConfig(
-        transport=args.transport,
-        host=args.host,
-        port=args.port,
-        allowed_hosts=tuple(args.allowed_host),
-        allowed_origins=tuple(args.allowed_origin),
-        token_file=args.token_file,
-        token_env=args.token_env,
-        log_file=args.log_file,
-        inline_ms=args.inline_ms,
-        shutdown_grace_s=args.shutdown_grace,
-        max_connections=args.max_connections,
-        idle_timeout_s=args.idle_timeout,
-        header_timeout_s=args.header_timeout,
-    )
-    try:
-        serve(registry, config)
-    finally:
-        sandbox.close()
-        audit.close()
+            node = loading.result()
+    with node:
+        log.info(
+            "skilld ready: %s",
+            json.dumps(
+                {
+                    "event": "ready",
+                    "bundle": str(bundle_dir),
+                    "skills": len(node.registry.skills()),
+                    "tools": len(node.registry.tools()),
+                    "stages_ms": node.timings,
+                    "total_ms": round((time.perf_counter() - started) * 1000, 2),
+                }
+            ),
+        )
+        config = ServeConfig(
+            transport=args.transport,
+            host=args.host,
+            port=args.port,
+            allowed_hosts=tuple(args.allowed_host),
+            allowed_origins=tuple(args.allowed_origin),
+            token_file=args.token_file,
+            token_env=args.token_env,
+            log_file=args.log_file,
+            inline_ms=args.inline_ms,
+            shutdown_grace_s=args.shutdown_grace,
+            max_connections=args.max_connections,
+            idle_timeout_s=args.idle_timeout,
+            header_timeout_s=args.header_timeout,
+        )
+        serve(node.registry, config)
     return 0
 
 
@@ -305,56 +206,3 @@ def _setup_logging(log_file: Path | None) -> None:
     root = logging.getLogger("skilld")
     root.handlers[:] = [handler]
     root.setLevel(logging.INFO)
-
-
-def _demo_sources() -> tuple[Path, Path]:
-    """skills/ and policies/ of the demo: $SKILLD_DEMO_DIR, else the source checkout."""
-    base = Path(os.environ.get("SKILLD_DEMO_DIR") or Path(__file__).resolve().parents[3])
-    skills, policies = base / "skills", base / "policies"
-    if not (skills.is_dir() and policies.is_dir()):
-        raise UsageError(
-            "no demo skills and policies found",
-            hint="pass --bundle DIR, or set SKILLD_DEMO_DIR to a directory holding "
-            "skills/ and policies/",
-        )
-    return skills, policies
-
-
-def _demo_bundle() -> Path:
-    """The demo bundle in the cache, built from the demo sources when missing or stale."""
-    import hashlib
-
-    from skilld.sandbox import Sandbox, engine_fingerprint
-
-    skills, policies = _demo_sources()
-    # Everything the demo bundle is made of: its sources, the SDK and ABI compiled into
-    # every skill, and this skilld (engine included) that compiles it.
-    h = hashlib.sha256(f"{__version__} {engine_fingerprint()[1]}".encode())
-    for root in (skills, policies, paths.sdk_dir(), paths.wit_dir()):
-        for path in sorted(root.rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts:
-                h.update(path.relative_to(root.parent).as_posix().encode() + b"\0")
-                h.update(path.read_bytes())
-    out = paths.cache_dir() / "demo-bundle" / h.hexdigest()[:16]
-    if not (out / "bundle.lock").is_file():
-        print(
-            f"building the demo bundle from {skills} and {policies} (first run only) ...",
-            file=sys.stderr,
-            flush=True,
-        )
-        start = time.monotonic()
-        # The build toolchain (cryptography, componentize-py) only when building.
-        from skilld.bundle import build_bundle
-
-        with Sandbox(paths.cache_dir()) as sandbox:
-            build_bundle(
-                skills,
-                policies,
-                out,
-                sandbox=sandbox,
-                cache_dir=paths.cache_dir(),
-                progress=lambda m: print(
-                    f"[{time.monotonic() - start:6.1f}s] {m}", file=sys.stderr, flush=True
-                ),
-            )
-    return out

@@ -1,0 +1,41 @@
+"""skilld.node: one node assembled from a real bundle, used and closed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from skilld.errors import UsageError
+from skilld.node import Node, NodeConfig
+from skilld.registry import NullChannel
+
+
+def test_opens_the_demo_bundle_and_calls_a_tool(demo_bundle: object, tmp_path: Path) -> None:
+    """A node opened from a bundle serves its tools and audits each call to the state dir."""
+    bundle = demo_bundle.out  # type: ignore[attr-defined]
+    with Node.open(NodeConfig(bundle=bundle, state_dir=tmp_path / "state")) as node:
+        assert node.registry.ready()
+        assert "echo/echo" in {t.name for t in node.registry.tools()}
+        out = node.registry.call("echo/echo", {"text": "hi"}, NullChannel())
+        assert out.value == "hi"
+        assert {"describe", "register"} <= node.timings.keys()
+    records = (tmp_path / "state" / "audit.jsonl").read_text().splitlines()
+    assert [json.loads(r)["skill"] for r in records] == ["echo"]
+    assert (tmp_path / "state" / "state.sqlite3").exists()
+
+
+def test_close_is_idempotent(demo_bundle: object, tmp_path: Path) -> None:
+    """Closing a node twice is harmless (the context manager and an explicit close)."""
+    bundle = demo_bundle.out  # type: ignore[attr-defined]
+    node = Node.open(NodeConfig(bundle=bundle, state_dir=tmp_path, audit_log=tmp_path / "a.jsonl"))
+    node.close()
+    node.close()
+
+
+def test_a_directory_without_a_lock_is_refused(tmp_path: Path) -> None:
+    """Opening something that is not a bundle says so and what to do, and leaves nothing open."""
+    with pytest.raises(UsageError, match=r"not a bundle \(no bundle.lock\)") as info:
+        Node.open(NodeConfig(bundle=tmp_path, state_dir=tmp_path / "state"))
+    assert "skilld build" in (info.value.hint or "")
