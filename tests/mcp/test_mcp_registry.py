@@ -66,9 +66,7 @@ async def test_bad_per_skill_arguments_never_reach_the_guest(
     assert text_of(result).startswith("[invalid-argument] tool notes: ")
     assert expected in text_of(result)
     # Audited as refused: the guest never ran.
-    assert [(r["outcome"], r.get("refused")) for r in sink.records] == [
-        ("invalid-argument", True)
-    ]
+    assert [(r["outcome"], r.get("refused")) for r in sink.records] == [("invalid-argument", True)]
 
 
 async def test_good_per_skill_arguments_reach_the_guest(
