@@ -83,7 +83,9 @@ class _DrainingServer(uvicorn.Server):
         finally:
             for sig, handler in previous.items():
                 loop.remove_signal_handler(sig)
-                signal.signal(sig, handler)
+                # None: a handler installed outside Python, which cannot be put back.
+                if handler is not None:
+                    signal.signal(sig, handler)
 
     def _on_signal(self, sig: int) -> None:
         self.handle_exit(sig, None)
