@@ -16,8 +16,8 @@
         let
           py = pkgs.python311;
           # wasmtime, mcp 2.x and componentize-py are not in nixpkgs at these versions: every
-          # Python dependency is a wheel fetched by URL and sha256 from nix/wheels.json
-          # (`just nix-wheels`) and installed from that file with pip --no-index --no-deps.
+          # Python dependency is a wheel pinned by name, version and sha256 in nix/wheels.json
+          # (`just nix-wheels`), fetched with fetchPypi and installed with pip --no-index --no-deps.
           wheels = import ./nix/wheels.nix { inherit pkgs; };
           skilld = py.pkgs.buildPythonApplication {
             pname = "skilld";

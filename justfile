@@ -40,18 +40,19 @@ wheelhouse:
 airgap-install VENV="/tmp/skilld-airgap":
     python3 -m venv {{VENV}} && {{VENV}}/bin/pip install -q --no-index --find-links wheelhouse 'skilld[build]'
 
-# Build the container image (buildah, base from ../shared/tools/oci-base; docker format keeps HEALTHCHECK).
+# Build the container image with buildah (tools/oci-base makes its Debian base locally).
 image TAG="localhost/skilld:dev": wheelhouse
+    tools/oci-base
     buildah bud --isolation chroot --pull-never --layers --format docker -t {{TAG}} -f Containerfile .
 
 # Serve the image on PORT (host network) as its unprivileged user, state in STATE.
 image-run PORT="8080" STATE="/tmp/skilld-state" TAG="localhost/skilld:dev":
     mkdir -p {{STATE}} && chown 10001 {{STATE}}
-    ../shared/tools/oci-run {{TAG}} --volume {{STATE}}:/var/lib/skilld \
+    tools/oci-run {{TAG}} --volume {{STATE}}:/var/lib/skilld \
       -- /opt/skilld/bin/skilld serve --bundle /opt/skilld-bundle --transport http \
       --host 0.0.0.0 --port {{PORT}}
 
-# Pin the flake's Python wheels (URL and sha256) in nix/wheels.json from pyproject.toml.
+# Pin the flake's Python wheels (name, version, tags, sha256; no URLs) in nix/wheels.json from pyproject.toml.
 nix-wheels:
     {{py}} nix/wheels.py
 

@@ -7,6 +7,17 @@ from pathlib import Path
 from typing import Any
 
 
+def prepare() -> None:
+    """Build the demo bundle now (progress on stderr), so no benchmark times a build.
+
+    ``bench_mcp.py`` calls a dispatcher module's ``prepare`` before it starts servers: with
+    a cold cache the build takes minutes, far longer than a server is given to start.
+    """
+    from skilld.node import demo_bundle
+
+    demo_bundle()
+
+
 def echo_registry() -> Any:
     """The demo bundle's registry (wasm skills, policy checks, audit to a temp file)."""
     from skilld.node import Node, NodeConfig, demo_bundle

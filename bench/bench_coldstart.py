@@ -2,8 +2,9 @@
 
 Both are started as new processes over stdio by the SDK's own client, which times
 from spawning the process to the ``tools/list`` answer. The cost of each extra 18 MB
-skill is measured twice: end to end (skilld serving a 1-skill bundle against the
-3-skill demo bundle, where ``serve`` hashes the bundle while it imports), and in
+skill is measured twice: end to end (skilld serving a 1-skill bundle against a
+3-skill one of echo, notes and the conformance skill, where ``serve`` hashes the
+bundle while it imports), and in
 process (``open_bundle`` alone, nothing to overlap with, plus one skill's hash and
 deserialize).
 
@@ -59,11 +60,13 @@ def _bundle_with(skills: list[str], out: Path) -> Path:
     (src / "skills").mkdir(parents=True)
     (src / "policies").mkdir()
     for name in skills:
-        shutil.copytree(ROOT / "skills" / name, src / "skills" / name)
+        # three Python skills: the demo's two and the conformance suite's (kept with the tests)
+        base = ROOT if (ROOT / "skills" / name).is_dir() else ROOT / "tests"
+        shutil.copytree(base / "skills" / name, src / "skills" / name)
         if len(skills) == 1:  # the demo policies name each other; alone, a bare policy
             (src / "policies" / f"{name}.yaml").write_text(f"skill: {name}\n")
         else:
-            shutil.copy(ROOT / "policies" / f"{name}.yaml", src / "policies")
+            shutil.copy(base / "policies" / f"{name}.yaml", src / "policies")
     shutil.copy(ROOT / "policies" / "defaults.yaml", src / "policies")
     with Sandbox(cache_dir()) as sandbox:
         build_bundle(

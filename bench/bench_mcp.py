@@ -34,8 +34,10 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
+from typing import IO
 
 import anyio
 import httpx2
@@ -93,10 +95,24 @@ def serve_bare(port: int) -> None:
 # -- the client side ----------------------------------------------------------------
 
 
-async def _wait_up(port: int) -> None:
+def _prepare(dispatcher: str) -> None:
+    """Let the dispatcher's module build what it serves (``prepare()``) before any timing."""
+    module = importlib.import_module(dispatcher.partition(":")[0])
+    prepare = getattr(module, "prepare", None)
+    if prepare is not None:
+        prepare()
+
+
+async def _wait_up(kind: str, port: int, proc: subprocess.Popen[bytes]) -> None:
+    # 30 s to start a server whose bundle is built already (_prepare): loading takes ~1 s.
     with anyio.fail_after(30):
         async with httpx2.AsyncClient(timeout=1) as http:
             while True:
+                if proc.poll() is not None:
+                    raise SystemExit(
+                        f"bench_mcp: the {kind} server exited ({proc.returncode}) before it "
+                        f"listened:\n{_log_tail(proc)}"
+                    )
                 try:
                     await http.get(f"http://127.0.0.1:{port}/mcp")
                 except httpx2.TransportError:
@@ -171,8 +187,16 @@ def _spawn(args: Sequence[str]) -> subprocess.Popen[bytes]:
         [sys.executable, __file__, *args],
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        # kept, not shown (info logs each call): it says why a server did not start
+        stderr=tempfile.TemporaryFile(),
     )
+
+
+def _log_tail(proc: subprocess.Popen[bytes], size: int = 4000) -> str:
+    """The end of what a server spawned by :func:`_spawn` wrote to stderr."""
+    log: IO[bytes] = proc.stderr  # type: ignore[assignment]
+    log.seek(0)
+    return log.read().decode(errors="replace")[-size:]
 
 
 def _cpu_s(pid: int) -> float | None:
@@ -188,7 +212,8 @@ def _cpu_s(pid: int) -> float | None:
 async def run(
     requests: int, dispatcher: str, tool: str, log_level: str, rounds: int, inline_ms: float
 ) -> None:
-    """Start both servers, measure each cell, print the table and ratios."""
+    """Build what skilld serves, start both servers, measure each cell, print the table."""
+    _prepare(dispatcher)
     ports = {"skilld": _free_port(), "bare": _free_port()}
     procs = {
         "skilld": _spawn(
@@ -212,8 +237,8 @@ async def run(
     rates: dict[tuple[str, int], list[float]] = {}
     cpus: dict[tuple[str, int], list[float]] = {}
     try:
-        for port in ports.values():
-            await _wait_up(port)
+        for kind, port in ports.items():
+            await _wait_up(kind, port, procs[kind])
         for concurrency in (1, 16):
             for _ in range(rounds):
                 for kind in ("bare", "skilld"):

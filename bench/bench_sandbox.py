@@ -5,6 +5,13 @@
 2. One call of ``echo``: instantiating alone; a call in a new store and instance; a
    call on a pre-warmed instance (``Component.prewarm``, its worker given time to warm
    between calls); the same SDK method called as plain Python.
+3. The host side of ``fs.read`` under a compiled policy: before (the path made canonical
+   with ``realpath``, checked, then walked from ``/`` with ``O_NOFOLLOW``; kept here
+   only) and after (folded, checked, resolved beneath the grant's root with ``openat2``,
+   and with the component walk used where ``openat2`` is missing).
+4. A command: ``shell.run`` of ``/bin/true`` (confined by ``skilld.confine``: trampoline,
+   namespaces, Landlock) against an unconfined ``subprocess.run`` of it, and the
+   floor the trampoline stands on (starting ``python -I -S``).
 
 Run: ``python bench/bench_sandbox.py [--scale F]`` (builds ``skills/echo`` first,
 cached; ``--scale 0.1`` runs a tenth of the iterations, to check the bench works).
@@ -18,6 +25,7 @@ import importlib.util
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -29,13 +37,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _util import row, timings
 
+from skilld import confine
 from skilld.digest import sha256_fd
 from skilld.package.build import build_component
 from skilld.paths import cache_dir
+from skilld.permissions import SkillPermissions
+from skilld.policy import compile_policies
 from skilld.registry import NullChannel
 from skilld.sandbox import CallContext, Component, Sandbox
 from skilld.sandbox._native import compile_component
-from skilld.types import Limits
+from skilld.sandbox.abi import decide, shell
+from skilld.sandbox.abi import fs as fs_abi
+from skilld.types import Decision, Limits
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -86,6 +99,73 @@ def instantiate(comp: Component, limits: Limits) -> None:
     finally:
         ticker.leave()
     inst.store.close()
+
+
+def old_read(ctx: CallContext, path: str) -> bytes:
+    """``fs.read`` as it was before descriptors only (check by canonical path, then walk)."""
+    canon = os.path.realpath(path)
+    decide(ctx, "fs", "read", canon)
+    parts = [p for p in canon.split("/") if p]
+    dfd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts[:-1]:
+            nxt = os.open(
+                part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd
+            )
+            os.close(dfd)
+            dfd = nxt
+        fd = os.open(
+            parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dfd
+        )
+    finally:
+        os.close(dfd)
+    try:
+        os.fstat(fd)
+        return os.read(fd, 1 << 20)
+    finally:
+        os.close(fd)
+
+
+def fs_read_section(n: int) -> None:
+    """Print the host side of fs.read before and after, side by side."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(os.path.realpath(tmp))
+        (root / "policies").mkdir()
+        grant = root / "data" / "notes"
+        (grant / "2026" / "11").mkdir(parents=True)
+        target = grant / "2026" / "11" / "today.md"
+        target.write_text("x" * 4096)
+        (root / "policies" / "bench.yaml").write_text(f"fs:\n  - path: {grant}\n")
+        result = compile_policies(root / "policies", {"bench": None})
+        checker = SkillPermissions.from_tables(result.tables, "bench")
+        ctx = CallContext("bench", Limits(), NullChannel(), checker=checker)
+        path = str(target)
+
+        def new_read() -> None:
+            ctx.decisions.clear()
+            fs_abi.read(ctx, path)
+
+        def before() -> None:
+            ctx.decisions.clear()
+            old_read(ctx, path)
+
+        assert old_read(ctx, path) == fs_abi.read(ctx, path)
+        before_t = timings(before, n=n, warmup=100)
+        after_t = timings(new_read, n=n, warmup=100)
+        saved = fs_abi.USE_OPENAT2
+        fs_abi.USE_OPENAT2 = False
+        try:
+            walk_t = timings(new_read, n=n, warmup=100)
+        finally:
+            fs_abi.USE_OPENAT2 = saved
+        depth = len(target.parts) - 1
+        print(f"\n## fs.read, host side, 4 KiB file {depth} directories deep (ms)\n")
+        print("| path | median | p99 |\n|---|---|---|")
+        print(row("before: realpath, check, walk from / with O_NOFOLLOW", before_t))
+        print(row("after: fold, check, openat2 beneath the grant's root", after_t))
+        print(row("after, no openat2: fold, check, component walk", walk_t))
+        ratio = statistics.median(after_t) / statistics.median(before_t)
+        print(f"\nratio after / before: {ratio:.2f}x (openat2: {fs_abi.USE_OPENAT2})")
 
 
 def main() -> None:
@@ -149,6 +229,38 @@ def main() -> None:
         print(row("plain Python: same SDK method in-process", plain_t))
         ratio = statistics.median(call_t) / statistics.median(plain_t)
         print(f"\nratio sandboxed / plain: {ratio:.0f}x")
+    fs_read_section(n(20_000))
+    bench_commands(n)
+
+
+class _AllowAll:
+    """A checker that allows everything: the bench measures the runner, not the tables."""
+
+    def check(self, capability: str, action: str, target: str) -> Decision:
+        return Decision(True, capability, action, target, "bench", "bench")
+
+
+def bench_commands(n: Callable[[int], int]) -> None:
+    """Print a confined ``shell.run`` of /bin/true beside an unconfined subprocess.run."""
+    ctx = CallContext("bench", Limits(), NullChannel(), checker=_AllowAll())
+    shell_t = timings(lambda: shell.run(ctx, {"argv": ["/bin/true"]}), n=n(40))
+    runner_t = timings(
+        lambda: confine.run(
+            ["/bin/true"], confinement=confine.Confinement(), deadline=time.monotonic() + 10
+        ),
+        n=n(40),
+    )
+    plain_t = timings(lambda: subprocess.run(["/bin/true"], check=True), n=n(200))
+    floor_t = timings(
+        lambda: subprocess.run([sys.executable, "-I", "-S", "-c", ""], check=True), n=n(40)
+    )
+    print("\n## A command: /bin/true (ms)\n\n| path | median | p99 |\n|---|---|---|")
+    print(row("shell.run, confined (check + trampoline + namespaces + Landlock)", shell_t))
+    print(row("skilld.confine.run alone", runner_t))
+    print(row("subprocess.run, unconfined", plain_t))
+    print(row("python -I -S starting (the trampoline's floor)", floor_t))
+    ratio = statistics.median(shell_t) / statistics.median(plain_t)
+    print(f"\nratio confined shell.run / unconfined subprocess.run: {ratio:.0f}x")
 
 
 if __name__ == "__main__":

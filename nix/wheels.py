@@ -1,10 +1,14 @@
-"""Write nix/wheels.json: every wheel the flake installs, by URL and sha256.
+"""Write nix/wheels.json: every wheel the flake installs, by name, version, tags and sha256.
 
 Run it with ``just nix-wheels`` after changing dependencies in ``pyproject.toml``. For each
 Nix system it asks pip (``install --dry-run --report``) to resolve the runtime dependencies,
 then the runtime and ``build`` dependencies together, for CPython 3.11 on that system's
 manylinux platform; pip resolves for a foreign platform too, so one machine writes every
 system. The runtime set is the first resolution; the build set is what the second adds.
+
+No URL is written: each wheel is pinned by the fields of its file name and its sha256, and
+nixpkgs' ``fetchPypi`` (``format = "wheel"``) derives where PyPI serves it from
+(``/packages/DIST/P/PNAME/PNAME-VERSION-PYTHON-ABI-PLATFORM.whl``, with DIST the python tag).
 
 Only the standard library is used, so any Python 3.11 with pip runs it.
 """
@@ -32,7 +36,7 @@ FILES = "https://files.pythonhosted.org/"
 
 
 class WheelsError(Exception):
-    """A wheel cannot be pinned: no hash, no public URL, or the two sets disagree."""
+    """A wheel cannot be pinned: no hash, not from PyPI, a build tag, or the sets disagree."""
 
 
 def normalise(name: str) -> str:
@@ -46,15 +50,29 @@ def platforms(arch: str) -> list[str]:
     return tags + [f"{name}_{arch}" for name in LEGACY[arch]]
 
 
-def public_url(url: str, filename: str) -> str:
-    """The URL Nix fetches the wheel from: the one PyPI itself gave.
+def fetchpypi_fields(url: str) -> dict[str, str]:
+    """What ``fetchPypi { format = "wheel"; ... }`` needs to find the wheel pip chose at ``url``.
 
     Raises:
-        WheelsError: the wheel came from anywhere but PyPI's file host.
+        WheelsError: the wheel came from anywhere but PyPI's file host, or its name has a
+            build tag (fetchPypi's file name pattern has no place for one).
     """
-    if url.startswith(FILES):
-        return url
-    raise WheelsError(f"{filename}: {url} is not on {FILES}; pin only public wheels")
+    filename = url.rsplit("/", 1)[1]
+    if not url.startswith(FILES):
+        raise WheelsError(f"{filename}: {url} is not on {FILES}; pin only public wheels")
+    parts = filename.removesuffix(".whl").split("-")
+    if len(parts) != 5:
+        raise WheelsError(f"{filename}: not NAME-VERSION-PYTHON-ABI-PLATFORM.whl")
+    pname, version, python, abi, platform = parts
+    # PyPI files a wheel under its python tag, the first path segment fetchPypi writes.
+    return {
+        "pname": pname,
+        "version": version,
+        "dist": python,
+        "python": python,
+        "abi": abi,
+        "platform": platform,
+    }
 
 
 def resolve(requirements: list[str], arch: str) -> dict[str, dict[str, str]]:
@@ -102,16 +120,13 @@ def resolve(requirements: list[str], arch: str) -> dict[str, dict[str, str]]:
     wheels = {}
     for item in items:
         info, meta = item["download_info"], item["metadata"]
-        filename = info["url"].rsplit("/", 1)[1]
         sha256 = info.get("archive_info", {}).get("hashes", {}).get("sha256")
         if not sha256:
-            raise WheelsError(f"{filename}: pip's report gives no sha256 for {info['url']}")
+            raise WheelsError(f"pip's report gives no sha256 for {info['url']}")
         wheels[normalise(meta["name"])] = {
             "name": normalise(meta["name"]),
-            "version": meta["version"],
-            "filename": filename,
+            **fetchpypi_fields(info["url"]),
             "sha256": sha256,
-            "url": public_url(info["url"], filename),
         }
     return wheels
 
@@ -125,10 +140,10 @@ def pin(runtime: list[str], build: list[str], arch: str) -> dict[str, list[dict[
     run = resolve(runtime, arch)
     both = resolve(runtime + build, arch)
     for name, wheel in run.items():
-        if both[name]["filename"] != wheel["filename"]:
+        if both[name] != wheel:
             raise WheelsError(
-                f"{name}: the build set needs {both[name]['filename']}, "
-                f"the runtime set {wheel['filename']}; tighten pyproject.toml"
+                f"{name}: the build set needs {both[name]['version']}, "
+                f"the runtime set {wheel['version']}; tighten pyproject.toml"
             )
     return {
         "runtime": [run[n] for n in sorted(run)],

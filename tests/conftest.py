@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +13,27 @@ import pytest
 from skilld.package.build import build_component
 from skilld.sandbox import Sandbox
 from tests_env import SKILLS, cache_dir
+
+_STATE_HOME = pytest.StashKey[str]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Keep every test, and every process a test starts, out of the user's skilld state.
+
+    ``skilld serve`` and ``skilld call`` without ``--state-dir`` write under
+    ``$XDG_STATE_HOME/skilld`` (or ``$SKILLD_STATE_DIR``): a test run's notes and audit
+    records must never show up in the user's own server.
+    """
+    os.environ.pop("SKILLD_STATE_DIR", None)
+    os.environ["XDG_STATE_HOME"] = config.stash[_STATE_HOME] = tempfile.mkdtemp(
+        prefix="skilld-test-state-"
+    )
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Remove the run's stand-in for the user's state directory."""
+    if home := config.stash.get(_STATE_HOME, None):
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

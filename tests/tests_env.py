@@ -16,6 +16,7 @@ SKILLS = {
     "notes": ROOT / "skills" / "notes",
     "hostile": ROOT / "tests" / "skills" / "hostile",
     "prober": ROOT / "tests" / "skills" / "prober",
+    "conformance": ROOT / "tests" / "skills" / "conformance",
 }
 
 

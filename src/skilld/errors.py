@@ -33,7 +33,12 @@ into this tree at the one boundary that uses the library (``raise X(...) from ex
     ├── AuditError              an audit sink could not record
     ├── RegistryError           an unknown skill, method or tool name
     ├── BundleError             a bundle or its lock is inconsistent (names the file)
-    └── ClusterError            a NATS peer or route failed
+    ├── DelegateError           delegate: an unknown kit, no program for an intent
+    │   ├── ProgramRejected         the validator refused a program (line, column, rule)
+    │   └── InferenceError          an inference provider failed or answered nonsense
+    ├── ClusterError            a NATS peer or route failed
+    ├── ConfinementUnavailable  the kernel lacks what a confined process needs (names it)
+    └── ProgramNotStarted       a confined program could not be started (errno, path)
 
 Outside the tree, :class:`RunOnThread` is a signal between the sandbox and the MCP
 layer, never an error anyone reports.
@@ -203,8 +208,57 @@ class BundleError(SkilldError):
     """A bundle or its lock is inconsistent; ``location`` names the file."""
 
 
+class DelegateError(SkilldError):
+    """delegate could not serve a request: an unknown kit, no tier produced a program."""
+
+
+class ProgramRejected(DelegateError):
+    """The validator refused a program; ``problems`` holds each (line, column, rule, message).
+
+    Args:
+        problems: every problem found, in source order; the first is the message.
+    """
+
+    def __init__(self, problems: list[tuple[int, int, str, str]], *, hint: str | None = None):
+        line, col, rule, message = problems[0]
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        super().__init__(
+            f"{message} [rule {rule}]{more}", location=f"program:{line}:{col}", hint=hint
+        )
+        self.problems = problems
+
+
+class InferenceError(DelegateError):
+    """An inference provider (Ollama, Anthropic) failed or gave no usable answer."""
+
+
 class ClusterError(SkilldError):
     """A NATS peer or route failed."""
+
+
+class ConfinementUnavailable(SkilldError):
+    """The kernel lacks a feature a confined process needs; nothing was run.
+
+    Args:
+        feature: what is missing (``landlock``, ``landlock-tcp``, ``user namespaces``, ...).
+    """
+
+    def __init__(self, message: str, *, feature: str, hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.feature = feature
+
+
+class ProgramNotStarted(SkilldError):
+    """A confined program could not be started (``execve`` or ``chdir`` failed).
+
+    Args:
+        errno: the error number (``ENOENT``, ``EACCES`` when Landlock or the file's
+            mode refuses to execute it, ...).
+    """
+
+    def __init__(self, message: str, *, errno: int, location: str | None = None):
+        super().__init__(message, location=location)
+        self.errno = errno
 
 
 class RunOnThread(Exception):

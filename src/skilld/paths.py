@@ -6,6 +6,7 @@ location before it has imported the runtime, and the build needs it too.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 from pathlib import Path
@@ -16,17 +17,38 @@ def cache_dir() -> Path:
     return Path(os.environ.get("SKILLD_CACHE") or Path.home() / ".cache" / "skilld")
 
 
-def state_dir() -> Path:
-    """``$SKILLD_STATE_DIR``, else ``$XDG_STATE_HOME/skilld``, else ``~/.local/state/skilld``."""
+def state_dir(name: str) -> Path:
+    """Where ``name``'s key-value state and audit log live unless ``--state-dir`` says.
+
+    ``$SKILLD_STATE_DIR`` as it is (one place an operator chose, as the image does); else
+    ``$XDG_STATE_HOME/skilld/NAME``, else ``~/.local/state/skilld/NAME``. ``name`` keeps
+    apart what must not share notes: each served bundle (:func:`bundle_state_name`) and
+    ``skilld call``.
+    """
     if env := os.environ.get("SKILLD_STATE_DIR"):
         return Path(env)
     base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
-    return Path(base) / "skilld"
+    return Path(base) / "skilld" / name
+
+
+def bundle_state_name(bundle: Path) -> str:
+    """The default state's name for a bundle: its directory's name and a digest of its path.
+
+    Keyed by where the bundle is, not by its content, so that a rebuilt bundle in the same
+    place keeps its state, while two bundles never see each other's.
+    """
+    where = Path(bundle).resolve()
+    return f"{where.name}-{hashlib.sha256(str(where).encode()).hexdigest()[:12]}"
 
 
 def wit_dir() -> Path:
     """The directory holding the skill ABI (``skilld:skill``) shipped with skilld."""
     return Path(__file__).resolve().parent / "wit"
+
+
+def runner_dir() -> Path:
+    """The CPython runner component's sources (``sandbox/pyrunner``: a skill built once)."""
+    return Path(__file__).resolve().parent / "sandbox" / "pyrunner"
 
 
 def sdk_dir() -> Path:

@@ -274,6 +274,22 @@ class CallOutput:
     content: tuple[ContentBlock, ...] = field(default_factory=tuple)
 
 
+LOG_LEVELS: tuple[str, ...] = (
+    "debug",
+    "info",
+    "notice",
+    "warning",
+    "error",
+    "critical",
+    "alert",
+    "emergency",
+)
+"""The levels a guest may log at: RFC 5424's, in the order MCP's ``logging/setLevel`` uses."""
+
+LOG_LEVEL_ALIASES: Mapping[str, str] = {"warn": "warning", "fatal": "critical", "trace": "debug"}
+"""Other names guests use for a level (any case), and the level each stands for."""
+
+
 class ClientChannel(Protocol):
     """The MCP client on the other end of one call, as the guest sees it.
 

@@ -38,6 +38,10 @@ def copy(demo_bundle: BuildResult, tmp_path_factory: pytest.TempPathFactory) -> 
     return target
 
 
+# pyrunner: delegate's runner component, bundled because policies/kits/ declares kits.
+DEMO_SKILLS = {"echo", "echo-wat", "notes", "pyrunner"}
+
+
 def test_lock_names_everything(demo_bundle: BuildResult) -> None:
     """The lock lists every file with its digest, each skill, the engine and the policy."""
     lock = demo_bundle.lock
@@ -45,15 +49,21 @@ def test_lock_names_everything(demo_bundle: BuildResult) -> None:
         p.relative_to(demo_bundle.out).as_posix() for p in demo_bundle.out.rglob("*") if p.is_file()
     } - {LOCK}
     assert set(lock.files) == files
-    assert {s.id for s in lock.skills} == {"echo", "echo-wat", "notes", "conformance"}
+    assert {s.id for s in lock.skills} == DEMO_SKILLS
     assert len(lock.bundle_digest) == 64 and lock.policy_digest and lock.engine
+
+
+def test_demo_build_warns_about_nothing(demo_bundle: BuildResult) -> None:
+    """The demo policies grant exactly what the demo skills need: a demo build has no warning."""
+    assert demo_bundle.warnings == ()
 
 
 def test_loads_clean(demo_bundle: BuildResult, sandbox: Sandbox) -> None:
     """An untouched bundle loads: every component ready, tables returned."""
     loaded = open_bundle(demo_bundle.out, sandbox)
-    assert set(loaded.components) == {"echo", "echo-wat", "notes", "conformance"}
-    assert set(loaded.tables.skills) == {"echo", "echo-wat", "notes", "conformance"}
+    assert set(loaded.components) == DEMO_SKILLS
+    # a runner entry per kit of policies/kits/ (delegate)
+    assert set(loaded.tables.skills) == DEMO_SKILLS | {"kit.notes", "kit.text"}
     assert loaded.tables.digest == loaded.lock.policy_digest
 
 
@@ -89,7 +99,7 @@ def test_flipped_byte_is_refused_naming_the_file(copy: Path, sandbox: Sandbox, a
         finally:
             path.write_bytes(original)
     loaded = load()  # repaired: loads again
-    assert set(loaded.components) == {"echo", "echo-wat", "notes", "conformance"}
+    assert set(loaded.components) == DEMO_SKILLS
     del loaded, info
     gc.collect()  # loaded components keep their native code's file open until freed
     assert not _open_under(copy)
@@ -195,7 +205,7 @@ def test_other_engine_is_refused(copy: Path, sandbox: Sandbox) -> None:
             open_bundle(copy, sandbox)
         assert "bundle.lock" in str(info.value)
         loaded = open_bundle(copy, sandbox, recompile=True)
-        assert set(loaded.components) == {"echo", "echo-wat", "notes", "conformance"}
+        assert set(loaded.components) == DEMO_SKILLS
     finally:
         lock_path.write_bytes(original)
 
@@ -377,3 +387,17 @@ def test_build_cli_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     out = capsys.readouterr().out
     assert code == 0
     assert "echo" in out and "notes" in out and "digest" in out
+
+
+def test_build_cli_quiet_still_shows_warnings(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """-q drops the progress lines, not the warnings (named by the policies path as given)."""
+    from tests_env import ROOT
+
+    policies = ROOT / "docs" / "examples" / "policies"
+    args = ["build", "--skills", str(ROOT / "skills"), "--policies", str(policies)]
+    assert main([*args, "-o", str(tmp_path / "b"), "-q"]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: {policies}/notes.yaml:6: notes.notes-dir is granted but" in err
+    assert all(line.startswith("warning: ") for line in err.splitlines())  # no progress

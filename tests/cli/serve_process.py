@@ -22,7 +22,7 @@ from typing import Any
 
 from skilld.bundle import build_bundle
 from skilld.sandbox import Sandbox
-from tests_env import ROOT, SKILLS, cache_dir
+from tests_env import SKILLS, cache_dir
 
 # conformance: its elicitation tool holds a call open until the test's client answers.
 # hostile: writes keys, spins to its deadline.
@@ -46,7 +46,7 @@ def build_ops_bundle(sandbox: Sandbox, root: Path) -> Path:
     (data / "hello.txt").write_text("hello")
     skills = root / "skills"
     skills.mkdir()
-    shutil.copytree(ROOT / "skills" / "conformance", skills / "conformance")
+    shutil.copytree(SKILLS["conformance"], skills / "conformance")
     shutil.copytree(SKILLS["echo"], skills / "echo")
     shutil.copytree(SKILLS["hostile"], skills / "hostile")
     policies = root / "policies"

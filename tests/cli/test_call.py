@@ -118,3 +118,28 @@ def test_claimed_id_does_not_reach_that_skills_keys(
     assert db.store("notes").keys("", 10) == ["note:secret"]
     assert db.store(default_skill_id(wasm.read_bytes())).keys("", 10) == ["note:mine"]
     db.close()
+
+
+def test_describe_needs_no_method(
+    component_path: Callable[[str], Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--describe alone prints the methods; no method and no --describe is a usage error."""
+    wasm = str(component_path("echo"))
+    assert main(["call", wasm, "--describe"]) == 0
+    described = json.loads(capsys.readouterr().out)
+    assert "echo" in {m["name"] for m in described["methods"]}
+    assert main(["call", wasm]) == 2
+    assert "--describe" in capsys.readouterr().err
+    assert main(["call", wasm, "echo", "--describe"]) == 2
+
+
+def test_call_state_defaults_apart_from_served_bundles(
+    component_path: Callable[[str], Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without --state-dir, call keeps its notes under XDG_STATE_HOME/skilld/call, nowhere else."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    wasm = str(component_path("notes"))
+    assert main(["call", wasm, "add", '{"title":"t","body":"b"}']) == 0
+    assert [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.sqlite3")] == [
+        "skilld/call/state.sqlite3"
+    ]

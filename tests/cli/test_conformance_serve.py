@@ -14,25 +14,20 @@ import pytest
 
 from tests_env import ROOT, cache_env
 
-SUITE = Path(
-    os.environ.get("SKILLD_MCP_CONFORMANCE") or ROOT.parent / "shared" / "tools" / "mcp-conformance"
-)
+SUITE = Path(os.environ.get("SKILLD_MCP_CONFORMANCE") or ROOT / "tools" / "mcp-conformance")
 
 
 @pytest.mark.slow
-def test_serve_passes_every_server_scenario(demo_bundle: object, tmp_path: Path) -> None:
-    """All 30 active server scenarios pass against the real server and the wasm skill."""
-    if not SUITE.exists():
-        pytest.skip(f"the conformance runner is not at {SUITE} (set SKILLD_MCP_CONFORMANCE)")
-    bundle = demo_bundle.out  # type: ignore[attr-defined]
+def test_serve_passes_every_server_scenario(tmp_path: Path) -> None:
+    """All 30 active server scenarios pass against `serve --with-conformance` and the wasm skill."""
+    assert SUITE.is_file(), f"no conformance runner at {SUITE} (SKILLD_MCP_CONFORMANCE)"
     server = subprocess.Popen(
         [
             sys.executable,
             "-m",
             "skilld",
             "serve",
-            "--bundle",
-            str(bundle),
+            "--with-conformance",
             "--transport",
             "http",
             "--port",

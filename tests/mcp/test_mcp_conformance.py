@@ -11,12 +11,10 @@ import pytest
 from mcp_fakes import running_http
 
 from skilld.mcp.testing import conformance_dispatcher
+from tests_env import ROOT
 
-# shared/ sits beside the repository (as in CI); SKILLD_MCP_CONFORMANCE overrides it.
-SUITE = Path(
-    os.environ.get("SKILLD_MCP_CONFORMANCE")
-    or Path(__file__).resolve().parents[3] / "shared" / "tools" / "mcp-conformance"
-)
+# The runner ships in tools/; SKILLD_MCP_CONFORMANCE points at another copy.
+SUITE = Path(os.environ.get("SKILLD_MCP_CONFORMANCE") or ROOT / "tools" / "mcp-conformance")
 ACTIVE_SERVER_SCENARIOS = 30
 
 
@@ -24,8 +22,7 @@ ACTIVE_SERVER_SCENARIOS = 30
 @pytest.mark.anyio
 async def test_conformance_suite_passes_every_server_scenario() -> None:
     """Every active server scenario of @modelcontextprotocol/conformance passes over HTTP."""
-    if not SUITE.exists():
-        pytest.skip(f"the conformance runner is not at {SUITE} (set SKILLD_MCP_CONFORMANCE)")
+    assert SUITE.is_file(), f"no conformance runner at {SUITE} (SKILLD_MCP_CONFORMANCE)"
     with anyio.fail_after(900):
         async with running_http(conformance_dispatcher()) as server:
             done = await anyio.run_process([str(SUITE), server.url], check=False)

@@ -295,3 +295,23 @@ def test_help(command: str, capsys: pytest.CaptureFixture[str]) -> None:
         main([command, "--help"])
     assert exit_.value.code == 0
     assert len(capsys.readouterr().out) > 300
+
+
+@pytest.mark.parametrize(
+    ("make", "why"),
+    [
+        (lambda p: p.write_text("# not a package\n"), "not a zip archive; it begins '# not a"),
+        (lambda p: p.write_bytes(b""), "it is empty"),
+        (lambda p: p.mkdir(), "a directory"),
+    ],
+)
+def test_inspect_says_when_it_is_not_a_package(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], make: object, why: str
+) -> None:
+    """inspect (and verify) on something that is no package says so, with what it is instead."""
+    target = tmp_path / "README.md"
+    make(target)  # type: ignore[operator]
+    assert main(["inspect", str(target)]) == 1
+    err = capsys.readouterr().err
+    assert f"{target}: not a .skill package ({why}" in err
+    assert "'skilld pack'" in err

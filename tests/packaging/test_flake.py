@@ -65,17 +65,29 @@ def test_flake_lock_pins_nixpkgs() -> None:
 
 
 def test_wheels_json_covers_runtime_dependencies() -> None:
-    """nix/wheels.json pins every runtime and build dependency, per system, by sha256 and https."""
+    """nix/wheels.json pins every runtime and build dependency, per system, by tags and sha256."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     runtime = {_project_name(r) for r in project["dependencies"]}
     build = {_project_name(r) for r in project["optional-dependencies"]["build"]}
     systems = json.loads((ROOT / "nix" / "wheels.json").read_text())["systems"]
     assert "x86_64-linux" in systems
+    fields = {"name", "pname", "version", "dist", "python", "abi", "platform", "sha256"}
     for system, sets in systems.items():
         for name, wanted in (("runtime", runtime), ("build", build)):
             wheels = sets[name]
             assert wanted <= {_normalise(w["name"]) for w in wheels}, (system, name)
             for wheel in wheels:
+                # exactly what fetchPypi's wheel form takes (no url: it derives that)
+                assert set(wheel) == fields, wheel
                 assert re.fullmatch(r"[0-9a-f]{64}", wheel["sha256"]), wheel
-                assert wheel["url"].startswith("https://"), wheel
-                assert wheel["url"].endswith("/" + wheel["filename"]), wheel
+                assert _normalise(wheel["pname"]) == _normalise(wheel["name"]), wheel
+                assert wheel["dist"] == wheel["python"], wheel
+                for tag in ("pname", "version", "python", "abi", "platform"):
+                    assert re.fullmatch(r"[A-Za-z0-9_.+]+", wheel[tag]), (tag, wheel)
+
+
+def test_wheels_nix_fetches_with_fetchpypi() -> None:
+    """nix/wheels.nix fetches each wheel with fetchPypi's wheel form, never from a URL."""
+    text = (ROOT / "nix" / "wheels.nix").read_text()
+    assert "fetchPypi" in text and 'format = "wheel"' in text
+    assert "fetchurl" not in text and "url" not in text.replace("URL", "")

@@ -241,7 +241,9 @@ def test_rule_lookup_for_sandbox(make: Make) -> None:
 
 def test_explain_splits_shell_commands() -> None:
     """explain parses 'shell.run' targets like a shell would, then checks the argv."""
-    tables = compile_policies(Path(__file__).resolve().parents[2] / "policies").tables
+    tables = compile_policies(
+        Path(__file__).resolve().parents[2] / "docs" / "examples" / "policies"
+    ).tables
     assert explain(tables, "notes", "shell.run", "/usr/bin/git status").allowed
     assert explain(tables, "notes", "shell.run", "'unclosed").rule == "bad-request"
     assert explain(tables, "notes", "http.post", "https://api.example.com/v1/n").allowed

@@ -1,4 +1,4 @@
-"""``skilld policy compile|explain`` run in-process against the sample policies."""
+"""``skilld policy compile|explain`` run in-process against the demo and example policies."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ import pytest
 from skilld.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
-POLICIES = str(ROOT / "policies")
+# docs/policy.md's example: a notes policy with every section (and no skills/ beside it,
+# so every grant counts).
+POLICIES = str(ROOT / "docs" / "examples" / "policies")
+DEMO = str(ROOT / "policies")
 
 
 @pytest.mark.parametrize(
@@ -51,7 +54,7 @@ def test_compile_writes_tables_then_explain_reads_them(
     assert rc == 0
     captured = capsys.readouterr()
     assert "digest sha256:" in captured.out
-    assert "does not need it" in captured.err  # the sample grants more than notes needs
+    assert "does not need it" in captured.err  # the example grants more than notes needs
     data = json.loads(out.read_text())
     assert data["skills"]["notes"]["needs_checked"] is True
     assert (
@@ -87,3 +90,90 @@ def test_explain_unknown_skill(capsys: pytest.CaptureFixture[str]) -> None:
     """Explaining for a skill without a policy is an error naming the known skills."""
     assert main(["policy", "explain", "nope", "fs.read", "/x", "--policies", POLICIES]) == 1
     assert "no policy for skill 'nope'" in capsys.readouterr().err
+
+
+def test_demo_policies_build_without_warnings(capsys: pytest.CaptureFixture[str]) -> None:
+    """The demo policies grant exactly what the demo skills need: no warning, no problem."""
+    args = ["policy", "compile", DEMO, "--skills", str(ROOT / "skills"), "--strict"]
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    assert "0 warnings, 0 problems" in captured.out or '"skills"' in captured.out
+
+
+@pytest.mark.parametrize(
+    ("action", "target"),
+    [
+        ("fs.read", "/data/notes/a.txt"),
+        ("http.get", "https://api.example.com/v1/x"),
+        ("invoke.call", "echo"),
+        ("env.read", "NOTES_LANG"),
+        ("kv.get", "k"),
+    ],
+)
+def test_explain_agrees_with_the_tables_a_build_keeps(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], action: str, target: str
+) -> None:
+    """With the skills' needs, explain answers as the compiled tables do, dropped grants denied."""
+    tables = tmp_path / "tables.json"
+    skills = ["--skills", str(ROOT / "skills")]
+    assert main(["policy", "compile", POLICIES, *skills, "-o", str(tables)]) == 0
+    from_tables = main(["policy", "explain", "notes", action, target, "--tables", str(tables)])
+    from_policies = main(
+        ["policy", "explain", "notes", action, target, "--policies", POLICIES, *skills]
+    )
+    assert from_policies == from_tables
+    # the notes skill needs only kv: everything else the example grants is left out
+    assert from_tables == (0 if action == "kv.get" else 1)
+
+
+def test_explain_uses_the_skills_beside_the_policies(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without --skills, the skills/ beside POLICIES supply the needs, as for a build."""
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "s.yaml").write_text("kv: {}\nenv: [HOME]\n")
+    (tmp_path / "skills" / "s").mkdir(parents=True)
+    (tmp_path / "skills" / "s" / "skill.yaml").write_text("id: s\nneeds:\n  kv: {}\n")
+    policies = str(tmp_path / "policies")
+    assert main(["policy", "explain", "s", "env.read", "HOME", "--policies", policies]) == 1
+    assert "rule: default-deny" in capsys.readouterr().out
+    assert main(["policy", "explain", "s", "kv.get", "k", "--policies", policies]) == 0
+
+
+def test_explain_reads_a_bundles_tables(
+    demo_bundle: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--bundle answers from the tables a built bundle carries."""
+    bundle = str(demo_bundle.out)  # type: ignore[attr-defined]
+    assert main(["policy", "explain", "notes", "kv.set", "k", "--bundle", bundle]) == 0
+    assert main(["policy", "explain", "notes", "fs.read", "/etc/passwd", "--bundle", bundle]) == 1
+
+
+@pytest.mark.parametrize("action", ["fs.rread", "env.get", "http", "kv", "shell.exec"])
+def test_explain_mistyped_action_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], action: str
+) -> None:
+    """A mistyped action exits 2 and lists the valid ones; it is never reported as a deny."""
+    assert main(["policy", "explain", "notes", action, "/x", "--policies", POLICIES]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert f"unknown action '{action}'" in captured.err
+    assert "fs.read, fs.write" in captured.err and "env.read" in captured.err
+
+
+def test_policy_errors_name_the_directory_as_given(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Errors, and explain's rule sources, name mine/policies/x.yaml, not policies/x.yaml."""
+    (tmp_path / "mine" / "policies").mkdir(parents=True)
+    (tmp_path / "mine" / "policies" / "x.yaml").write_text(
+        "kv: {}\nfs:\n  - path: /x\n    raed: 1\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    assert main(["policy", "compile", "mine/policies", "-o", "t.json"]) == 1
+    err = capsys.readouterr().err
+    assert "skilld: error: mine/policies/x.yaml:4: unknown key 'raed'" in err
+    (tmp_path / "mine" / "policies" / "x.yaml").write_text("kv: {}\nenv: [HOME]\n")
+    assert main(["policy", "explain", "x", "env.read", "HOME", "--policies", "mine/policies"]) == 0
+    assert "rule: x.env[0] (mine/policies/x.yaml:2)" in capsys.readouterr().out

@@ -13,13 +13,19 @@ from skilld.policy import Tables, compile_policies, load_tables
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run in tmp_path, so that ``policies`` given relative is what errors show."""
+    monkeypatch.chdir(tmp_path)
+
+
 def write(tmp_path: Path, files: dict[str, str]) -> Path:
-    """A policies directory holding ``files``."""
+    """A policies directory holding ``files``, as the relative path ``policies``."""
     root = tmp_path / "policies"
     root.mkdir()
     for name, text in files.items():
         (root / name).write_text(text)
-    return root
+    return Path("policies")
 
 
 def error_of(tmp_path: Path, files: dict[str, str], **kw: object) -> PolicyError:

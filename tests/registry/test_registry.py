@@ -25,7 +25,7 @@ from skilld.registry import (
 from skilld.sandbox import CallContext, Sandbox
 from skilld.state import SqliteState
 from skilld.types import Decision, Limits, MethodSpec
-from tests_env import ROOT, cache_dir
+from tests_env import SKILLS, cache_dir
 
 
 class InvokeOnly:
@@ -305,7 +305,7 @@ def test_per_skill_schema_rebases_local_references() -> None:
 @pytest.fixture
 def conformance(sandbox: Sandbox) -> tuple[Registry, MemorySink, SkillEntry]:
     """A registry serving the conformance skill (resources and prompts), one slot only."""
-    wasm = build_component(ROOT / "skills" / "conformance", cache_dir=cache_dir())
+    wasm = build_component(SKILLS["conformance"], cache_dir=cache_dir())
     comp = sandbox.load(wasm.read_bytes(), name="conformance")
     limits = Limits(timeout_ms=2000, max_concurrency=1)
     sink = MemorySink()

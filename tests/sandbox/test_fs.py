@@ -1,8 +1,10 @@
-"""fs host functions, driven from a real guest: canonical paths keep the guest inside its grant."""
+"""fs host functions, driven from a real guest: folded paths, opened beneath the grant without
+following symlinks, keep the guest inside it."""
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -11,6 +13,7 @@ import pytest
 
 from skilld.registry import NullChannel
 from skilld.sandbox import CallContext, Component, Sandbox
+from skilld.sandbox.abi import fs
 from skilld.types import Decision, Limits
 
 
@@ -72,10 +75,11 @@ def test_read_inside_grant(prober: Component, tree: dict[str, Path]) -> None:
     ],
 )
 def test_dotdot_escapes_denied(prober: Component, tree: dict[str, Path], suffix: str) -> None:
-    """.. sequences that leave the grant are denied with the rule and the resolved path."""
-    out = run(prober, tree, "fs_read", path=f"{tree['ro']}{suffix}")
+    """.. sequences that leave the grant are denied with the rule and the path as written."""
+    path = f"{tree['ro']}{suffix}"
+    out = run(prober, tree, "fs_read", path=path)
     assert out["error"] == "not-permitted" and out["rule"] == "default-deny"
-    assert "resolves to" in out["message"] or "denied" in out["message"]
+    assert out["message"].startswith(f"fs.read {path} denied")
 
 
 def test_prefix_sibling_denied(prober: Component, tree: dict[str, Path]) -> None:
@@ -85,21 +89,22 @@ def test_prefix_sibling_denied(prober: Component, tree: dict[str, Path]) -> None
 
 
 def test_symlink_escape_denied(prober: Component, tree: dict[str, Path]) -> None:
-    """A symlink inside the grant pointing outside it is judged by its target."""
+    """A symlink inside the grant is not followed, and the refusal does not say where it leads."""
     (tree["ro"] / "link.txt").symlink_to(tree["root"] / "secret.txt")
     (tree["ro"] / "up").symlink_to(tree["root"])
-    assert run(prober, tree, "fs_read", path=f"{tree['ro']}/link.txt")["error"] == "not-permitted"
-    assert (
-        run(prober, tree, "fs_read", path=f"{tree['ro']}/up/secret.txt")["error"] == "not-permitted"
-    )
+    for path in (f"{tree['ro']}/link.txt", f"{tree['ro']}/up/secret.txt"):
+        out = run(prober, tree, "fs_read", path=path)
+        assert out["error"] == "not-permitted" and out["rule"] == "fs.no-follow", out
+        assert "secret" not in out["message"].replace(path, "")
     out = run(prober, tree, "fs_write", path=f"{tree['rw']}/../ro/hello.txt", data="x")
     assert out["error"] == "not-permitted"
 
 
-def test_symlink_inside_grant_allowed(prober: Component, tree: dict[str, Path]) -> None:
-    """A symlink whose target stays inside the grant is fine."""
+def test_symlink_inside_grant_refused(prober: Component, tree: dict[str, Path]) -> None:
+    """Even a symlink whose target stays inside the grant is not followed (fs.no-follow)."""
     (tree["ro"] / "alias.txt").symlink_to(tree["ro"] / "hello.txt")
-    assert run(prober, tree, "fs_read", path=f"{tree['ro']}/alias.txt") == {"ok": "hello"}
+    out = run(prober, tree, "fs_read", path=f"{tree['ro']}/alias.txt")
+    assert out["error"] == "not-permitted" and out["rule"] == "fs.no-follow"
 
 
 def test_write_needs_rw(prober: Component, tree: dict[str, Path]) -> None:
@@ -149,7 +154,7 @@ def test_dirs_list_stat_remove(prober: Component, tree: dict[str, Path]) -> None
 
 
 def test_glob_filters_by_policy(prober: Component, tree: dict[str, Path]) -> None:
-    """glob returns only matches the policy allows, even through symlinks."""
+    """glob returns only matches the policy allows, and neither follows nor returns symlinks."""
     (tree["ro"] / "sub").mkdir()
     (tree["ro"] / "sub" / "deep.txt").write_text("d")
     (tree["ro"] / "leak.txt").symlink_to(tree["root"] / "secret.txt")
@@ -163,3 +168,56 @@ def test_no_checker_denies(prober: Component, tree: dict[str, Path]) -> None:
     ctx = CallContext("prober", Limits(), NullChannel())
     out = prober.call("fs_read", json.dumps({"path": f"{tree['ro']}/hello.txt"}), ctx).value
     assert out["error"] == "not-permitted" and out["rule"] == "default-deny"
+
+
+def test_hardlinked_file_is_never_written(prober: Component, tree: dict[str, Path]) -> None:
+    """A second name of a file outside the grants is refused for writing, before any byte
+    (truncation included) reaches it; reading it is allowed (docs/policy.md says why)."""
+    outside = tree["root"] / "secret.txt"
+    os.link(outside, tree["rw"] / "alias.txt")
+    for append in (False, True):
+        out = run(prober, tree, "fs_write", path=f"{tree['rw']}/alias.txt", data="x", append=append)
+        assert out["error"] == "not-permitted" and out["rule"] == "fs.hardlink", out
+    assert outside.read_text() == "TOP SECRET"
+    assert run(prober, tree, "fs_read", path=f"{tree['rw']}/alias.txt") == {"ok": "TOP SECRET"}
+
+
+def test_symlink_itself_is_removed_not_its_target(prober: Component, tree: dict[str, Path]) -> None:
+    """Removing a symlink in a granted directory removes the link, never what it points to."""
+    (tree["rw"] / "link").symlink_to(tree["root"] / "secret.txt")
+    assert run(prober, tree, "fs_remove", path=f"{tree['rw']}/link") == {"ok": None}
+    assert not (tree["rw"] / "link").is_symlink()
+    assert (tree["root"] / "secret.txt").read_text() == "TOP SECRET"
+
+
+@pytest.mark.parametrize("use_openat2", [True, False])
+def test_both_resolvers_agree(
+    prober: Component, tree: dict[str, Path], monkeypatch: pytest.MonkeyPatch, use_openat2: bool
+) -> None:
+    """openat2 and the component walk give the same answers, refusals included."""
+    monkeypatch.setattr(fs, "USE_OPENAT2", use_openat2)
+    (tree["ro"] / "sub").mkdir()
+    (tree["ro"] / "link").symlink_to(tree["ro"] / "hello.txt")
+    assert run(prober, tree, "fs_read", path=f"{tree['ro']}/hello.txt") == {"ok": "hello"}
+    assert run(prober, tree, "fs_stat", path=f"{tree['ro']}/sub")["ok"]["is_dir"] is True
+    assert run(prober, tree, "fs_list", path=f"{tree['ro']}") == {
+        "ok": ["hello.txt", "link", "sub"]
+    }
+    for method in ("fs_read", "fs_stat", "fs_list"):
+        out = run(prober, tree, method, path=f"{tree['ro']}/link")
+        assert out["rule"] == "fs.no-follow", (method, out)
+    assert run(prober, tree, "fs_read", path=f"{tree['ro']}/sub/nope")["error"] == "not-found"
+    assert run(prober, tree, "fs_read", path=f"{tree['ro']}/hello.txt/x")["error"] == "not-found"
+
+
+def test_glob_stops_at_its_visit_cap(
+    prober: Component, tree: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A walk that would look at more entries than the cap stops with limit-exceeded."""
+    for i in range(30):
+        (tree["ro"] / f"f{i}").write_text("x")
+    monkeypatch.setattr(fs, "MAX_GLOB_VISITS", 20)
+    out = run(prober, tree, "fs_glob", pattern=f"{tree['ro']}/*")
+    assert out["error"] == "limit-exceeded" and "20 entries" in out["message"], out
+    monkeypatch.setattr(fs, "MAX_GLOB_VISITS", 40)
+    assert len(run(prober, tree, "fs_glob", pattern=f"{tree['ro']}/*")["ok"]) == 31

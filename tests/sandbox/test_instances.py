@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -11,11 +12,14 @@ from pathlib import Path
 import pytest
 from wasmtime import _bindings
 
+from skilld.errors import CallCancelled, DeadlineExceeded
+from skilld.package.build import build_component
 from skilld.registry import NullChannel
 from skilld.sandbox import Component, Sandbox, _sandbox
 from skilld.sandbox._context import CallContext
 from skilld.sandbox._sandbox import _MAX_UNFREED
 from skilld.types import Limits
+from tests_env import SKILLS, cache_dir
 
 
 def _load(sandbox: Sandbox, component_path: Callable[[str], Path], name: str) -> Component:
@@ -34,9 +38,10 @@ def test_a_burst_of_calls_never_exhausts_the_instance_pool(
     echo = _load(sandbox, component_path, "echo")
     limits = Limits()
     echo.prewarm(limits, depth=2)
-    ctx = CallContext("echo", limits, NullChannel())
     try:
         for i in range(700):
+            # A context per call, as the registry makes: its deadline is that call's.
+            ctx = CallContext("echo", limits, NullChannel())
             assert echo.call("echo", json.dumps({"text": f"t{i}"}), ctx).value == f"t{i}"
             assert len(echo._used) <= _MAX_UNFREED + 1
     finally:
@@ -112,3 +117,42 @@ def test_calls_that_run_guest_code_or_take_long_release_the_gil(
 def test_quick_calls_keep_the_gil(sandbox: Sandbox, name: str) -> None:
     """The quick ones do not hand the GIL to another thread and wait to get it back."""
     assert _keeps_gil(getattr(_bindings, f"_{name}"))
+
+
+@pytest.fixture(scope="module")
+def spinning_start(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Component:
+    """echo-wat with a core start function that never returns: instantiating it spins."""
+    src = tmp_path_factory.mktemp("spin") / "echo-wat"
+    shutil.copytree(SKILLS["echo-wat"], src)
+    text = (src / "skill.wat").read_text()
+    memory = '    (memory (export "memory") 1)\n'
+    assert memory in text
+    spin = "    (func $spin (loop $forever (br $forever)))\n    (start $spin)\n"
+    (src / "skill.wat").write_text(text.replace(memory, memory + spin, 1))
+    wasm = build_component(src, cache_dir=cache_dir())
+    return sandbox.load(wasm.read_bytes(), name="spinning-start")
+
+
+@pytest.mark.parametrize("wall_ms", [100, 300])
+def test_start_code_counts_against_the_call(spinning_start: Component, wall_ms: int) -> None:
+    """A component whose start code spins is stopped at the call's deadline, not after 10 s."""
+    for _ in range(3):
+        ctx = CallContext("spin", Limits(timeout_ms=wall_ms, memory_bytes=16 << 20), NullChannel())
+        started = time.monotonic()
+        with pytest.raises(DeadlineExceeded):
+            spinning_start.call("echo", '{"text": "x"}', ctx)
+        assert time.monotonic() - started <= wall_ms / 1000 + 0.1
+
+
+def test_cancel_stops_start_code(spinning_start: Component) -> None:
+    """A cancel reaches a guest still in its start code."""
+
+    class Cancelled(NullChannel):
+        def cancelled(self) -> bool:
+            return True
+
+    ctx = CallContext("spin", Limits(timeout_ms=60_000, memory_bytes=16 << 20), Cancelled())
+    started = time.monotonic()
+    with pytest.raises(CallCancelled):
+        spinning_start.call("echo", '{"text": "x"}', ctx)
+    assert time.monotonic() - started <= 0.1

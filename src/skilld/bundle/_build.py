@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from skilld import ABI_VERSION, __version__, package
+from skilld import ABI_VERSION, __version__, package, paths
 from skilld.bundle._lock import FORMAT, LOCK, LOCK_SIG, Lock, LockedSkill, canonical_json
 from skilld.errors import BundleError, SkilldError, UsageError
 from skilld.package.build import build_component
-from skilld.policy import compile_policies
+from skilld.policy import RUNNER, check_kit_methods, compile_policies
 from skilld.sandbox import CallContext, Sandbox, write_native
 from skilld.types import Limits
 
@@ -126,6 +126,7 @@ def _collect(
     cache_dir: Path | None,
     epoch: int,
     progress: Progress,
+    with_runner: bool = False,
 ) -> list[_Collected]:
     """Copy pre-signed packages and build+sign source skills into ``stage/packages``."""
     pkg_dir = stage / "packages"
@@ -137,6 +138,9 @@ def _collect(
             if f.is_file() and f.name.endswith(".pub.json"):
                 shutil.copyfile(f, trust_dir / f.name)
     sources = [d for d in sorted(skills_dir.iterdir()) if (d / "skill.yaml").is_file()]
+    if with_runner:
+        # delegate's kits run their programs in the CPython runner, built like a source skill.
+        sources.append(paths.runner_dir())
     prebuilt = sorted(skills_dir.glob("*.skill"))
     if not sources and not prebuilt:
         raise BundleError(
@@ -170,6 +174,11 @@ def _collect(
             target.write_bytes(data)
             out.append(_Collected(target, d, (meta.id, meta.version)))
     return out
+
+
+def _has_kits(policies_dir: Path) -> bool:
+    kits = policies_dir / "kits"
+    return kits.is_dir() and any(p.suffix in (".yaml", ".yml") for p in kits.iterdir())
 
 
 def sign_lock(key_path: Path, lock_bytes: bytes) -> bytes:
@@ -265,7 +274,14 @@ def build_bundle(
         stage.mkdir()
         progress(f"collecting skills from {skills_dir}")
         collected = _collect(
-            skills_dir, stage, policies_dir / "trust", skill_key, cache_dir, epoch, progress
+            skills_dir,
+            stage,
+            policies_dir / "trust",
+            skill_key,
+            cache_dir,
+            epoch,
+            progress,
+            with_runner=_has_kits(policies_dir),
         )
         trust = package.load_trust(stage / "trust")
         verified: list[tuple[_Collected, package.VerifiedPackage]] = []
@@ -300,8 +316,10 @@ def build_bundle(
             allow_downgrade,
         )
         progress("compiling policies")
+        # The runner's grants come from the kits (skilld.policy._kits), not from a policy.
         compiled = compile_policies(
-            policies_dir, {v.manifest.id: dict(v.manifest.needs) for _, v in verified}
+            policies_dir,
+            {v.manifest.id: dict(v.manifest.needs) for _, v in verified if v.manifest.id != RUNNER},
         )
         for finding in compiled.warnings:
             progress(f"warning: {finding}")
@@ -351,6 +369,10 @@ def build_bundle(
                     (stage / native_rel).stat().st_size,
                 )
             )
+        check_kit_methods(
+            compiled.tables.kits,
+            {s.id: {m["name"] for m in s.spec.get("methods", ())} for s in locked},
+        )
         files = {}
         for path in sorted(stage.rglob("*")):
             if path.is_file():

@@ -23,6 +23,7 @@ _COMMAND_MODULES = (
     "skilld.cli._serve",
     "skilld.cli._build",
     "skilld.cli._call",
+    "skilld.cli._delegate",
     "skilld.cli._skill",
     "skilld.cli._package",
     "skilld.cli._policy",

@@ -21,14 +21,28 @@ def register(sub: Any) -> None:
         "a read-only bundle with bundle.lock. Same inputs and SOURCE_DATE_EPOCH give the "
         "same bundle digest.",
     )
-    p.add_argument("--skills", type=Path, default=Path("skills"), help="skills directory (skills/)")
+    p.add_argument(
+        "--skills",
+        type=Path,
+        default=Path("skills"),
+        metavar="DIR",
+        help="skill sources (DIR/NAME/skill.yaml) and signed .skill packages (default: skills/)",
+    )
     p.add_argument(
         "--policies",
         type=Path,
         default=Path("policies"),
-        help="policies directory with trust/ inside (policies/)",
+        metavar="DIR",
+        help="one NAME.yaml per skill, with the trust keys in DIR/trust/ (default: policies/)",
     )
-    p.add_argument("-o", "--output", type=Path, default=Path("bundle"), help="bundle directory")
+    p.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        default=Path("bundle"),
+        metavar="DIR",
+        help="where to write the bundle (default: bundle/)",
+    )
     p.add_argument(
         "--skill-key",
         type=Path,
@@ -48,7 +62,9 @@ def register(sub: Any) -> None:
         action="store_true",
         help="report needs that no grant covers as warnings, not errors",
     )
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    p.add_argument(
+        "-q", "--quiet", action="store_true", help="no progress lines (warnings still show)"
+    )
     p.set_defaults(handler=run)
 
 
@@ -78,6 +94,9 @@ def run(args: argparse.Namespace) -> int:
             cache_dir=cache,
             progress=progress,
         )
+    if args.quiet:  # progress carried them otherwise; quiet drops progress, never warnings
+        for warning in result.warnings:
+            print(f"warning: {warning}", file=sys.stderr)
     print(f"{'skill':<14} {'version':<9} {'methods':>7}  {'package':>9} {'native':>9}  grants")
     for row in result.rows:
         print(

@@ -23,12 +23,15 @@ def register(sub: Any) -> None:
         "call",
         help="call one method of a skill component (debugging)",
         description="Load PATH.wasm, call METHOD with the JSON arguments and print the result "
-        "as JSON. Key-value state persists in --state-dir, in the namespace named by "
+        "as JSON (--describe: list its methods and their argument schemas instead). "
+        "Key-value state persists in --state-dir, in the namespace named by "
         "--skill-id. Host capabilities other than log, kv and mcp are denied (no policy "
         "applies here).",
     )
     p.add_argument("component", type=Path, metavar="PATH.wasm", help="the skill component")
-    p.add_argument("method", help="the method to call")
+    p.add_argument(
+        "method", nargs="?", metavar="METHOD", help="the method to call (not with --describe)"
+    )
     p.add_argument(
         "args",
         nargs="?",
@@ -40,7 +43,9 @@ def register(sub: Any) -> None:
         "--state-dir",
         type=Path,
         default=None,
-        help=f"where key-value state lives (default: {paths.state_dir()})",
+        metavar="DIR",
+        help="where key-value state lives (default: $SKILLD_STATE_DIR, else "
+        f"{paths.state_dir('call')}, apart from every served bundle's)",
     )
     p.add_argument(
         "--skill-id",
@@ -52,9 +57,17 @@ def register(sub: Any) -> None:
         "default keeps a component's state to components with the same bytes; give the id "
         "explicitly to work with a skill's existing state",
     )
-    p.add_argument("--timeout-ms", type=int, default=10_000, help="wall-clock deadline (10000)")
-    p.add_argument("--memory-mb", type=int, default=256, help="memory cap in MiB (256)")
-    p.add_argument("--describe", action="store_true", help="print what the skill describes instead")
+    p.add_argument(
+        "--timeout-ms", type=int, default=10_000, metavar="MS", help="wall-clock deadline (10000)"
+    )
+    p.add_argument(
+        "--memory-mb", type=int, default=256, metavar="MIB", help="memory cap in MiB (256)"
+    )
+    p.add_argument(
+        "--describe",
+        action="store_true",
+        help="print the skill's methods and their argument schemas instead of calling one",
+    )
     p.add_argument(
         "-v", "--verbose", action="store_true", help="show guest logs and output on stderr"
     )
@@ -70,6 +83,13 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.component.is_file():
         raise UsageError(f"no such component: {args.component}")
+    if args.method is None and not args.describe:
+        raise UsageError(
+            "which method? give METHOD, or --describe to list them",
+            hint=f"skilld call {args.component} --describe",
+        )
+    if args.method is not None and args.describe:
+        raise UsageError("--describe calls nothing: leave out METHOD and JSON")
     if args.timeout_ms <= 0 or args.memory_mb <= 0:
         raise UsageError("--timeout-ms and --memory-mb must be positive")
     if args.skill_id is not None and not args.skill_id.strip():
@@ -78,15 +98,15 @@ def run(args: argparse.Namespace) -> int:
     wasm = args.component.read_bytes()
     skill_id = args.skill_id or default_skill_id(wasm)
     limits = Limits(memory_bytes=args.memory_mb << 20, timeout_ms=args.timeout_ms)
-    state = SqliteState((args.state_dir or paths.state_dir()) / "state.sqlite3")
-    try:
-        with Sandbox(paths.cache_dir()) as sandbox:
-            comp = sandbox.load(wasm, name=str(args.component))
-            probe = CallContext(skill_id, limits, NullChannel())
-            spec = comp.describe(probe)
-            if args.describe:
-                print(json.dumps(spec.as_dict(), indent=2))
-                return 0
+    with Sandbox(paths.cache_dir()) as sandbox:
+        comp = sandbox.load(wasm, name=str(args.component))
+        probe = CallContext(skill_id, limits, NullChannel())
+        spec = comp.describe(probe)
+        if args.describe:
+            print(json.dumps(spec.as_dict(), indent=2))
+            return 0
+        state = SqliteState((args.state_dir or paths.state_dir("call")) / "state.sqlite3")
+        try:
             kv = state.store(
                 skill_id, value_limit=limits.kv_value_bytes, total_limit=limits.kv_total_bytes
             )
@@ -98,16 +118,16 @@ def run(args: argparse.Namespace) -> int:
             finally:
                 if args.verbose:
                     _show_guest_output(ctx)
-            print(json.dumps(out.value, indent=2, ensure_ascii=False))
-            for block in out.content:
-                print(
-                    f"[{block.kind} content: {block.mime_type or ''} "
-                    f"{len(block.data or b'') or len(block.text or '')} bytes]",
-                    file=sys.stderr,
-                )
-            return 0
-    finally:
-        state.close()
+        finally:
+            state.close()
+    print(json.dumps(out.value, indent=2, ensure_ascii=False))
+    for block in out.content:
+        print(
+            f"[{block.kind} content: {block.mime_type or ''} "
+            f"{len(block.data or b'') or len(block.text or '')} bytes]",
+            file=sys.stderr,
+        )
+    return 0
 
 
 def default_skill_id(wasm: bytes) -> str:

@@ -90,8 +90,12 @@ def register(sub: Any) -> None:
         "signature per key. The same inputs and SOURCE_DATE_EPOCH give the same bytes. "
         f"Format: {_FORMAT_DOC}.",
     )
-    pack.add_argument("dir", type=Path, help="the skill source directory (holds skill.yaml)")
-    pack.add_argument("-o", "--output", type=Path, required=True, metavar="OUT.skill")
+    pack.add_argument(
+        "dir", type=Path, metavar="DIR", help="the skill source directory (holds skill.yaml)"
+    )
+    pack.add_argument(
+        "-o", "--output", type=Path, required=True, metavar="OUT.skill", help="the package to write"
+    )
     pack.add_argument(
         "--key",
         type=Path,
@@ -130,8 +134,12 @@ def register(sub: Any) -> None:
         "and replace the file atomically. Existing signatures are kept; signing twice with "
         "the same key changes nothing. Use it to collect the signatures a threshold needs.",
     )
-    sign.add_argument("package", type=Path, metavar="PKG")
-    sign.add_argument("--key", type=Path, required=True, metavar="KEY")
+    sign.add_argument(
+        "package", type=Path, metavar="PKG", help="the .skill package, signed in place"
+    )
+    sign.add_argument(
+        "--key", type=Path, required=True, metavar="KEY", help="the private key (skilld keygen)"
+    )
     _add_passphrase(sign, "of the key")
     sign.set_defaults(handler=run_sign)
 
@@ -143,7 +151,7 @@ def register(sub: Any) -> None:
         "enough trusted keys whose scope covers the skill id signed it. Exits 0 only when "
         "the package is valid; otherwise prints why and exits 1.",
     )
-    verify.add_argument("package", type=Path, metavar="PKG")
+    verify.add_argument("package", type=Path, metavar="PKG", help="the .skill package")
     verify.add_argument(
         "--trust",
         type=Path,
@@ -163,7 +171,7 @@ def register(sub: Any) -> None:
         "policy for, every file with its sha256 and size, and the key ids that signed it. "
         "Format and digests are checked; signatures are NOT (use 'skilld verify').",
     )
-    inspect.add_argument("package", type=Path, metavar="PKG")
+    inspect.add_argument("package", type=Path, metavar="PKG", help="the .skill package")
     inspect.add_argument("--json", action="store_true", help="print JSON instead of text")
     inspect.set_defaults(handler=run_inspect)
 

@@ -31,13 +31,16 @@ def register(sub: Any) -> None:
             "tables (canonical JSON). Warnings and problems go to stderr."
         ),
     )
-    comp.add_argument("policies", type=Path, help="the policies directory")
+    comp.add_argument("policies", type=Path, metavar="POLICIES", help="the policies directory")
     comp.add_argument(
         "--skills",
         type=Path,
+        metavar="DIR",
         help="directory of skills (DIR/*/skill.yaml or DIR/*.skill) whose needs to check",
     )
-    comp.add_argument("-o", "--output", type=Path, help="write the tables here (default: stdout)")
+    comp.add_argument(
+        "-o", "--output", type=Path, metavar="FILE", help="write the tables here (default: stdout)"
+    )
     comp.add_argument("--strict", action="store_true", help="fail when a need is not granted")
     comp.set_defaults(handler=_compile)
 
@@ -47,17 +50,44 @@ def register(sub: Any) -> None:
         description=(
             "Answer one question, e.g. 'notes fs.read /data/notes/a.txt', "
             "'notes http.get https://api.example.com/x', 'notes shell.run \"git status\"', "
-            "'notes invoke.call echo'. Exit status 0 when allowed, 1 when denied."
+            "'notes invoke.call echo'. The answer comes from the tables a build keeps: "
+            "compiled from POLICIES with the needs of the skills in --skills (grants a skill "
+            "does not need are left out, as 'skilld build' does), or read from --tables or "
+            "--bundle. Exit status 0 when allowed, 1 when denied, 2 for a usage error."
         ),
     )
-    exp.add_argument("skill", help="the skill id")
+    exp.add_argument("skill", metavar="SKILL", help="the skill id")
     exp.add_argument(
-        "action", help="CAPABILITY.ACTION: fs.read, fs.write, http.get, tcp.connect, ..."
+        "action",
+        metavar="ACTION",
+        help="CAPABILITY.ACTION, one of: fs.read, fs.write (fs.list, ...), http.get (any "
+        "method), http.address, tcp.connect, tcp.address, shell.run, shell.cwd, env.read, "
+        "invoke.call, transfer.send, transfer.fetch, kv.get (kv.set, ...), mcp.sample, "
+        "mcp.elicit",
     )
-    exp.add_argument("target", help="path, URL, HOST:PORT, command line, skill id, NAME")
+    exp.add_argument(
+        "target", metavar="TARGET", help="path, URL, HOST:PORT, command line, skill id, NAME"
+    )
     src = exp.add_mutually_exclusive_group()
-    src.add_argument("--policies", type=Path, help="compile this directory (default: policies/)")
-    src.add_argument("--tables", type=Path, help="use compiled tables")
+    src.add_argument(
+        "--policies", type=Path, metavar="DIR", help="compile this directory (default: policies/)"
+    )
+    src.add_argument(
+        "--tables",
+        type=Path,
+        metavar="FILE",
+        help="use compiled tables (skilld policy compile -o)",
+    )
+    src.add_argument(
+        "--bundle", type=Path, metavar="DIR", help="use the tables of this built bundle"
+    )
+    exp.add_argument(
+        "--skills",
+        type=Path,
+        metavar="DIR",
+        help="the skills whose needs the grants are intersected with (default: the skills/ "
+        "directory beside POLICIES, when there is one)",
+    )
     exp.set_defaults(handler=_explain)
     p.set_defaults(handler=lambda _args: _help(p))
 
@@ -124,16 +154,31 @@ def _compile(args: argparse.Namespace) -> int:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    from skilld.permissions import explain
-    from skilld.policy import compile_policies, load_tables
+    from skilld.permissions import explain, explain_action
+    from skilld.policy import compile_policies, load_tables, source_as_given
 
+    explain_action(args.action)  # a typo is a usage error before anything is compiled
     tables: Tables
+    policies: Path | None = None
+    if args.skills is not None and (args.tables or args.bundle):
+        raise UsageError("--skills goes with --policies: compiled tables already hold the needs")
     if args.tables is not None:
         tables = load_tables(args.tables)
+    elif args.bundle is not None:
+        tables = load_tables(args.bundle / "policy" / "tables.json")
     else:
-        tables = compile_policies(args.policies or Path("policies")).tables
-    if "." not in args.action:
-        raise UsageError(f"action {args.action!r} must be CAPABILITY.ACTION, e.g. fs.read")
+        policies = args.policies or Path("policies")
+        skills_dir = args.skills
+        if skills_dir is None and (policies.parent / "skills").is_dir():
+            skills_dir = policies.parent / "skills"
+        needs, sources = _read_needs(skills_dir) if skills_dir else (None, None)
+        if skills_dir is None:
+            print(
+                f"note: no skills/ beside {policies}: every grant counts, needed or not "
+                "('skilld build' keeps only what skills need; pass --skills DIR)",
+                file=sys.stderr,
+            )
+        tables = compile_policies(policies, needs, needs_sources=sources).tables
     decision = explain(tables, args.skill, args.action, args.target)
     table = tables.skill(args.skill)
     source = ""
@@ -141,7 +186,8 @@ def _explain(args: argparse.Namespace) -> int:
         rules = section if isinstance(section, tuple) else (section,)
         for rule in rules:
             if isinstance(rule, Mapping) and rule.get("id") == decision.rule:
-                source = f" ({rule['source']})"
+                shown = source_as_given(rule["source"], policies) if policies else rule["source"]
+                source = f" ({shown})"
     verdict = "allow" if decision.allowed else "deny"
     print(f"{verdict}: {args.skill} {args.action} {args.target}")
     print(f"  rule: {decision.rule}{source}")

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import logging
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from skilld import paths
-
-log = logging.getLogger("skilld.serve")
+from skilld import __version__, paths
+from skilld.errors import SkilldError, UsageError
 
 
 def register(sub: Any) -> None:
@@ -24,7 +23,18 @@ def register(sub: Any) -> None:
         "over MCP. Without --bundle, serves the demo bundle, building it first when missing. "
         "Only the state directory is written; nothing is fetched.",
     )
-    p.add_argument("--bundle", type=Path, help="bundle directory (default: the demo bundle)")
+    p.add_argument(
+        "--bundle",
+        type=Path,
+        metavar="DIR",
+        help="a bundle from 'skilld build' (default: the demo bundle, built on first use)",
+    )
+    p.add_argument(
+        "--with-conformance",
+        action="store_true",
+        help="add the MCP conformance suite's test_* tools, resources and prompts to the "
+        "demo bundle (for running the suite; never served otherwise)",
+    )
     p.add_argument(
         "--transport",
         choices=("stdio", "http"),
@@ -47,15 +57,29 @@ def register(sub: Any) -> None:
         metavar="ORIGIN",
         help="accept this Origin besides local ones (repeatable)",
     )
-    p.add_argument("--token-file", type=Path, help="bearer tokens for http, one per line")
+    p.add_argument(
+        "--token-file", type=Path, metavar="FILE", help="bearer tokens for http, one per line"
+    )
     p.add_argument("--token-env", metavar="VAR", help="environment variable holding a bearer token")
-    p.add_argument("--state-dir", type=Path, help=f"key-value state ({paths.state_dir()})")
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        metavar="DIR",
+        help="key-value state and the audit log (default: $SKILLD_STATE_DIR, else one "
+        f"directory per bundle under {paths.state_dir('')}, e.g. .../demo)",
+    )
     p.add_argument(
         "--audit-log",
         metavar="FILE|-",
         help="audit records as JSON lines (default: STATE_DIR/audit.jsonl; - = stderr)",
     )
-    p.add_argument("--log-file", type=Path, help="skilld's own logs (default: stderr)")
+    p.add_argument(
+        "--log-file",
+        type=Path,
+        metavar="FILE",
+        help="skilld's own log as JSON lines (default: stderr: JSON lines, or a banner and "
+        "plain warnings when stderr is a terminal)",
+    )
     p.add_argument(
         "--inline-ms",
         type=_inline_ms,
@@ -130,16 +154,49 @@ def _seconds(text: str) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Handle ``skilld serve``."""
+    """Handle ``skilld serve``.
+
+    Raises:
+        SkilldError: at a terminal, for the CLI to print (elsewhere it is logged as JSON).
+    """
+    # One format per stream: a person at a terminal reads plain lines and a banner; a
+    # pipe, a file or a supervisor gets JSON lines only (also when audit records share
+    # stderr, which are JSON), the error that ends the server included.
+    text = args.log_file is None and args.audit_log != "-" and sys.stderr.isatty()
+    logger = _Logger(args, text)
+    _setup_logging(logger)
+    try:
+        return _serve(args, text, logger)
+    except SkilldError as exc:
+        if text:
+            raise
+        logger.get().error(
+            "failed",
+            error=exc.message,
+            kind=type(exc).__name__,
+            location=exc.location,
+            hint=exc.hint,
+        )
+        return 2 if isinstance(exc, UsageError) else 1
+
+
+def _serve(args: argparse.Namespace, text: bool, logger: _Logger) -> int:
     from concurrent.futures import ThreadPoolExecutor
 
     from skilld.node import Node, NodeConfig, demo_bundle
 
-    _setup_logging(args.log_file)
-    bundle_dir = args.bundle or demo_bundle()
+    if args.bundle is None:
+        progress = None if text else logging.getLogger("skilld.build").info
+        bundle_dir = demo_bundle(with_conformance=args.with_conformance, progress=progress)
+        state_name = "demo-conformance" if args.with_conformance else "demo"
+    elif args.with_conformance:
+        raise UsageError("--with-conformance adds to the demo bundle; it goes without --bundle")
+    else:
+        bundle_dir = args.bundle
+        state_name = paths.bundle_state_name(bundle_dir)
     node_config = NodeConfig(
         bundle=bundle_dir,
-        state_dir=args.state_dir or paths.state_dir(),
+        state_dir=args.state_dir or paths.state_dir(state_name),
         audit_log=args.audit_log,
         recompile=args.recompile,
         lock_key=args.lock_key,
@@ -162,47 +219,121 @@ def run(args: argparse.Namespace) -> int:
 
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="skilld-load") as pool:
             loading = pool.submit(Node.open, node_config, prehash=prehash)
-            from skilld.mcp import ServeConfig, serve
+            from skilld.mcp import ServeConfig, bind, serve
 
-            node = loading.result()
+            # Bound before anything says ready: a busy port is the error a user sees.
+            try:
+                sock = bind(args.host, args.port) if args.transport == "http" else None
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    loading.result().close()
+                raise
+            try:
+                node = loading.result()
+            except BaseException:
+                if sock is not None:
+                    sock.close()
+                raise
     with node:
-        log.info(
-            "skilld ready: %s",
-            json.dumps(
-                {
-                    "event": "ready",
-                    "bundle": str(bundle_dir),
-                    "skills": len(node.registry.skills()),
-                    "tools": len(node.registry.tools()),
-                    "stages_ms": node.timings,
-                    "total_ms": round((time.perf_counter() - started) * 1000, 2),
-                }
-            ),
-        )
         config = ServeConfig(
             transport=args.transport,
             host=args.host,
-            port=args.port,
+            port=sock.getsockname()[1] if sock is not None else args.port,
             allowed_hosts=tuple(args.allowed_host),
             allowed_origins=tuple(args.allowed_origin),
             token_file=args.token_file,
             token_env=args.token_env,
             log_file=args.log_file,
+            log_format="text" if text else "json",
+            # the banner says what the info lines would; warnings and errors still show
+            log_level="warning" if text else "info",
             inline_ms=args.inline_ms,
             shutdown_grace_s=args.shutdown_grace,
             max_connections=args.max_connections,
             idle_timeout_s=args.idle_timeout,
             header_timeout_s=args.header_timeout,
         )
-        serve(node.registry, config)
+        logger.get().info(
+            "ready",
+            bundle=str(bundle_dir),
+            skills=len(node.registry.skills()),
+            tools=len(node.registry.tools()),
+            state_dir=str(node_config.state_dir),
+            stages_ms=node.timings,
+            total_ms=round((time.perf_counter() - started) * 1000, 2),
+        )
+        if text:
+            _banner(args, config, node, node_config)
+        serve(node.registry, config, sock=sock)
     return 0
 
 
-def _setup_logging(log_file: Path | None) -> None:
-    handler: logging.Handler = (
-        logging.FileHandler(log_file) if log_file else logging.StreamHandler(sys.stderr)
-    )
-    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+def _banner(args: argparse.Namespace, config: Any, node: Any, node_config: Any) -> None:
+    """What a person starting the server needs: where to connect and how to stop."""
+    from skilld.mcp import advertised_url
+
+    what = "the demo bundle" if args.bundle is None else str(node_config.bundle)
+    skills, tools = len(node.registry.skills()), len(node.registry.tools())
+    lines = [f"skilld {__version__}: serving {what} ({skills} skills, {tools} tools)"]
+    if config.transport == "http":
+        url = advertised_url(config.host, config.port)
+        lines += [
+            f"  MCP (Streamable HTTP): {url}",
+            f"  MCP (SSE):             {url.removesuffix('/mcp')}/sse",
+        ]
+    else:
+        lines.append("  MCP over stdio: an MCP client starts this command and talks on stdin")
+    audit = node_config.audit_target()
+    lines += [
+        f"  state and audit log:   {node_config.state_dir}"
+        if audit == node_config.state_dir / "audit.jsonl"
+        else f"  state:                 {node_config.state_dir}\n  audit log:             {audit}",
+        "Press Ctrl-C to stop." if config.transport == "http" else "Ctrl-D or Ctrl-C stops it.",
+    ]
+    print("\n".join(lines), file=sys.stderr, flush=True)
+
+
+class _Logger:
+    """skilld's own log for this command, made when first needed (the MCP layer's logger).
+
+    It is made lazily because importing the MCP layer is most of the start-up time, and
+    it runs beside loading the bundle; a record logged before then waits for it.
+    """
+
+    def __init__(self, args: argparse.Namespace, text: bool):
+        self._args = args
+        self._text = text
+        self._log: Any = None
+
+    def get(self) -> Any:
+        """The structlog logger (JSON lines, or plain lines at a terminal)."""
+        if self._log is None:
+            from skilld.mcp import ServeConfig, make_logger
+
+            self._log = make_logger(
+                ServeConfig(
+                    log_file=self._args.log_file,
+                    log_format="text" if self._text else "json",
+                    log_level="warning" if self._text else "info",
+                )
+            ).bind(component="serve")
+        return self._log
+
+
+class _Bridge(logging.Handler):
+    """Records of the stdlib loggers (sandbox, bundle, build) written by skilld's one logger."""
+
+    def __init__(self, logger: _Logger):
+        super().__init__()
+        self._logger = logger
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Hand the record on at its level, naming the logger that wrote it."""
+        self._logger.get().log(record.levelno, record.getMessage(), logger=record.name)
+
+
+def _setup_logging(logger: _Logger) -> None:
     root = logging.getLogger("skilld")
-    root.handlers[:] = [handler]
+    root.handlers[:] = [_Bridge(logger)]
     root.setLevel(logging.INFO)
+    root.propagate = False

@@ -66,8 +66,15 @@ def register(sub: Any) -> None:
         description="Compile DIR (skill.yaml + skill.py) with componentize-py. Builds are "
         "cached by a digest of the sources, the SDK and the ABI.",
     )
-    build.add_argument("dir", type=Path, help="the skill source directory")
-    build.add_argument("-o", "--output", type=Path, required=True, metavar="OUT.wasm")
+    build.add_argument("dir", type=Path, metavar="DIR", help="the skill source directory")
+    build.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        required=True,
+        metavar="OUT.wasm",
+        help="the component to write",
+    )
     build.add_argument(
         "--cache-dir",
         type=Path,

@@ -19,15 +19,16 @@ Only this package imports the ``mcp`` SDK. ``skilld.mcp.testing`` has an in-proc
 from typing import TYPE_CHECKING, Any
 
 from skilld.mcp._config import ServeConfig
+from skilld.mcp._logging import make_logger
 from skilld.mcp._serve import serve, serve_async, serve_stdio_async
 
 if TYPE_CHECKING:
-    from skilld.mcp._serve_http import HttpServer, serve_http_async
+    from skilld.mcp._serve_http import HttpServer, advertised_url, bind, serve_http_async
 
 
 def __getattr__(name: str) -> Any:
     # HTTP serving pulls in uvicorn and starlette; stdio does not need them.
-    if name in ("HttpServer", "serve_http_async"):
+    if name in ("HttpServer", "advertised_url", "bind", "serve_http_async"):
         from skilld.mcp import _serve_http
 
         return getattr(_serve_http, name)
@@ -37,6 +38,9 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "HttpServer",
     "ServeConfig",
+    "advertised_url",
+    "bind",
+    "make_logger",
     "serve",
     "serve_async",
     "serve_http_async",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import anyio
 import anyio.from_thread
@@ -25,19 +25,12 @@ from mcp.shared.message import ServerMessageMetadata
 from pydantic import BaseModel, ValidationError
 
 from skilld.errors import GuestError
+from skilld.types import LOG_LEVEL_ALIASES
+from skilld.types import LOG_LEVELS as GUEST_LOG_LEVELS
 
-# RFC 5424 severities in the order MCP's logging/setLevel uses.
-LOG_LEVELS: tuple[types.LoggingLevel, ...] = (
-    "debug",
-    "info",
-    "notice",
-    "warning",
-    "error",
-    "critical",
-    "alert",
-    "emergency",
-)
-_ALIASES: dict[str, types.LoggingLevel] = {"warn": "warning", "fatal": "critical", "trace": "debug"}
+# The guest's levels (skilld.types), as the SDK's literal type.
+LOG_LEVELS = cast(tuple[types.LoggingLevel, ...], GUEST_LOG_LEVELS)
+_ALIASES = cast(Mapping[str, types.LoggingLevel], LOG_LEVEL_ALIASES)
 
 T = TypeVar("T")
 R = TypeVar("R", bound=BaseModel)
@@ -93,6 +86,22 @@ class SessionChannel:
             scope.cancel()
 
     # -- called from the guest's worker thread ------------------------------
+
+    def abandon_requests(self) -> None:
+        """Give up the sampling and elicitation requests in flight: the call's time ran out.
+
+        Unlike :meth:`cancel` the call is not marked cancelled (it ends at its deadline).
+        """
+
+        def run() -> None:
+            for scope in list(self._scopes):
+                scope.cancel()
+
+        try:
+            anyio.from_thread.run_sync(run, token=self._loop)
+        # The loop is gone (the server is shutting down): nothing is in flight any more.
+        except Exception:  # noqa: BLE001
+            return
 
     def cancelled(self) -> bool:
         """True once the client cancelled this call (or the server is abandoning it)."""

@@ -45,8 +45,10 @@ class ServeConfig:
         idle_timeout_s: an HTTP connection idle this long after a response is closed.
         header_timeout_s: an HTTP connection must send each request's headers within
             this long (of connecting, or of its previous response), else it is closed.
-        log_file: write the JSON log lines here instead of stderr.
+        log_file: write the log lines here instead of stderr.
         log_level: the lowest level of skilld's own log lines.
+        log_format: ``json`` (one object per line, for machines) or ``text``
+            (``skilld: LEVEL: EVENT key=value``, for a person at a terminal).
         server_name: the name reported in ``serverInfo``.
         server_version: the version reported in ``serverInfo``.
     """
@@ -70,6 +72,7 @@ class ServeConfig:
     header_timeout_s: float = 10.0
     log_file: Path | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["json", "text"] = "json"
     server_name: str = "skilld"
     server_version: str = "0.1.0"
 

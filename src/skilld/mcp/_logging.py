@@ -1,4 +1,8 @@
-"""skilld's own log: one JSON object per line, on stderr or in a file, never on stdout."""
+"""skilld's own log: one line per event, on stderr or in a file, never on stdout.
+
+JSON objects for machines; for a person at a terminal, ``skilld: LEVEL: EVENT key=value``.
+One stream carries one of the two, never both.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from skilld.mcp._config import ServeConfig
 def make_logger(
     config: ServeConfig, stream: TextIO | None = None
 ) -> structlog.typing.FilteringBoundLogger:
-    """A structlog logger writing JSON lines at ``config.log_level`` and above.
+    """A structlog logger writing ``config.log_format`` lines at ``config.log_level`` and above.
 
     Built without touching structlog's global configuration, so that other
     packages (the audit sink) keep theirs.
@@ -33,8 +37,18 @@ def make_logger(
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.dict_tracebacks,
-            structlog.processors.JSONRenderer(),
+            structlog.processors.JSONRenderer() if config.log_format == "json" else render_text,
         ],
         cache_logger_on_first_use=True,
     )
     return logger.bind(component="mcp")
+
+
+def render_text(_logger: object, _name: str, event: structlog.typing.EventDict) -> str:
+    """``skilld: LEVEL: EVENT key=value ...``: one line a person reads (a structlog renderer)."""
+    level = event.pop("level", "info")
+    message = event.pop("event", "")
+    for quiet in ("timestamp", "component"):
+        event.pop(quiet, None)
+    fields = " ".join(f"{key}={value}" for key, value in event.items())
+    return f"skilld: {level}: {message}" + (f" {fields}" if fields else "")

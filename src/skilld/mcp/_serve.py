@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import gc
+import socket
 import time
 
 import anyio
@@ -36,8 +38,10 @@ async def serve_stdio_async(
     log.info("stopped", transport="stdio")
 
 
-async def serve_async(dispatcher: Dispatcher, config: ServeConfig) -> None:
-    """Serve ``dispatcher`` on the transport ``config`` names.
+async def serve_async(
+    dispatcher: Dispatcher, config: ServeConfig, *, sock: socket.socket | None = None
+) -> None:
+    """Serve ``dispatcher`` on the transport ``config`` names (http: on ``sock`` if given).
 
     Raises:
         UsageError: as for :func:`serve_http_async`.
@@ -47,11 +51,15 @@ async def serve_async(dispatcher: Dispatcher, config: ServeConfig) -> None:
     else:
         from skilld.mcp._serve_http import serve_http_async
 
-        await serve_http_async(dispatcher, config)
+        await serve_http_async(dispatcher, config, sock=sock)
 
 
-def serve(dispatcher: Dispatcher, config: ServeConfig) -> None:
+def serve(
+    dispatcher: Dispatcher, config: ServeConfig, *, sock: socket.socket | None = None
+) -> None:
     """Serve ``dispatcher`` until stdin closes (stdio) or SIGTERM/SIGINT (http).
+
+    ``sock``: for http, a socket already bound (``skilld.mcp.bind``).
 
     Raises:
         UsageError: as for :func:`serve_http_async`.
@@ -60,4 +68,4 @@ def serve(dispatcher: Dispatcher, config: ServeConfig) -> None:
     # server: frozen, the garbage collector stops walking it on every full collection.
     gc.collect()
     gc.freeze()
-    anyio.run(serve_async, dispatcher, config)
+    anyio.run(functools.partial(serve_async, dispatcher, config, sock=sock))

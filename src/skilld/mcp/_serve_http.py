@@ -138,7 +138,14 @@ class HttpServer:
         self._server.should_exit = True
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` (``port`` 0: any free one), for :func:`serve_http_async`.
+
+    Bind before saying ready: a busy port is then the first thing a user hears about.
+
+    Raises:
+        UsageError: the address cannot be bound (in use, not local, not permitted).
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
         return socket.create_server((host, port), family=family, backlog=_LISTEN_BACKLOG)
@@ -153,12 +160,14 @@ async def serve_http_async(
     config: ServeConfig,
     *,
     log: Logger | None = None,
+    sock: socket.socket | None = None,
     task_status: TaskStatus[HttpServer] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``dispatcher`` over HTTP on ``config.host:config.port`` until stopped.
 
     The socket is bound before ``task_status.started`` reports the server, so a
-    client may connect at once (``config.port == 0`` picks a free port).
+    client may connect at once (``config.port == 0`` picks a free port). ``sock`` is
+    one already bound with :func:`bind` (the server closes it).
 
     Raises:
         UsageError: the tokens cannot be loaded or the address cannot be bound.
@@ -168,7 +177,7 @@ async def serve_http_async(
     log = log or make_logger(config)
     service = McpService(dispatcher, config, log, Metrics())
     app = build_app(service, tokens)
-    sock = _bind(config.host, config.port)
+    sock = sock if sock is not None else bind(config.host, config.port)
     port = sock.getsockname()[1]
     guard = ConnectionGuard(
         connection_cap(config.max_connections), config.header_timeout_s, service.metrics, log

@@ -3,7 +3,7 @@
 :class:`StaticDispatcher` implements :class:`skilld.registry.Dispatcher` with no
 wasm behind it, for tests of anything that serves or calls a dispatcher.
 :func:`conformance_dispatcher` carries the tools, resources and prompts the
-official MCP conformance suite exercises (``skills/conformance`` carries the same
+official MCP conformance suite exercises (``tests/skills/conformance`` carries the same
 behaviours as a sandboxed skill: nothing here is special-cased by the server).
 
 Run ``python -m skilld.mcp.testing [conformance|echo] [--http PORT]`` to serve one

@@ -1,15 +1,27 @@
-"""The demo bundle: built from the source checkout's skills/ and policies/, cached by content."""
+"""The demo bundle: built from the source checkout's skills/ and policies/, cached by content.
+
+The MCP conformance suite's skill (its ``test_*`` tools, resources and prompts) is not
+part of the demo: it is served only on request (``with_conformance``), from
+``tests/skills/conformance`` and ``tests/policies/conformance.yaml``.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from skilld import __version__, paths
 from skilld.errors import UsageError
+
+
+def _base() -> Path:
+    return Path(os.environ.get("SKILLD_DEMO_DIR") or Path(__file__).resolve().parents[3])
 
 
 def demo_sources() -> tuple[Path, Path]:
@@ -18,7 +30,7 @@ def demo_sources() -> tuple[Path, Path]:
     Raises:
         UsageError: neither holds both directories.
     """
-    base = Path(os.environ.get("SKILLD_DEMO_DIR") or Path(__file__).resolve().parents[3])
+    base = _base()
     skills, policies = base / "skills", base / "policies"
     if not (skills.is_dir() and policies.is_dir()):
         raise UsageError(
@@ -29,44 +41,93 @@ def demo_sources() -> tuple[Path, Path]:
     return skills, policies
 
 
-def demo_bundle() -> Path:
-    """The demo bundle in the cache, built from the demo sources when missing or stale.
+def conformance_sources() -> tuple[Path, Path]:
+    """The conformance skill's source directory and its policy, beside the demo's.
 
     Raises:
-        UsageError: no demo sources (see :func:`demo_sources`).
-        PackageError, PolicyError, BundleError: building it failed.
+        UsageError: they are not there (an installed skilld without its source tree).
     """
-    from skilld.sandbox import Sandbox, engine_fingerprint
+    base = _base()
+    skill, policy = base / "tests" / "skills" / "conformance", base / "tests" / "policies"
+    if not ((skill / "skill.yaml").is_file() and (policy / "conformance.yaml").is_file()):
+        raise UsageError(
+            f"the conformance skill is not in {base / 'tests'}",
+            hint="run from a source checkout, or set SKILLD_DEMO_DIR to one",
+        )
+    return skill, policy / "conformance.yaml"
 
-    skills, policies = demo_sources()
-    # Everything the demo bundle is made of: its sources, the SDK and ABI compiled into
-    # every skill, and this skilld (engine included) that compiles it.
+
+def _digest(roots: list[Path]) -> str:
+    # Everything the bundle is made of: its sources, the SDK and ABI compiled into every
+    # skill, and this skilld (engine included) that compiles it.
+    from skilld.sandbox import engine_fingerprint
+
     h = hashlib.sha256(f"{__version__} {engine_fingerprint()[1]}".encode())
-    for root in (skills, policies, paths.sdk_dir(), paths.wit_dir()):
-        for path in sorted(root.rglob("*")):
+    for root in (*roots, paths.sdk_dir(), paths.wit_dir(), paths.runner_dir()):
+        files = [root] if root.is_file() else sorted(root.rglob("*"))
+        for path in files:
             if path.is_file() and "__pycache__" not in path.parts:
                 h.update(path.relative_to(root.parent).as_posix().encode() + b"\0")
                 h.update(path.read_bytes())
-    out = paths.cache_dir() / "demo-bundle" / h.hexdigest()[:16]
-    if not (out / "bundle.lock").is_file():
-        print(
-            f"building the demo bundle from {skills} and {policies} (first run only) ...",
-            file=sys.stderr,
-            flush=True,
-        )
-        start = time.monotonic()
-        # The build toolchain (cryptography, componentize-py) only when building.
-        from skilld.bundle import build_bundle
+    return h.hexdigest()[:16]
 
-        with Sandbox(paths.cache_dir()) as sandbox:
-            build_bundle(
-                skills,
-                policies,
-                out,
-                sandbox=sandbox,
-                cache_dir=paths.cache_dir(),
-                progress=lambda m: print(
-                    f"[{time.monotonic() - start:6.1f}s] {m}", file=sys.stderr, flush=True
-                ),
-            )
+
+def demo_bundle(
+    *, with_conformance: bool = False, progress: Callable[[str], None] | None = None
+) -> Path:
+    """The demo bundle in the cache, built from the demo sources when missing or stale.
+
+    ``with_conformance`` adds the MCP conformance suite's skill (a bundle of its own in
+    the cache, so the plain demo never serves its ``test_*`` tools). ``progress`` hears
+    what a build does (default: timed lines on stderr).
+
+    Raises:
+        UsageError: no demo sources (see :func:`demo_sources`, :func:`conformance_sources`).
+        PackageError, PolicyError, BundleError: building it failed.
+    """
+    skills, policies = demo_sources()
+    extra = conformance_sources() if with_conformance else None
+    roots = [skills, policies, *(extra or ())]
+    name = "demo-conformance-bundle" if extra else "demo-bundle"
+    out = paths.cache_dir() / name / _digest(roots)
+    if (out / "bundle.lock").is_file():
+        return out
+    if progress is None:
+        start = time.monotonic()
+
+        def progress(message: str) -> None:
+            print(f"[{time.monotonic() - start:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+    what = f"{skills} and {policies}" + (" with the conformance skill" if extra else "")
+    progress(f"building the demo bundle from {what} (first run only)")
+
+    if extra is None:
+        _build(skills, policies, out, progress)
+        return out
+    # build_bundle takes one skills and one policies directory: the demo's and the
+    # conformance skill's are staged side by side (small text files; builds are cached
+    # by source digest, so the staged copy costs no compile).
+    with tempfile.TemporaryDirectory(prefix="skilld-demo-") as tmp:
+        stage = Path(tmp)
+        shutil.copytree(skills, stage / "skills", ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(policies, stage / "policies")
+        shutil.copytree(extra[0], stage / "skills" / extra[0].name)
+        shutil.copyfile(extra[1], stage / "policies" / extra[1].name)
+        _build(stage / "skills", stage / "policies", out, progress)
     return out
+
+
+def _build(skills: Path, policies: Path, out: Path, progress: Callable[[str], None]) -> None:
+    # The build toolchain (cryptography, componentize-py) only when building.
+    from skilld.bundle import build_bundle
+    from skilld.sandbox import Sandbox
+
+    with Sandbox(paths.cache_dir()) as sandbox:
+        build_bundle(
+            skills,
+            policies,
+            out,
+            sandbox=sandbox,
+            cache_dir=paths.cache_dir(),
+            progress=progress,
+        )

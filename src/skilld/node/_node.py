@@ -15,6 +15,7 @@ from skilld.errors import UsageError
 if TYPE_CHECKING:
     from skilld.audit import JsonLinesSink
     from skilld.bundle import LoadedBundle
+    from skilld.delegate import InferenceConfig
     from skilld.registry import Registry
     from skilld.sandbox import Sandbox
     from skilld.state import SqliteState
@@ -33,6 +34,9 @@ class NodeConfig:
         recompile: compile native code into the cache when the engine changed.
         lock_key: require ``bundle.lock`` to be signed by this trust key.
         cache_dir: built components and native code (default ``$SKILLD_CACHE``).
+        delegate: the kits' inference tiers (``skilld.delegate.InferenceConfig``;
+            ``None``: from the ``SKILLD_DELEGATE_*`` environment, templates and rules
+            only when unset).
     """
 
     bundle: Path
@@ -41,6 +45,7 @@ class NodeConfig:
     recompile: bool = False
     lock_key: Path | None = None
     cache_dir: Path = field(default_factory=paths.cache_dir)
+    delegate: InferenceConfig | None = None
 
     def audit_target(self) -> Path | str:
         """Where the audit records go: a path, or ``"-"`` for stderr."""
@@ -103,10 +108,12 @@ class Node:
             AuditError: the audit log cannot be opened.
             BundleError: the bundle is damaged, holds unknown content, or is for another engine.
             PolicyError: its tables are malformed.
+            DelegateError: a kit names an unknown method or holds a refused program.
         """
         from skilld.audit import JsonLinesSink
         from skilld.bundle import open_bundle
         from skilld.permissions import SkillPermissions
+        from skilld.policy import RUNNER
         from skilld.registry import Registry, SkillEntry, annotations_for
         from skilld.sandbox import Sandbox
         from skilld.state import SqliteState
@@ -152,6 +159,8 @@ class Node:
             state = SqliteState(config.state_dir / "state.sqlite3")
             registry = Registry(audit=audit)
             for locked in loaded.lock.skills:
+                if locked.id == RUNNER:  # delegate's runner: registered once per kit below
+                    continue
                 limits = tables.limits(locked.id)
                 loaded.components[locked.id].prewarm(limits)
                 grants = tables.skill(locked.id)
@@ -172,6 +181,17 @@ class Node:
                         annotations=annotations_for(grants),
                         description=locked.description,
                     )
+                )
+            if tables.kits:
+                from skilld.delegate import InferenceConfig
+                from skilld.delegate import register as register_kits
+
+                register_kits(
+                    registry,
+                    tables,
+                    loaded.components[RUNNER],
+                    lambda sid: SkillPermissions.from_tables(tables, sid),
+                    config.delegate or InferenceConfig.from_env(),
                 )
             _stage(timings, "register", t)
         except BaseException:

@@ -136,11 +136,18 @@ def _sha256_beside(data: bytes) -> Callable[[], str]:
     return result
 
 
+# A package is a zip archive: its first bytes are a local file header (or, for an
+# archive with no entries, the end record).
+_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
+_WHAT_A_PACKAGE_IS = "a .skill package is the signed zip 'skilld pack' writes"
+
+
 def read_bytes(source: PackageSource, limits: PackageLimits) -> bytes:
     """The bytes of a package given as bytes or a path, refusing oversize input unread.
 
     Raises:
-        PackageFormatError: unreadable, not a regular file, or over the size limit.
+        PackageFormatError: unreadable, not a regular file, over the size limit, or (a
+            path) not a zip archive at all.
     """
     if isinstance(source, bytes):
         if len(source) > limits.max_package_bytes:
@@ -157,6 +164,12 @@ def read_bytes(source: PackageSource, limits: PackageLimits) -> bytes:
         raise PackageFormatError(f"cannot open package: {exc.strerror}", location=path) from exc
     try:
         st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise PackageFormatError(
+                "not a .skill package (a directory, not a regular file)",
+                location=path,
+                hint=_WHAT_A_PACKAGE_IS,
+            )
         if not stat.S_ISREG(st.st_mode):
             raise PackageFormatError(
                 "package is not a regular file (a directory, FIFO, socket or device)",
@@ -177,6 +190,15 @@ def read_bytes(source: PackageSource, limits: PackageLimits) -> bytes:
         os.close(fd)
     if len(data) > st.st_size:
         raise PackageFormatError("package changed while it was read", location=path)
+    if not data.startswith(_ZIP_MAGIC):
+        start = data[:16].decode("ascii", "replace") if data else ""
+        raise PackageFormatError(
+            f"not a .skill package (not a zip archive; it begins {start!r})"
+            if data
+            else "not a .skill package (it is empty)",
+            location=path,
+            hint=_WHAT_A_PACKAGE_IS,
+        )
     return data
 
 

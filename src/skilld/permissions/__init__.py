@@ -17,19 +17,64 @@ from __future__ import annotations
 
 import shlex
 
-from skilld.permissions._checker import DEFAULT_DENY, SkillPermissions
+from skilld.errors import UsageError
+from skilld.permissions._checker import (
+    DEFAULT_DENY,
+    FS_READ_ACTIONS,
+    FS_WRITE_ACTIONS,
+    SkillPermissions,
+)
 from skilld.permissions._url import NormalUrl, UrlRefused, normalize_url
-from skilld.policy import Tables
+from skilld.policy import HTTP_METHODS, Tables
 from skilld.types import Decision
+
+# The questions the host functions ask, and so the ones `skilld policy explain` answers;
+# anything else is a typo, never a deny.
+EXPLAIN_ACTIONS = (
+    *(f"fs.{a}" for a in ("read", "write")),
+    *(f"fs.{a}" for a in sorted((FS_READ_ACTIONS | FS_WRITE_ACTIONS) - {"read", "write"})),
+    *(f"http.{m.lower()}" for m in HTTP_METHODS),
+    "http.address",
+    "tcp.connect",
+    "tcp.address",
+    "shell.run",
+    "shell.cwd",
+    "env.read",
+    "invoke.call",
+    "transfer.send",
+    "transfer.fetch",
+    "kv.get",
+    "kv.set",
+    "kv.delete",
+    "kv.keys",
+    "mcp.sample",
+    "mcp.elicit",
+)
 
 __all__ = [
     "DEFAULT_DENY",
+    "EXPLAIN_ACTIONS",
     "NormalUrl",
     "SkillPermissions",
     "UrlRefused",
     "explain",
+    "explain_action",
     "normalize_url",
 ]
+
+
+def explain_action(action: str) -> tuple[str, str]:
+    """``CAPABILITY.ACTION`` split, when it is a question :func:`explain` answers.
+
+    Raises:
+        UsageError: not one of :data:`EXPLAIN_ACTIONS` (``http.GET`` counts as ``http.get``).
+    """
+    capability, _, act = action.partition(".")
+    if capability == "http":
+        act = act.lower()
+    if f"{capability}.{act}" not in EXPLAIN_ACTIONS:
+        raise UsageError(f"unknown action {action!r}", hint=f"one of: {', '.join(EXPLAIN_ACTIONS)}")
+    return capability, act
 
 
 def explain(tables: Tables, skill_id: str, action: str, target: str) -> Decision:
@@ -41,12 +86,14 @@ def explain(tables: Tables, skill_id: str, action: str, target: str) -> Decision
     ``env.read NAME``, ``invoke.call SKILL``, ``transfer.send NODE:PATH``.
 
     Raises:
+        UsageError: ``action`` is not one of :data:`EXPLAIN_ACTIONS` (``http.GET`` as well
+            as ``http.get``).
         PolicyError: the tables have no entry for ``skill_id``.
     """
+    capability, act = explain_action(action)
     checker = SkillPermissions.from_tables(tables, skill_id)
-    capability, _, act = action.partition(".")
     if capability == "http" and act != "address":
-        return checker.check_url(target, act.upper() or "GET")
+        return checker.check_url(target, act.upper())
     if capability == "shell" and act == "run":
         try:
             return checker.check_argv(shlex.split(target))

@@ -21,8 +21,8 @@ from skilld.policy import _patterns as p
 from skilld.types import Decision, Limits
 
 DEFAULT_DENY = "default-deny"
-_READ_ACTIONS = frozenset({"read", "list", "stat", "glob"})
-_WRITE_ACTIONS = frozenset({"write", "create", "delete", "remove", "mkdir", "rename"})
+FS_READ_ACTIONS = frozenset({"read", "list", "stat", "glob"})
+FS_WRITE_ACTIONS = frozenset({"write", "create", "delete", "remove", "mkdir", "rename"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,6 +259,7 @@ class SkillPermissions:
         ``tables`` (all skills) is needed to know which callees consent to calls.
         """
         self.skill_id = skill_id
+        self._table = table
         self._rules: dict[str, Mapping[str, Any]] = {}
         self._index_fs(table.get("fs", ()))
         self._index_http(table.get("http", ()))
@@ -290,6 +291,22 @@ class SkillPermissions:
         """The table entry of a rule (e.g. a shell rule's ``timeout_ms`` and ``env``)."""
         return self._rules.get(rule_id)
 
+    def grant_root(self, rule_id: str) -> str | None:
+        """The directory an fs rule's path starts from: its literal part before any wildcard.
+
+        The host resolves a granted path beneath it (``fs`` opens it first, then the
+        rest of the path from its descriptor). ``None`` for a rule that is not an fs rule.
+        """
+        return self._fs_roots.get(rule_id)
+
+    def grants(self, capability: str) -> tuple[Mapping[str, Any], ...]:
+        """The skill's rules for ``capability`` (``fs``, ``tcp``, ...), in table order.
+
+        For what the kernel enforces beside the checks: a confined command's Landlock
+        ruleset is built from the ``fs`` and ``tcp`` grants.
+        """
+        return tuple(self._table.get(capability, ()))
+
     # -- indexing ----------------------------------------------------------
 
     def _keep(self, rule: Mapping[str, Any]) -> str:
@@ -300,9 +317,11 @@ class SkillPermissions:
     def _index_fs(self, rules: Sequence[Mapping[str, Any]]) -> None:
         self._fs_tree: dict[str, list[tuple[str, bool]]] = {}
         self._fs_glob: dict[str, list[tuple[re.Pattern[str], str, bool, str]]] = {}
+        self._fs_roots: dict[str, str] = {}
         for r in rules:
             rid, rw = self._keep(r), r["mode"] == "rw"
             segments = p.parse_path_pattern(r["path"])
+            self._fs_roots[rid] = p.literal_prefix(segments)
             if p.is_literal(segments):
                 self._fs_tree.setdefault(p.join_path(segments), []).append((rid, rw))
             else:
@@ -451,8 +470,8 @@ class SkillPermissions:
 
     def _check(self, capability: str, action: str, target: str) -> Decision:
         if capability == "fs":
-            if action in _READ_ACTIONS or action in _WRITE_ACTIONS:
-                return self.check_path(target, write=action in _WRITE_ACTIONS, action=action)
+            if action in FS_READ_ACTIONS or action in FS_WRITE_ACTIONS:
+                return self.check_path(target, write=action in FS_WRITE_ACTIONS, action=action)
         elif capability == "http":
             if action == "address":
                 addr, _, host = target.partition(" ")

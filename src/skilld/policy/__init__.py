@@ -11,21 +11,45 @@ returns frozen :class:`Tables` (identity: :attr:`Tables.digest`), which
 
 from __future__ import annotations
 
-from skilld.policy._compile import CompileResult, Finding, compile_documents, compile_policies
-from skilld.policy._schema import CAPABILITY_SECTIONS, Exposure, parse_grants
+from skilld.policy._compile import (
+    CompileResult,
+    Finding,
+    compile_documents,
+    compile_policies,
+    source_as_given,
+)
+from skilld.policy._kits import (
+    D_LEVELS,
+    RUNNER,
+    RUNNER_METHOD,
+    W_LEVELS,
+    check_kit_methods,
+    grade_of,
+    kit_runner_id,
+)
+from skilld.policy._schema import CAPABILITY_SECTIONS, HTTP_METHODS, Exposure, parse_grants
 from skilld.policy._tables import FORMAT, Tables, load_tables
 from skilld.policy._yaml import load_yaml
 
 __all__ = [
     "CAPABILITY_SECTIONS",
+    "D_LEVELS",
     "FORMAT",
+    "HTTP_METHODS",
+    "RUNNER",
+    "RUNNER_METHOD",
+    "W_LEVELS",
     "CompileResult",
     "Exposure",
     "Finding",
     "Tables",
+    "check_kit_methods",
     "compile_documents",
     "compile_policies",
+    "grade_of",
+    "kit_runner_id",
     "load_tables",
     "load_yaml",
     "parse_grants",
+    "source_as_given",
 ]

@@ -15,6 +15,7 @@ from typing import Any
 
 from skilld.errors import PolicyError
 from skilld.policy import _patterns as p
+from skilld.policy._kits import compile_kits
 from skilld.policy._schema import (
     CAPABILITY_SECTIONS,
     NEEDS_KEYS,
@@ -157,7 +158,8 @@ def compile_policies(
     """Compile every ``<skill>.yaml`` (plus ``defaults.yaml``) in ``policy_dir``.
 
     Args:
-        policy_dir: the ``policies/`` directory; subdirectories (``trust/``) are ignored.
+        policy_dir: the ``policies/`` directory; ``kits/*.yaml`` in it are delegate's kits
+            (``skilld.policy._kits``), other subdirectories (``trust/``) are ignored.
         skills: when given, the known skills and their declared needs (``None``: not
             declared, take the grants as they are). A policy for a skill not in it,
             or an invoke reference to one, is an error.
@@ -169,12 +171,46 @@ def compile_policies(
     root = Path(policy_dir)
     if not root.is_dir():
         raise PolicyError("not a directory", location=str(policy_dir))
+    # The tables record each rule's source as `policies/x.yaml:LINE`, the same wherever the
+    # directory sits (the bundle digest must not depend on it); what the user reads names
+    # the directory as they gave it.
     documents: dict[str, tuple[str, object]] = {}
-    for path in sorted(root.iterdir()):
-        if path.is_file() and path.suffix in (".yaml", ".yml"):
-            label = f"{root.name}/{path.name}"
-            documents[path.name] = (label, _read(path, label))
-    return compile_documents(documents, skills, needs_sources=needs_sources)
+    try:
+        for path in sorted(root.iterdir()):
+            if path.is_file() and path.suffix in (".yaml", ".yml"):
+                label = f"{root.name}/{path.name}"
+                documents[path.name] = (label, _read(path, label))
+        kits: dict[str, tuple[str, object]] = {}
+        if (root / "kits").is_dir():
+            for path in sorted((root / "kits").iterdir()):
+                if path.is_file() and path.suffix in (".yaml", ".yml"):
+                    label = f"{root.name}/kits/{path.name}"
+                    kits[path.name] = (label, _read(path, label))
+        result = compile_documents(documents, skills, needs_sources=needs_sources, kits=kits)
+    except PolicyError as exc:
+        exc.location = source_as_given(exc.location, policy_dir)
+        raise
+    return replace(
+        result,
+        warnings=tuple(_relocate(f, policy_dir) for f in result.warnings),
+        problems=tuple(_relocate(f, policy_dir) for f in result.problems),
+    )
+
+
+def source_as_given(source: str | None, policy_dir: str | Path) -> str | None:
+    """A rule's ``source`` (``policies/x.yaml:LINE``) with the directory named as given.
+
+    The tables keep ``policies/x.yaml:6`` wherever the directory is; a user who passed
+    ``mine/policies`` reads ``mine/policies/x.yaml:6``. Other locations pass unchanged.
+    """
+    stable = f"{Path(policy_dir).name}/"
+    if source is not None and source.startswith(stable):
+        return f"{str(policy_dir).rstrip('/') or '/'}/{source.removeprefix(stable)}"
+    return source
+
+
+def _relocate(finding: Finding, policy_dir: str | Path) -> Finding:
+    return replace(finding, location=source_as_given(finding.location, policy_dir) or "")
 
 
 def compile_documents(
@@ -182,8 +218,9 @@ def compile_documents(
     skills: Mapping[str, Mapping[str, Any] | None] | None = None,
     *,
     needs_sources: Mapping[str, str] | None = None,
+    kits: Mapping[str, tuple[str, object]] | None = None,
 ) -> CompileResult:
-    """Compile parsed documents: file name → ``(label, parsed YAML)``.
+    """Compile parsed documents: file name → ``(label, parsed YAML)``; ``kits`` likewise.
 
     Raises:
         PolicyError: as :func:`compile_policies`.
@@ -290,8 +327,12 @@ def compile_documents(
         out[skill] = table
     for rid, source in sorted((unused_defaults or {}).items()):
         warnings.append(Finding(source, "defaults", f"{rid} is granted but no skill needs it"))
+    kit_tables = compile_kits(kits or {}, out)
     warnings += _cycles(out)
-    tables = Tables.from_data({"format": FORMAT, "skills": out})
+    data: dict[str, Any] = {"format": FORMAT, "skills": out}
+    if kit_tables:
+        data["kits"] = kit_tables
+    tables = Tables.from_data(data)
     return CompileResult(tables, tuple(warnings), tuple(problems))
 
 

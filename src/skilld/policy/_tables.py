@@ -88,6 +88,12 @@ class Tables:
         """The skill ids the tables know, sorted."""
         return tuple(sorted(self.data["skills"]))
 
+    @property
+    def kits(self) -> Mapping[str, Any]:
+        """delegate's compiled kits by name (``skilld.policy._kits``); empty without any."""
+        kits: Mapping[str, Any] = self.data.get("kits") or {}
+        return kits
+
     def skill(self, skill_id: str) -> Mapping[str, Any]:
         """One skill's table.
 

@@ -288,10 +288,13 @@ class Registry:
         depth: int = 0,
         chain: tuple[str, ...] = (),
         inline_s: float | None = None,
+        deadline: float | None = None,
     ) -> CallOutput:
         """Call ``method`` of ``skill_id`` directly (tools, ``invoke``, ``skilld call``).
 
         ``inline_s`` makes it an inline attempt of about that long (see :meth:`call_inline`).
+        ``deadline`` (monotonic; a nested call's caller's) ends the call sooner than its
+        own wall time would.
 
         Raises:
             RegistryError: no such skill.
@@ -312,6 +315,7 @@ class Registry:
             depth=depth,
             chain=chain,
             inline_s=inline_s,
+            deadline=deadline,
         )
 
     def _run(
@@ -327,6 +331,7 @@ class Registry:
         chain: tuple[str, ...] = (),
         target: str | None = None,
         inline_s: float | None = None,
+        deadline: float | None = None,
     ) -> T:
         """The one way guest code runs: a slot of the skill, a fresh context, one audit record.
 
@@ -349,6 +354,11 @@ class Registry:
             depth=depth,
             chain=chain,
             inline_until=None if inline_s is None else time.monotonic() + inline_s,
+            # A nested call ends by its caller's deadline if that comes first; others
+            # get theirs when the guest starts (instantiation included).
+            deadline=None
+            if deadline is None
+            else min(deadline, time.monotonic() + entry.limits.timeout_ms / 1000),
         )
         started = time.time()
         t0 = time.perf_counter()
@@ -437,11 +447,20 @@ class Registry:
                 caller=f"skill:{caller}",
                 depth=depth,
                 chain=(*ctx.chain, caller),
+                deadline=ctx.deadline,
             )
         except RegistryError as exc:
             raise HostCallError("not-found", exc.message) from exc
         except GuestError as exc:
             raise HostCallError(exc.code, exc.message, rule=exc.rule) from exc
+        except DeadlineExceeded as exc:
+            raise HostCallError(
+                "timeout",
+                f"'{callee}' was stopped at its deadline (its own wall time or what was left "
+                f"of '{caller}''s, whichever came first)",
+            ) from exc
+        except CallCancelled as exc:
+            raise HostCallError("cancelled", f"'{callee}' was cancelled") from exc
         except SkilldError as exc:
             raise HostCallError("internal", f"'{callee}' failed: {exc}") from exc
         return json.dumps(out.value)

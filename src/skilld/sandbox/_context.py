@@ -8,13 +8,15 @@ thread-local stack (a stack, because ``invoke`` nests calls).
 from __future__ import annotations
 
 import math
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
+from skilld.errors import HostCallError
 from skilld.types import (
     MAX_AUDITED_DECISIONS,
     ClientChannel,
@@ -26,6 +28,8 @@ from skilld.types import (
     decision_key,
 )
 
+T = TypeVar("T")
+
 # invoke(callee_skill, method, args_json, depth) -> result JSON
 Invoker = Callable[[str, str, str, int], str]
 
@@ -33,6 +37,9 @@ MAX_LOG_LINES = 200
 MAX_CAPTURE = 64 * 1024
 # Host faults one call keeps for its audit record.
 MAX_HOST_FAULTS = 16
+# A host call that waits (on a socket, the client, another thread) looks at the
+# cancel flag this often, so a cancelled call lets go of its slot within it.
+WAIT_SLICE_S = 0.05
 
 
 @dataclass
@@ -76,6 +83,70 @@ class CallContext:
         if self.deadline is None:
             return math.inf
         return max(0.0, self.deadline - time.monotonic())
+
+    def live(self, what: str) -> None:
+        """Refuse to start or go on with a host call past the deadline or after a cancel.
+
+        Raises:
+            HostCallError: ``cancelled`` once the client cancelled the call, ``timeout``
+                once its wall time is spent.
+        """
+        if self.channel.cancelled():
+            raise HostCallError("cancelled", f"{what}: the client cancelled the call")
+        if self.remaining() <= 0:
+            raise HostCallError("timeout", f"{what}: the call's wall time ran out")
+
+    def waits(self, what: str, timeout_s: float | None = None) -> Iterator[float]:
+        """How long to wait next, in slices of at most ``WAIT_SLICE_S``, until the
+        smaller of ``timeout_s`` (the guest's own) and the call's deadline.
+
+        A host call that blocks loops over it, waiting one slice at a time, so that
+        neither the deadline nor a cancellation has to wait for the peer.
+
+        Raises:
+            HostCallError: ``timeout`` when the time is up (the guest's or the call's),
+                ``cancelled`` once the client cancelled the call.
+        """
+        own = math.inf if timeout_s is None else time.monotonic() + max(timeout_s, 0.0)
+        while True:
+            self.live(what)
+            left = own - time.monotonic()
+            if left <= 0:
+                raise HostCallError("timeout", f"{what} timed out after {timeout_s:g} s")
+            # Never 0: a zero timeout would turn a socket non-blocking.
+            yield max(min(left, self.remaining(), WAIT_SLICE_S), 0.001)
+
+    def off_thread(self, what: str, fn: Callable[[], T]) -> T:
+        """``fn()`` on a helper thread, waited for in slices (see :meth:`waits`).
+
+        For a blocking call that cannot wait in slices itself (a name lookup, a
+        request to the client). When the time runs out or the call is cancelled the
+        guest goes on and ``fn`` is abandoned on its daemon thread, which ends when
+        ``fn`` does and cannot hold up the process's exit.
+
+        Raises:
+            HostCallError: ``timeout``, ``cancelled``; whatever ``fn`` raised.
+        """
+        answer: queue.SimpleQueue[tuple[bool, Any]] = queue.SimpleQueue()
+
+        def run() -> None:
+            try:
+                answer.put((True, fn()))
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting call
+                answer.put((False, exc))
+
+        self.live(what)
+        threading.Thread(target=run, name=f"skilld-{what}", daemon=True).start()
+        for wait in self.waits(what):
+            try:
+                ok, value = answer.get(timeout=wait)
+            except queue.Empty:
+                continue
+            if not ok:
+                raise value
+            result: T = value
+            return result
+        raise AssertionError("unreachable: waits() raises when the time is up")  # pragma: no cover
 
     def close_handles(self) -> None:
         """Close whatever the guest left open."""

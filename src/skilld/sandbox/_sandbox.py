@@ -57,7 +57,8 @@ from skilld.types import (
 
 log = logging.getLogger("skilld.sandbox")
 
-# Instantiating (guest start code included) must finish within this.
+# Warming an instance for the pool (guest start code included) must finish within
+# this; an instance made for a call has what is left of the call's own wall time.
 _INSTANTIATE_BUDGET_S = 10.0
 # A running guest is looked at this often (in epoch ticks): is its call cancelled?
 _CHECK_TICKS = 10
@@ -357,8 +358,18 @@ class Component:
         self._pool_limits = limits
         self._pool_depth = depth
 
-    def _fresh(self, memory_bytes: int, inline_until: float | None = None) -> _Instance:
-        """A new store and instance; the caller keeps the epoch ticker running."""
+    def _fresh(
+        self,
+        memory_bytes: int,
+        inline_until: float | None = None,
+        *,
+        ctx: CallContext | None = None,
+    ) -> _Instance:
+        """A new store and instance; the caller keeps the epoch ticker running.
+
+        For a call (``ctx``), instantiation and the guest's start code count against
+        the call's wall time and stop when the client cancels it.
+        """
         engine = self.sandbox.engine
         holder = _Streams()
         store = wasmtime.Store(engine.wasmtime)
@@ -370,7 +381,9 @@ class Component:
         store.set_limits(memory_size=memory_bytes)
         # Instantiation runs guest start code, which the epoch interrupts too; the
         # deadline of the call proper is armed again right before the call.
-        interrupt = _Interrupt(store, _INSTANTIATE_BUDGET_S, inline_until)
+        budget = _INSTANTIATE_BUDGET_S if ctx is None else ctx.remaining()
+        interrupt = _Interrupt(store, budget, inline_until)
+        interrupt.ctx = ctx
         started = time.perf_counter()
         instance = self.sandbox.linker.instantiate(store, self.native)
         # The fastest one seen: a slow one says more about the machine's load than us.
@@ -421,7 +434,7 @@ class Component:
             # Instantiating a large component (or one never instantiated yet) costs
             # more than an inline attempt may hold up the event loop.
             raise RunOnThread
-        return self._fresh(ctx.limits.memory_bytes, ctx.inline_until)
+        return self._fresh(ctx.limits.memory_bytes, ctx.inline_until, ctx=ctx)
 
     def _retire(self, inst: _Instance) -> None:
         """Hand a used instance to the background worker, which frees it.

@@ -7,6 +7,7 @@ so one test can assert exactly what the host allowed or refused, and why.
 from __future__ import annotations
 
 import base64
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -160,3 +161,61 @@ def invoke_call(skill_id: str, method: str, args: dict[str, Any]) -> dict[str, A
 def mcp_ask(kind: str, params: dict[str, Any]) -> dict[str, Any]:
     """Send a sampling ("sample") or elicitation ("elicit") request to the client."""
     return _report(lambda: mcp.sample(params) if kind == "sample" else mcp.elicit(params))
+
+
+_FS_OPS: dict[str, Callable[[str], Any]] = {
+    "read": lambda p: fs.read(p).decode(errors="replace"),
+    "write": lambda p: fs.write(p, "written by the prober", False),
+    "list": fs.list_dir,
+    "stat": lambda p: fs.stat(p).size,
+    "mkdir": fs.mkdir,
+    "remove": fs.remove,
+    "glob": fs.glob,
+}
+
+
+@skill.method
+def fs_batch(op: str, paths: list[str], rounds: int = 1) -> dict[str, Any]:
+    """Run one fs operation on each path, ``rounds`` times over: ``{"ok": [report, ...]}``."""
+    fn = _FS_OPS[op]
+    return {"ok": [_report(functools.partial(fn, p)) for _ in range(rounds) for p in paths]}
+
+
+@skill.method
+def tcp_hold(host: str, port: int, timeout_ms: int) -> dict[str, Any]:
+    """Connect and wait for bytes with the guest's own (large) timeout."""
+
+    def go() -> int:
+        conn = tcp.connect(host, port, timeout_ms)
+        try:
+            received = 0
+            while chunk := tcp.receive(conn, 4096, timeout_ms):
+                received += len(chunk)
+            return received
+        finally:
+            tcp.close(conn)
+
+    return _report(go)
+
+
+@skill.method
+def http_timed(url: str, timeout_ms: int) -> dict[str, Any]:
+    """GET with the guest's own (large) timeout; report status and body size."""
+
+    def go() -> dict[str, Any]:
+        resp = http.request("GET", url, timeout_ms=timeout_ms)
+        return {"status": resp.status, "size": len(resp.body)}
+
+    return _report(go)
+
+
+@skill.method
+def mcp_progress(value: str, total: str | None = None) -> dict[str, Any]:
+    """Report progress with values given as text ("nan", "inf" reach the host as floats)."""
+    return _report(lambda: mcp.progress(float(value), None if total is None else float(total)))
+
+
+@skill.method
+def mcp_log(level: str, data: str = "hello") -> dict[str, Any]:
+    """Log to the client at any level name."""
+    return _report(lambda: mcp.log(level, data))

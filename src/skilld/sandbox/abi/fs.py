@@ -1,106 +1,301 @@
-"""``fs``: files inside the directories the policy grants.
+"""``fs``: files inside the directories the policy grants, reached through descriptors only.
 
-Paths are host paths and must be absolute. Each is made canonical before the
-check: symlinks resolved (``os.path.realpath``), ``.`` and ``..`` folded,
-trailing slashes dropped. The canonical path is checked against the tables
-(``check("fs", "read" | "write", path)``), then opened by walking it from ``/``
-one component at a time with ``O_NOFOLLOW``: a symlink planted after the check
-(by the guest through another capability, or by anyone) makes the open fail
-instead of leading outside the grant. Files open non-blocking, so a FIFO the
-guest planted (through an allowed ``shell`` rule) is refused, never waited on.
+Paths are host paths and must be absolute. Each is folded *lexically* (``//``,
+``.``, ``..`` and trailing slashes; nothing on disk is looked at) and that folded
+path is checked against the tables (``check("fs", "read" | "write", path)``). The
+host then opens the grant's root directory (the rule's path up to its first
+wildcard) and resolves the rest of the path beneath that descriptor with
+``openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)``, and acts
+on the descriptor it got: ``fstat``, reading the directory it opened, ``unlinkat``
+and ``mkdirat`` relative to the parent it opened. Nothing is checked by path and then
+used by path, so a path that changes in between (a directory swapped for a symlink,
+a file for a directory) ends as ``not-found`` or ``not-permitted``, never somewhere
+else. Where the kernel has no ``openat2`` (before Linux 5.6, or a seccomp filter that
+refuses it) the same walk is done one component at a time with ``O_NOFOLLOW``.
+
+Symlinks are never followed, not even ones that point back inside a grant: since no
+component may be a symlink and ``..`` is folded before the check, the folded path
+*is* the file that gets opened. A planted link or ``/proc/self/fd/N`` is refused as
+``not-permitted`` (rule ``fs.no-follow``); a refusal names the path as the guest
+wrote it and never where a link leads. Files open non-blocking, so a FIFO the guest
+planted is refused, never waited on.
+
+A regular file with more than one hard link is never opened for writing (rule
+``fs.hardlink``): its other name may be outside every grant. Reading one is allowed;
+docs/policy.md says why.
+
+``fs.glob`` walks directory descriptors the same way, never through a symlink, with
+each directory visited once however many ``**`` the pattern has, a cap on the entries
+it visits and the call's deadline.
 
 Linux paths are case-sensitive and so are the checks: a grant for ``/data/Notes``
-says nothing about ``/data/notes``. ``//``, ``.``, ``..`` and trailing slashes
-are folded by the canonicalisation, so they can neither widen nor dodge a check.
+says nothing about ``/data/notes``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import errno
 import fnmatch
 import os
 import stat as stat_mod
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 from skilld.errors import HostCallError
 from skilld.sandbox._context import CallContext
 from skilld.sandbox.abi import Functions, ask, decide
+from skilld.types import Decision
 
 MAX_READ = 16 * 1024 * 1024
 MAX_LIST = 10_000
 MAX_GLOB = 10_000
+# Entries a glob may look at (matched or not) and directories it may descend, so a
+# tree the guest built cannot make one call walk for long even within its deadline.
+MAX_GLOB_VISITS = 200_000
+MAX_GLOB_DEPTH = 128
+# How many entries a walk looks at between looks at the clock and the cancel flag.
+_CLOCK_EVERY = 256
+
+NO_FOLLOW_RULE = "fs.no-follow"
+HARDLINK_RULE = "fs.hardlink"
+
+# openat2(2): the struct open_how and its resolve flags (linux/openat2.h).
+_SYS_OPENAT2 = 437  # the same number on every architecture (the unified syscall table)
+_RESOLVE_NO_MAGICLINKS = 0x02
+_RESOLVE_NO_SYMLINKS = 0x04
+_RESOLVE_BENEATH = 0x08
+_RESOLVE = _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS | _RESOLVE_NO_MAGICLINKS
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = (("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64))
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_syscall = _libc.syscall
+_syscall.restype = ctypes.c_long
+
+
+def _openat2(dirfd: int, rel: str, flags: int, mode: int) -> int:
+    how = _OpenHow(flags, mode if flags & os.O_CREAT else 0, _RESOLVE)
+    path = ctypes.c_char_p(os.fsencode(rel))
+    code = errno.EAGAIN
+    # EAGAIN: the kernel saw a rename or mount race during a RESOLVE_BENEATH lookup
+    # and asks for a retry (openat2(2)); with '..' folded away it should not happen.
+    for _ in range(3):
+        fd = int(
+            _syscall(
+                ctypes.c_long(_SYS_OPENAT2),
+                ctypes.c_int(dirfd),
+                path,
+                ctypes.byref(how),
+                ctypes.c_size_t(ctypes.sizeof(how)),
+            )
+        )
+        if fd >= 0:
+            return fd
+        code = ctypes.get_errno()
+        if code != errno.EAGAIN:
+            break
+    raise OSError(code, os.strerror(code), rel)
+
+
+def _has_openat2() -> bool:
+    try:
+        os.close(_openat2(_ROOT_FD, ".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, 0))
+    except OSError:
+        # ENOSYS (an old kernel) or EPERM (a seccomp filter): walk instead.
+        return False
+    return True
+
+
+# "/" stays open for the life of the process: every resolution starts from it.
+_ROOT_FD = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+USE_OPENAT2 = _has_openat2()
 
 
 def canonical(path: str) -> str:
     """The canonical absolute form of ``path`` (symlinks resolved where they exist).
 
+    ``shell`` uses it for the path arguments of commands; fs calls never resolve
+    symlinks (see :func:`lexical`).
+
     Raises:
         HostCallError: ``invalid-argument`` for relative paths or NUL bytes.
     """
+    _absolute(path)
+    return os.path.realpath(path)
+
+
+def lexical(path: str) -> str:
+    """``path`` with ``//``, ``.``, ``..`` and trailing slashes folded, without looking at disk.
+
+    Raises:
+        HostCallError: ``invalid-argument`` for relative paths or NUL bytes.
+    """
+    _absolute(path)
+    out: list[str] = []
+    for part in path.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if out:
+                out.pop()
+            continue
+        out.append(part)
+    return "/" + "/".join(out)
+
+
+def _absolute(path: str) -> None:
     if not path or "\x00" in path:
         raise HostCallError("invalid-argument", "path is empty or contains a NUL byte")
     if not path.startswith("/"):
         raise HostCallError("invalid-argument", f"path {path!r} must be absolute")
-    return os.path.realpath(path)
 
 
-def _checked(ctx: CallContext, path: str, action: str) -> str:
-    canon = canonical(path)
-    decide(
-        ctx, "fs", action, canon, shown=path if canon == path else f"{path} (resolves to {canon})"
-    )
-    return canon
+def _parent(path: str) -> str:
+    return path[: path.rfind("/")] or "/"
+
+
+def _beneath(path: str, root: str) -> bool:
+    return root == "/" or path == root or path.startswith(root + "/")
+
+
+class _Target:
+    """A checked path: its folded form and the directory it is resolved beneath."""
+
+    __slots__ = ("anchor", "lex")
+
+    def __init__(self, lex: str, anchor: str):
+        self.lex, self.anchor = lex, anchor
+
+    def rel(self, path: str | None = None) -> str:
+        """``path`` (default: the target) relative to the anchor (``.`` for the anchor)."""
+        full = self.lex if path is None else path
+        return full[len(self.anchor) :].lstrip("/") or "."
+
+
+def _anchor(ctx: CallContext, decision: Decision, lex: str) -> str:
+    """The grant's root directory, a proper ancestor of ``lex`` ("/" when not known)."""
+    lookup = getattr(ctx.checker, "grant_root", None)
+    root = lookup(decision.rule) if lookup is not None else None
+    if not isinstance(root, str) or not _beneath(lex, root):
+        return "/"
+    # The grant is the path itself (a file grant, or the grant's own directory):
+    # resolve its last name beneath its parent.
+    return _parent(root) if lex == root else root
+
+
+def _checked(ctx: CallContext, path: str, action: str) -> _Target:
+    lex = lexical(path)
+    decision = decide(ctx, "fs", action, lex, shown=path)
+    return _Target(lex, _anchor(ctx, decision, lex))
 
 
 def _errno(exc: OSError, path: str) -> HostCallError:
-    if exc.errno == errno.ENOENT:
+    """What a failed descriptor operation means for the guest (``path`` as it wrote it)."""
+    code = exc.errno
+    if code in (errno.ENOENT, errno.ENOTDIR):
         return HostCallError("not-found", f"{path} does not exist")
-    if exc.errno == errno.ELOOP:
+    if code in (errno.ELOOP, errno.EXDEV):
         return HostCallError(
-            "not-permitted", f"{path} changed to a symlink after the check", rule="fs.no-follow"
+            "not-permitted",
+            f"{path}: a symlink is on the way, and fs calls do not follow symlinks",
+            rule=NO_FOLLOW_RULE,
         )
-    if exc.errno in (errno.EACCES, errno.EPERM):
+    if code in (errno.EACCES, errno.EPERM):
         return HostCallError(
             "not-permitted", f"{path}: the host refused access ({exc.strerror})", rule="host"
         )
-    return HostCallError("io", f"{path}: {exc.strerror or exc}")
+    if code in (errno.EISDIR, errno.ENXIO):
+        return HostCallError("invalid-argument", f"{path} is not a regular file")
+    if code == errno.ENOTEMPTY:
+        return HostCallError("invalid-argument", f"{path} is a directory that is not empty")
+    if code == errno.EEXIST:
+        return HostCallError("invalid-argument", f"{path} exists and is not a directory")
+    if code == errno.ENAMETOOLONG:
+        return HostCallError("invalid-argument", f"{path}: a name is too long")
+    if code == errno.EAGAIN:
+        return HostCallError("unavailable", f"{path} kept changing while it was opened; try again")
+    if code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EMFILE, errno.ENFILE):
+        return HostCallError("limit-exceeded", f"{path}: {exc.strerror}")
+    return HostCallError("io", f"{path}: {exc.strerror or 'I/O error'}")
 
 
-@contextmanager
-def _parent_fd(canon: str) -> Iterator[tuple[int, str]]:
-    """Open the parent directory of ``canon`` without following any symlink; yield (fd, name)."""
-    parts = [p for p in canon.split("/") if p]
-    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+def _step(dirfd: int, name: str, flags: int, mode: int = 0o644) -> int:
+    """Open ``name`` in ``dirfd`` without following it; a symlink raises ELOOP."""
+    try:
+        return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dirfd)
+    except NotADirectoryError:
+        # Linux answers ENOTDIR, not ELOOP, for a symlink opened with O_DIRECTORY |
+        # O_NOFOLLOW: say which it was (a lookup only, to choose the error).
+        try:
+            info = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+        except OSError:
+            raise OSError(errno.ENOENT, os.strerror(errno.ENOENT), name) from None
+        if stat_mod.S_ISLNK(info.st_mode):
+            raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), name) from None
+        raise
+
+
+def _walk_open(dirfd: int, rel: str, flags: int, mode: int) -> int:
+    """``openat2``'s resolution done by hand: one component at a time, none followed."""
+    parts = [p for p in rel.split("/") if p not in ("", ".")]
+    if not parts:
+        return _step(dirfd, ".", flags, mode)
+    fd = os.dup(dirfd)
     try:
         for part in parts[:-1]:
-            try:
-                nxt = os.open(
-                    part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
-                )
-            except NotADirectoryError:
-                # Linux answers ENOTDIR, not ELOOP, for a symlink opened with
-                # O_DIRECTORY | O_NOFOLLOW: say which it was.
-                if stat_mod.S_ISLNK(os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode):
-                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), part) from None
-                raise
+            nxt = _step(fd, part, os.O_PATH | os.O_DIRECTORY)
             os.close(fd)
             fd = nxt
-        yield fd, (parts[-1] if parts else ".")
+        final = _step(fd, parts[-1], flags, mode)
+    finally:
+        os.close(fd)
+    if flags & os.O_PATH and stat_mod.S_ISLNK(os.fstat(final).st_mode):
+        # O_PATH | O_NOFOLLOW opens a symlink itself rather than failing.
+        os.close(final)
+        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), parts[-1])
+    return final
+
+
+def _resolve(dirfd: int, rel: str, flags: int, mode: int = 0o644) -> int:
+    flags |= os.O_CLOEXEC
+    if USE_OPENAT2:
+        return _openat2(dirfd, rel, flags, mode)
+    return _walk_open(dirfd, rel, flags, mode)
+
+
+@contextlib.contextmanager
+def _anchor_fd(target: _Target) -> Iterator[int]:
+    """The grant's root directory, opened from ``/`` without following a symlink."""
+    fd = _resolve(_ROOT_FD, target.anchor.lstrip("/") or ".", os.O_PATH | os.O_DIRECTORY)
+    try:
+        yield fd
     finally:
         os.close(fd)
 
 
-def _open(canon: str, flags: int, mode: int = 0o644) -> int:
-    with _parent_fd(canon) as (dfd, name):
-        return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode, dir_fd=dfd)
+def _open(target: _Target, flags: int, path: str | None = None) -> int:
+    """Open the target (or ``path``, an ancestor of it) beneath its grant's root."""
+    # O_PATH takes no other open flags (openat2 refuses them); the rest open
+    # non-blocking, so a FIFO is never waited on.
+    extra = 0 if flags & os.O_PATH else os.O_NONBLOCK
+    with _anchor_fd(target) as root:
+        return _resolve(root, target.rel(path), flags | extra)
 
 
 def read(ctx: CallContext, path: str) -> bytes:
-    """The bytes of a file (at most 16 MiB)."""
-    canon = _checked(ctx, path, "read")
+    """The bytes of a file (at most 16 MiB).
+
+    Raises:
+        HostCallError: ``not-permitted`` (denied, or a symlink on the way), ``not-found``,
+            ``invalid-argument`` (not a regular file), ``limit-exceeded``, ``io``.
+    """
+    target = _checked(ctx, path, "read")
     try:
-        fd = _open(canon, os.O_RDONLY)
+        fd = _open(target, os.O_RDONLY)
         try:
             info = os.fstat(fd)
             if not stat_mod.S_ISREG(info.st_mode):
@@ -111,8 +306,11 @@ def read(ctx: CallContext, path: str) -> bytes:
                     f"{path} is {info.st_size} bytes, over the {MAX_READ}-byte read limit",
                 )
             chunks = []
-            while chunk := os.read(fd, 1 << 20):
+            size = 0
+            # A file that grows while it is read still ends at the cap.
+            while size <= MAX_READ and (chunk := os.read(fd, 1 << 20)):
                 chunks.append(chunk)
+                size += len(chunk)
             return b"".join(chunks)[:MAX_READ]
         finally:
             os.close(fd)
@@ -121,14 +319,31 @@ def read(ctx: CallContext, path: str) -> bytes:
 
 
 def write(ctx: CallContext, path: str, data: bytes, append: bool) -> None:
-    """Write or append to a regular file (created when missing)."""
-    canon = _checked(ctx, path, "write")
-    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
+    """Write or append to a regular file (created when missing).
+
+    The file is truncated only after its descriptor shows a regular file with one
+    link: a FIFO, a device or a second name of a file elsewhere is refused untouched.
+
+    Raises:
+        HostCallError: ``not-permitted`` (denied, a symlink on the way, or a file with
+            more than one hard link), ``not-found``, ``invalid-argument``, ``io``.
+    """
+    target = _checked(ctx, path, "write")
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else 0)
     try:
-        fd = _open(canon, flags)
+        fd = _open(target, flags)
         try:
-            if not stat_mod.S_ISREG(os.fstat(fd).st_mode):
+            info = os.fstat(fd)
+            if not stat_mod.S_ISREG(info.st_mode):
                 raise HostCallError("invalid-argument", f"{path} is not a regular file")
+            if info.st_nlink > 1:
+                raise HostCallError(
+                    "not-permitted",
+                    f"{path} has {info.st_nlink} hard links; fs writes only files with one",
+                    rule=HARDLINK_RULE,
+                )
+            if not append:
+                os.ftruncate(fd, 0)
             view = memoryview(bytes(data))
             while view:
                 view = view[os.write(fd, view) :]
@@ -139,27 +354,43 @@ def write(ctx: CallContext, path: str, data: bytes, append: bool) -> None:
 
 
 def list_dir(ctx: CallContext, path: str) -> list[str]:
-    """Names in a directory, sorted."""
-    canon = _checked(ctx, path, "read")
+    """Names in a directory, sorted (symlinks are listed by their own names).
+
+    Raises:
+        HostCallError: as for :func:`read`; ``limit-exceeded`` past 10,000 entries.
+    """
+    target = _checked(ctx, path, "read")
     try:
-        fd = _open(canon, os.O_RDONLY | os.O_DIRECTORY)
+        fd = _open(target, os.O_RDONLY | os.O_DIRECTORY)
         try:
-            names = sorted(os.listdir(fd))
+            names = []
+            with os.scandir(fd) as entries:
+                for entry in entries:
+                    names.append(entry.name)
+                    if len(names) > MAX_LIST:
+                        raise HostCallError(
+                            "limit-exceeded", f"{path} has more than {MAX_LIST} entries"
+                        )
         finally:
             os.close(fd)
     except OSError as exc:
         raise _errno(exc, path) from exc
-    if len(names) > MAX_LIST:
-        raise HostCallError("limit-exceeded", f"{path} has {len(names)} entries, over {MAX_LIST}")
-    return names
+    return sorted(names)
 
 
 def stat(ctx: CallContext, path: str) -> dict[str, object]:
-    """Size, kind and modification time."""
-    canon = _checked(ctx, path, "read")
+    """Size, kind and modification time (of the path itself; a symlink is refused).
+
+    Raises:
+        HostCallError: as for :func:`read`.
+    """
+    target = _checked(ctx, path, "read")
     try:
-        with _parent_fd(canon) as (dfd, name):
-            info = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        fd = _open(target, os.O_PATH)
+        try:
+            info = os.fstat(fd)
+        finally:
+            os.close(fd)
     except OSError as exc:
         raise _errno(exc, path) from exc
     return {
@@ -170,34 +401,62 @@ def stat(ctx: CallContext, path: str) -> dict[str, object]:
 
 
 def mkdir(ctx: CallContext, path: str) -> None:
-    """Create a directory and its missing parents (each parent checked too)."""
-    canon = _checked(ctx, path, "write")
-    missing = []
-    probe = canon
-    while not os.path.lexists(probe):
-        missing.append(probe)
-        probe = os.path.dirname(probe)
-    for directory in reversed(missing):
-        _checked(ctx, directory, "write")
-        try:
-            with _parent_fd(directory) as (dfd, name):
-                os.mkdir(name, 0o755, dir_fd=dfd)
-        except FileExistsError:
-            continue
-        except OSError as exc:
-            raise _errno(exc, path) from exc
+    """Create a directory and its missing parents below the grant's root (each checked too).
+
+    Raises:
+        HostCallError: ``not-permitted`` for a refused directory or a symlink on the
+            way, ``not-found`` when the grant's root is missing, ``invalid-argument``
+            when a file is in the way, ``io``.
+    """
+    target = _checked(ctx, path, "write")
+    rel = target.rel()
+    parts = [] if rel == "." else rel.split("/")
+    try:
+        with _anchor_fd(target) as root:
+            fd = os.dup(root)
+            try:
+                here = target.anchor.rstrip("/")
+                for part in parts:
+                    here = f"{here}/{part}"
+                    try:
+                        nxt = _step(fd, part, os.O_PATH | os.O_DIRECTORY)
+                    except FileNotFoundError:
+                        if here != target.lex:
+                            decide(ctx, "fs", "write", here, shown=here)
+                        # Made meanwhile by someone else: opened below like any other.
+                        with contextlib.suppress(FileExistsError):
+                            os.mkdir(part, 0o755, dir_fd=fd)
+                        nxt = _step(fd, part, os.O_PATH | os.O_DIRECTORY)
+                    os.close(fd)
+                    fd = nxt
+            finally:
+                os.close(fd)
+    except NotADirectoryError as exc:
+        raise HostCallError("invalid-argument", f"{path}: a file is in the way") from exc
+    except OSError as exc:
+        raise _errno(exc, path) from exc
 
 
 def remove(ctx: CallContext, path: str) -> None:
-    """Remove a file, or an empty directory."""
-    canon = _checked(ctx, path, "write")
+    """Remove a file or a symlink (never what it points to), or an empty directory.
+
+    Raises:
+        HostCallError: ``not-permitted``, ``not-found``, ``invalid-argument`` (a
+            directory that is not empty), ``io``.
+    """
+    target = _checked(ctx, path, "write")
+    if target.lex == "/":
+        raise HostCallError("invalid-argument", "/ cannot be removed")
+    name = target.lex[target.lex.rfind("/") + 1 :]
     try:
-        with _parent_fd(canon) as (dfd, name):
-            info = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-            if stat_mod.S_ISDIR(info.st_mode):
-                os.rmdir(name, dir_fd=dfd)
-            else:
-                os.unlink(name, dir_fd=dfd)
+        parent = _open(target, os.O_PATH | os.O_DIRECTORY, _parent(target.lex))
+        try:
+            try:
+                os.unlink(name, dir_fd=parent)
+            except IsADirectoryError:
+                os.rmdir(name, dir_fd=parent)
+        finally:
+            os.close(parent)
     except OSError as exc:
         raise _errno(exc, path) from exc
 
@@ -205,15 +464,18 @@ def remove(ctx: CallContext, path: str) -> None:
 def glob(ctx: CallContext, pattern: str) -> list[str]:
     """Paths matching an absolute pattern (``*`` one segment, ``**`` any depth).
 
-    The walk starts at the longest literal prefix, which must itself be readable;
-    every match is checked on its own canonical path (each decision recorded), and
-    matches the policy refuses are left out. ``?`` and ``[...]`` are refused: the
-    policy language has only ``*`` and ``**``, and so does the request.
+    The walk starts at the longest literal prefix, which must itself be readable,
+    and goes on through directory descriptors; symlinks are neither followed nor
+    matched (no fs call would follow one). Every match is checked on its own
+    folded path (each decision recorded), and matches the policy refuses are left
+    out. ``?`` and ``[...]`` are refused: the policy language has only ``*`` and
+    ``**``, and so does the request.
 
     Raises:
         HostCallError: ``invalid-argument`` for a relative pattern, a NUL byte or an
             unsupported wildcard; ``not-permitted`` when the literal prefix is not
-            readable; ``limit-exceeded`` past 10,000 matches.
+            readable; ``limit-exceeded`` past 10,000 matches or 200,000 entries
+            visited; ``timeout`` at the call's deadline; ``cancelled``.
     """
     if not pattern.startswith("/") or "\x00" in pattern:
         raise HostCallError("invalid-argument", f"glob pattern {pattern!r} must be absolute")
@@ -230,38 +492,117 @@ def glob(ctx: CallContext, pattern: str) -> list[str]:
         if "*" in part:
             break
         literal.append(part)
-    base = "/" + "/".join(literal)
-    root = _checked(ctx, base, "read")
-    rest = parts[1 + len(literal) :]
-    out: list[str] = []
-    for found in _walk(root, rest):
-        if len(out) >= MAX_GLOB:
-            raise HostCallError("limit-exceeded", f"glob matched more than {MAX_GLOB} paths")
-        if ask(ctx, "fs", "read", os.path.realpath(found)).allowed:
-            out.append(found)
-    return sorted(out)
-
-
-def _walk(directory: str, parts: list[str]) -> Iterator[str]:
-    if not parts:
-        yield directory
-        return
-    head, rest = parts[0], parts[1:]
+    target = _checked(ctx, "/" + "/".join(literal), "read")
+    rest = [p for p in parts[1 + len(literal) :] if p not in ("", ".")]
+    if ".." in rest:
+        # After a wildcard '..' could only climb back over what the walk matched.
+        return []
     try:
-        entries = sorted(os.scandir(directory), key=lambda e: e.name)
-    except OSError:
-        return
-    if head == "**":
-        yield from _walk(directory, rest)
-        for entry in entries:
-            if entry.is_dir(follow_symlinks=False):
-                yield from _walk(entry.path, parts)
-        return
-    for entry in entries:
-        if fnmatch.fnmatchcase(entry.name, head) and (
-            rest == [] or entry.is_dir(follow_symlinks=False)
-        ):
-            yield from _walk(entry.path, rest)
+        fd = _open(target, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            return []
+        raise _errno(exc, pattern) from exc
+    walk = _Glob(ctx, rest)
+    try:
+        walk.directory(fd, target.lex, walk.closure({0}), 0)
+    finally:
+        os.close(fd)
+    return sorted(walk.found)
+
+
+class _Glob:
+    """One glob walk: each directory is visited once, with the set of pattern positions
+    (an NFA's states) that reach it, so ``**/**/**`` costs what ``**`` does."""
+
+    def __init__(self, ctx: CallContext, parts: list[str]):
+        self.ctx = ctx
+        self.parts = parts
+        self.end = len(parts)
+        self.found: list[str] = []
+        self.visits = 0
+
+    def closure(self, states: set[int]) -> frozenset[int]:
+        """``states`` plus every position a ``**`` may skip to (it matches no segment too)."""
+        out = set(states)
+        for i in sorted(states):
+            while i < self.end and self.parts[i] == "**":
+                i += 1
+                out.add(i)
+        return frozenset(out)
+
+    def match(self, path: str) -> None:
+        if len(self.found) >= MAX_GLOB:
+            raise HostCallError("limit-exceeded", f"glob matched more than {MAX_GLOB} paths")
+        if ask(self.ctx, "fs", "read", path).allowed:
+            self.found.append(path)
+
+    def tick(self) -> None:
+        self.visits += 1
+        if self.visits > MAX_GLOB_VISITS:
+            raise HostCallError(
+                "limit-exceeded", f"glob looked at more than {MAX_GLOB_VISITS} entries"
+            )
+        if self.visits % _CLOCK_EVERY == 0:
+            self.ctx.live("fs.glob")
+
+    def directory(self, fd: int, path: str, states: frozenset[int], depth: int) -> None:
+        """Visit the open directory ``fd`` at ``path``, reached with ``states``."""
+        if self.end in states:
+            self.match(path)
+        if all(s == self.end for s in states):
+            return
+        if depth >= MAX_GLOB_DEPTH:
+            raise HostCallError(
+                "limit-exceeded", f"glob went deeper than {MAX_GLOB_DEPTH} directories"
+            )
+        entries = []
+        try:
+            with os.scandir(fd) as it:
+                for e in it:
+                    # Counted as read, so one huge directory meets the cap and the clock too.
+                    self.tick()
+                    # A symlink is neither walked nor matched: no fs call would follow it.
+                    if not e.is_symlink():
+                        entries.append((e.name, e.is_dir(follow_symlinks=False)))
+        except OSError as exc:
+            _out_of_descriptors(exc)
+            return  # gone or unreadable meanwhile: nothing below it matches
+        base = path.rstrip("/")
+        for name, is_dir in sorted(entries):
+            stepped = {i + 1 for i in states if i < self.end and self._fits(i, name)}
+            if not is_dir:
+                # Only a last segment that is not '**' matches a file, as it always has.
+                if self.end in stepped:
+                    self.match(f"{base}/{name}")
+                continue
+            stepped |= {i for i in states if i < self.end and self.parts[i] == "**"}
+            nxt = self.closure(stepped)
+            if not nxt:
+                continue
+            try:
+                child = _step(fd, name, os.O_RDONLY | os.O_DIRECTORY | os.O_NONBLOCK)
+            except OSError as exc:
+                _out_of_descriptors(exc)
+                continue  # swapped for a file or a symlink, or gone: not walked
+            try:
+                self.directory(child, f"{base}/{name}", nxt, depth + 1)
+            finally:
+                os.close(child)
+
+    def _fits(self, i: int, name: str) -> bool:
+        part = self.parts[i]
+        return part != "**" and fnmatch.fnmatchcase(name, part)
+
+
+def _out_of_descriptors(exc: OSError) -> None:
+    """A walk that cannot open what it found must say so, not return fewer matches.
+
+    Raises:
+        HostCallError: ``limit-exceeded`` when the process is out of file descriptors.
+    """
+    if exc.errno in (errno.EMFILE, errno.ENFILE):
+        raise HostCallError("limit-exceeded", "fs.glob: the host is out of file descriptors")
 
 
 FUNCTIONS: Functions = {

@@ -7,19 +7,26 @@ that address, with the name kept for the Host header, SNI and certificate checks
 URLs with userinfo and schemes other than http and https are refused outright.
 The body is capped by the deciding rule's ``max_response_bytes`` (host cap: 8 MiB);
 credentials headers are dropped when a redirect leaves the origin.
+
+One clock bounds the whole fetch, from the first lookup to the last body byte of
+the last redirect: the smaller of the guest's ``timeout_ms`` and what is left of
+the call's deadline. Every read and write waits in slices of it (see ``_net``), so
+a peer that trickles its headers or body, or holds the connection open, costs no
+more than that, and a cancelled call lets go within a slice.
 """
 
 from __future__ import annotations
 
 import http.client
 import ssl
+import time
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 from skilld.errors import HostCallError
 from skilld.sandbox._context import CallContext
 from skilld.sandbox.abi import Functions, decide, rule_settings
-from skilld.sandbox.abi._net import connect, resolve_checked
+from skilld.sandbox.abi._net import BoundedSSLSocket, bound_socket, connect, resolve_checked
 from skilld.types import Decision
 
 MAX_REDIRECTS = 5
@@ -39,22 +46,39 @@ _CREDENTIAL_HEADERS = {"authorization", "cookie", "proxy-authorization"}
 
 
 class _PinnedHTTP(http.client.HTTPConnection):
-    def __init__(self, host: str, port: int, ip: str, timeout: float):
-        super().__init__(host, port, timeout=timeout)
-        self._ip = ip
+    """A connection to the checked address ``ip``, every wait bounded by the call."""
+
+    def __init__(self, ctx: CallContext, host: str, port: int, ip: str, until: float):
+        super().__init__(host, port)
+        self._ctx, self._ip, self._until = ctx, ip, until
+
+    def _raw(self) -> Any:
+        return connect(self._ctx, self._ip, self.port, self._until - time.monotonic())
 
     def connect(self) -> None:
-        self.sock = connect(self._ip, self.port, self.timeout or DEFAULT_TIMEOUT_MS / 1000)
+        self.sock = bound_socket(self._ctx, self._raw(), f"HTTP with {self.host}", self._until)
 
 
-class _PinnedHTTPS(http.client.HTTPSConnection):
-    def __init__(self, host: str, port: int, ip: str, timeout: float):
-        super().__init__(host, port, timeout=timeout, context=ssl.create_default_context())
-        self._ip = ip
-
+class _PinnedHTTPS(_PinnedHTTP):
     def connect(self) -> None:
-        raw = connect(self._ip, self.port, self.timeout or DEFAULT_TIMEOUT_MS / 1000)
-        self.sock = self._context.wrap_socket(raw, server_hostname=self.host)  # type: ignore[attr-defined]
+        context = ssl.create_default_context()
+        context.sslsocket_class = BoundedSSLSocket
+        raw = self._raw()
+        try:
+            sock = context.wrap_socket(
+                raw, server_hostname=self.host, do_handshake_on_connect=False
+            )
+        except BaseException:
+            raw.close()
+            raise
+        assert isinstance(sock, BoundedSSLSocket)
+        sock.bound(self._ctx, f"HTTPS with {self.host}", self._until)
+        try:
+            sock.handshake()
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
 
 
 def _split(url: str) -> tuple[str, str, int, str]:
@@ -95,7 +119,8 @@ def fetch(ctx: CallContext, req: dict[str, Any]) -> dict[str, Any]:
         raise HostCallError("invalid-argument", f"unsupported HTTP method {method!r}")
     url = str(req["url"])
     body: bytes | None = None if req.get("body") is None else bytes(req["body"])
-    timeout = (req.get("timeout_ms") or DEFAULT_TIMEOUT_MS) / 1000
+    # One end for the whole fetch, redirects included (the call's deadline bounds it too).
+    until = time.monotonic() + (req.get("timeout_ms") or DEFAULT_TIMEOUT_MS) / 1000
     headers = {k: v for k, v in req.get("headers") or [] if k.lower() not in _HOP_HEADERS}
     origin: tuple[str, str, int] | None = None
     for _hop in range(MAX_REDIRECTS + 1):
@@ -109,7 +134,7 @@ def fetch(ctx: CallContext, req: dict[str, Any]) -> dict[str, Any]:
         cap = _cap(ctx, decision)
         ip = resolve_checked(ctx, "http", host, port)
         cls = _PinnedHTTPS if scheme == "https" else _PinnedHTTP
-        conn = cls(host, port, ip, timeout)
+        conn = cls(ctx, host, port, ip, until)
         try:
             conn.request(method, path, body=body, headers=headers)
             resp = conn.getresponse()

@@ -3,7 +3,9 @@
 The orchestrator asks the caller's tables (``check_invoke``), whose ``max_depth``
 (1..64, per skill) is the limit. The host adds one ceiling of its own, 64 (the
 largest ``max_depth`` a policy may set), for checkers that know no depth; a call
-past it is refused and recorded like any other decision.
+past it is refused and recorded like any other decision. A nested call ends by
+the smaller of its own wall time and what is left of its caller's (the registry
+hands the caller's deadline on), and none starts past it or after a cancel.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ def call(ctx: CallContext, skill: str, method: str, args: str) -> str:
 
     Raises:
         HostCallError: ``not-permitted`` without an orchestrator, past the depth
-            ceiling, or when the tables refuse the call; the callee's own errors.
+            ceiling, or when the tables refuse the call; ``timeout`` and
+            ``cancelled``; the callee's own errors.
     """
     if ctx.invoker is None:
         raise HostCallError(
@@ -35,6 +38,7 @@ def call(ctx: CallContext, skill: str, method: str, args: str) -> str:
         raise HostCallError(
             "not-permitted", f"invoke.call {skill} denied: {reason}", rule=DEPTH_RULE
         )
+    ctx.live("invoke.call")
     return ctx.invoker(skill, method, args, depth)
 
 

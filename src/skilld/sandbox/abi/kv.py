@@ -2,7 +2,8 @@
 
 A call has a store only when the skill has state; under a policy the tables
 must also grant ``kv`` (``check("kv", ACTION, KEY)``), so a store handed to a
-skill its policy gives none stays out of reach.
+skill its policy gives none stays out of reach. No operation starts past the
+call's deadline or after the client cancelled the call.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ MAX_KEY = 1024
 def _store(ctx: CallContext, action: str, key: str | None = None) -> KeyValueStore:
     if key is not None and (not key or len(key.encode()) > MAX_KEY):
         raise HostCallError("invalid-argument", f"keys must be 1 to {MAX_KEY} bytes")
+    ctx.live(f"kv.{action}")
     if ctx.checker is not None:
         decide(ctx, "kv", action, key or "*")
     if ctx.kv is None:

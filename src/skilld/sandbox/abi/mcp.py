@@ -3,25 +3,57 @@
 Progress, logs and the cancellation flag are always allowed; sampling and
 elicitation reach the client only when the policy lists them under ``mcp.client``
 (``check("mcp", "sample" | "elicit", SKILL)``).
+
+What the protocol forbids is refused here, at the boundary, not passed on: a
+progress or total that is not a finite number (JSON has no NaN, and the client
+would see ``null``), and a log level that is not one of RFC 5424's (or a known
+alias). Both are dropped and recorded as refused decisions for the audit.
+
+A sampling or elicitation request waits for the client no longer than the call's
+deadline, and gives up within a slice when the client cancels the call: the
+request runs on a helper thread while the guest's thread waits in slices
+(``CallContext.waits``); a request given up is abandoned on the channel.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from skilld.errors import GuestError, HostCallError
 from skilld.sandbox._context import CallContext
 from skilld.sandbox.abi import Functions, decide
+from skilld.types import LOG_LEVEL_ALIASES, LOG_LEVELS, Decision
+
+BAD_VALUE_RULE = "mcp.bad-value"
+_LEVELS = frozenset(LOG_LEVELS) | frozenset(LOG_LEVEL_ALIASES)
+
+
+def _refuse(ctx: CallContext, action: str, target: str, reason: str) -> None:
+    ctx.record(Decision(False, "mcp", action, target, BAD_VALUE_RULE, reason))
 
 
 def progress(ctx: CallContext, value: float, total: float | None, message: str | None) -> None:
-    """Forward a progress notification."""
+    """Forward a progress notification (refused unless progress and total are finite)."""
+    if not math.isfinite(value) or (total is not None and not math.isfinite(total)):
+        _refuse(
+            ctx, "progress", f"{value!r}/{total!r}", "progress and total must be finite numbers"
+        )
+        return
     ctx.channel.progress(value, total, message)
 
 
 def notify_log(ctx: CallContext, level: str, data: str) -> None:
-    """Forward a log message to the client."""
+    """Forward a log message to the client (refused for an unknown level)."""
+    if level.lower() not in _LEVELS:
+        _refuse(
+            ctx,
+            "notify-log",
+            level[:64],
+            f"unknown log level; use one of {', '.join(LOG_LEVELS)}",
+        )
+        return
     try:
         parsed: Any = json.loads(data)
     except json.JSONDecodeError:
@@ -35,18 +67,26 @@ def _ask(kind: str, ctx: CallContext, params: str) -> str:
         body = json.loads(params)
     except json.JSONDecodeError as exc:
         raise HostCallError("invalid-argument", f"{kind} params are not JSON: {exc}") from exc
+    fn = ctx.channel.sample if kind == "sample" else ctx.channel.elicit
     try:
-        fn = ctx.channel.sample if kind == "sample" else ctx.channel.elicit
-        return json.dumps(dict(fn(body)))
+        return json.dumps(dict(ctx.off_thread(f"mcp.{kind}", lambda: fn(body))))
     except GuestError as exc:
         raise HostCallError(exc.code, exc.message) from exc
+    except HostCallError as exc:
+        if exc.code in ("timeout", "cancelled"):
+            # Do not leave the request waiting on the client for its own timeout.
+            abandon = getattr(ctx.channel, "abandon_requests", None)
+            if abandon is not None:
+                abandon()
+        raise
 
 
 def sample(ctx: CallContext, params: str) -> str:
     """A sampling request to the client, when the policy allows it.
 
     Raises:
-        HostCallError: ``not-permitted`` without ``sample`` in ``mcp.client``.
+        HostCallError: ``not-permitted`` without ``sample`` in ``mcp.client``;
+            ``timeout`` at the call's deadline, ``cancelled``; the client's refusal.
     """
     return _ask("sample", ctx, params)
 
@@ -55,7 +95,7 @@ def elicit(ctx: CallContext, params: str) -> str:
     """An elicitation request to the client, when the policy allows it.
 
     Raises:
-        HostCallError: ``not-permitted`` without ``elicit`` in ``mcp.client``.
+        HostCallError: as for :func:`sample`.
     """
     return _ask("elicit", ctx, params)
 

@@ -11,28 +11,40 @@ any characters, so ``/data/out/../x``, ``--target-directory=/data/out/..`` or a
 path through a symlink out of ``/data/out`` would otherwise satisfy the pattern
 and let the command write outside the directory the operator meant.
 
+The argv check is the first wall; the kernel is the second. The command runs
+through :func:`skilld.confine.run`: Landlock confines it to the skill's fs grants
+(read-only and read-write directories; a glob grant gives its directory prefix, and
+the argv check keeps the glob's precision) plus its own binary and libraries, with
+no network unless the skill has tcp grants (then only their ports), in its own PID
+namespace, without privileges, under rlimits. A path argument that a symlink sends
+elsewhere between the check and the program's ``open`` reaches nothing outside the
+grants. Where the kernel cannot confine the command it is refused (``unavailable``),
+never run unconfined.
+
 The child gets a scrubbed environment: PATH, LANG, and the variables the rule's
 ``env`` names. That list is the operator's grant of those variables to that
 program, apart from the skill's own ``env`` grants, so a token can go to a trusted
 tool without the skill reading it (unless the tool prints it). The child gets no
-stdin unless given, its own process group, the smaller of the rule's and the
-request's timeout, and the rule's output cap: output past the cap is read and
-dropped, so a chatty child can neither block nor fill the host's memory.
+stdin unless given, the smallest of the rule's timeout, the request's and what is
+left of the call's deadline, and the rule's output cap: output past the cap is read
+and dropped, so a chatty child can neither block nor fill the host's memory. When the
+program exits, at the deadline or when the client cancels the call, every process it
+started is killed.
 """
 
 from __future__ import annotations
 
-import contextlib
+import errno
 import os
 import shlex
-import signal
-import subprocess
-import threading
 import time
 from collections.abc import Mapping
-from typing import IO, Any
+from dataclasses import replace
+from typing import Any
 
-from skilld.errors import HostCallError
+from skilld import confine
+from skilld.confine import Confinement, from_grants
+from skilld.errors import ConfinementUnavailable, HostCallError, ProgramNotStarted
 from skilld.sandbox._context import CallContext
 from skilld.sandbox.abi import Functions, decide, rule_settings
 from skilld.sandbox.abi.fs import canonical
@@ -40,10 +52,8 @@ from skilld.types import Decision
 
 DEFAULT_TIMEOUT_MS = 10_000
 MAX_TIMEOUT_MS = 300_000
-OUTPUT_CAP = 1 << 20
+OUTPUT_CAP = confine.OUTPUT_CAP
 SCRUBBED_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
-# After the child exits, how long its pipes may stay open (held by a grandchild).
-_DRAIN_GRACE_S = 1.0
 
 
 def _under(path: str, directory: str) -> bool:
@@ -103,7 +113,9 @@ def _canonical_args(argv: list[str], rule: Mapping[str, Any]) -> list[str]:
 def _check_path_args(ctx: CallContext, argv: list[str], rule: Mapping[str, Any]) -> None:
     canon = _canonical_args(argv, rule)
     if canon != argv:
-        shown = f"{shlex.join(argv)} (resolves to {shlex.join(canon)})"
+        # The refusal names the argv as the guest wrote it, never where its paths lead
+        # (a planted link's target is the host's business); the audit keeps both.
+        shown = f"{shlex.join(argv)} (a path argument, resolved, is outside the pattern)"
         decide(ctx, "shell", "run", shlex.join(canon), shown=shown)
 
 
@@ -116,34 +128,28 @@ def _environment(rule: Mapping[str, Any]) -> dict[str, str]:
     return env
 
 
-def _drain(stream: IO[bytes], cap: int, out: bytearray, over: list[bool]) -> None:
-    while chunk := stream.read1(65536):  # type: ignore[attr-defined]
-        room = cap - len(out)
-        if room > 0:
-            out += chunk[:room]
-        if len(chunk) > room:
-            over[0] = True
-    stream.close()
+def _confinement(ctx: CallContext, rule: Mapping[str, Any], cwd: str) -> Confinement:
+    """The kernel's walls for this command: the skill's fs and tcp grants, and its
+    working directory read-only when the rule lists working directories (the
+    operator named them for this program).
 
-
-def _feed(stream: IO[bytes], data: bytes) -> None:
-    # A child that closes its stdin early gets what it read.
-    with contextlib.suppress(OSError):
-        stream.write(data)
-    with contextlib.suppress(OSError):
-        stream.close()
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+    A checker that is not built from compiled tables (tests' plain checkers) has no
+    grants to give: the command then reaches no file but its own runtime.
+    """
+    grants = getattr(ctx.checker, "grants", None)
+    walls = Confinement() if grants is None else from_grants(grants("fs"), grants("tcp"))
+    if rule.get("cwd"):
+        walls = replace(walls, read_only=(*walls.read_only, cwd))
+    return walls
 
 
 def run(ctx: CallContext, cmd: dict[str, object]) -> dict[str, object]:
-    """Run one command to completion (or its timeout).
+    """Run one command, confined by the kernel, to completion (or its deadline).
 
     Raises:
         HostCallError: ``not-permitted`` for an argv or cwd the tables refuse,
+            ``unavailable`` when the kernel cannot confine it (nothing ran),
+            ``cancelled`` when the client cancelled the call (the command was killed),
             ``invalid-argument``, ``not-found``, ``timeout``, ``io``.
     """
     argv = [str(a) for a in cmd["argv"]]  # type: ignore[attr-defined]
@@ -158,56 +164,38 @@ def run(ctx: CallContext, cmd: dict[str, object]) -> dict[str, object]:
     timeout_ms = min(int(cmd.get("timeout_ms") or DEFAULT_TIMEOUT_MS), MAX_TIMEOUT_MS)  # type: ignore[call-overload]
     if rule.get("timeout_ms"):
         timeout_ms = min(timeout_ms, int(rule["timeout_ms"]))
-    cap = int(rule.get("output_bytes") or OUTPUT_CAP)
+    seconds = min(timeout_ms / 1000, ctx.remaining())
     stdin = cmd.get("stdin")
     data = bytes(stdin) if isinstance(stdin, (bytes, bytearray, list)) else b""
     try:
-        proc = subprocess.Popen(
+        result = confine.run(
             argv,
+            confinement=_confinement(ctx, rule, cwd),
+            deadline=time.monotonic() + seconds,
             cwd=cwd,
             env=_environment(rule),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            shell=False,
-            start_new_session=True,
+            stdin=data,
+            output_cap=int(rule.get("output_bytes") or OUTPUT_CAP),
+            cancelled=ctx.channel.cancelled,
         )
-    except FileNotFoundError as exc:
-        raise HostCallError("not-found", f"program {argv[0]!r} not found") from exc
-    except OSError as exc:
-        raise HostCallError("io", f"cannot run {argv[0]!r}: {exc.strerror or exc}") from exc
-    assert proc.stdin is not None
-    assert proc.stdout is not None
-    assert proc.stderr is not None
-    out, err = bytearray(), bytearray()
-    over = [False]
-    workers = [
-        threading.Thread(target=_feed, args=(proc.stdin, data), daemon=True),
-        threading.Thread(target=_drain, args=(proc.stdout, cap, out, over), daemon=True),
-        threading.Thread(target=_drain, args=(proc.stderr, cap, err, over), daemon=True),
-    ]
-    for worker in workers:
-        worker.start()
-    deadline = time.monotonic() + timeout_ms / 1000
-    try:
-        code = proc.wait(timeout=timeout_ms / 1000)
-    except subprocess.TimeoutExpired as exc:
-        _kill_group(proc)
-        proc.wait()
+    except ConfinementUnavailable as exc:
         raise HostCallError(
-            "timeout", f"{argv[0]} ran past {timeout_ms} ms and was killed"
+            "unavailable", f"shell.run {argv[0]} refused: {exc}", rule=decision.rule
         ) from exc
-    finally:
-        for worker in workers:
-            worker.join(max(deadline - time.monotonic(), 0) + _DRAIN_GRACE_S)
-        # A grandchild that kept the pipes open goes with its group.
-        if any(worker.is_alive() for worker in workers):
-            _kill_group(proc)
+    except ProgramNotStarted as exc:
+        kind = "not-found" if exc.errno == errno.ENOENT else "io"
+        raise HostCallError(kind, f"shell.run: {exc.message}", rule=decision.rule) from exc
+    if result.cancelled:
+        raise HostCallError("cancelled", f"{argv[0]} was killed: the client cancelled the call")
+    if result.timed_out:
+        limit = f"{timeout_ms} ms" if seconds * 1000 >= timeout_ms else "the call's deadline"
+        raise HostCallError("timeout", f"{argv[0]} ran past {limit} and was killed")
+    code = result.exit_code if result.exit_code is not None else -(result.signal or 0)
     return {
         "exit_code": code,
-        "stdout": bytes(out),
-        "stderr": bytes(err),
-        "truncated": over[0],
+        "stdout": result.stdout,
+        "stderr": result.stderr,
+        "truncated": result.dropped > 0,
     }
 
 

@@ -1,0 +1,58 @@
+"""Kernel confinement of host processes: the one runner for commands and native scripts.
+
+:func:`run` starts a program confined by the kernel, not by checks in Python:
+
+- **Landlock** (ruleset from a :class:`Confinement`): the files it may read, write and
+  execute; TCP ports it may connect to or bind; no signals or abstract unix sockets
+  outside its own domain, no ptrace of anything outside it.
+- **Namespaces**: its own PID namespace (when the program exits or the deadline
+  comes, every process it started dies with the namespace, ``setsid`` or not), an
+  empty network namespace unless TCP or network is granted, its own IPC namespace,
+  and (when skilld is not root) its own user namespace with the same uid.
+- **no_new_privs**, no capabilities (even as root), a cleared environment.
+- **rlimits** (:class:`ResourceLimits`): address space, CPU, file size, open files,
+  and a process count that holds for root too (a pids cgroup).
+
+Where the kernel lacks a feature the confinement needs, :func:`run` raises
+:class:`~skilld.errors.ConfinementUnavailable` naming it and runs nothing (tests
+simulate that with ``SKILLD_CONFINE_LANDLOCK_ABI``, see :func:`landlock_abi`).
+:func:`from_grants` builds a :class:`Confinement` from a skill's compiled fs and tcp
+grants. ``docs/confinement.md`` says what each layer stops and what it costs.
+"""
+
+from __future__ import annotations
+
+from skilld.confine._grants import from_grants
+from skilld.confine._runner import (
+    DEVICES,
+    NETWORK_FILES,
+    OUTPUT_CAP,
+    SIMULATE_ABI_ENV,
+    SYSTEM_LIBRARIES,
+    Confinement,
+    ProcessResult,
+    ResourceLimits,
+    landlock_abi,
+    program_files,
+    require,
+    run,
+)
+from skilld.errors import ConfinementUnavailable, ProgramNotStarted
+
+__all__ = [
+    "DEVICES",
+    "NETWORK_FILES",
+    "OUTPUT_CAP",
+    "SIMULATE_ABI_ENV",
+    "SYSTEM_LIBRARIES",
+    "Confinement",
+    "ConfinementUnavailable",
+    "ProcessResult",
+    "ProgramNotStarted",
+    "ResourceLimits",
+    "from_grants",
+    "landlock_abi",
+    "program_files",
+    "require",
+    "run",
+]

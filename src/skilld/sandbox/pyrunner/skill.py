@@ -1,0 +1,168 @@
+"""The CPython runner: one component, built once, that runs short Python programs.
+
+It is a skilld_sdk skill like any other (``skilld skill build`` builds it, the
+components cache keeps it by digest). The host never ``exec``s a program itself:
+it validates it (``skilld.delegate``) and hands it to this guest, whose only way
+out of the wasm sandbox is the host's ``invoke`` and whose deadline and memory cap
+are the sandbox's.
+
+Each method sits on its own below the shared helpers:
+
+- ``run_program`` (delegate): a program over a *kit*; every kit tool is a plain
+  function here that calls ``invoke`` (so the call goes through the registry, the
+  callee's own sandbox and policy, and the audit log).
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import traceback
+from typing import Any
+
+from skilld_sdk import Skill, SkillError, invoke
+
+skill = Skill()
+
+PROGRAM_FILE = "<program>"
+
+# The builtins a program may call. No getattr/type/vars/open/__import__: the
+# validator refuses them first, and here they simply do not exist.
+SAFE_BUILTINS: dict[str, Any] = {
+    name: getattr(builtins, name)
+    for name in (
+        "abs", "all", "any", "bool", "dict", "enumerate", "filter", "float", "int", "len",
+        "list", "map", "max", "min", "range", "reversed", "round", "set", "sorted", "str",
+        "sum", "tuple", "zip",
+    )
+}  # fmt: skip
+
+
+class _Limit(Exception):
+    """A cap of the run was reached (tool calls or output size)."""
+
+
+def _json_only(value: Any, what: str) -> Any:
+    """``value`` when it is JSON data (dict with str keys, list, str, number, bool, None)."""
+    try:
+        return json.loads(json.dumps(value, allow_nan=False))
+    except (TypeError, ValueError):
+        raise SkillError(
+            "invalid-argument", f"{what} must be JSON data, not {type(value).__name__}"
+        ) from None
+
+
+def _program_line(exc: BaseException) -> int | None:
+    """The line of the program (not of this runner) where ``exc`` was raised."""
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        if frame.filename == PROGRAM_FILE:
+            return frame.lineno
+    return getattr(exc, "lineno", None)
+
+
+class _Printed:
+    """``print`` for programs: text kept up to a cap, never written anywhere."""
+
+    def __init__(self, cap: int):
+        self.parts: list[str] = []
+        self.size = 0
+        self.cap = cap
+
+    def __call__(self, *values: Any, sep: str = " ", end: str = "\n") -> None:
+        text = str(sep).join(str(v) for v in values) + str(end)
+        self.size += len(text.encode())
+        if self.size > self.cap:
+            raise _Limit(f"printed output exceeds the cap of {self.cap} bytes")
+        self.parts.append(text)
+
+
+@skill.method
+def run_program(
+    program: str,
+    tools: dict[str, Any],
+    params: dict[str, Any] | None = None,
+    max_calls: int = 64,
+    max_output: int = 65536,
+) -> dict[str, Any]:
+    """Run a validated program whose kit tools call the host's invoke.
+
+    The program's answer is the value it binds to ``result`` (JSON data), or,
+    without one, what it printed.
+
+    Args:
+        program: the program's source (validated by the host first).
+        tools: function name -> {"skill": id, "method": name, "params": [names]}, where
+            ``params`` are the names positional arguments bind, in order.
+        params: values bound as names before the program runs (JSON data).
+        max_calls: at most this many tool calls.
+        max_output: at most this many bytes of result (as JSON) or printed text.
+    """
+    calls = [0]
+
+    def make_tool(name: str, spec: dict[str, Any]) -> Any:
+        target_skill, target_method = str(spec["skill"]), str(spec["method"])
+        order = [str(p) for p in spec.get("params", [])]
+
+        def tool(*args: Any, **kwargs: Any) -> Any:
+            if len(args) > len(order):
+                raise TypeError(
+                    f"{name}() takes at most {len(order)} positional arguments; "
+                    "pass the others by name"
+                )
+            for pname, value in zip(order, args, strict=False):
+                if pname in kwargs:
+                    raise TypeError(f"{name}() got two values for '{pname}'")
+                kwargs[pname] = value
+            calls[0] += 1
+            if calls[0] > max_calls:
+                raise _Limit(f"more than {max_calls} tool calls")
+            return invoke.call(target_skill, target_method, _json_only(kwargs, f"{name}() args"))
+
+        tool.__name__ = name
+        return tool
+
+    printed = _Printed(max_output)
+    namespace: dict[str, Any] = {"__builtins__": {**SAFE_BUILTINS, "print": printed}}
+    namespace.update(_json_only(params or {}, "params"))
+    for name, spec in tools.items():
+        namespace[name] = make_tool(name, spec)
+    try:
+        code = compile(program, PROGRAM_FILE, "exec", dont_inherit=True)
+        exec(code, namespace)  # noqa: S102 - the guest is the sandbox; the host validated it
+    except _Limit as exc:
+        return _failed("limit-exceeded", str(exc), _program_line(exc), calls[0], printed)
+    except SkillError as exc:  # HostError too: a tool refused or failed
+        return _failed(exc.code, exc.message, _program_line(exc), calls[0], printed, exc.rule)
+    except (MemoryError, RecursionError) as exc:
+        kind = "memory" if isinstance(exc, MemoryError) else "recursion depth"
+        return _failed("limit-exceeded", f"out of {kind}", _program_line(exc), calls[0], printed)
+    except Exception as exc:  # noqa: BLE001 - a program's bug is its result, not the runner's
+        message = f"{type(exc).__name__}: {exc}"
+        return _failed("program-error", message, _program_line(exc), calls[0], printed)
+    output: Any = "".join(printed.parts)
+    if "result" in namespace:
+        try:
+            output = _json_only(namespace["result"], "result")
+        except SkillError as exc:
+            return _failed(exc.code, exc.message, None, calls[0], printed)
+    size = len(json.dumps(output).encode())
+    if size > max_output:
+        message = f"the result is {size} bytes, over the cap of {max_output}"
+        return _failed("limit-exceeded", message, None, calls[0], printed)
+    return {"success": True, "output": output, "error": None, "tool_calls": calls[0]}
+
+
+def _failed(
+    code: str,
+    message: str,
+    line: int | None,
+    calls: int,
+    printed: _Printed,
+    rule: str | None = None,
+) -> dict[str, Any]:
+    return {
+        "success": False,
+        "output": "".join(printed.parts),
+        "error": {"code": code, "message": message, "line": line, "rule": rule},
+        "tool_calls": calls,
+    }
