@@ -26,7 +26,8 @@ ALLOWED: dict[str, set[str]] = {
     "state": set(),
     "audit": set(),
     "registry": {"sandbox", "package", "policy"},
-    "bundle": {"package", "policy", "sandbox"},
+    # Agent Skills directories are validated, packed and staged by the build.
+    "bundle": {"package", "policy", "sandbox", "agentskills"},
     "mcp": {"registry"},
     "cluster": {"registry", "state", "package"},
     "confine": {"policy"},

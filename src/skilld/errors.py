@@ -33,6 +33,7 @@ into this tree at the one boundary that uses the library (``raise X(...) from ex
     ├── AuditError              an audit sink could not record
     ├── RegistryError           an unknown skill, method or tool name
     ├── BundleError             a bundle or its lock is inconsistent (names the file)
+    ├── AgentSkillError         an Agent Skill is invalid or its script cannot run (file:line)
     ├── DelegateError           delegate: an unknown kit, no program for an intent
     │   ├── ProgramRejected         the validator refused a program (line, column, rule)
     │   └── InferenceError          an inference provider failed or answered nonsense
@@ -206,6 +207,13 @@ class RegistryError(SkilldError):
 
 class BundleError(SkilldError):
     """A bundle or its lock is inconsistent; ``location`` names the file."""
+
+
+class AgentSkillError(SkilldError):
+    """An Agent Skills directory does not meet the specification, or its script cannot run.
+
+    The message names ``SKILL.md:LINE`` and the field, worded like ``skills-ref``.
+    """
 
 
 class DelegateError(SkilldError):

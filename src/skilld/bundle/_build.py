@@ -3,14 +3,21 @@
 Steps, each timed and reported through ``progress``:
 
 1. collect skills: ``.skill`` files are used as they are; source directories
-   (``skill.yaml``) are built and packed, signed with the given skill key or an
-   ephemeral build key whose public half joins the bundle's trust set;
+   (``skill.yaml``) are built and packed, and Agent Skills directories (``SKILL.md``)
+   validated and packed, signed with the given skill key or an ephemeral build key
+   whose public half joins the bundle's trust set;
 2. verify every package against the trust directory (scopes, thresholds);
 3. compile the policy with each skill's declared needs;
 4. AOT-compile every component for this engine (cached by digest);
 5. ask each skill to describe itself (kept in the lock, so serving need not);
 6. write the bundle (packages, native code, tables, trust set) and ``bundle.lock``,
    optionally signed with a bundle key.
+
+Agent Skills (``skilld.agentskills``) take steps 3-5 their own way: their
+``allowed-tools`` become needs against the policy's grants, their files are unpacked
+into ``agentskills/NAME/files`` and their Python requirements installed from the
+wheelhouse into ``agentskills/NAME/env`` (every file in the lock), and the CPython
+runner component is compiled once when a skill uses the ``wasm`` executor.
 """
 
 from __future__ import annotations
@@ -24,9 +31,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from skilld import ABI_VERSION, __version__, package, paths
-from skilld.bundle._lock import FORMAT, LOCK, LOCK_SIG, Lock, LockedSkill, canonical_json
-from skilld.errors import BundleError, SkilldError, UsageError
+from skilld import ABI_VERSION, __version__, agentskills, package, paths
+from skilld.bundle._lock import (
+    FORMAT,
+    LOCK,
+    LOCK_SIG,
+    Lock,
+    LockedAgentSkill,
+    LockedRunner,
+    LockedSkill,
+    canonical_json,
+)
+from skilld.errors import AgentSkillError, BundleError, SkilldError, UsageError
 from skilld.package.build import build_component
 from skilld.policy import RUNNER, check_kit_methods, compile_policies
 from skilld.sandbox import CallContext, Sandbox, write_native
@@ -126,6 +142,7 @@ def _collect(
     cache_dir: Path | None,
     epoch: int,
     progress: Progress,
+    lenient: bool = False,
     with_runner: bool = False,
 ) -> list[_Collected]:
     """Copy pre-signed packages and build+sign source skills into ``stage/packages``."""
@@ -141,10 +158,19 @@ def _collect(
     if with_runner:
         # delegate's kits run their programs in the CPython runner, built like a source skill.
         sources.append(paths.runner_dir())
+    agents = [
+        agentskills.read_source(d, lenient=lenient)
+        for d in sorted(skills_dir.iterdir())
+        if d.is_dir() and agentskills.is_agent_skill(d)
+    ]
+    for a in agents:
+        for warning in a.md.warnings:
+            progress(f"warning: {warning}")
     prebuilt = sorted(skills_dir.glob("*.skill"))
-    if not sources and not prebuilt:
+    if not sources and not prebuilt and not agents:
         raise BundleError(
-            "no skills found (expected *.skill files or directories with skill.yaml)",
+            "no skills found (expected *.skill files, directories with skill.yaml, "
+            "or Agent Skills directories with SKILL.md)",
             location=str(skills_dir),
         )
     out: list[_Collected] = []
@@ -153,7 +179,7 @@ def _collect(
         target = pkg_dir / f.name
         shutil.copyfile(f, target)
         out.append(_Collected(target, f, None))
-    if sources:
+    if sources or agents:
         if skill_key is not None:
             key = package.load_private_key(skill_key)
             progress(f"signing source skills with key {key.key_id}")
@@ -161,7 +187,9 @@ def _collect(
             key = package.SigningKey.generate()
             metas = [package.read_skill_meta(d) for d in sources]
             trusted = package.trusted_key(
-                "ephemeral-build", key.public_raw, sorted(m.id for m in metas)
+                "ephemeral-build",
+                key.public_raw,
+                sorted([m.id for m in metas] + [a.md.id for a in agents]),
             )
             (trust_dir / EPHEMERAL_TRUST).write_bytes(package.trust_file_bytes(trusted))
             progress(f"signing source skills with ephemeral build key {key.key_id}")
@@ -173,6 +201,12 @@ def _collect(
             target = pkg_dir / f"{meta.id}-{meta.version}.skill"
             target.write_bytes(data)
             out.append(_Collected(target, d, (meta.id, meta.version)))
+        for a in agents:
+            progress(f"packing Agent Skill {a.md.id} from {a.origin}")
+            data, version = agentskills.pack(a, keys=[key], epoch=epoch)
+            target = pkg_dir / f"{a.md.id}-{version}.skill"
+            target.write_bytes(data)
+            out.append(_Collected(target, a.origin, (a.md.id, version)))
     return out
 
 
@@ -245,6 +279,8 @@ def build_bundle(
     allow_downgrade: bool = False,
     strict: bool = True,
     cache_dir: Path | None = None,
+    lenient: bool = False,
+    wheelhouse: Path | None = None,
     progress: Progress = lambda _msg: None,
 ) -> BuildResult:
     """Build a bundle from ``skills_dir`` and ``policies_dir`` into ``out``.
@@ -256,6 +292,11 @@ def build_bundle(
         previous: an earlier ``bundle.lock``; lower skill versions are refused
             unless ``allow_downgrade``.
         strict: needs that no grant covers are errors (otherwise warnings).
+        lenient: load Agent Skills the way the specification's client guide allows
+            (a name that differs from its directory, over-long name or description:
+            warnings).
+        wheelhouse: where Agent Skills' Python requirements are installed from
+            (offline; a missing wheel is an error naming the skill and package).
 
     Raises:
         BundleError: a skill, package, policy or downgrade problem (names the file).
@@ -281,6 +322,7 @@ def build_bundle(
             cache_dir,
             epoch,
             progress,
+            lenient,
             with_runner=_has_kits(policies_dir),
         )
         trust = package.load_trust(stage / "trust")
@@ -315,12 +357,31 @@ def build_bundle(
             [(v.manifest.id, v.manifest.version) for _, v in verified],
             allow_downgrade,
         )
+        agents = [(c, v) for c, v in verified if v.manifest.kind == package.KIND_AGENT_SKILL]
+        verified = [(c, v) for c, v in verified if v.manifest.kind != package.KIND_AGENT_SKILL]
+        mds = {
+            v.manifest.id: agentskills.reparse(v.manifest.id, v.files, lenient=lenient)
+            for _, v in agents
+        }
         progress("compiling policies")
         # The runner's grants come from the kits (skilld.policy._kits), not from a policy.
-        compiled = compile_policies(
-            policies_dir,
-            {v.manifest.id: dict(v.manifest.needs) for _, v in verified if v.manifest.id != RUNNER},
-        )
+        needs: dict[str, dict[str, Any] | None] = {
+            v.manifest.id: dict(v.manifest.needs) for _, v in verified if v.manifest.id != RUNNER
+        }
+        sources: dict[str, str] = {}
+        if agents:
+            # allowed-tools asks for what the operator granted (Read: the fs paths), so
+            # the grants come first: compiled without the Agent Skills' needs.
+            ceiling = compile_policies(policies_dir, {**needs, **dict.fromkeys(mds)})
+            for sid, md in mds.items():
+                mapped = agentskills.tools_to_needs(
+                    md.allowed_tools, ceiling.tables.skill(sid), md.allowed_tools_line
+                )
+                for note in mapped.findings:
+                    progress(f"warning: {sid}/SKILL.md: {note}")
+                needs[sid] = mapped.needs
+                sources[sid] = f"{sid}/SKILL.md"
+        compiled = compile_policies(policies_dir, needs, needs_sources=sources)
         for finding in compiled.warnings:
             progress(f"warning: {finding}")
         if strict:
@@ -369,6 +430,30 @@ def build_bundle(
                     (stage / native_rel).stat().st_size,
                 )
             )
+        # A bundle that already holds the runner as a skill (delegate's kits) shares it.
+        built_runner = next((s for s in locked if s.id == RUNNER), None)
+        locked_agents, runner = _stage_agent_skills(
+            agents,
+            mds,
+            compiled.tables,
+            stage,
+            sandbox,
+            cache_dir,
+            wheelhouse,
+            progress,
+            built_runner,
+        )
+        for c, v in agents:
+            rows.append(
+                BuildSummaryRow(
+                    v.manifest.id,
+                    v.manifest.version,
+                    len(mds[v.manifest.id].allowed_tools),
+                    next(a.executor for a in locked_agents if a.id == v.manifest.id),
+                    c.path.stat().st_size,
+                    0,
+                )
+            )
         check_kit_methods(
             compiled.tables.kits,
             {s.id: {m["name"] for m in s.spec.get("methods", ())} for s in locked},
@@ -388,6 +473,8 @@ def build_bundle(
             skills=tuple(sorted(locked, key=lambda s: s.id)),
             files=files,
             source_date_epoch=epoch,
+            agent_skills=tuple(sorted(locked_agents, key=lambda a: a.id)),
+            runner=runner,
         )
         lock_bytes = lock.to_json()
         _write(stage / LOCK, lock_bytes)
@@ -400,6 +487,85 @@ def build_bundle(
         _replace(out, stage)
         progress(f"wrote {out} (bundle digest {lock.bundle_digest[:16]})")
         return BuildResult(out, lock, tuple(rows), tuple(str(w) for w in compiled.warnings))
+
+
+def _stage_agent_skills(
+    agents: list[tuple[_Collected, package.VerifiedPackage]],
+    mds: dict[str, agentskills.SkillMd],
+    tables: Any,
+    stage: Path,
+    sandbox: Sandbox,
+    cache_dir: Path | None,
+    wheelhouse: Path | None,
+    progress: Progress,
+    built_runner: LockedSkill | None = None,
+) -> tuple[list[LockedAgentSkill], LockedRunner | None]:
+    """Unpack each Agent Skill, bake its requirements, and compile the runner if needed
+    (once: ``built_runner`` is the runner already compiled as a skill of the bundle).
+
+    Raises:
+        AgentSkillError: a wasm script imports beyond the standard library, a wasm
+            skill has requirements, or a requirement has no wheel.
+    """
+    locked: list[LockedAgentSkill] = []
+    wants_runner = False
+    for c, v in agents:
+        sid, version = v.manifest.id, v.manifest.version
+        scripts = tables.scripts(sid)
+        executor = scripts["executor"]
+        _trees, globs = agentskills.tree_grants(tables.skill(sid).get("fs") or ())
+        if globs and agentskills.scripts_of(v.files):
+            progress(
+                f"warning: {sid}: scripts do not get the glob fs grant(s) {', '.join(globs)} "
+                "(the kernel names directories); grant a directory tree instead"
+            )
+        root = f"agentskills/{sid}/files"
+        for name, data in v.files.items():
+            _write(stage / root / name, data)
+        requirements = agentskills.requirements_of(sid, v.files, scripts["requirements"])
+        has_scripts = bool(agentskills.scripts_of(v.files))
+        env = ""
+        if has_scripts and executor == "wasm":
+            if requirements:
+                raise AgentSkillError(
+                    f"skill '{sid}' needs {', '.join(requirements)}, but the wasm executor "
+                    "has the standard library only",
+                    location=str(c.origin),
+                    hint=f"give it 'scripts: {{executor: native}}' in policies/{sid}.yaml",
+                )
+            agentskills.check_stdlib_only(sid, v.files)
+            wants_runner = True
+        elif requirements:
+            env = f"agentskills/{sid}/env"
+            progress(f"installing {', '.join(requirements)} for {sid} from {wheelhouse}")
+            agentskills.install_requirements(sid, requirements, wheelhouse, stage / env)
+        spec = agentskills.describe(mds[sid], version, v.files)
+        locked.append(
+            LockedAgentSkill(
+                id=sid,
+                version=version,
+                package=c.path.relative_to(stage).as_posix(),
+                root=root,
+                env=env,
+                executor=executor if has_scripts else "none",
+                signers=tuple(v.signers),
+                description=mds[sid].description,
+                spec=spec.as_dict(),
+            )
+        )
+    runner = None
+    if wants_runner and built_runner is not None:
+        runner = LockedRunner(
+            built_runner.component_sha256, built_runner.native, built_runner.native_sha256
+        )
+    elif wants_runner:
+        progress("building the CPython runner component for the wasm executor")
+        wasm = build_component(paths.runner_dir(), cache_dir=cache_dir).read_bytes()
+        comp = sandbox.load(wasm, name="pyrunner")
+        native_rel = "native/_pyrunner.cwasm"
+        native_sha = write_native(comp.native, stage / native_rel)
+        runner = LockedRunner(_sha256(wasm), native_rel, native_sha)
+    return locked, runner
 
 
 def _replace(out: Path, stage: Path) -> None:

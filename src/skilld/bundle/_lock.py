@@ -49,6 +49,34 @@ class LockedSkill:
 
 
 @dataclass(frozen=True, slots=True)
+class LockedAgentSkill:
+    """One Agent Skill as the lock records it: its package and its unpacked files.
+
+    ``root`` holds the skill's files and ``env`` (``""`` when none) its baked Python
+    packages, both bundle-relative directories whose every file the lock lists.
+    """
+
+    id: str
+    version: str
+    package: str
+    root: str
+    env: str
+    executor: str
+    signers: tuple[str, ...]
+    description: str
+    spec: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class LockedRunner:
+    """The CPython runner component (Agent Skills' wasm executor): its native code."""
+
+    component_sha256: str
+    native: str
+    native_sha256: str
+
+
+@dataclass(frozen=True, slots=True)
 class Lock:
     """The parsed ``bundle.lock``."""
 
@@ -62,6 +90,8 @@ class Lock:
     skills: tuple[LockedSkill, ...]
     files: dict[str, str] = field(default_factory=dict)  # path -> sha256, every file but the lock
     source_date_epoch: int = 0
+    agent_skills: tuple[LockedAgentSkill, ...] = ()
+    runner: LockedRunner | None = None
 
     @property
     def bundle_digest(self) -> str:
@@ -75,11 +105,31 @@ class Lock:
                 for s in sorted(self.skills, key=lambda s: s.id)
             ],
         }
+        # Only bundles holding Agent Skills carry these keys: other digests stay as they were.
+        # An Agent Skill's content is its unpacked files and environment; its package is
+        # not (like a wasm skill's, it holds the signatures of whoever built it).
+        if self.agent_skills:
+            identity["agent_skills"] = [
+                [a.id, a.version, a.executor, self._tree_digest(a)]
+                for a in sorted(self.agent_skills, key=lambda a: a.id)
+            ]
+        if self.runner is not None:
+            identity["runner"] = [self.runner.component_sha256, self.runner.native_sha256]
         return hashlib.sha256(canonical_json(identity)).hexdigest()
+
+    def _tree_digest(self, skill: LockedAgentSkill) -> str:
+        """sha256 over the names and digests of an Agent Skill's files and environment."""
+        prefixes = tuple(f"{d}/" for d in (skill.root, skill.env) if d)
+        listing = {k: v for k, v in self.files.items() if k.startswith(prefixes)}
+        return hashlib.sha256(canonical_json(listing)).hexdigest()
 
     def to_json(self) -> bytes:
         """The lock file's bytes, ending in a digest of everything before it."""
         body = asdict(self)
+        if not self.agent_skills:
+            del body["agent_skills"]
+        if self.runner is None:
+            del body["runner"]
         body["bundle_digest"] = self.bundle_digest
         body["lock_digest"] = hashlib.sha256(canonical_json(body)).hexdigest()
         return canonical_json(body) + b"\n"
@@ -123,6 +173,11 @@ class Lock:
                 skills=skills,
                 files=dict(raw["files"]),
                 source_date_epoch=int(raw.get("source_date_epoch", 0)),
+                agent_skills=tuple(
+                    LockedAgentSkill(**{**a, "signers": tuple(a["signers"])})
+                    for a in raw.get("agent_skills", ())
+                ),
+                runner=LockedRunner(**raw["runner"]) if raw.get("runner") else None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise BundleError(f"malformed lock: {exc}", location=location) from exc
@@ -135,7 +190,10 @@ class Lock:
             )
         if raw.get("bundle_digest") != lock.bundle_digest:
             raise BundleError("bundle_digest does not match the lock's content", location=location)
-        for rel in [lock.policy_path] + [r for s in lock.skills for r in (s.package, s.native)]:
+        listed = [r for s in lock.skills for r in (s.package, s.native)]
+        listed += [a.package for a in lock.agent_skills]
+        listed += [lock.runner.native] if lock.runner is not None else []
+        for rel in [lock.policy_path, *listed]:
             if rel not in lock.files:
                 raise BundleError(
                     f"malformed lock: {rel} is not in its file list", location=location

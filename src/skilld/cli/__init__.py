@@ -25,6 +25,7 @@ _COMMAND_MODULES = (
     "skilld.cli._call",
     "skilld.cli._delegate",
     "skilld.cli._skill",
+    "skilld.cli._skills",
     "skilld.cli._package",
     "skilld.cli._policy",
 )

@@ -17,7 +17,8 @@ def register(sub: Any) -> None:
         "build",
         help="build an appliance bundle from skills/ and policies/",
         description="Verify every package against policies/trust/, build and sign source "
-        "skills, compile the policy, AOT-compile every component for this engine and write "
+        "skills (skill.yaml) and Agent Skills (SKILL.md, docs/agent-skills.md), compile the "
+        "policy, AOT-compile every component for this engine and write "
         "a read-only bundle with bundle.lock. Same inputs and SOURCE_DATE_EPOCH give the "
         "same bundle digest.",
     )
@@ -60,7 +61,15 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--lenient",
         action="store_true",
-        help="report needs that no grant covers as warnings, not errors",
+        help="report needs that no grant covers as warnings, not errors, and load Agent "
+        "Skills as the specification's client guide allows (a name that differs from its "
+        "directory, an over-long name or description: warnings)",
+    )
+    p.add_argument(
+        "--wheelhouse",
+        type=Path,
+        metavar="DIR",
+        help="wheels that Agent Skills' requirements are installed from (offline, at build)",
     )
     p.add_argument(
         "-q", "--quiet", action="store_true", help="no progress lines (warnings still show)"
@@ -91,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
             previous=args.previous,
             allow_downgrade=args.allow_downgrade,
             strict=not args.lenient,
+            lenient=args.lenient,
+            wheelhouse=args.wheelhouse,
             cache_dir=cache,
             progress=progress,
         )

@@ -91,7 +91,10 @@ def register(sub: Any) -> None:
         f"Format: {_FORMAT_DOC}.",
     )
     pack.add_argument(
-        "dir", type=Path, metavar="DIR", help="the skill source directory (holds skill.yaml)"
+        "dir",
+        type=Path,
+        metavar="DIR",
+        help="the skill source directory (skill.yaml, or an Agent Skill's SKILL.md)",
     )
     pack.add_argument(
         "-o", "--output", type=Path, required=True, metavar="OUT.skill", help="the package to write"
@@ -272,6 +275,10 @@ def run_pack(args: argparse.Namespace) -> int:
         raise UsageError(
             "give --key KEY to sign with, or --ephemeral-key-out DIR for a throwaway key"
         )
+    from skilld import agentskills
+
+    if agentskills.is_agent_skill(args.dir):
+        return _pack_agent_skill(args, agentskills.read_source(args.dir))
     meta = read_skill_meta(args.dir)  # refuse a bad skill.yaml before building
     keys = _load_keys(args.key, args)
     if args.component is not None:
@@ -294,6 +301,27 @@ def run_pack(args: argparse.Namespace) -> int:
     signers = ", ".join(s.key_id for s in contents.signatures)
     print(
         f"wrote {args.output}: {meta.id} {meta.version}, {len(data)} bytes, "
+        f"sha256 {contents.sha256}, signed by {signers}"
+    )
+    return 0
+
+
+def _pack_agent_skill(args: argparse.Namespace, source: Any) -> int:
+    """``skilld pack`` of an Agent Skills directory (SKILL.md, validated strictly)."""
+    from skilld import agentskills
+    from skilld.package import read_package, write_atomic, write_ephemeral_signer
+
+    keys = _load_keys(args.key, args)
+    if args.ephemeral_key_out:
+        key, trust_file = write_ephemeral_signer(args.ephemeral_key_out, source.md.id)
+        keys.append(key)
+        print(f"ephemeral key {key.key_id}: trust file {trust_file}", file=sys.stderr)
+    data, version = agentskills.pack(source, keys=keys)
+    write_atomic(args.output, data)
+    contents = read_package(data)
+    signers = ", ".join(s.key_id for s in contents.signatures)
+    print(
+        f"wrote {args.output}: Agent Skill {source.md.id} {version}, {len(data)} bytes, "
         f"sha256 {contents.sha256}, signed by {signers}"
     )
     return 0

@@ -60,6 +60,58 @@ def _stage(timings: dict[str, float], name: str, since: float) -> float:
     return now
 
 
+def _register_agent_skills(registry: Any, loaded: Any, sandbox: Any, tables: Any) -> None:
+    """Register the bundle's Agent Skills: the tool ``NAME`` (tiers 1 and 2), its
+    ``NAME/run_script``, every file as a resource and the body as a prompt."""
+    from dataclasses import replace
+
+    from skilld import agentskills
+    from skilld.permissions import SkillPermissions
+    from skilld.registry import SkillEntry, annotations_for
+    from skilld.types import SkillSpec
+
+    lock = loaded.lock
+    runner = None
+    if lock.runner is not None:
+        # One runner component per bundle: delegate's kits may hold it as a skill already.
+        shared = next((s.id for s in lock.skills if s.native == lock.runner.native), None)
+        runner = (
+            loaded.components[shared]
+            if shared is not None
+            else sandbox.load_native(
+                loaded.root / lock.runner.native, lock.runner.native_sha256, name="pyrunner"
+            )
+        )
+    for locked in lock.agent_skills:
+        spec = SkillSpec.from_dict({**locked.spec, "id": locked.id, "version": locked.version})
+        limits = tables.limits(locked.id)
+        grants = tables.skill(locked.id)
+        backend = agentskills.open_backend(
+            spec,
+            loaded.root / locked.root,
+            loaded.root / locked.env if locked.env else None,
+            locked.executor,
+            tables.scripts(locked.id),
+            grants,
+            limits,
+            runner,
+        )
+        exposure = tables.exposure(locked.id)
+        # Tier 1 is a tool named as the skill, unless the operator named it otherwise.
+        names = {agentskills.INSTRUCTIONS: locked.id, **exposure.names}
+        registry.add(
+            SkillEntry(
+                spec=spec,
+                component=backend,
+                limits=limits,
+                checker=SkillPermissions.from_tables(tables, locked.id),
+                exposure=replace(exposure, names=names),
+                annotations=annotations_for(grants),
+                description=locked.description,
+            )
+        )
+
+
 class Node:
     """A running node: the verified bundle's skills registered and ready to call.
 
@@ -182,6 +234,7 @@ class Node:
                         description=locked.description,
                     )
                 )
+            _register_agent_skills(registry, loaded, sandbox, tables)
             if tables.kits:
                 from skilld.delegate import InferenceConfig
                 from skilld.delegate import register as register_kits

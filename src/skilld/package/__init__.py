@@ -23,6 +23,7 @@ from skilld.package._keys import (
 from skilld.package._manifest import (
     COMPONENT,
     FORMAT,
+    KIND_AGENT_SKILL,
     MANIFEST,
     FileEntry,
     Manifest,
@@ -60,6 +61,7 @@ from skilld.package._verify import (
 __all__ = [
     "COMPONENT",
     "FORMAT",
+    "KIND_AGENT_SKILL",
     "MANIFEST",
     "SIGNING_CONTEXT",
     "FileEntry",

@@ -20,6 +20,12 @@ from skilld.errors import PackageFormatError
 FORMAT = "skilld-skill/1"
 MANIFEST = "skill.json"
 COMPONENT = "component.wasm"
+SKILL_MD = "SKILL.md"
+# ``kind`` is absent for a wasm component (every package before Agent Skills, so their
+# bytes and digests stay the same) and ``agent-skill`` for an Agent Skills directory:
+# its SKILL.md and files, no component.
+KIND_COMPONENT = "component"
+KIND_AGENT_SKILL = "agent-skill"
 SIG_DIR = "signatures/"
 
 # Every pattern here is used with fullmatch: "$" would also match before a trailing
@@ -34,6 +40,7 @@ SEMVER_RE = re.compile(
 )
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _MANIFEST_KEYS = {"format", "id", "name", "version", "description", "abi", "needs", "files"}
+_OPTIONAL_KEYS = {"kind"}
 MAX_TEXT = 4096
 # C0 controls, DEL and C1 controls: they would reach terminals (``skilld inspect``) and
 # logs verbatim. A description may span lines and hold tabs; a name is one line.
@@ -147,7 +154,8 @@ class Manifest:
 
     ``needs`` is opaque here (the policy defines its vocabulary); it is a read-only
     view, and callers must not mutate what it holds. ``files`` is sorted by name
-    and always holds ``component.wasm``.
+    and holds ``component.wasm`` (``kind`` ``component``) or ``SKILL.md`` and no
+    component (``kind`` ``agent-skill``).
     """
 
     id: str
@@ -157,6 +165,7 @@ class Manifest:
     abi: str
     needs: Mapping[str, Any]
     files: tuple[FileEntry, ...]
+    kind: str = KIND_COMPONENT
 
     def file(self, name: str) -> FileEntry | None:
         """The entry for ``name``, or None."""
@@ -167,7 +176,7 @@ class Manifest:
 
     def to_json(self) -> dict[str, Any]:
         """The manifest as a JSON-ready mapping (what ``skill.json`` holds)."""
-        return {
+        out: dict[str, Any] = {
             "format": FORMAT,
             "id": self.id,
             "name": self.name,
@@ -177,6 +186,9 @@ class Manifest:
             "needs": dict(self.needs),
             "files": {f.name: {"sha256": f.sha256, "size": f.size} for f in self.files},
         }
+        if self.kind != KIND_COMPONENT:
+            out["kind"] = self.kind
+        return out
 
     def canonical_bytes(self) -> bytes:
         """The exact bytes of ``skill.json``, the bytes signatures cover.
@@ -222,7 +234,7 @@ def manifest_from_json(doc: object) -> Manifest:
     """
     if not isinstance(doc, dict):
         raise PackageFormatError("the manifest must be a JSON object")
-    unknown = sorted(set(doc) - _MANIFEST_KEYS)
+    unknown = sorted(set(doc) - _MANIFEST_KEYS - _OPTIONAL_KEYS)
     if unknown:
         raise PackageFormatError(f"unknown manifest field(s): {', '.join(unknown)}")
     missing = sorted(_MANIFEST_KEYS - set(doc))
@@ -255,7 +267,16 @@ def manifest_from_json(doc: object) -> Manifest:
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             raise PackageFormatError(f"manifest size of {name!r} must be a non-negative integer")
         entries.append(FileEntry(name, digest, size))
-    if COMPONENT not in files:
+    kind = doc.get("kind", KIND_COMPONENT)
+    if kind == KIND_AGENT_SKILL:
+        if SKILL_MD not in files or COMPONENT in files:
+            raise PackageFormatError(
+                f"an {KIND_AGENT_SKILL} manifest lists {SKILL_MD} and no {COMPONENT}"
+            )
+    elif kind != KIND_COMPONENT or "kind" in doc:
+        # "component" is written by leaving kind out: one spelling per manifest.
+        raise PackageFormatError(f"manifest kind must be absent or {KIND_AGENT_SKILL!r}")
+    elif COMPONENT not in files:
         raise PackageFormatError(f"the manifest does not list {COMPONENT}")
     return Manifest(
         id=skill_id,
@@ -265,4 +286,5 @@ def manifest_from_json(doc: object) -> Manifest:
         abi=abi,
         needs=MappingProxyType(needs),
         files=tuple(entries),
+        kind=kind,
     )

@@ -23,8 +23,11 @@ from skilld.errors import PackageFormatError, UsageError
 from skilld.package._keys import SigningKey, b64encode, load_private_key, write_private_key
 from skilld.package._manifest import (
     COMPONENT,
+    KIND_AGENT_SKILL,
+    KIND_COMPONENT,
     MANIFEST,
     SIG_DIR,
+    SKILL_MD,
     FileEntry,
     Manifest,
     canonical_json,
@@ -44,7 +47,6 @@ from skilld.package._verify import (
 from skilld.package._zip import check_name, dos_datetime, write_zip
 
 SKILL_YAML = "skill.yaml"
-SKILL_MD = "SKILL.md"
 RESOURCES = "resources"
 _SKIP = {"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
 
@@ -86,7 +88,7 @@ def signature_entry(key: SigningKey, manifest_bytes: bytes) -> tuple[str, bytes]
 
 def build_package(
     meta: SkillMeta,
-    component: bytes,
+    component: bytes | None,
     *,
     files: Mapping[str, bytes] | None = None,
     keys: Sequence[SigningKey] = (),
@@ -95,7 +97,8 @@ def build_package(
     """The bytes of a ``.skill`` package holding ``component`` and ``files``, signed by ``keys``.
 
     ``files`` maps archive names (``SKILL.md``, ``resources/...``) to bytes.
-    ``epoch`` defaults to :func:`source_date_epoch`.
+    ``epoch`` defaults to :func:`source_date_epoch`. Without a component the package
+    is an Agent Skill (manifest ``kind`` ``agent-skill``), whose files hold ``SKILL.md``.
 
     Raises:
         PackageFormatError: a bad id, version, name or needs value, or an unsafe
@@ -106,7 +109,8 @@ def build_package(
         check_name(name)
         if name in (MANIFEST, COMPONENT) or name.startswith(SIG_DIR):
             raise PackageFormatError(f"{name!r} is a reserved name in a package")
-    files[COMPONENT] = component
+    if component is not None:
+        files[COMPONENT] = component
     manifest = Manifest(
         id=check_id(meta.id),
         name=meta.name,
@@ -118,6 +122,7 @@ def build_package(
             FileEntry(n, hashlib.sha256(data).hexdigest(), len(data))
             for n, data in sorted(files.items())
         ),
+        kind=KIND_COMPONENT if component is not None else KIND_AGENT_SKILL,
     )
     manifest_bytes = manifest.canonical_bytes()
     manifest_from_json(manifest.to_json())  # the same checks a reader applies

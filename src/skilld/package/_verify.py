@@ -98,7 +98,8 @@ class PackageContents:
 class VerifiedPackage:
     """A package whose format, digests, signatures and trust have all been checked.
 
-    ``files`` holds every file but ``component.wasm`` and ``skill.json``;
+    ``files`` holds every file but ``component.wasm`` and ``skill.json`` (``component`` is
+    empty for an Agent Skill, ``manifest.kind`` ``agent-skill``);
     ``signers`` the key ids of the trusted, in-scope keys whose signatures counted.
     """
 
@@ -417,7 +418,7 @@ def verify_package(
     return VerifiedPackage(
         manifest=manifest,
         manifest_bytes=contents.manifest_bytes,
-        component=bytes(contents.files[COMPONENT]),
+        component=bytes(contents.files.get(COMPONENT, b"")),
         files=MappingProxyType({n: bytes(v) for n, v in contents.files.items() if n != COMPONENT}),
         signers=signers,
         signer_names=tuple(names[k] for k in signers),

@@ -29,7 +29,7 @@ from skilld.policy._kits import (
 )
 from skilld.policy._schema import CAPABILITY_SECTIONS, HTTP_METHODS, Exposure, parse_grants
 from skilld.policy._tables import FORMAT, Tables, load_tables
-from skilld.policy._yaml import load_yaml
+from skilld.policy._yaml import LMap, load_yaml
 
 __all__ = [
     "CAPABILITY_SECTIONS",
@@ -42,6 +42,7 @@ __all__ = [
     "CompileResult",
     "Exposure",
     "Finding",
+    "LMap",
     "Tables",
     "check_kit_methods",
     "compile_documents",

@@ -323,6 +323,8 @@ def compile_documents(
             exposure = replace(exposure, client=tuple(c for c in exposure.client if c in wanted))
         table["limits"] = limits
         table["mcp"] = exposure.table()
+        if own.scripts or defaults.scripts:
+            table["scripts"] = {**defaults.scripts, **own.scripts}
         table["needs_checked"] = needs is not None
         out[skill] = table
     for rid, source in sorted((unused_defaults or {}).items()):

@@ -43,7 +43,14 @@ _NODE = re.compile(r"^[a-z0-9*][a-z0-9*._-]*\Z")
 _CLIENT_FEATURES = ("sample", "elicit")
 
 CAPABILITY_SECTIONS = ("fs", "http", "tcp", "shell", "env", "invoke", "transfer", "kv")
-POLICY_KEYS = ("skill", "description", *CAPABILITY_SECTIONS, "limits", "mcp")
+POLICY_KEYS = ("skill", "description", *CAPABILITY_SECTIONS, "limits", "mcp", "scripts")
+# How an Agent Skill's scripts run (docs/agent-skills.md): the executor, the programs a
+# native script may be started with, and packages baked into its environment at build.
+EXECUTORS = ("wasm", "native")
+_INTERPRETER = re.compile(r"^[A-Za-z0-9_.+-]{1,64}\Z")
+_REQUIREMENT = re.compile(
+    r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?([<>=!~]=?[A-Za-z0-9.*+!_-]+)?\Z"
+)
 # Needs use the grants' vocabulary; ``mcp`` there is the client interface
 # (progress, logs, and ``client: [sample, elicit]``), ``log`` is always granted.
 NEEDS_KEYS = (*CAPABILITY_SECTIONS, "mcp", "log")
@@ -489,6 +496,7 @@ class Grants:
     limits: Mapping[str, int] = field(default_factory=dict)
     mcp: Mapping[str, Any] = field(default_factory=dict)
     lines: Mapping[str, int] = field(default_factory=dict)
+    scripts: Mapping[str, Any] = field(default_factory=dict)
 
 
 # -- section parsers ---------------------------------------------------------
@@ -740,6 +748,35 @@ def _mcp(m: Mapping[str, Any], where: Where, *, needs: bool = False) -> dict[str
     return out
 
 
+def _scripts(m: Mapping[str, Any], where: Where) -> dict[str, Any]:
+    """The ``scripts`` section: ``executor``, ``interpreters``, ``requirements``."""
+    _check_keys(m, ("executor", "interpreters", "requirements"), where, "scripts")
+    executor = m.get("executor", "wasm")
+    if executor not in EXECUTORS:
+        raise _fail(
+            _line(m, "executor", where),
+            f"scripts.executor must be one of {', '.join(EXECUTORS)}, got {executor!r}",
+        )
+    out: dict[str, Any] = {"executor": executor}
+    iw = _line(m, "interpreters", where)
+    interpreters = _str_list(m.get("interpreters", ["python"]), iw, "an interpreter")
+    for name in interpreters:
+        if not _INTERPRETER.match(name):
+            raise _fail(iw, f"interpreter {name!r} must be a program name, not a path or command")
+    if executor == "wasm" and set(interpreters) - {"python"}:
+        raise _fail(iw, "the wasm executor runs Python scripts only", "use executor: native")
+    out["interpreters"] = sorted(set(interpreters))
+    rw = _line(m, "requirements", where)
+    requirements = (
+        _str_list(m["requirements"], rw, "a requirement") if m.get("requirements") else ()
+    )
+    for req in requirements:
+        if not _REQUIREMENT.match(req):
+            raise _fail(rw, f"requirement {req!r} must be NAME, NAME[extra] or NAME==VERSION")
+    out["requirements"] = list(requirements)
+    return out
+
+
 def parse_grants(
     doc: object, skill: str, source: str, *, allowed: tuple[str, ...] = POLICY_KEYS
 ) -> Grants:
@@ -812,5 +849,9 @@ def parse_grants(
         mcp = _mcp(_mapping(m["mcp"], mw, "mcp"), mw, needs=needs)
     if "log" in m and not (m["log"] is None or m["log"] is True or m["log"] == {}):
         raise _fail(_line(m, "log", top), "log takes no settings: write 'log: {}'")
+    scripts: dict[str, Any] = {}
+    if "scripts" in m and m["scripts"] is not None:
+        sw = _line(m, "scripts", top)
+        scripts = _scripts(_mapping(m["scripts"], sw, "scripts"), sw)
     lines = {k: _line(m, k, top).line for k in m}
-    return Grants(source, rules, limits, mcp, lines)
+    return Grants(source, rules, limits, mcp, lines, scripts)

@@ -134,6 +134,20 @@ class Tables:
             client=tuple(raw.get("client", ())),
         )
 
+    def scripts(self, skill_id: str) -> Mapping[str, Any]:
+        """How the skill's Agent Skills scripts run: ``executor``, ``interpreters``,
+        ``requirements`` (the ``wasm`` executor and nothing else when the policy says nothing).
+
+        Raises:
+            PolicyError: the tables have no entry for ``skill_id``.
+        """
+        raw = self.skill(skill_id).get("scripts") or {}
+        return {
+            "executor": raw.get("executor", "wasm"),
+            "interpreters": tuple(raw.get("interpreters", ("python",))),
+            "requirements": tuple(raw.get("requirements", ())),
+        }
+
     def interfaces(self, skill_id: str) -> frozenset[str]:
         """The WIT host interfaces the skill may import: those with an effective grant.
 

@@ -88,7 +88,12 @@ def load_yaml(text: str, source: str) -> Any:
     """
     import yaml
 
-    loader = _loader_class()(text)
+    try:
+        # The reader checks the characters when it is made: a control character is
+        # a YAML error there, before parsing starts.
+        loader = _loader_class()(text)
+    except yaml.YAMLError as exc:
+        raise PolicyError(f"not valid YAML: {exc}", location=f"{source}:1") from exc
     loader.source = source
     try:
         return loader.get_single_data()

@@ -507,6 +507,8 @@ class Registry:
             record["target"] = target
         if ctx.host_faults:
             record["host_faults"] = ctx.host_faults
+        for key, value in ctx.audit.items():
+            record.setdefault(key, value)
         self._audit.emit(record)
 
     def _emit_started(

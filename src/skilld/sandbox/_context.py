@@ -77,6 +77,13 @@ class CallContext:
     # Run once, right before the call's first state write (the registry writes the
     # audit record that the write can be traced to after a crash).
     before_first_write: Callable[[], None] | None = None
+    # WASI directories for this call only: (host path, guest path, writable). A call
+    # with preopens gets an instance of its own, never a pooled one (whose WASI
+    # context was made without them). Agent Skills' wasm executor sets them.
+    preopens: tuple[tuple[str, str, bool], ...] = ()
+    # Facts a backend adds to its call's audit record (a script's exit status, its
+    # executor); JSON values under names the record does not already use.
+    audit: dict[str, Any] = field(default_factory=dict)
 
     def remaining(self) -> float:
         """Seconds left before the call's deadline (0 when past it; inf when unset)."""

@@ -362,6 +362,7 @@ class Component:
         self,
         memory_bytes: int,
         inline_until: float | None = None,
+        preopens: tuple[tuple[str, str, bool], ...] = (),
         *,
         ctx: CallContext | None = None,
     ) -> _Instance:
@@ -377,6 +378,8 @@ class Component:
             wasi = wasmtime.WasiConfig()
             wasi.stdout_custom = holder.stdout
             wasi.stderr_custom = holder.stderr
+            for host, guest, writable in preopens:
+                wasi.preopen_dir(host, guest, fs_mutable=writable)
             store.set_wasi(wasi)
         store.set_limits(memory_size=memory_bytes)
         # Instantiation runs guest start code, which the epoch interrupts too; the
@@ -422,6 +425,10 @@ class Component:
         return True
 
     def _take(self, ctx: CallContext) -> _Instance:
+        if ctx.preopens:
+            if ctx.inline_until is not None:
+                raise RunOnThread
+            return self._fresh(ctx.limits.memory_bytes, None, ctx.preopens, ctx=ctx)
         limits = self._pool_limits
         if limits is not None and ctx.limits.memory_bytes == limits.memory_bytes:
             try:

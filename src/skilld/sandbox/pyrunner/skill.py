@@ -11,18 +11,57 @@ Each method sits on its own below the shared helpers:
 - ``run_program`` (delegate): a program over a *kit*; every kit tool is a plain
   function here that calls ``invoke`` (so the call goes through the registry, the
   callee's own sandbox and policy, and the audit log).
+- ``run_script`` (Agent Skills' ``wasm`` executor): a script of a skill, whose
+  directory the host preopens read-only at ``/skill``, run as ``__main__`` with argv
+  and stdin, in a fresh writable workspace at ``/workspace`` (its working directory
+  and ``TMPDIR``); no sockets, the call's memory cap and deadline.
+
+componentize-py keeps only what was imported while it pre-initialised this module
+(the guest has no standard library files at run time), so the standard library is
+imported here, all of it that runs in WASI: a script may import any of it.
 """
 
 from __future__ import annotations
 
 import builtins
+import importlib
+import io
 import json
+import os
+import pkgutil
+import runpy
+import sys
 import traceback
 from typing import Any
 
 from skilld_sdk import Skill, SkillError, invoke
 
 skill = Skill()
+
+# Not preloaded: modules with side effects on import, GUI, tests and the build tooling.
+_NOT_IMPORTED = frozenset(
+    {"antigravity", "this", "idlelib", "tkinter", "turtle", "turtledemo", "ensurepip",
+     "venv", "lib2to3", "test", "pydoc", "pydoc_data", "distutils", "msilib", "winreg",
+     "winsound", "msvcrt", "_winapi", "nt", "__main__"}
+)  # fmt: skip
+
+
+def _preload_stdlib() -> None:
+    for name in sorted(sys.stdlib_module_names - _NOT_IMPORTED):
+        try:
+            module = importlib.import_module(name)
+        except BaseException:  # noqa: BLE001, S112 - not available in WASI (sockets, threads, C)
+            continue
+        for info in pkgutil.walk_packages(getattr(module, "__path__", []), f"{name}."):
+            if info.name.rsplit(".", 1)[-1].startswith(("test", "_test")) or ".test" in info.name:
+                continue
+            try:
+                importlib.import_module(info.name)
+            except BaseException:  # noqa: BLE001, S112 - as above
+                continue
+
+
+_preload_stdlib()
 
 PROGRAM_FILE = "<program>"
 
@@ -166,3 +205,53 @@ def _failed(
         "error": {"code": code, "message": message, "line": line, "rule": rule},
         "tool_calls": calls,
     }
+
+
+# -- run_script (Agent Skills) ---------------------------------------------------
+
+SKILL_DIR = "/skill"
+WORKSPACE = "/workspace"
+
+
+@skill.method
+def run_script(path: str, argv: list[str], stdin: str = "") -> dict[str, Any]:
+    """Run a Python script of the skill as ``__main__`` and report how it ended.
+
+    Args:
+        path: the script's path inside the skill directory (``scripts/x.py``).
+        argv: its arguments (``sys.argv[1:]``).
+        stdin: what it reads from standard input.
+    """
+    parts = path.split("/")
+    if path.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise SkillError("invalid-argument", f"not a path inside the skill: {path!r}")
+    script = f"{SKILL_DIR}/{path}"
+    out, err = io.StringIO(), io.StringIO()
+    saved = (sys.argv, sys.stdin, sys.stdout, sys.stderr, list(sys.path))
+    sys.argv = [script, *argv]
+    sys.stdin = io.StringIO(stdin)
+    sys.stdout, sys.stderr = out, err
+    sys.path.insert(0, script.rsplit("/", 1)[0])
+    os.environ["TMPDIR"] = WORKSPACE
+    status = 0
+    try:
+        os.chdir(WORKSPACE)
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as exc:
+        status = _exit_status(exc.code, err)
+    except BaseException:  # noqa: BLE001 - the script's failure is its exit status, as in CPython
+        traceback.print_exc(file=err)
+        status = 1
+    finally:
+        sys.argv, sys.stdin, sys.stdout, sys.stderr, sys.path[:] = saved
+    return {"exit_status": status, "stdout": out.getvalue(), "stderr": err.getvalue()}
+
+
+def _exit_status(code: object, err: io.StringIO) -> int:
+    """What ``sys.exit(code)`` makes the process's exit status (as CPython does)."""
+    if code is None:
+        return 0
+    if isinstance(code, int) and not isinstance(code, bool):
+        return code & 0xFF
+    print(code, file=err)
+    return 1

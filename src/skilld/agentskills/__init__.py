@@ -1,0 +1,113 @@
+"""Agent Skills (``SKILL.md`` directories): validated at build, disclosed in tiers, run confined.
+
+An Agent Skill (agentskills.io) is a directory with a ``SKILL.md`` (YAML frontmatter
+and Markdown instructions) and optional ``scripts/``, ``references/`` and ``assets/``.
+skilld treats one as a first-class skill of the sealed bundle:
+
+- build time (``_skillmd``, ``_tools``, ``_build``; called by ``skilld build``):
+  the frontmatter validated to the specification (strict, or ``--lenient`` as its
+  client guide says), ``allowed-tools`` mapped onto needs that the policy compiler
+  intersects with the operator's grants, the directory packed into a signed
+  ``.skill``, its Python requirements installed offline into its own environment,
+  the ``wasm`` executor refused for scripts that import beyond the standard library;
+- run time (``_backend``, ``_executors``): a registry backend serving the three
+  disclosure tiers (the tool, its instructions, each file as ``skill://NAME/PATH``),
+  the body as a prompt, and ``run_script`` through the ``wasm`` or ``native`` executor.
+
+``docs/agent-skills.md`` describes the format, the tiers and what each executor confines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from skilld.agentskills._backend import AgentSkillBackend, ScriptExecutor, ScriptRun
+from skilld.agentskills._build import (
+    INSTRUCTIONS,
+    RUN_SCRIPT,
+    AgentSkillSource,
+    check_stdlib_only,
+    describe,
+    install_requirements,
+    is_agent_skill,
+    mime_type,
+    pack,
+    read_source,
+    reparse,
+    requirements_of,
+    resource_uri,
+    scripts_of,
+)
+from skilld.agentskills._executors import NativeExecutor, WasmExecutor, tree_grants
+from skilld.agentskills._listing import available_skills_xml
+from skilld.agentskills._skillmd import SKILL_MD, SkillMd, parse_skill_md, parse_skill_text
+from skilld.agentskills._tools import ToolNeeds, tools_to_needs
+from skilld.errors import BundleError
+from skilld.types import Limits, SkillSpec
+
+
+def open_backend(
+    spec: SkillSpec,
+    root: Path,
+    env: Path | None,
+    executor: str,
+    scripts: Mapping[str, Any],
+    grants: Mapping[str, Any],
+    limits: Limits,
+    runner: Any = None,
+) -> AgentSkillBackend:
+    """The backend serving one Agent Skill of a verified bundle.
+
+    ``executor`` is the lock's (``wasm``, ``native``, ``none`` without scripts);
+    ``scripts`` and ``grants`` are the skill's policy tables; ``runner`` the loaded
+    CPython runner component (``wasm`` only).
+
+    Raises:
+        BundleError: a ``wasm`` skill in a bundle without the runner component.
+    """
+    chosen: ScriptExecutor | None = None
+    if executor == "wasm":
+        if runner is None:
+            raise BundleError(
+                f"skill '{spec.id}' runs its scripts in the wasm executor, but the bundle "
+                "holds no runner component",
+                location=spec.id,
+            )
+        chosen = WasmExecutor(spec.id, root, runner, grants.get("fs") or ())
+    elif executor == "native":
+        chosen = NativeExecutor(spec.id, root, env, scripts["interpreters"], grants, limits)
+    return AgentSkillBackend(spec, root, chosen)
+
+
+__all__ = [
+    "INSTRUCTIONS",
+    "RUN_SCRIPT",
+    "SKILL_MD",
+    "AgentSkillBackend",
+    "AgentSkillSource",
+    "NativeExecutor",
+    "ScriptExecutor",
+    "ScriptRun",
+    "SkillMd",
+    "ToolNeeds",
+    "WasmExecutor",
+    "available_skills_xml",
+    "check_stdlib_only",
+    "describe",
+    "install_requirements",
+    "is_agent_skill",
+    "mime_type",
+    "open_backend",
+    "pack",
+    "parse_skill_md",
+    "parse_skill_text",
+    "read_source",
+    "reparse",
+    "requirements_of",
+    "resource_uri",
+    "scripts_of",
+    "tools_to_needs",
+    "tree_grants",
+]

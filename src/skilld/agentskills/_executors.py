@@ -1,0 +1,310 @@
+"""The two script executors of Agent Skills, chosen per skill by its policy (``scripts``).
+
+``wasm`` (:class:`WasmExecutor`): the script runs in the CPython runner component
+(``skilld/sandbox/pyrunner``), an instance of its own per call, with WASI preopens for
+that call only: the skill directory read-only at ``/skill``, a fresh workspace at
+``/workspace`` and the directories its fs grants name (read-only unless ``rw``). The
+component has no sockets; its memory cap and deadline are the sandbox's.
+
+``native`` (:class:`NativeExecutor`): the script runs as a host process through
+``skilld.confine``: Landlock allows reading the skill directory, its baked environment
+and the system's libraries, writing only the workspace (its ``TMPDIR`` and ``HOME``)
+and the ``rw`` grants, executing only the interpreter and the programs its shell
+grants name; no network unless tcp is granted; ``no_new_privs``; rlimits; the
+environment cleared to an allowlist; the whole process tree killed at the deadline.
+Where the kernel cannot do all of that, nothing runs
+(:class:`~skilld.errors.ConfinementUnavailable`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import sysconfig
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from skilld.agentskills._backend import ScriptRun
+from skilld.confine import ProgramNotStarted, ResourceLimits, from_grants, run
+from skilld.errors import CallCancelled, DeadlineExceeded, GuestError
+from skilld.policy import _patterns as patterns
+from skilld.sandbox import CallContext
+from skilld.types import CallOutput, Decision, Limits
+
+# Each of stdout and stderr keeps this much; the rest is read and dropped.
+OUTPUT_CAP = 256 * 1024
+# Interpreter by the script's extension; the policy's scripts.interpreters must name it.
+INTERPRETERS = {
+    ".py": "python",
+    ".sh": "bash",
+    ".bash": "bash",
+    ".js": "node",
+    ".rb": "ruby",
+    ".pl": "perl",
+}
+# Started as `python -I -S -B -c BOOT ENV SCRIPT ARGS...`: isolated (no PYTHON* variables,
+# no user site, no script directory on sys.path before ours), the baked environment
+# and the script's directory first on sys.path, the script run as __main__.
+_BOOT = (
+    "import runpy,sys;e,s=sys.argv[1],sys.argv[2];sys.argv=sys.argv[2:];"
+    "sys.path[:0]=[p for p in (e,s.rsplit('/',1)[0]) if p];"
+    "runpy.run_path(s,run_name='__main__')"
+)
+_ENV_KEEP = ("LANG", "LC_ALL")
+_NOBODY = 65534
+
+
+def python_libraries() -> tuple[str, ...]:
+    """Where this Python's standard library and libpython are (read-only for scripts).
+
+    Under /usr they are among the system libraries already; a Python installed
+    elsewhere (pyenv, a Nix store path, a container's /opt) needs its own rules.
+    """
+    found = {str(Path(os.__file__).parent), str(sysconfig.get_config_var("LIBDIR") or "")}
+    return tuple(sorted(d for d in found if d and Path(d).is_dir()))
+
+
+class _Runner(Protocol):
+    def call(self, method: str, args_json: str, ctx: CallContext) -> CallOutput: ...
+
+
+def _cap(data: bytes) -> tuple[bytes, int]:
+    return data[:OUTPUT_CAP], max(0, len(data) - OUTPUT_CAP)
+
+
+def _record(ctx: CallContext, skill_id: str, script: str, executor: str) -> None:
+    ctx.record(
+        Decision(
+            allowed=True,
+            capability="scripts",
+            action=f"run:{executor}",
+            target=script,
+            rule=f"{skill_id}.scripts",
+            reason=f"a script of the skill, run by the {executor} executor",
+        )
+    )
+
+
+def _deadline(ctx: CallContext) -> float:
+    if ctx.deadline is None:
+        # A host backend starts the call's clock itself (the sandbox does for guests).
+        ctx.deadline = time.monotonic() + ctx.limits.timeout_ms / 1000
+    return ctx.deadline
+
+
+def tree_grants(
+    fs: Iterable[Mapping[str, Any]],
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The fs grants a kernel rule can hold exactly: directory trees (``/data`` or
+    ``/data/**``), as ``{"path", "mode"}``; and the ids of the others (globs such as
+    ``/data/**/*.md``), which scripts do not get: a Landlock rule or a WASI preopen
+    names a directory, and widening a glob to its directory would grant more than the
+    operator wrote."""
+    kept: list[dict[str, Any]] = []
+    left: list[str] = []
+    for rule in fs:
+        segments = patterns.parse_path_pattern(str(rule["path"]))
+        tree = segments[:-1] if segments and segments[-1] == "**" else segments
+        if patterns.is_literal(tree):
+            kept.append({"path": patterns.join_path(tree), "mode": rule.get("mode", "ro")})
+        else:
+            left.append(str(rule.get("id", rule["path"])))
+    return kept, left
+
+
+def _directory_rules(fs: Iterable[Mapping[str, Any]]) -> list[tuple[str, bool]]:
+    """(directory, writable) for each tree grant that names an existing directory."""
+    return [(r["path"], r["mode"] == "rw") for r in tree_grants(fs)[0] if Path(r["path"]).is_dir()]
+
+
+class WasmExecutor:
+    """Python scripts in the CPython runner component (see the module docstring).
+
+    Args:
+        skill_id: the skill whose scripts these are.
+        root: the skill's read-only directory.
+        runner: the loaded runner component.
+        fs: the skill's effective fs grants (policy table rules).
+    """
+
+    name = "wasm"
+
+    def __init__(
+        self, skill_id: str, root: Path, runner: _Runner, fs: Iterable[Mapping[str, Any]] = ()
+    ):
+        self.skill_id = skill_id
+        self.root = root
+        self.runner = runner
+        self.grants = _directory_rules(fs)
+
+    def run(
+        self, script: str, argv: Sequence[str], stdin: bytes, workspace: Path, ctx: CallContext
+    ) -> ScriptRun:
+        """Run ``script`` in a fresh runner instance.
+
+        Raises:
+            GuestError: the runner refused the arguments.
+            GuestFault: deadline, memory or a trap of the runner (costs this call only).
+        """
+        _record(ctx, self.skill_id, script, self.name)
+        ctx.preopens = (
+            (str(self.root), "/skill", False),
+            (str(workspace), "/workspace", True),
+            *((d, d, rw) for d, rw in self.grants),
+        )
+        args = {"path": script, "argv": list(argv), "stdin": stdin.decode("utf-8", "replace")}
+        out = self.runner.call("run_script", json.dumps(args), ctx).value
+        stdout, dropped_out = _cap(str(out["stdout"]).encode())
+        stderr, dropped_err = _cap(str(out["stderr"]).encode())
+        return ScriptRun(int(out["exit_status"]), stdout, stderr, None, dropped_out + dropped_err)
+
+
+class NativeExecutor:
+    """Scripts as confined host processes (see the module docstring).
+
+    Args:
+        skill_id: the skill whose scripts these are.
+        root: the skill's read-only directory.
+        env: its baked environment (site-packages), or ``None``.
+        interpreters: program names the policy allows as interpreters.
+        grants: the skill's effective policy table (``fs``, ``tcp``, ``shell``).
+        limits: the skill's limits (memory becomes the address-space rlimit).
+    """
+
+    name = "native"
+
+    def __init__(
+        self,
+        skill_id: str,
+        root: Path,
+        env: Path | None,
+        interpreters: Sequence[str],
+        grants: Mapping[str, Any],
+        limits: Limits,
+    ):
+        self.skill_id = skill_id
+        self._copies: tempfile.TemporaryDirectory[str] | None = None
+        if os.geteuid() == 0:
+            root, env = self._unowned_copy(root, env)
+        self.root = root
+        self.env = env
+        self.interpreters = tuple(interpreters)
+        self.confinement = from_grants(
+            tree_grants(grants.get("fs") or ())[0],
+            grants.get("tcp") or (),
+            limits=ResourceLimits(
+                # CPython maps ~100 MiB of address space before it runs a line.
+                address_space=max(limits.memory_bytes, 512 << 20),
+                processes=32,
+                file_size=64 << 20,
+                open_files=128,
+            ),
+        )
+        self.programs = tuple(
+            p for p in (shutil.which(str(r["program"])) for r in grants.get("shell") or ()) if p
+        )
+
+    def _unowned_copy(self, root: Path, env: Path | None) -> tuple[Path, Path | None]:
+        """The skill's files and environment, copied once and owned by ``nobody``.
+
+        Landlock does not govern metadata: a process owning a file may chmod or utime
+        it. Run as root, skilld owns the bundle, and so would the script (uid 0, no
+        capabilities); over files owned by another user both fail with EPERM. The
+        bundle was verified when it was opened and is read-only.
+        """
+        self._copies = tempfile.TemporaryDirectory(prefix=f"skilld-{self.skill_id}-")
+        base = Path(self._copies.name)
+        base.chmod(0o755)
+        out: list[Path] = []
+        for name, tree in (("files", root), ("env", env)):
+            if tree is None:
+                continue
+            dest = base / name
+            shutil.copytree(tree, dest, symlinks=True)
+            for path in [dest, *dest.rglob("*")]:
+                os.chown(path, _NOBODY, _NOBODY, follow_symlinks=False)
+                path.chmod(0o555 if path.is_dir() else 0o444)
+            out.append(dest)
+        return out[0], (out[1] if env is not None else None)
+
+    def _interpreter(self, script: str) -> list[str]:
+        name = INTERPRETERS.get(Path(script).suffix.lower())
+        if name is None or name not in self.interpreters:
+            granted = ", ".join(self.interpreters) or "none"
+            raise GuestError(
+                "not-permitted",
+                f"no interpreter for '{script}' is granted to '{self.skill_id}' "
+                f"(granted: {granted})",
+                rule=f"{self.skill_id}.scripts",
+            )
+        path = os.path.realpath(sys.executable) if name == "python" else shutil.which(name)
+        if path is None:
+            raise GuestError("unavailable", f"interpreter '{name}' is not installed on this host")
+        target = str(self.root / script)
+        if name == "python":
+            return [path, "-I", "-S", "-B", "-c", _BOOT, str(self.env or ""), target]
+        return [path, target]
+
+    def run(
+        self, script: str, argv: Sequence[str], stdin: bytes, workspace: Path, ctx: CallContext
+    ) -> ScriptRun:
+        """Run ``script`` as a confined process in ``workspace``.
+
+        Raises:
+            ConfinementUnavailable: the kernel lacks what the confinement needs (named);
+                nothing ran.
+            DeadlineExceeded: the script ran past the call's deadline; its whole process
+                tree was killed.
+            CallCancelled: the client cancelled the call; the tree was killed too.
+            GuestError: no interpreter granted for it, or it could not be started.
+        """
+        command = self._interpreter(script)
+        _record(ctx, self.skill_id, script, self.name)
+        readable = [str(self.root), *([str(self.env)] if self.env else [])]
+        confinement = replace(
+            self.confinement,
+            read_only=(*self.confinement.read_only, *readable),
+            read_write=(*self.confinement.read_write, str(workspace)),
+            libraries=(*self.confinement.libraries, *python_libraries()),
+            executables=(*self.confinement.executables, command[0], *self.programs),
+        )
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": str(workspace),
+            "TMPDIR": str(workspace),
+            "LANG": "C.UTF-8",
+            "SKILL_DIR": str(self.root),
+        }
+        env.update({k: os.environ[k] for k in _ENV_KEEP if k in os.environ})
+        try:
+            done = run(
+                [*command, *argv],
+                confinement=confinement,
+                deadline=_deadline(ctx),
+                cwd=str(workspace),
+                env=env,
+                stdin=stdin,
+                output_cap=OUTPUT_CAP,
+                cancelled=ctx.channel.cancelled,
+            )
+        except ProgramNotStarted as exc:
+            raise GuestError("unavailable", f"'{script}' could not be started: {exc}") from exc
+        if done.cancelled:
+            raise CallCancelled(
+                f"the client cancelled script '{script}' of '{self.skill_id}'; its whole "
+                "process tree was killed"
+            )
+        if done.timed_out:
+            raise DeadlineExceeded(
+                f"script '{script}' of '{self.skill_id}' ran past its deadline of "
+                f"{ctx.limits.timeout_ms} ms; its whole process tree was killed"
+            )
+        return ScriptRun(
+            done.exit_code, done.stdout, done.stderr, done.signal, done.dropped, done.timed_out
+        )

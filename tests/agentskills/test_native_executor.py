@@ -1,0 +1,88 @@
+"""The native executor's ordinary work: interpreters the policy names, the environment."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from skilld import agentskills
+from skilld.errors import GuestError
+from skilld.registry import Registry, SkillEntry
+from skilld.types import Limits
+
+SKILL_MD = "---\nname: shelly\ndescription: Runs a shell script and a Python one.\n---\nRun them.\n"
+# Builtins only: other programs run only when the skill's shell grants name them.
+HELLO_SH = 'echo "hello $1"\ncompgen -e\n'
+ENV_PY = "import os, sys\nprint(sorted(os.environ))\nprint(sys.flags.isolated)\n"
+
+
+def registry_for(tmp_path: Path, interpreters: tuple[str, ...]) -> Registry:
+    """A registry holding the skill, its scripts run natively with ``interpreters``."""
+    skill = tmp_path / "shelly"
+    (skill / "scripts").mkdir(parents=True)
+    (skill / "SKILL.md").write_text(SKILL_MD)
+    (skill / "scripts" / "hello.sh").write_text(HELLO_SH)
+    (skill / "scripts" / "env.py").write_text(ENV_PY)
+    (skill / "scripts" / "other.sh").write_text("/usr/bin/env\necho status=$?\n")
+    source = agentskills.read_source(skill)
+    spec = agentskills.describe(source.md, "0.0.0", source.files)
+    limits = Limits(timeout_ms=5000)
+    backend = agentskills.open_backend(
+        spec, skill, None, "native", {"interpreters": interpreters}, {}, limits
+    )
+    registry = Registry()
+    registry.add(SkillEntry(spec=spec, component=backend, limits=limits))
+    return registry
+
+
+def run(registry: Registry, script: str, *args: str) -> dict[str, Any]:
+    """The value of one run_script call."""
+    value: dict[str, Any] = registry.call_method(
+        "shelly", "run_script", {"script": script, "args": list(args)}
+    ).value
+    return value
+
+
+def test_a_shell_script_runs_when_the_policy_names_bash(tmp_path: Path) -> None:
+    """bash runs a .sh script when scripts.interpreters names it; it sees only the
+    allowlisted environment."""
+    value = run(registry_for(tmp_path, ("python", "bash")), "scripts/hello.sh", "world")
+    assert value["exit_status"] == 0, value["stderr"]
+    lines = value["stdout"].splitlines()
+    assert lines[0] == "hello world"
+    assert set(lines[1:]) <= {"HOME", "LANG", "LC_ALL", "PATH", "PWD", "SHLVL", "SKILL_DIR",
+                              "TMPDIR", "_"}  # fmt: skip
+
+
+def test_an_interpreter_the_policy_does_not_name_is_refused(tmp_path: Path) -> None:
+    """Without bash in scripts.interpreters a .sh script is refused with the rule."""
+    with pytest.raises(GuestError, match=r"no interpreter for 'scripts/hello\.sh'") as err:
+        run(registry_for(tmp_path, ("python",)), "scripts/hello.sh")
+    assert err.value.rule == "shelly.scripts"
+
+
+def test_python_runs_isolated(tmp_path: Path) -> None:
+    """Python scripts run isolated (-I) with the allowlisted environment only."""
+    value = run(registry_for(tmp_path, ("python",)), "scripts/env.py")
+    assert value["exit_status"] == 0, value["stderr"]
+    names, isolated = value["stdout"].splitlines()
+    assert set(ast.literal_eval(names)) <= {
+        "HOME",
+        "LANG",
+        "LC_ALL",
+        "PATH",
+        "SKILL_DIR",
+        "TMPDIR",
+        "LC_CTYPE",
+    }
+    assert isolated == "1"
+
+
+def test_other_programs_need_a_shell_grant(tmp_path: Path) -> None:
+    """A script cannot start a program its skill's shell grants do not name (EACCES: 126)."""
+    value = run(registry_for(tmp_path, ("python", "bash")), "scripts/other.sh")
+    assert "status=126" in value["stdout"]
+    assert "Permission denied" in value["stderr"]
