@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import threading
 import time
@@ -45,6 +46,7 @@ from skilld.types import (
     PromptSpec,
     ResourceSpec,
     SkillSpec,
+    decisions_beyond,
 )
 
 T = TypeVar("T")
@@ -426,6 +428,12 @@ class Registry:
         )
         started = time.time()
         t0 = time.perf_counter()
+        call_id = _call_id()
+        # The started record goes out (flushed) before the first state write is made,
+        # so a write that completed just before a crash names its call (docs/runtime.md).
+        ctx.before_first_write = lambda: self._emit_started(
+            entry, method, target, caller, input_text, started, ctx.depth, call_id
+        )
         outcome: str = "ok"
         out: T | None = None
         error: SkilldError | None = None
@@ -457,9 +465,10 @@ class Registry:
                 outcome, error = _outcome(exc), exc
             finally:
                 entry.slots.release()
-                # The invoker closure refers back to ctx; without it the context is
-                # freed at once rather than by the garbage collector.
+                # The invoker and hook closures refer back to ctx; without them the
+                # context is freed at once rather than by the garbage collector.
                 ctx.invoker = None
+                ctx.before_first_write = None
         self._emit(
             entry,
             method,
@@ -472,6 +481,7 @@ class Registry:
             outcome,
             error,
             ctx,
+            call_id,
         )
         if error is not None:
             raise error
@@ -542,11 +552,13 @@ class Registry:
         outcome: str,
         error: SkilldError | None,
         ctx: CallContext,
+        call_id: str,
     ) -> None:
         if self._audit is None:
             return
         record: dict[str, Any] = {
             "event": "call",
+            "call_id": call_id,
             "skill": entry.spec.id,
             "version": entry.spec.version,
             "method": method,
@@ -563,6 +575,8 @@ class Registry:
             "error": str(error) if error else None,
             "decisions": [d.as_dict() for d in ctx.decisions],
         }
+        if ctx.decisions_beyond:
+            record["decisions_beyond_cap"] = decisions_beyond(ctx.decisions_beyond)
         if target is not None:
             record["target"] = target
         if ctx.host_faults:
@@ -570,6 +584,81 @@ class Registry:
         for key, value in ctx.audit.items():
             record.setdefault(key, value)
         self._audit.emit(record)
+
+    def _emit_started(
+        self,
+        entry: SkillEntry,
+        method: str,
+        target: str | None,
+        caller: str,
+        input_text: str,
+        started: float,
+        depth: int,
+        call_id: str,
+    ) -> None:
+        """The ``started`` record of a call about to write state (its ``call`` record follows).
+
+        Raises:
+            AuditError: the sink could not record (the write is then not made).
+        """
+        if self._audit is None:
+            return
+        record: dict[str, Any] = {
+            "event": "started",
+            "call_id": call_id,
+            "skill": entry.spec.id,
+            "version": entry.spec.version,
+            "method": method,
+            "caller": caller,
+            "depth": depth,
+            "input_sha256": _digest(input_text),
+            "start": started,
+        }
+        if target is not None:
+            record["target"] = target
+        self._audit.emit(record)
+
+    def refused(
+        self, skill: str, label: str, arguments: Mapping[str, Any], outcome: str, error: str
+    ) -> None:
+        """Audit a request the MCP layer refused before any guest code ran.
+
+        ``label`` is the tool's name, ``resource:URI`` or ``prompt:NAME``; ``outcome``
+        says why (``invalid-argument``, ``busy``, ``draining``). The record has the
+        shape of a call's, with ``refused: true``, no output and no decisions; its
+        method is the tool's method where the tool names one, else ``label``.
+
+        Raises:
+            AuditError: the sink could not record.
+        """
+        if self._audit is None:
+            return
+        method = label
+        found = self._tools.get(label)
+        if found is not None:
+            method = found[2] if found[2] is not None else str(arguments.get("method", ""))
+        entry = self._skills.get(skill)
+        input_text = json.dumps(arguments, separators=(",", ":"), sort_keys=True, default=str)
+        self._audit.emit(
+            {
+                "event": "call",
+                "call_id": _call_id(),
+                "skill": skill,
+                "version": entry.spec.version if entry is not None else None,
+                "method": method,
+                "caller": "mcp",
+                "depth": 0,
+                "input_sha256": _digest(input_text),
+                "output_sha256": None,
+                "start": time.time(),
+                "duration_ms": 0.0,
+                "outcome": outcome,
+                "limits_hit": ["busy"] if outcome == "busy" else [],
+                "error": error,
+                "decisions": [],
+                "refused": True,
+            }
+        )
 
     # -- resources and prompts ---------------------------------------------
 
@@ -724,6 +813,11 @@ def _template_match(template: str, uri: str) -> bool:
         for part in re.split(r"(\{\w+\})", template)
     )
     return re.fullmatch(pattern, uri) is not None
+
+
+def _call_id() -> str:
+    """A fresh id joining a call's ``started`` and ``call`` records (64 random bits)."""
+    return os.urandom(8).hex()
 
 
 def _outcome(exc: SkilldError) -> str:

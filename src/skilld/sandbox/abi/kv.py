@@ -57,6 +57,9 @@ def _bounded(ctx: CallContext, store: KeyValueStore) -> Iterator[None]:
 
 def _op(ctx: CallContext, action: str, key: str | None, fn: Callable[[KeyValueStore], T]) -> T:
     store = _store(ctx, action, key)
+    if action in ("set", "delete"):
+        # the call's `started` audit record is on disk before its first write (crash tracing)
+        ctx.will_write_state()
     try:
         with _bounded(ctx, store):
             return fn(store)
