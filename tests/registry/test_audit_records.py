@@ -91,10 +91,12 @@ def test_a_deadline_hit_writer_still_writes_a_bounded_record(
     """A guest writing keys until its deadline (thousands of decisions) gets one bounded line."""
     sink = MemorySink()
     reg, _state = _registry(sandbox, component_path, tmp_path, sink, timeout_ms=1000)
-    with pytest.raises(DeadlineExceeded):
+    # Whichever sees the deadline first ends the call: the sandbox (a trap) or kv.set
+    # (a `timeout` error the guest passes on).
+    with pytest.raises((DeadlineExceeded, GuestError)):
         reg.call("hostile/write_keys", {"count": 10_000_000}, NullChannel())
     record = sink.records[-1]
-    assert record["outcome"] == "deadline"
+    assert record["outcome"] in ("deadline", "error:timeout")
     assert record["decisions_beyond_cap"]["count"] > 0
     assert len(json.dumps(record)) < 16_000
 
