@@ -378,7 +378,7 @@ def _check_invoke_refs(
             for ref in rule.remote_calls:
                 line = rule.lines.get("remote_calls", 0)
                 where = f"{rule.source.rsplit(':', 1)[0]}:{line}" if line else rule.source
-                close = difflib.get_close_matches(ref, list(skills), n=1, cutoff=0.8)
+                close = difflib.get_close_matches(ref, list(skills), n=1, cutoff=0.75)
                 if ref not in skills and close:
                     # Not provable here (the cluster decides what exists), but likely a typo.
                     found.append(
