@@ -68,6 +68,34 @@ class Decision:
         }
 
 
+# Decisions one audit record lists in full. A guest in a loop can take tens of thousands
+# (one deadline-hit call wrote a 3.4 MB line of them); past the cap they are counted.
+MAX_AUDITED_DECISIONS = 64
+
+# What a decision past the cap is counted under: (capability, action, allowed, rule).
+DecisionKey = tuple[str, str, bool, str]
+
+
+def decision_key(decision: Decision) -> DecisionKey:
+    """The key a decision past :data:`MAX_AUDITED_DECISIONS` is counted under."""
+    return (decision.capability, decision.action, decision.allowed, decision.rule)
+
+
+def decisions_beyond(counts: Mapping[DecisionKey, int]) -> dict[str, Any]:
+    """The audit record's ``decisions_beyond_cap``: how many, and how many per rule.
+
+    Its size is bounded by the policy (a rule, or ``default-deny``, per capability
+    and action), never by what the guest did.
+    """
+    return {
+        "count": sum(counts.values()),
+        "by_rule": [
+            {"capability": c, "action": a, "allowed": ok, "rule": r, "count": n}
+            for (c, a, ok, r), n in sorted(counts.items())
+        ],
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     """Per-call resource limits for one skill."""
@@ -99,6 +127,10 @@ class KeyValueStore(Protocol):
 
     Raises ``StateError`` (or ``QuotaExceeded``) from every method on failure. A
     ``set`` that returns has reached stable storage.
+
+    A store may also offer ``within(seconds)``, a context manager bounding how long the
+    operations made inside it may wait (for a lock, for a server); the ``kv`` host
+    interface uses it to keep every operation inside the guest call's deadline.
     """
 
     def get(self, key: str) -> bytes | None:

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import os
 import socket
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -26,6 +27,7 @@ from skilld.permissions import SkillPermissions
 from skilld.policy import Tables
 from skilld.registry import NullChannel, Registry, SkillEntry
 from skilld.sandbox import CallContext, Component
+from skilld.state import SqliteState
 
 WALL_S = 0.3
 SLACK_S = 0.1
@@ -53,6 +55,7 @@ invoke:
   calls: [callee]
 mcp:
   client: [sample, elicit]
+kv: {}
 """
 
 CALLEE = """\
@@ -352,6 +355,39 @@ def test_tcp_trickle_ends_by_the_deadline(
             {"host": "127.0.0.1", "port": holder.port, "send": "trickle"},
         )
         within_deadline(elapsed, outcome)
+
+
+def test_kv_waiting_for_a_lock_ends_by_the_deadline(
+    prober: Component, tables: Tables, tmp_path: Path
+) -> None:
+    """A state database whose write lock another writer holds keeps kv.set no longer than
+    the call's deadline (SQLite would wait 30 s), and the guest hears ``timeout``."""
+    state = SqliteState(tmp_path / "state.sqlite3")
+    blocker = sqlite3.connect(tmp_path / "state.sqlite3", isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    checker = SkillPermissions.from_tables(tables, "prober")
+    try:
+        for _ in range(REPEAT):
+            ctx = CallContext(
+                "prober", checker.limits, NullChannel(), kv=state.store("prober"), checker=checker
+            )
+            started = time.monotonic()
+            try:
+                outcome: Any = prober.call("kv_set", json.dumps({"key": "k", "value": "v"}), ctx)
+                outcome = outcome.value
+            except DeadlineExceeded:
+                outcome = "deadline"
+            within_deadline(time.monotonic() - started, outcome)
+            assert outcome == "deadline" or outcome.get("error") == "timeout", outcome
+    finally:
+        blocker.rollback()
+        blocker.close()
+    # the lock released, the store works as before
+    ctx = CallContext(
+        "prober", checker.limits, NullChannel(), kv=state.store("prober"), checker=checker
+    )
+    assert prober.call("kv_set", json.dumps({"key": "k", "value": "v"}), ctx).value == {"ok": None}
+    state.close()
 
 
 @pytest.mark.parametrize("stars", range(1, 9))

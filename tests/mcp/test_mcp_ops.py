@@ -256,3 +256,28 @@ async def test_wildcard_bind_url_serves() -> None:
             assert server.url == f"http://127.0.0.1:{server.port}/mcp"
             await session.initialize()
             assert not (await session.call_tool("notes/echo", {"text": "x"})).is_error
+
+
+async def test_refusals_before_the_guest_runs_reach_the_audit() -> None:
+    """Invalid arguments, a busy skill and a draining server each hand the dispatcher a refusal."""
+    gate = Gate()
+    dispatcher = fake_dispatcher(gate)
+    service = memory_service(dispatcher, ServeConfig(skill_concurrency=1, queue_timeout_s=0.2))
+    with anyio.fail_after(30):
+        async with memory_session(service) as session, anyio.create_task_group() as tg:
+            invalid = await session.call_tool("notes/echo", {})
+            assert invalid.is_error
+            tg.start_soon(session.call_tool, "work/wait", {})
+            await anyio.to_thread.run_sync(gate.started.wait)
+            busy = await session.call_tool("work/progress", {})
+            assert busy.is_error
+            gate.release.set()
+            assert await service.drain(30)
+            late = await session.call_tool("notes/echo", {"text": "late"})
+            assert late.is_error
+            assert [name for name, _args in dispatcher.calls] == ["work/wait"]
+    assert dispatcher.refusals == [
+        ("notes", "notes/echo", "invalid-argument"),
+        ("work", "work/progress", "busy"),
+        ("notes", "notes/echo", "draining"),
+    ]

@@ -65,7 +65,8 @@ async def test_bad_per_skill_arguments_never_reach_the_guest(
     assert result.is_error
     assert text_of(result).startswith("[invalid-argument] tool notes: ")
     assert expected in text_of(result)
-    assert sink.records == []
+    # Audited as refused: the guest never ran.
+    assert [(r["outcome"], r.get("refused")) for r in sink.records] == [("invalid-argument", True)]
 
 
 async def test_good_per_skill_arguments_reach_the_guest(
@@ -80,7 +81,7 @@ async def test_good_per_skill_arguments_reach_the_guest(
             )
             listed = await session.call_tool("notes", {"method": "list"})
     assert not added.is_error and not listed.is_error, text_of(added) + text_of(listed)
-    assert [r["method"] for r in sink.records] == ["add", "list"]
+    assert [r["method"] for r in sink.records if r["event"] == "call"] == ["add", "list"]
 
 
 async def test_client_cancellation_stops_a_spinning_guest(

@@ -114,7 +114,9 @@ def test_a_host_call_inline_acts_not_and_the_rerun_acts_once(
     assert not backing_off.value.ran
     assert reg.call("hostile/write_keys", {"count": 3}, NullChannel()).value == 3
     assert store.keys("", 100) == ["k000000", "k000001", "k000002"]
-    assert [(r["method"], r["outcome"]) for r in sink.records] == [("write_keys", "ok")]
+    assert [(r["method"], r["outcome"]) for r in sink.records if r["event"] == "call"] == [
+        ("write_keys", "ok")
+    ]
 
 
 def test_a_looping_guest_gives_up_inline_within_its_budget(

@@ -368,3 +368,32 @@ def test_resource_reads_take_a_slot(
         "busy",
         ["busy"],
     )
+
+
+class _CancelsAfter(NullChannel):
+    """A client that cancels its call once it has been asked ``polls`` times."""
+
+    def __init__(self, polls: int) -> None:
+        self.polls = polls
+
+    def cancelled(self) -> bool:
+        self.polls -= 1
+        return self.polls < 0
+
+
+def test_a_call_waiting_for_a_slot_lets_go_when_cancelled(
+    conformance: tuple[Registry, MemorySink, SkillEntry],
+) -> None:
+    """A call queued for a busy skill's slot ends as cancelled once its client cancels,
+    not after the skill's whole wall time, and is audited as such."""
+    reg, sink, entry = conformance
+    assert entry.slots.acquire(timeout=0)  # the skill's only slot, held by "another call"
+    try:
+        with pytest.raises(CallCancelled, match="while it waited for a slot"):
+            reg.read_resource("test://static-text", _CancelsAfter(3))
+    finally:
+        entry.slots.release()
+    (record,) = sink.records
+    assert record["outcome"] == "cancelled"
+    (out,) = reg.read_resource("test://static-text", NullChannel())  # the slot is free again
+    assert out.content

@@ -8,7 +8,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from skilld.types import AuditSink, Decision
+from skilld.types import (
+    MAX_AUDITED_DECISIONS,
+    AuditSink,
+    Decision,
+    DecisionKey,
+    decision_key,
+    decisions_beyond,
+)
 
 # Keys every call record has (the registry writes the same shape).
 RECORD_KEYS = (
@@ -67,14 +74,22 @@ class CallRecorder:
         self.caller, self.depth = caller, depth
         self.input_sha256 = digest(input)
         self.decisions: list[Decision] = []
+        self.decisions_beyond: dict[DecisionKey, int] = {}
         self.limits_hit: list[str] = []
         self._timer = timer
         self.start = clock()
         self._t0 = timer()
 
     def record(self, decision: Decision) -> Decision:
-        """Keep a permission decision; returns it (so a check can be wrapped inline)."""
-        self.decisions.append(decision)
+        """Keep a permission decision (past the cap, count it); returns it.
+
+        Returning it lets a check be wrapped inline.
+        """
+        if len(self.decisions) < MAX_AUDITED_DECISIONS:
+            self.decisions.append(decision)
+        else:
+            key = decision_key(decision)
+            self.decisions_beyond[key] = self.decisions_beyond.get(key, 0) + 1
         return decision
 
     def limit_hit(self, name: str) -> None:
@@ -85,8 +100,12 @@ class CallRecorder:
     def finish(
         self, outcome: str, *, output: Any = None, error: BaseException | str | None = None
     ) -> dict[str, Any]:
-        """The finished record (``outcome``: ``ok``, ``error``, ``denied``, ``deadline``...)."""
-        return {
+        """The finished record (``outcome``: ``ok``, ``error``, ``denied``, ``deadline``...).
+
+        Past :data:`~skilld.types.MAX_AUDITED_DECISIONS` decisions, the rest are
+        summarised under ``decisions_beyond_cap`` (a count per rule).
+        """
+        record = {
             "event": "call",
             "skill": self.skill,
             "version": self.version,
@@ -102,6 +121,9 @@ class CallRecorder:
             "error": None if error is None else str(error),
             "decisions": [d.as_dict() for d in self.decisions],
         }
+        if self.decisions_beyond:
+            record["decisions_beyond_cap"] = decisions_beyond(self.decisions_beyond)
+        return record
 
     def emit(
         self,

@@ -90,6 +90,37 @@ def register(sub: Any) -> None:
         "worker thread (default 1; 0 = every call on a thread; at most 100)",
     )
     p.add_argument(
+        "--shutdown-grace",
+        type=_seconds,
+        default=30.0,
+        metavar="S",
+        help="on SIGTERM or SIGINT, how long calls in flight may still run while new ones "
+        "are refused (default 30; keep it below the stop timeout of docker or systemd)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=1000,
+        metavar="N",
+        help="HTTP connections open at once (default 1000, lowered to what ulimit -n allows); "
+        "past it the longest-idle one is closed, or new requests get 503",
+    )
+    p.add_argument(
+        "--idle-timeout",
+        type=_seconds,
+        default=5.0,
+        metavar="S",
+        help="close an HTTP connection idle this long after a response (default 5)",
+    )
+    p.add_argument(
+        "--header-timeout",
+        type=_seconds,
+        default=10.0,
+        metavar="S",
+        help="close an HTTP connection that has not sent a request's headers within this "
+        "long (default 10)",
+    )
+    p.add_argument(
         "--lock-key",
         type=Path,
         metavar="TRUST.pub.json",
@@ -148,6 +179,16 @@ def _inline_ms(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number of milliseconds: {text!r}") from None
     if not 0 <= value <= 100:
         raise argparse.ArgumentTypeError(f"must be between 0 and 100, not {text}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, not {text}")
     return value
 
 
@@ -249,6 +290,10 @@ def _serve(args: argparse.Namespace, text: bool, logger: _Logger) -> int:
             # the banner says what the info lines would; warnings and errors still show
             log_level="warning" if text else "info",
             inline_ms=args.inline_ms,
+            shutdown_grace_s=args.shutdown_grace,
+            max_connections=args.max_connections,
+            idle_timeout_s=args.idle_timeout,
+            header_timeout_s=args.header_timeout,
         )
         logger.get().info(
             "ready",

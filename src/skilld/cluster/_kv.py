@@ -20,6 +20,9 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from nats.js.api import KeyValueConfig, StorageType
@@ -75,6 +78,8 @@ class JetStreamKV:
         self.skill_id = skill_id
         self.value_limit = value_limit
         self.total_limit = total_limit
+        # per thread: how long an operation may wait for JetStream (``within``)
+        self._limit = threading.local()
 
     @classmethod
     async def open(
@@ -109,9 +114,19 @@ class JetStreamKV:
             ) from exc
         return cls(link, kv, skill_id, value_limit, total_limit)
 
+    @contextmanager
+    def within(self, seconds: float) -> Iterator[None]:
+        """Wait at most ``seconds`` for JetStream in the operations inside (this thread)."""
+        before = getattr(self._limit, "s", _TIMEOUT_S)
+        self._limit.s = min(before, seconds)
+        try:
+            yield
+        finally:
+            self._limit.s = before
+
     def _run(self, coro: Any, what: str) -> Any:
         try:
-            return self._link.run(coro, timeout=_TIMEOUT_S)
+            return self._link.run(coro, timeout=getattr(self._limit, "s", _TIMEOUT_S))
         except (QuotaExceeded, StateError):
             raise
         except Exception as exc:

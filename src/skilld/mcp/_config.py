@@ -39,6 +39,12 @@ class ServeConfig:
             stopped unseen and runs again on a thread. 0 sends every call to a thread.
         client_request_timeout_s: how long a guest waits for a sampling or elicitation answer.
         shutdown_grace_s: how long shutdown waits for calls in flight.
+        max_connections: HTTP connections open at once; lowered to what the descriptor
+            limit allows. Past it the longest-idle connection is closed, or, when none
+            is idle, the request is answered 503 (the probes are still answered).
+        idle_timeout_s: an HTTP connection idle this long after a response is closed.
+        header_timeout_s: an HTTP connection must send each request's headers within
+            this long (of connecting, or of its previous response), else it is closed.
         log_file: write the log lines here instead of stderr.
         log_level: the lowest level of skilld's own log lines.
         log_format: ``json`` (one object per line, for machines) or ``text``
@@ -61,6 +67,9 @@ class ServeConfig:
     inline_ms: float = 1.0
     client_request_timeout_s: float = 300.0
     shutdown_grace_s: float = 30.0
+    max_connections: int = 1000
+    idle_timeout_s: float = 5.0
+    header_timeout_s: float = 10.0
     log_file: Path | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "text"] = "json"
@@ -79,6 +88,11 @@ class ServeConfig:
                 f"inline_ms must be between 0 and 100, not {self.inline_ms}",
                 location="serve config",
                 hint="an inline call holds up every session; 1 ms is the default",
+            )
+        if self.max_connections <= 0 or self.idle_timeout_s <= 0 or self.header_timeout_s <= 0:
+            raise UsageError(
+                "max_connections, idle_timeout_s and header_timeout_s must be positive",
+                location="serve config",
             )
         if not 0 <= self.port <= 65535:
             raise UsageError(f"port {self.port} is out of range", location="serve config")

@@ -6,9 +6,15 @@ never imports uvicorn and starlette (about 80 ms of its start-up).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import signal
 import socket
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from types import FrameType
 
 import anyio
 import uvicorn
@@ -16,6 +22,7 @@ from anyio.abc import TaskStatus
 
 from skilld.errors import UsageError
 from skilld.mcp._config import ServeConfig
+from skilld.mcp._connections import ACCEPT_BATCH, ConnectionGuard, connection_cap
 from skilld.mcp._http import build_app
 from skilld.mcp._logging import make_logger
 from skilld.mcp._metrics import Metrics
@@ -34,16 +41,81 @@ def advertised_url(host: str, port: int) -> str:
     return f"http://{f'[{host}]' if ':' in host else host}:{port}/mcp"
 
 
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_LISTEN_BACKLOG = 1024
+
+
 class _DrainingServer(uvicorn.Server):
-    """uvicorn, but shutdown first lets the calls in flight finish (bounded by the grace)."""
+    """uvicorn, but shutdown first lets the calls in flight finish (bounded by the grace).
+
+    The server owns SIGTERM and SIGINT instead of uvicorn, for two reasons. uvicorn's
+    handler is the one sse-starlette patches (and finds again by introspecting the
+    SIGTERM handler): either way every open event stream, the responses of calls in
+    flight included, is closed about half a second after the signal, long before the
+    drain ends. And uvicorn raises the signal again once it has served, so the process
+    dies of it and nothing after ``serve`` runs (the ``stopped`` line, closing the
+    sandbox and the audit sink). Here the first signal starts the drain exactly as
+    :meth:`HttpServer.stop` does; a second one ends the drain at once.
+    """
 
     def __init__(self, config: uvicorn.Config, service: McpService):
         super().__init__(config)
         self._service = service
+        self._drain_scope: anyio.CancelScope | None = None
+        self.drained = True
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """Handle SIGTERM and SIGINT on the event loop while serving; restore the old handlers.
+
+        Handlers can only be installed from the main thread; a server run on another
+        thread (a test's) is stopped through :meth:`HttpServer.stop`.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        loop = asyncio.get_running_loop()
+        previous = {sig: signal.getsignal(sig) for sig in _SIGNALS}
+        for sig in _SIGNALS:
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                loop.remove_signal_handler(sig)
+                # None: a handler installed outside Python, which cannot be put back.
+                if handler is not None:
+                    signal.signal(sig, handler)
+
+    def _on_signal(self, sig: int) -> None:
+        self.handle_exit(sig, None)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        """The first signal starts a graceful shutdown; a second ends the drain at once."""
+        if self.should_exit:
+            self.force_exit = True
+            if self._drain_scope is not None:
+                self._drain_scope.cancel()
+        self.should_exit = True
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """Start serving; then give the listen queue back its full length.
+
+        uvicorn's ``backlog`` is both the listen queue and how many connections
+        asyncio accepts per wake-up; it is set to ``ACCEPT_BATCH`` for the second,
+        and the queue is lengthened again here.
+        """
+        await super().startup(sockets)
+        for sock in sockets or []:
+            sock.listen(_LISTEN_BACKLOG)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         """Drain the calls in flight, then stop accepting and close connections."""
-        await self._service.drain(self._service.config.shutdown_grace_s)
+        with anyio.CancelScope() as self._drain_scope:
+            if not self.force_exit:
+                self.drained = await self._service.drain(self._service.config.shutdown_grace_s)
+        if self._drain_scope.cancel_called:
+            self.drained = False
         await super().shutdown(sockets)
 
 
@@ -76,7 +148,7 @@ def bind(host: str, port: int) -> socket.socket:
     """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     try:
-        return socket.create_server((host, port), family=family, backlog=1024)
+        return socket.create_server((host, port), family=family, backlog=_LISTEN_BACKLOG)
     except OSError as exc:
         raise UsageError(
             f"cannot listen on {host}:{port}: {exc.strerror}", hint="pick another --port or --host"
@@ -107,13 +179,19 @@ async def serve_http_async(
     app = build_app(service, tokens)
     sock = sock if sock is not None else bind(config.host, config.port)
     port = sock.getsockname()[1]
+    guard = ConnectionGuard(
+        connection_cap(config.max_connections), config.header_timeout_s, service.metrics, log
+    )
     uv_config = uvicorn.Config(
         app,
+        http=guard.protocol_class(),
         log_config=None,
         log_level="warning",
         access_log=False,
         lifespan="on",
         server_header=False,
+        timeout_keep_alive=config.idle_timeout_s,  # type: ignore[arg-type]
+        backlog=ACCEPT_BATCH,
         timeout_graceful_shutdown=_STREAM_CLOSE_S,
     )
     server = _DrainingServer(uv_config, service)
@@ -123,9 +201,16 @@ async def serve_http_async(
         transport="http",
         url=handle.url,
         auth=bool(tokens),
+        max_connections=guard.cap,
         expose_ms=round((time.perf_counter() - started) * 1000, 2),
     )
     task_status.started(handle)
-    with sock:
-        await server.serve(sockets=[sock])
-    log.info("stopped", transport="http")
+    loop = asyncio.get_running_loop()
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(guard.exception_handler(previous))
+    try:
+        with sock:
+            await server.serve(sockets=[sock])
+    finally:
+        loop.set_exception_handler(previous)
+    log.info("stopped", transport="http", drained=server.drained)

@@ -352,8 +352,9 @@ class McpService:
         try:
             self._validator(tool).check(arguments)
         except UsageError as exc:
-            self.metrics.refused(tool.skill_id, name, "invalid-argument")
-            return _error_result(error_text(exc)[2])
+            text = error_text(exc)[2]
+            self._refused(tool.skill_id, name, "invalid-argument", text, arguments)
+            return _error_result(text)
         budget_s = self.config.inline_ms / 1000
 
         def run(channel: SessionChannel) -> types.CallToolResult:
@@ -365,7 +366,12 @@ class McpService:
 
         try:
             return await self._guest_call(
-                ctx, tool.skill_id, name, run, inline=run_inline if budget_s > 0 else None
+                ctx,
+                tool.skill_id,
+                name,
+                run,
+                inline=run_inline if budget_s > 0 else None,
+                arguments=arguments,
             )
         except RegistryError as exc:
             raise MCPError(types.INVALID_PARAMS, str(exc)) from exc
@@ -400,6 +406,7 @@ class McpService:
         label: str,
         run: Callable[[SessionChannel], T],
         inline: Callable[[SessionChannel], T] | None = None,
+        arguments: Mapping[str, Any] | None = None,
     ) -> T:
         """Run guest code for one request: the one path tools, resources and prompts take.
 
@@ -417,23 +424,24 @@ class McpService:
             SkilldError: whatever ``run`` raised (``RegistryError`` for unknown names).
             Exception: a bug below the seam, logged here with its traceback.
         """
-        self._refuse_if_draining(skill, label)
+        self._refuse_if_draining(skill, label, arguments)
         slots = self._slots.setdefault(skill, anyio.Semaphore(self.config.skill_concurrency))
         try:
             with anyio.fail_after(self.config.queue_timeout_s):
                 await slots.acquire()
         except TimeoutError:
-            self.metrics.refused(skill, label, "busy")
             self._log.warning("busy", tool=label, skill=skill, limit=self.config.skill_concurrency)
-            raise GuestError(
+            busy = GuestError(
                 "limit-exceeded",
                 f"skill {skill} is busy ({self.config.skill_concurrency} calls running); "
                 "retry later",
-            ) from None
+            )
+            self._refused(skill, label, "busy", error_text(busy)[2], arguments)
+            raise busy from None
         try:
             # Again: drain() may have seen nothing in flight and returned while this
             # call waited for its slot. No await between here and _enter().
-            self._refuse_if_draining(skill, label)
+            self._refuse_if_draining(skill, label, arguments)
             channel = self._channel(ctx, skill)
             outcome = "cancelled"
             rule: str | None = None
@@ -472,10 +480,32 @@ class McpService:
         finally:
             slots.release()
 
-    def _refuse_if_draining(self, skill: str, label: str) -> None:
+    def _refuse_if_draining(
+        self, skill: str, label: str, arguments: Mapping[str, Any] | None
+    ) -> None:
         if self.draining:
-            self.metrics.refused(skill, label, "draining")
-            raise GuestError("unavailable", "the server is shutting down; retry elsewhere")
+            refusal = GuestError("unavailable", "the server is shutting down; retry elsewhere")
+            self._refused(skill, label, "draining", error_text(refusal)[2], arguments)
+            raise refusal
+
+    def _refused(
+        self,
+        skill: str,
+        label: str,
+        outcome: str,
+        text: str,
+        arguments: Mapping[str, Any] | None,
+    ) -> None:
+        """Count and audit a request refused before its guest ran.
+
+        An audit failure is logged, not raised: the request is refused either way,
+        and the client should see why it was refused, not the audit's trouble.
+        """
+        self.metrics.refused(skill, label, outcome)
+        try:
+            self.dispatcher.refused(skill, label, arguments or {}, outcome, text)
+        except SkilldError as exc:
+            self._log.error("audit_failed", tool=label, skill=skill, error=str(exc))
 
     def _enter(self) -> None:
         self._in_flight += 1
@@ -579,6 +609,7 @@ class McpService:
                 lambda channel: resource_contents(
                     uri, self.dispatcher.read_resource(uri, channel), spec.mime_type
                 ),
+                arguments={"uri": uri},
             )
         except RegistryError as exc:
             raise MCPError(RESOURCE_NOT_FOUND, str(exc), data={"uri": uri}) from exc
@@ -653,7 +684,11 @@ class McpService:
 
         try:
             return await self._guest_call(
-                ctx, self.dispatcher.prompt_skill(spec.name), f"prompt:{spec.name}", render
+                ctx,
+                self.dispatcher.prompt_skill(spec.name),
+                f"prompt:{spec.name}",
+                render,
+                arguments=arguments,
             )
         except RegistryError as exc:
             raise MCPError(types.INVALID_PARAMS, str(exc)) from exc

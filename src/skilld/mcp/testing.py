@@ -86,6 +86,8 @@ class StaticDispatcher:
     is_ready: bool = True
     skill_id: str = "static"
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    # (skill, label, outcome) of each request refused before it ran.
+    refusals: list[tuple[str, str, str]] = field(default_factory=list)
 
     def tools(self) -> Sequence[Tool]:
         """Every tool, in the order given."""
@@ -112,6 +114,12 @@ class StaticDispatcher:
             RunOnThread: always.
         """
         raise RunOnThread
+
+    def refused(
+        self, skill: str, label: str, arguments: Mapping[str, Any], outcome: str, error: str
+    ) -> None:
+        """Keep (skill, label, outcome) in ``refusals``."""
+        self.refusals.append((skill, label, outcome))
 
     def resources(self) -> Sequence[ResourceSpec]:
         """Every resource and template."""

@@ -137,6 +137,14 @@ class Dispatcher(Protocol):
         """
         ...
 
+    def refused(
+        self, skill: str, label: str, arguments: Mapping[str, Any], outcome: str, error: str
+    ) -> None:
+        """Audit a request refused before its guest ran (``invalid-argument``, ``busy``,
+        ``draining``); ``label`` is the tool's name, ``resource:URI`` or ``prompt:NAME``.
+        """
+        ...
+
     def resources(self) -> Sequence[ResourceSpec]:
         """Every resource and resource template the skills serve."""
         ...

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import threading
 import time
@@ -45,6 +46,7 @@ from skilld.types import (
     PromptSpec,
     ResourceSpec,
     SkillSpec,
+    decisions_beyond,
 )
 
 T = TypeVar("T")
@@ -107,6 +109,24 @@ class SkillEntry:
 # After an inline attempt gave up, this many calls of the method go straight to a thread:
 # a method that always needs one (it calls kv, say) wastes an attempt in 33, not each.
 _INLINE_BACKOFF = 32
+
+
+# A call waiting for a slot looks at its client's cancellation this often.
+_SLOT_SLICE_S = 0.05
+
+
+def _take_slot(slots: threading.BoundedSemaphore, wait_s: float, channel: ClientChannel) -> bool:
+    """A slot within ``wait_s``, given up as soon as the client cancels the call."""
+    if slots.acquire(blocking=False):
+        return True
+    end = time.monotonic() + wait_s
+    while not channel.cancelled():
+        left = end - time.monotonic()
+        if left <= 0:
+            return False
+        if slots.acquire(timeout=min(left, _SLOT_SLICE_S)):
+            return True
+    return False
 
 
 def _digest(data: str) -> str:
@@ -417,6 +437,12 @@ class Registry:
         )
         started = time.time()
         t0 = time.perf_counter()
+        call_id = _call_id()
+        # The started record goes out (flushed) before the first state write is made,
+        # so a write that completed just before a crash names its call (docs/runtime.md).
+        ctx.before_first_write = lambda: self._emit_started(
+            entry, method, target, caller, input_text, started, ctx.depth, call_id
+        )
         outcome: str = "ok"
         out: T | None = None
         error: SkilldError | None = None
@@ -424,15 +450,23 @@ class Registry:
         # that already holds slots of the same skill could deadlock it. Nor does an
         # inline attempt: waiting is for a thread, not the event loop.
         wait = entry.limits.timeout_ms / 1000 if depth == 0 and inline_s is None else 0
-        if not entry.slots.acquire(timeout=wait):
+        if not _take_slot(entry.slots, wait, ctx.channel):
             if inline_s is not None:
                 raise RunOnThread
-            outcome = "busy"
-            error = GuestError(
-                "limit-exceeded",
-                f"skill '{skill_id}' is at its limit of "
-                f"{entry.limits.max_concurrency} concurrent calls",
-            )
+            if ctx.channel.cancelled():
+                outcome, error = (
+                    "cancelled",
+                    CallCancelled(
+                        f"{skill_id}: the client cancelled the call while it waited for a slot"
+                    ),
+                )
+            else:
+                outcome = "busy"
+                error = GuestError(
+                    "limit-exceeded",
+                    f"skill '{skill_id}' is at its limit of "
+                    f"{entry.limits.max_concurrency} concurrent calls",
+                )
         else:
             try:
                 out = guest(ctx)
@@ -440,9 +474,10 @@ class Registry:
                 outcome, error = _outcome(exc), exc
             finally:
                 entry.slots.release()
-                # The invoker closure refers back to ctx; without it the context is
-                # freed at once rather than by the garbage collector.
+                # The invoker and hook closures refer back to ctx; without them the
+                # context is freed at once rather than by the garbage collector.
                 ctx.invoker = None
+                ctx.before_first_write = None
         self._emit(
             entry,
             method,
@@ -455,6 +490,7 @@ class Registry:
             outcome,
             error,
             ctx,
+            call_id,
         )
         if error is not None:
             raise error
@@ -525,11 +561,13 @@ class Registry:
         outcome: str,
         error: SkilldError | None,
         ctx: CallContext,
+        call_id: str,
     ) -> None:
         if self._audit is None:
             return
         record: dict[str, Any] = {
             "event": "call",
+            "call_id": call_id,
             "skill": entry.spec.id,
             "version": entry.spec.version,
             "method": method,
@@ -546,6 +584,8 @@ class Registry:
             "error": str(error) if error else None,
             "decisions": [d.as_dict() for d in ctx.decisions],
         }
+        if ctx.decisions_beyond:
+            record["decisions_beyond_cap"] = decisions_beyond(ctx.decisions_beyond)
         if target is not None:
             record["target"] = target
         if ctx.host_faults:
@@ -553,6 +593,81 @@ class Registry:
         for key, value in ctx.audit.items():
             record.setdefault(key, value)
         self._audit.emit(record)
+
+    def _emit_started(
+        self,
+        entry: SkillEntry,
+        method: str,
+        target: str | None,
+        caller: str,
+        input_text: str,
+        started: float,
+        depth: int,
+        call_id: str,
+    ) -> None:
+        """The ``started`` record of a call about to write state (its ``call`` record follows).
+
+        Raises:
+            AuditError: the sink could not record (the write is then not made).
+        """
+        if self._audit is None:
+            return
+        record: dict[str, Any] = {
+            "event": "started",
+            "call_id": call_id,
+            "skill": entry.spec.id,
+            "version": entry.spec.version,
+            "method": method,
+            "caller": caller,
+            "depth": depth,
+            "input_sha256": _digest(input_text),
+            "start": started,
+        }
+        if target is not None:
+            record["target"] = target
+        self._audit.emit(record)
+
+    def refused(
+        self, skill: str, label: str, arguments: Mapping[str, Any], outcome: str, error: str
+    ) -> None:
+        """Audit a request the MCP layer refused before any guest code ran.
+
+        ``label`` is the tool's name, ``resource:URI`` or ``prompt:NAME``; ``outcome``
+        says why (``invalid-argument``, ``busy``, ``draining``). The record has the
+        shape of a call's, with ``refused: true``, no output and no decisions; its
+        method is the tool's method where the tool names one, else ``label``.
+
+        Raises:
+            AuditError: the sink could not record.
+        """
+        if self._audit is None:
+            return
+        method = label
+        found = self._tools.get(label)
+        if found is not None:
+            method = found[2] if found[2] is not None else str(arguments.get("method", ""))
+        entry = self._skills.get(skill)
+        input_text = json.dumps(arguments, separators=(",", ":"), sort_keys=True, default=str)
+        self._audit.emit(
+            {
+                "event": "call",
+                "call_id": _call_id(),
+                "skill": skill,
+                "version": entry.spec.version if entry is not None else None,
+                "method": method,
+                "caller": "mcp",
+                "depth": 0,
+                "input_sha256": _digest(input_text),
+                "output_sha256": None,
+                "start": time.time(),
+                "duration_ms": 0.0,
+                "outcome": outcome,
+                "limits_hit": ["busy"] if outcome == "busy" else [],
+                "error": error,
+                "decisions": [],
+                "refused": True,
+            }
+        )
 
     # -- resources and prompts ---------------------------------------------
 
@@ -727,6 +842,11 @@ def _consent(entry: SkillEntry, node: str, caller: str, ctx: CallContext) -> Non
             rule=decision.rule if decision else "default-deny",
             location=entry.spec.id,
         )
+
+
+def _call_id() -> str:
+    """A fresh id joining a call's ``started`` and ``call`` records (64 random bits)."""
+    return os.urandom(8).hex()
 
 
 def _outcome(exc: SkilldError) -> str:

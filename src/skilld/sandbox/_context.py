@@ -17,7 +17,16 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from skilld.errors import HostCallError
-from skilld.types import ClientChannel, Decision, KeyValueStore, Limits, PermissionChecker
+from skilld.types import (
+    MAX_AUDITED_DECISIONS,
+    ClientChannel,
+    Decision,
+    DecisionKey,
+    KeyValueStore,
+    Limits,
+    PermissionChecker,
+    decision_key,
+)
 
 T = TypeVar("T")
 
@@ -26,6 +35,8 @@ Invoker = Callable[[str, str, str, int], str]
 
 MAX_LOG_LINES = 200
 MAX_CAPTURE = 64 * 1024
+# Host faults one call keeps for its audit record.
+MAX_HOST_FAULTS = 16
 # A host call that waits (on a socket, the client, another thread) looks at the
 # cancel flag this often, so a cancelled call lets go of its slot within it.
 WAIT_SLICE_S = 0.05
@@ -45,7 +56,9 @@ class CallContext:
     depth: int = 0
     # The skills that invoked this call, outermost first (for cycle checks).
     chain: tuple[str, ...] = ()
+    # The first MAX_AUDITED_DECISIONS decisions; the rest are only counted.
     decisions: list[Decision] = field(default_factory=list)
+    decisions_beyond: dict[DecisionKey, int] = field(default_factory=dict)
     logs: list[tuple[str, str]] = field(default_factory=list)
     stdout: bytearray = field(default_factory=bytearray)
     stderr: bytearray = field(default_factory=bytearray)
@@ -61,6 +74,9 @@ class CallContext:
     # Monotonic time at which the guest call's wall time ends; every host call is
     # bounded by what is left of it (``remaining``). Set when the call starts.
     deadline: float | None = None
+    # Run once, right before the call's first state write (the registry writes the
+    # audit record that the write can be traced to after a crash).
+    before_first_write: Callable[[], None] | None = None
     # WASI directories for this call only: (host path, guest path, writable). A call
     # with preopens gets an instance of its own, never a pooled one (whose WASI
     # context was made without them). Agent Skills' wasm executor sets them.
@@ -149,9 +165,23 @@ class CallContext:
         self.handles.clear()
 
     def record(self, decision: Decision) -> Decision:
-        """Keep a permission decision for the audit record; returns it."""
-        self.decisions.append(decision)
+        """Keep a permission decision for the audit record (past the cap, count it); returns it."""
+        if len(self.decisions) < MAX_AUDITED_DECISIONS:
+            self.decisions.append(decision)
+        else:
+            key = decision_key(decision)
+            self.decisions_beyond[key] = self.decisions_beyond.get(key, 0) + 1
         return decision
+
+    def will_write_state(self) -> None:
+        """Say a state write is about to happen: the first runs ``before_first_write``.
+
+        Raises:
+            SkilldError: whatever the hook raised (an ``AuditError``): the write must not happen.
+        """
+        hook, self.before_first_write = self.before_first_write, None
+        if hook is not None:
+            hook()
 
     def capture(self, stream: bytearray, data: bytes) -> None:
         """Keep guest output up to a cap; count the rest."""

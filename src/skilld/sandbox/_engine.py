@@ -22,15 +22,22 @@ TICK_S = 0.001
 _CONFIG_TAG = "epoch=1;max_wasm_stack=default;cranelift=speed"
 
 # The pooling allocator's bounds. Memory and tables are virtual reservations, touched
-# only when used; what stays resident is bounded by the warm slots below.
+# only when used; what stays resident is what live instances use (see below).
 POOL_INSTANCES = 512  # component instances alive at once (calls, warm instances, invokes)
 POOL_MAX_MEMORY = 4 << 30  # a 32-bit memory's whole range: policy caps are enforced per store
 _POOL_TABLE_ELEMENTS = 1 << 18
 _POOL_INSTANCE_SIZE = 16 << 20
-# A freed slot keeps this much of its memory mapped and filled with the guest's initial
-# image (wasmtime resets it by copying): the next instance starts without page faults.
-_POOL_KEEP_RESIDENT = 16 << 20
-_POOL_WARM_SLOTS = 32
+# A freed slot keeps nothing of its linear memory resident: wasmtime decommits it
+# (and re-maps the guest's initial image) for the next tenant. Keeping 16 MiB resident
+# spared the next instance its page faults, but every slot ever touched kept it, not just
+# the warm ones, and while fewer than _POOL_WARM_SLOTS freed slots are warm the
+# allocator takes an untouched slot rather than reuse one: a soak at concurrency 16 held
+# 600-900 MB with 32 warm slots and still crept upwards (368 -> 437 MB over minutes 2-10)
+# with 8. Kept at 0 it stays near 160 MB and comes back down between bursts, at no
+# throughput cost seen: calls mostly run on instances pre-warmed off their path, where
+# the page faults are taken (bench/bench_soak.py, docs/runtime.md).
+_POOL_KEEP_RESIDENT = 0
+_POOL_WARM_SLOTS = 8
 
 
 class Ticker:

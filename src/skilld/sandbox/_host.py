@@ -17,7 +17,7 @@ from wasmtime import component
 
 from skilld import ABI_VERSION
 from skilld.errors import HostCallError, PermissionDenied
-from skilld.sandbox._context import current
+from skilld.sandbox._context import MAX_HOST_FAULTS, current
 from skilld.sandbox.abi import Functions, HostFn, Kind
 
 log = logging.getLogger("skilld.sandbox")
@@ -91,7 +91,9 @@ def _adapt(interface: str, name: str, fn: HostFn, kind: Kind) -> Any:
             return None if kind == "plain" else err("not-permitted", exc.message, exc.rule)
         except Exception as exc:  # a host bug must cost one call, never the host
             log.exception("host function %s.%s failed", interface, name)
-            ctx.host_faults.append(f"{interface}.{name}: {type(exc).__name__}: {exc}")
+            # Bounded like the decisions: a guest may retry a failing call in a loop.
+            if len(ctx.host_faults) < MAX_HOST_FAULTS:
+                ctx.host_faults.append(f"{interface}.{name}: {type(exc).__name__}: {exc}"[:500])
             return (
                 None
                 if kind == "plain"

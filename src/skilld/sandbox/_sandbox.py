@@ -63,7 +63,9 @@ _INSTANTIATE_BUDGET_S = 10.0
 # A running guest is looked at this often (in epoch ticks): is its call cancelled?
 _CHECK_TICKS = 10
 # Used instances the background worker may leave unfreed before callers free them.
-_MAX_UNFREED = 32
+# Each holds a pool slot (and its resident memory) until freed, and a slot touched
+# once stays resident: a long backlog under load raised the server's RSS for good.
+_MAX_UNFREED = 4
 # Components that instantiate faster than this are not pre-warmed (measured: a
 # store and instance of echo-wat take about 10 us, a Python component 600-1000 us).
 _WARM_WORTH_S = 0.0002

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from skilld.errors import QuotaExceeded, StateError
@@ -28,6 +30,9 @@ CREATE TABLE IF NOT EXISTS usage (
 # Databases before version 1 counted stored keys in characters, so their usage
 # drifted upward with non-ASCII keys; it is recounted from the rows once.
 _SCHEMA_VERSION = 1
+# How long an operation waits for another connection's write lock (SQLite's busy wait),
+# unless the call it serves has less time left (``SkillStore.within``).
+_BUSY_S = 30.0
 _RECOUNT = """
 DELETE FROM usage;
 INSERT INTO usage (skill, bytes)
@@ -69,7 +74,7 @@ class SqliteState:
         if conn is None:
             try:
                 conn = sqlite3.connect(
-                    self.path, timeout=30, isolation_level=None, check_same_thread=False
+                    self.path, timeout=_BUSY_S, isolation_level=None, check_same_thread=False
                 )
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute("PRAGMA synchronous=FULL")
@@ -99,6 +104,23 @@ class SqliteState:
 
 class SkillStore:
     """One skill's keys; implements :class:`skilld.types.KeyValueStore`."""
+
+    @contextmanager
+    def within(self, seconds: float) -> Iterator[None]:
+        """Wait at most ``seconds`` for another writer's lock in the operations inside.
+
+        SQLite waits up to 30 s for a lock held by another connection; a call with less
+        time left waits only that long, and the operation fails (``StateError``).
+        """
+        if seconds >= _BUSY_S:
+            yield
+            return
+        conn = self._state._conn()
+        conn.execute(f"PRAGMA busy_timeout = {max(1, int(seconds * 1000))}")
+        try:
+            yield
+        finally:
+            conn.execute(f"PRAGMA busy_timeout = {int(_BUSY_S * 1000)}")
 
     def __init__(self, state: SqliteState, skill_id: str, value_limit: int, total_limit: int):
         self._state = state

@@ -1,0 +1,121 @@
+"""SIGTERM drains a real `skilld serve` process: over Streamable HTTP and over SSE."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import ClientSession, types
+from mcp.client.sse import sse_client
+from mcp.client.streamable_http import streamable_http_client
+from serve_process import ServeProcess, build_ops_bundle
+
+from skilld.sandbox import Sandbox
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """The SDK clients run on asyncio."""
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+def bundle(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The operations bundle, built once for this module."""
+    return build_ops_bundle(sandbox, tmp_path_factory.mktemp("signals"))
+
+
+@pytest.fixture
+def server(bundle: Path, tmp_path: Path) -> Iterator[ServeProcess]:
+    """A fresh server with a 20 s grace, killed if a test leaves it running."""
+    proc = ServeProcess(bundle, tmp_path, extra=["--shutdown-grace", "20"])
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+@asynccontextmanager
+async def session_over(
+    transport: str, server: ServeProcess, elicit: Any
+) -> AsyncIterator[ClientSession]:
+    """An initialized SDK session to ``server`` over ``transport``."""
+    if transport == "sse":
+        streams = sse_client(server.base + "/sse")
+    else:
+        # terminate_on_close=False: the server is gone by the time the client closes.
+        streams = streamable_http_client(server.url, terminate_on_close=False)
+    async with (
+        streams as (read, write),
+        ClientSession(read, write, elicitation_callback=elicit) as session,
+    ):
+        await session.initialize()
+        yield session
+
+
+def _text(result: types.CallToolResult) -> str:
+    return "".join(getattr(c, "text", "") for c in result.content)
+
+
+@pytest.mark.parametrize("transport", ["streamable-http", "sse"])
+async def test_sigterm_answers_calls_in_flight_and_refuses_new_ones(
+    server: ServeProcess, transport: str
+) -> None:
+    """SIGTERM with a call in flight: it is answered, a new call gets [unavailable], exit 0."""
+    asked = anyio.Event()
+    answer = anyio.Event()
+
+    async def elicit(
+        context: Any, params: types.ElicitRequestParams
+    ) -> types.ElicitResult | types.ErrorData:
+        asked.set()
+        await answer.wait()
+        return types.ElicitResult(action="accept", content={"username": "u", "email": "e@x"})
+
+    results: list[types.CallToolResult] = []
+    with anyio.fail_after(90):
+        async with (
+            session_over(transport, server, elicit) as session,
+            anyio.create_task_group() as tg,
+        ):
+            # The client lists tools after a call (to check structured output): list them now.
+            await session.list_tools()
+
+            async def slow() -> None:
+                results.append(
+                    await session.call_tool("conformance/elicitation", {"message": "hold"})
+                )
+
+            tg.start_soon(slow)
+            await asked.wait()
+            os.kill(server.proc.pid, signal.SIGTERM)
+            server.wait_for("draining")
+            refused = await session.call_tool("echo/echo", {"text": "late"})
+            assert refused.is_error
+            assert _text(refused).startswith("[unavailable]")
+            assert "shutting down" in _text(refused)
+            # Well past the half second after which event streams used to be closed.
+            with anyio.move_on_after(1.5):
+                await anyio.sleep_forever()
+            answer.set()
+        assert await anyio.to_thread.run_sync(server.proc.wait, 30) == 0
+    (finished,) = results
+    assert not finished.is_error, _text(finished)
+    assert "action=accept" in _text(finished)
+    server.drain_log()
+    stopped = [e for e in server.events() if e.get("event") == "stopped"]
+    assert stopped and stopped[0]["drained"] is True
+    # The audit sink was flushed and closed after both calls were recorded: the refused
+    # one too, though its guest never ran.
+    outcomes = {(r["skill"], r["method"]): r for r in server.audit() if r["event"] == "call"}
+    assert outcomes[("conformance", "elicitation")]["outcome"] == "ok"
+    assert outcomes[("echo", "echo")]["outcome"] == "draining"
+    assert outcomes[("echo", "echo")]["refused"] is True
