@@ -69,7 +69,7 @@ async def _relay(node: NodeProc, skill: str = "echo") -> Any:
 
 
 def _audited(node: NodeProc, caller: str) -> dict[str, Any]:
-    """The holder's audit record of the call ``caller`` routed to it (waiting for it)."""
+    """``node``'s first audit record of a call by ``caller`` (waiting for it)."""
     records = node.audit_until(lambda rs: any(r.get("caller") == caller for r in rs))
     return next(r for r in records if r.get("caller") == caller)
 
@@ -126,3 +126,9 @@ async def test_refused_by_the_holders_consent_names_the_holders_rule(
     assert (there["skill"], there["outcome"]) == ("echo", "error:not-permitted")
     decision = there["decisions"][0]
     assert (decision["allowed"], decision["target"]) == (False, "node-x/hostile")
+    # node-x granted it (its own rule) and audits the routed call's refusal as well.
+    here = _audited(nodes["x"], "skill:hostile")
+    assert (here["skill"], here["outcome"]) == ("echo", "error:not-permitted")
+    records = nodes["x"].audit_until(lambda rs: any(r["skill"] == "hostile" for r in rs))
+    granted = next(r for r in records if r["skill"] == "hostile")["decisions"][0]
+    assert (granted["allowed"], granted["rule"]) == (True, "hostile.reach-echo")
