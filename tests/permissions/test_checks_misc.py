@@ -217,6 +217,7 @@ def test_remote_calls_are_granted_here_and_consented_there(tmp_path: Path) -> No
     assert a.check_remote_caller("hub", "far").rule == "a.invoke"
     assert not a.check_remote_caller("hub", "far").allowed
     assert explain(tables, "far", "invoke.called-by", "edge-2/b").allowed
+    assert explain(tables, "far", "invoke.called-by", "a").rule == "bad-request"
 
 
 @given(node=st.from_regex(r"[a-z0-9][a-z0-9._-]{0,20}", fullmatch=True), caller=st.text())

@@ -496,8 +496,12 @@ class SkillPermissions:
             return self.check_env(target)
         elif capability == "invoke" and action == "call":
             return self.check_invoke(target)
-        elif capability == "invoke" and action == "called-by" and "/" in target:
-            node, _, caller = target.rpartition("/")
+        elif capability == "invoke" and action == "called-by":
+            node, slash, caller = target.rpartition("/")
+            if not slash:
+                return self._deny(
+                    capability, action, target, "name the caller as NODE/SKILL", "bad-request"
+                )
             return self.check_remote_caller(node, caller)
         elif capability == "transfer" and action in ("send", "fetch"):
             node, _, path = target.partition(":")
