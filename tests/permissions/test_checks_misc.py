@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 
 from skilld.permissions import SkillPermissions, explain
 from skilld.permissions._checker import _split_argv
-from skilld.policy import compile_policies
+from skilld.policy import Tables, compile_policies
 
 TCP = """
 tcp:
@@ -150,6 +151,16 @@ INVOKE = {
 }
 
 
+def _remote_tables() -> Tables:
+    """Compiled once for the hypothesis test (which takes no function-scoped fixtures)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "far.yaml").write_text("invoke:\n  remote_called_by: [a, 'edge-*/b']\n")
+        return compile_policies(Path(tmp)).tables
+
+
+_REMOTE_TABLES = _remote_tables()
+
+
 def _invoke_checker(tmp_path: Path, skill: str) -> SkillPermissions:
     root = tmp_path / "inv"
     root.mkdir(exist_ok=True)
@@ -179,6 +190,42 @@ def test_invoke_depth_and_cycles(tmp_path: Path) -> None:
     cyc = b.check_invoke("a", depth=2, chain=["a"])
     assert not cyc.allowed and cyc.rule == "invoke.cycle"
     assert b.check_invoke("b").rule == "invoke.cycle"
+
+
+def test_remote_calls_are_granted_here_and_consented_there(tmp_path: Path) -> None:
+    """remote_calls lets the caller's node route a call; the holder checks remote_called_by."""
+    root = tmp_path / "remote"
+    root.mkdir()
+    (root / "a.yaml").write_text("invoke:\n  remote_calls: [far]\n  max_depth: 1\n")
+    (root / "far.yaml").write_text(
+        "invoke:\n  id: consent\n  remote_called_by: [a, 'edge-*/b', 'hub/*']\n"
+    )
+    tables = compile_policies(root).tables
+    a = SkillPermissions.from_tables(tables, "a")
+    assert a.check_invoke("far").allowed and a.check_invoke("far").rule == "a.invoke"
+    assert not a.check_invoke("far", depth=2).allowed
+    assert not a.check_invoke("near").allowed and "remote_calls" in a.check_invoke("near").reason
+    far = SkillPermissions.from_tables(tables, "far")
+    assert far.check_remote_caller("any-node", "a").rule == "far.consent"
+    assert far.check_remote_caller("edge-7", "b").allowed
+    assert not far.check_remote_caller("core-1", "b").allowed
+    assert far.check_remote_caller("hub", "whoever").allowed
+    refused = far.check("invoke", "called-by", "core-1/c")
+    assert (refused.allowed, refused.rule) == (False, "far.consent")
+    assert "remote_called_by" in refused.reason
+    # Without a rule of its own a skill consents to nobody on another node.
+    assert a.check_remote_caller("hub", "far").rule == "a.invoke"
+    assert not a.check_remote_caller("hub", "far").allowed
+    assert explain(tables, "far", "invoke.called-by", "edge-2/b").allowed
+    assert explain(tables, "far", "invoke.called-by", "a").rule == "bad-request"
+
+
+@given(node=st.from_regex(r"[a-z0-9][a-z0-9._-]{0,20}", fullmatch=True), caller=st.text())
+def test_remote_consent_never_widens(node: str, caller: str) -> None:
+    """Whatever node and caller names arrive in a routed call's headers, only listed ones pass."""
+    c = SkillPermissions.from_tables(_REMOTE_TABLES, "far")
+    allowed = c.check_remote_caller(node, caller).allowed
+    assert allowed == (caller == "a" or (node.startswith("edge-") and caller == "b"))
 
 
 def test_env(make: Make) -> None:

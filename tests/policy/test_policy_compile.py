@@ -112,6 +112,42 @@ def test_unknown_skill_reference_is_located(tmp_path: Path) -> None:
     assert err.hint is not None and "echo" in err.hint
 
 
+def test_remote_calls_naming_a_local_skill_is_refused(tmp_path: Path) -> None:
+    """invoke.remote_calls is for skills other nodes hold: a bundle's own skill is an error."""
+    files = {"notes.yaml": "kv: {}\ninvoke:\n  remote_calls: [echo]\n"}
+    err = error_of(tmp_path, files, skills={"notes": None, "echo": None})
+    assert err.location == "policies/notes.yaml:3"
+    assert "'echo', a skill of this bundle" in err.message
+    assert err.hint is not None and "invoke.calls" in err.hint
+
+
+def test_remote_calls_close_to_a_local_name_warns(tmp_path: Path) -> None:
+    """A remote callee one letter off a local skill compiles, with a warning at its line."""
+    root = write(tmp_path, {"notes.yaml": "invoke:\n  remote_calls: [ecko, translate]\n"})
+    result = compile_policies(root, {"notes": None, "echo": None})
+    assert result.tables.skill("notes")["invoke"]["remote_calls"] == ("ecko", "translate")
+    found = [w for w in result.warnings if "remote_calls" in w.message]
+    assert len(found) == 1 and "'ecko'" in found[0].message and "'echo'" in found[0].message
+    assert found[0].location == "policies/notes.yaml:2"
+
+
+def test_bad_remote_called_by_entry_is_located(tmp_path: Path) -> None:
+    """A remote_called_by entry that is neither SKILL, NODE/SKILL nor * is refused at its line."""
+    files = {"notes.yaml": "invoke:\n  remote_called_by:\n    - node-a/ok\n    - Node A/x\n"}
+    err = error_of(tmp_path, files)
+    assert err.location == "policies/notes.yaml:4", str(err)
+    assert "remote_called_by" in err.message
+
+
+def test_remote_grants_meet_the_skills_needs(tmp_path: Path) -> None:
+    """A need for calls is met by remote_calls too; what the skill does not need is left out."""
+    root = write(tmp_path, {"a.yaml": "invoke:\n  remote_calls: [far, other]\n"})
+    result = compile_policies(root, {"a": {"invoke": {"calls": ["far"]}}})
+    inv = result.tables.skill("a")["invoke"]
+    assert (inv["calls"], inv["remote_calls"]) == ((), ("far",))
+    assert "invoke" in result.tables.interfaces("a")
+
+
 def test_policy_for_unknown_skill(tmp_path: Path) -> None:
     """A policy file for a skill that is not known is refused."""
     err = error_of(tmp_path, {"nots.yaml": "kv: {}\n"}, skills={"notes": None})

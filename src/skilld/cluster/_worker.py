@@ -309,6 +309,9 @@ class SkillServer:
             if not isinstance(args, dict):
                 raise UsageError("the routed arguments must be a JSON object")
             chain = tuple(c for c in headers.get(H_CHAIN, "").split(",") if c)
+            # A skill on another node invoked this one: that node checked its own grant
+            # (remote_calls); consent is this node's, from its own tables.
+            remote_caller = (headers.get(H_ENTRY, "?"), chain[-1]) if chain else None
             out = self._registry.call_method(
                 skill_id,
                 name,
@@ -318,6 +321,7 @@ class SkillServer:
                 depth=_int(headers.get(H_DEPTH), 0),
                 chain=chain,
                 inline_s=inline_s,
+                remote_caller=remote_caller,
             )
             return output_to_json(out)
         if inline_s is not None:

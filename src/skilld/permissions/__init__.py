@@ -41,6 +41,7 @@ EXPLAIN_ACTIONS = (
     "shell.cwd",
     "env.read",
     "invoke.call",
+    "invoke.called-by",
     "transfer.send",
     "transfer.fetch",
     "kv.get",
@@ -83,7 +84,8 @@ def explain(tables: Tables, skill_id: str, action: str, target: str) -> Decision
     ``fs.read PATH``, ``fs.write PATH``, ``http.get URL`` (any method),
     ``http.address IP:PORT``, ``tcp.connect HOST:PORT``, ``shell.run "CMD ARGS"``
     (split like a shell would, then checked as argv), ``shell.cwd DIR``,
-    ``env.read NAME``, ``invoke.call SKILL``, ``transfer.send NODE:PATH``.
+    ``env.read NAME``, ``invoke.call SKILL``, ``invoke.called-by NODE/SKILL``,
+    ``transfer.send NODE:PATH``.
 
     Raises:
         UsageError: ``action`` is not one of :data:`EXPLAIN_ACTIONS` (``http.GET`` as well

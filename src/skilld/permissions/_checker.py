@@ -458,7 +458,8 @@ class SkillPermissions:
 
         ``fs``: read|write PATH; ``http``: METHOD URL, or address IP:PORT; ``tcp``:
         connect HOST:PORT, or address IP:PORT; ``shell``: run ARGV (``shlex.join``),
-        or cwd DIR; ``env``: read NAME; ``invoke``: call SKILL; ``transfer``:
+        or cwd DIR; ``env``: read NAME; ``invoke``: call SKILL, or called-by NODE/SKILL
+        (a cluster node's skill); ``transfer``:
         send|fetch NODE:PATH; ``kv``: any action; ``mcp``: sample|elicit.
         """
         try:
@@ -495,6 +496,13 @@ class SkillPermissions:
             return self.check_env(target)
         elif capability == "invoke" and action == "call":
             return self.check_invoke(target)
+        elif capability == "invoke" and action == "called-by":
+            node, slash, caller = target.rpartition("/")
+            if not slash:
+                return self._deny(
+                    capability, action, target, "name the caller as NODE/SKILL", "bad-request"
+                )
+            return self.check_remote_caller(node, caller)
         elif capability == "transfer" and action in ("send", "fetch"):
             node, _, path = target.partition(":")
             return self.check_transfer(node, path, fetch=action == "fetch")
@@ -766,12 +774,28 @@ class SkillPermissions:
         if callee == self.skill_id or callee in chain:
             ring = " → ".join([*chain, self.skill_id, callee])
             return self._deny("invoke", "call", callee, f"cycle {ring}", "invoke.cycle")
-        if inv is None or callee not in inv["calls"]:
-            return self._deny("invoke", "call", callee, f"add '{callee}' to invoke.calls")
+        remote = inv is not None and callee in inv.get("remote_calls", ())
+        if inv is None or (callee not in inv["calls"] and not remote):
+            return self._deny(
+                "invoke",
+                "call",
+                callee,
+                f"add '{callee}' to invoke.calls (or to invoke.remote_calls when other "
+                "nodes of the cluster hold it)",
+            )
         rid = inv["id"]
         if depth > inv["max_depth"]:
             return self._deny(
                 "invoke", "call", callee, f"depth {depth} exceeds max_depth {inv['max_depth']}", rid
+            )
+        if remote:
+            # The holder checks its own consent (remote_called_by) under its own policy.
+            return self._allow(
+                "invoke",
+                "call",
+                callee,
+                rid,
+                f"remote, depth {depth} of {inv['max_depth']}; consent is the holder's",
             )
         if callee not in self._consenting:
             return self._deny(
@@ -781,6 +805,30 @@ class SkillPermissions:
                 f"'{callee}' does not list '{self.skill_id}' in invoke.called_by",
             )
         return self._allow("invoke", "call", callee, rid, f"depth {depth} of {inv['max_depth']}")
+
+    def check_remote_caller(self, node: str, caller: str) -> Decision:
+        """May skill ``caller`` of cluster node ``node`` invoke this skill?
+
+        This node's own consent for a routed ``invoke``: an entry of the skill's
+        ``invoke.remote_called_by`` (``SKILL``, ``NODE/SKILL`` or ``*``, ``*`` a glob
+        in NODE) must match; the caller's node already checked its ``remote_calls``.
+        """
+        target = f"{node}/{caller}"
+        inv = self._invoke or {}
+        rid = inv.get("id", DEFAULT_DENY)
+        for entry in inv.get("remote_called_by", ()):
+            want_node, _, want_skill = entry.rpartition("/")
+            if want_skill in ("*", caller) and (
+                not want_node or re.fullmatch(p.arg_regex(want_node), node)
+            ):
+                return self._allow("invoke", "called-by", target, rid, f"matches {entry}")
+        return self._deny(
+            "invoke",
+            "called-by",
+            target,
+            f"'{self.skill_id}' does not list '{caller}' or '{target}' in invoke.remote_called_by",
+            rid,
+        )
 
     def may_transfer_with(self, node: str) -> bool:
         """True when some transfer rule names ``node`` (``transfer.nodes`` lists it)."""

@@ -8,6 +8,7 @@ nobody needs is a *warning* and is left out of the tables.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -98,7 +99,7 @@ def _describe(rule: Rule) -> str:
             extra = f" ({t['mode']})" if "mode" in t else ""
             return f"{t[key]}{extra}"
     if isinstance(rule, InvokeRule):
-        return f"calls {', '.join(rule.calls) or 'nothing'}"
+        return f"calls {', '.join((*rule.calls, *rule.remote_calls)) or 'nothing'}"
     return "a key-value namespace"
 
 
@@ -114,9 +115,13 @@ def _intersect(
         # Who may call this skill is the operator's word alone; the skill's own
         # calls need a need.
         kept: list[Rule] = [
-            replace(g, calls=()) for g in grants if isinstance(g, InvokeRule) and g.called_by
+            replace(g, calls=(), remote_calls=())
+            for g in grants
+            if isinstance(g, InvokeRule) and (g.called_by or g.remote_called_by)
         ]
-        used.update(g.id for g in grants if isinstance(g, InvokeRule) and not g.calls)
+        used.update(
+            g.id for g in grants if isinstance(g, InvokeRule) and not g.calls and not g.remote_calls
+        )
         return kept
     out: list[Rule] = []
     for need in needs:
@@ -255,9 +260,7 @@ def compile_documents(
             )
         policies[stem] = grants
     known = sorted(set(policies) | set(skills or ()))
-    _check_invoke_refs(policies, skills)
-
-    warnings: list[Finding] = []
+    warnings: list[Finding] = _check_invoke_refs(policies, skills)
     problems: list[Finding] = []
     unused_defaults: dict[str, str] | None = None
     out: dict[str, Any] = {}
@@ -339,18 +342,25 @@ def compile_documents(
 
 
 def _known_hint(name: str, skills: Mapping[str, object]) -> str:
-    import difflib
-
     close = difflib.get_close_matches(name, list(skills), n=1)
     if close:
         return f"did you mean '{close[0]}'?"
     return f"known skills: {', '.join(sorted(skills)) or 'none'}"
 
 
-def _check_invoke_refs(policies: Mapping[str, Grants], skills: Mapping[str, object] | None) -> None:
+def _check_invoke_refs(
+    policies: Mapping[str, Grants], skills: Mapping[str, object] | None
+) -> list[Finding]:
+    """Errors for invoke references to unknown skills; warnings for likely remote typos.
+
+    Raises:
+        PolicyError: ``calls``/``called_by`` name a skill not in the bundle, or
+            ``remote_calls`` names one that is.
+    """
+    found: list[Finding] = []
     if skills is None:
-        return
-    for grants in policies.values():
+        return found
+    for skill, grants in policies.items():
         for rule in grants.rules.get("invoke", ()):
             assert isinstance(rule, InvokeRule)
             for key in ("calls", "called_by"):
@@ -363,6 +373,30 @@ def _check_invoke_refs(policies: Mapping[str, Grants], skills: Mapping[str, obje
                             location=f"{source}:{line}" if line else rule.source,
                             hint=_known_hint(ref, skills),
                         )
+            # A remote callee is one this bundle does not hold: naming a local skill
+            # there is a mistake (it would bypass the callee's called_by).
+            for ref in rule.remote_calls:
+                line = rule.lines.get("remote_calls", 0)
+                where = f"{rule.source.rsplit(':', 1)[0]}:{line}" if line else rule.source
+                close = difflib.get_close_matches(ref, list(skills), n=1, cutoff=0.75)
+                if ref not in skills and close:
+                    # Not provable here (the cluster decides what exists), but likely a typo.
+                    found.append(
+                        Finding(
+                            where,
+                            skill,
+                            f"invoke.remote_calls names '{ref}', close to this bundle's "
+                            f"'{close[0]}': a typo? (a remote name is only checked at call time)",
+                        )
+                    )
+                if ref in skills:
+                    raise PolicyError(
+                        f"invoke.remote_calls names '{ref}', a skill of this bundle",
+                        location=where,
+                        hint=f"move '{ref}' to invoke.calls (remote_calls is for skills "
+                        "only other nodes of the cluster hold)",
+                    )
+    return found
 
 
 def _cycles(skills: Mapping[str, Any]) -> list[Finding]:

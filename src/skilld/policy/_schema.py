@@ -416,10 +416,14 @@ class InvokeRule:
     called_by: tuple[str, ...] = ()
     max_depth: int | None = None  # None: not written (DEFAULT_MAX_DEPTH in the tables)
     lines: Mapping[str, int] = field(default_factory=dict, compare=False, hash=False)
+    # A cluster: skills other nodes hold that this one may call, and ``[NODE/]SKILL``
+    # patterns of skills on other nodes that may call this one (checked by this node).
+    remote_calls: tuple[str, ...] = ()
+    remote_called_by: tuple[str, ...] = ()
 
     def covers(self, other: InvokeRule) -> bool:
-        """Everything ``other`` allows, this allows."""
-        return set(other.calls) <= set(self.calls)
+        """Everything ``other`` allows, this allows (a need's calls, local or remote)."""
+        return set(other.calls) <= set(self.calls) | set(self.remote_calls)
 
     def meet(self, other: InvokeRule, scope: InvokeRule) -> InvokeRule:
         """The intersection: calls both name; who may call us is the grant's alone."""
@@ -427,6 +431,7 @@ class InvokeRule:
         return replace(
             self,
             calls=tuple(c for c in self.calls if c in other.calls),
+            remote_calls=tuple(c for c in self.remote_calls if c in other.calls),
             max_depth=min(granted, other.max_depth or granted),
         )
 
@@ -438,6 +443,8 @@ class InvokeRule:
             "calls": sorted(self.calls),
             "called_by": sorted(self.called_by),
             "max_depth": self.max_depth or DEFAULT_MAX_DEPTH,
+            "remote_calls": sorted(self.remote_calls),
+            "remote_called_by": sorted(self.remote_called_by),
         }
 
 
@@ -667,9 +674,16 @@ def _skill_refs(value: object, where: Where, what: str, wildcard: bool) -> tuple
 
 
 def _invoke(skill: str, m: Mapping[str, Any], where: Where) -> InvokeRule:
-    _check_keys(m, ("calls", "called_by", "max_depth", "id"), where, "invoke")
+    keys = ("calls", "called_by", "remote_calls", "remote_called_by")
+    _check_keys(m, (*keys, "max_depth", "id"), where, "invoke")
     calls = _skill_refs(m.get("calls", []), _line(m, "calls", where), "calls", False)
     called_by = _skill_refs(m.get("called_by", []), _line(m, "called_by", where), "called_by", True)
+    remote_calls = _skill_refs(
+        m.get("remote_calls", []), _line(m, "remote_calls", where), "remote_calls", False
+    )
+    remote_called_by = _remote_callers(
+        m.get("remote_called_by", []), _line(m, "remote_called_by", where)
+    )
     depth = m.get("max_depth")
     if depth is not None and (
         not isinstance(depth, int) or isinstance(depth, bool) or not 1 <= depth <= MAX_DEPTH
@@ -678,10 +692,24 @@ def _invoke(skill: str, m: Mapping[str, Any], where: Where) -> InvokeRule:
             _line(m, "max_depth", where), f"max_depth must be 1..{MAX_DEPTH}, got {depth!r}"
         )
     rid = f"{skill}.{m['id']}" if isinstance(m.get("id"), str) else f"{skill}.invoke"
-    lines = {
-        k: _line(m, k, where).line for k in ("calls", "called_by") if isinstance(m.get(k), list)
-    }
-    return InvokeRule(rid, str(where), calls, called_by, depth, lines)
+    lines = {k: _line(m, k, where).line for k in keys if isinstance(m.get(k), list)}
+    return InvokeRule(
+        rid, str(where), calls, called_by, depth, lines, remote_calls, remote_called_by
+    )
+
+
+def _remote_callers(value: object, where: Where) -> tuple[str, ...]:
+    """``remote_called_by``: ``SKILL``, ``*``, or ``NODE/SKILL`` (NODE may hold ``*``)."""
+    refs = _str_list(value, where, "remote_called_by")
+    for i, ref in enumerate(refs):
+        node, slash, skill = ref.rpartition("/")
+        node_ok = not slash or bool(_NODE.match(node))
+        if not (node_ok and (skill == "*" or p.SKILL_ID.match(skill))):
+            raise _fail(
+                _line(value, i, where),
+                f"bad entry {ref!r} in remote_called_by: write SKILL, NODE/SKILL or *",
+            )
+    return refs
 
 
 _LIMITS: dict[str, tuple[str, Callable[[object], int]]] = {

@@ -163,7 +163,7 @@ class Tables:
             if table.get(name):
                 out.add(name)
         invoke = table.get("invoke")
-        if invoke and invoke.get("calls"):
+        if invoke and (invoke.get("calls") or invoke.get("remote_calls")):
             out.add("invoke")
         return frozenset(out)
 

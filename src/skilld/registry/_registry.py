@@ -343,17 +343,20 @@ class Registry:
         chain: tuple[str, ...] = (),
         inline_s: float | None = None,
         deadline: float | None = None,
+        remote_caller: tuple[str, str] | None = None,
     ) -> CallOutput:
         """Call ``method`` of ``skill_id`` directly (tools, ``invoke``, ``skilld call``).
 
         ``inline_s`` makes it an inline attempt of about that long (see :meth:`call_inline`;
         a routed call from another node of a cluster is tried inline the same way).
         ``deadline`` (monotonic; a nested call's caller's) ends the call sooner than its
-        own wall time would.
+        own wall time would. ``remote_caller`` (node, skill) makes it an ``invoke``
+        routed from another node of a cluster: the callee's own policy must consent.
 
         Raises:
             RegistryError: no such skill.
-            GuestError, GuestFault: the guest's failure, audited.
+            GuestError, GuestFault: the guest's failure, audited; ``not-permitted``
+                (audited) when ``remote_caller`` has no consent.
             RunOnThread: an inline attempt gave up (nothing audited).
         """
         entry = self._skills.get(skill_id)
@@ -366,13 +369,19 @@ class Registry:
             if backoff > 0:
                 self._inline_backoff[key] = backoff - 1
                 raise RunOnThread
+
+        def guest(ctx: CallContext) -> CallOutput:
+            if remote_caller is not None:
+                _consent(entry, *remote_caller, ctx)
+            return entry.component.call(method, args_json, ctx)
+
         try:
             return self._run(
                 entry,
                 method,
                 args_json,
                 channel,
-                lambda ctx: entry.component.call(method, args_json, ctx),
+                guest,
                 caller=caller,
                 depth=depth,
                 chain=chain,
@@ -813,6 +822,26 @@ def _template_match(template: str, uri: str) -> bool:
         for part in re.split(r"(\{\w+\})", template)
     )
     return re.fullmatch(pattern, uri) is not None
+
+
+def _consent(entry: SkillEntry, node: str, caller: str, ctx: CallContext) -> None:
+    """This node's consent to an ``invoke`` of ``entry`` by ``caller`` of cluster ``node``.
+
+    Raises:
+        GuestError: ``not-permitted`` (the decision is recorded for the audit).
+    """
+    target = f"{node}/{caller}"
+    decision = None if entry.checker is None else entry.checker.check("invoke", "called-by", target)
+    if decision is not None:
+        ctx.record(decision)
+    if decision is None or not decision.allowed:
+        reason = decision.reason if decision else "no policy allows invoke"
+        raise GuestError(
+            "not-permitted",
+            f"'{caller}' of node {node} may not invoke '{entry.spec.id}': {reason}",
+            rule=decision.rule if decision else "default-deny",
+            location=entry.spec.id,
+        )
 
 
 def _call_id() -> str:
