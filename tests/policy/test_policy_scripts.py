@@ -41,7 +41,7 @@ def test_native_with_interpreters_and_requirements() -> None:
         ("skill: demo\nscripts:\n  executor: docker\n", "must be one of wasm, native", 3),
         ("scripts:\n  executor: native\n  interpreters: [/bin/sh]\n", "not a path", 3),
         ("scripts:\n  interpreters: [python, bash]\n", "runs Python scripts only", 2),
-        ("scripts:\n  requirements: ['https://x/y.whl']\n", "must be NAME", 2),
+        ("scripts:\n  requirements: ['https://x/pkg']\n", "must be NAME", 2),
         ("scripts:\n  runner: x\n", "unknown key 'runner' in scripts", 2),
     ],
 )
