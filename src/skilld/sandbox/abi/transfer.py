@@ -70,8 +70,11 @@ def read_file(canon: str, shown: str) -> bytes:
                     f"{shown} is {info.st_size} bytes, over the {MAX_TRANSFER}-byte transfer limit",
                 )
             chunks = []
-            while chunk := os.read(fd, 1 << 20):
+            size = 0
+            # A file that grows while it is read still stops one byte past the limit.
+            while size <= MAX_TRANSFER and (chunk := os.read(fd, 1 << 20)):
                 chunks.append(chunk)
+                size += len(chunk)
             data = b"".join(chunks)
         finally:
             os.close(fd)
