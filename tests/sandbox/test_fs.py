@@ -221,3 +221,22 @@ def test_glob_stops_at_its_visit_cap(
     assert out["error"] == "limit-exceeded" and "20 entries" in out["message"], out
     monkeypatch.setattr(fs, "MAX_GLOB_VISITS", 40)
     assert len(run(prober, tree, "fs_glob", pattern=f"{tree['ro']}/*")["ok"]) == 31
+
+
+def test_a_file_outgrowing_its_size_is_read_one_byte_past_the_limit() -> None:
+    """A regular file with more bytes than its size said (as one growing while it is read;
+    /proc/PID/status says 0) is read no further than one byte past the limit."""
+    status = f"/proc/{os.getpid()}/status"  # /proc/self is a link, which fs never follows
+    target = fs._Target(status, "/")
+    assert Path(status).stat().st_size == 0
+    assert len(fs.read_regular(target, "status", 16, "read")) == 17
+
+
+def test_transfer_refuses_a_file_that_grew_past_its_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """transfer's read holds at most one byte past its limit and refuses the file."""
+    from skilld.errors import HostCallError
+    from skilld.sandbox.abi import transfer
+
+    monkeypatch.setattr(transfer, "MAX_TRANSFER", 16)
+    with pytest.raises(HostCallError, match="grew past the transfer limit"):
+        transfer.read_file(f"/proc/{os.getpid()}/status", "status")

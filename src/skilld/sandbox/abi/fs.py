@@ -294,28 +294,39 @@ def read(ctx: CallContext, path: str) -> bytes:
             ``invalid-argument`` (not a regular file), ``limit-exceeded``, ``io``.
     """
     target = _checked(ctx, path, "read")
+    # A file that grew while it was read ends at the cap.
+    return read_regular(target, path, MAX_READ, "read")[:MAX_READ]
+
+
+def read_regular(target: _Target, shown: str, limit: int, what: str) -> bytes:
+    """The bytes of the regular file ``target`` resolves to: at most ``limit + 1``, so a
+    caller sees a file that grew past ``limit`` while it was read, and never holds more.
+
+    Raises:
+        HostCallError: ``invalid-argument`` (not a regular file), ``limit-exceeded`` (its
+            size is over ``limit``), or the error of the failed system call.
+    """
     try:
         fd = _open(target, os.O_RDONLY)
         try:
             info = os.fstat(fd)
             if not stat_mod.S_ISREG(info.st_mode):
-                raise HostCallError("invalid-argument", f"{path} is not a regular file")
-            if info.st_size > MAX_READ:
+                raise HostCallError("invalid-argument", f"{shown} is not a regular file")
+            if info.st_size > limit:
                 raise HostCallError(
                     "limit-exceeded",
-                    f"{path} is {info.st_size} bytes, over the {MAX_READ}-byte read limit",
+                    f"{shown} is {info.st_size} bytes, over the {limit}-byte {what} limit",
                 )
             chunks = []
             size = 0
-            # A file that grows while it is read still ends at the cap.
-            while size <= MAX_READ and (chunk := os.read(fd, 1 << 20)):
+            while size <= limit and (chunk := os.read(fd, min(1 << 20, limit + 1 - size))):
                 chunks.append(chunk)
                 size += len(chunk)
-            return b"".join(chunks)[:MAX_READ]
+            return b"".join(chunks)
         finally:
             os.close(fd)
     except OSError as exc:
-        raise _errno(exc, path) from exc
+        raise _errno(exc, shown) from exc
 
 
 def write(ctx: CallContext, path: str, data: bytes, append: bool) -> None:

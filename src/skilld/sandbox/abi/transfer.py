@@ -22,13 +22,12 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
-import stat as stat_mod
 from typing import Protocol
 
 from skilld.errors import HostCallError
 from skilld.sandbox._context import CallContext
 from skilld.sandbox.abi import Functions, decide
-from skilld.sandbox.abi.fs import _errno, _open, _parent, _Target, canonical
+from skilld.sandbox.abi.fs import _errno, _open, _parent, _Target, canonical, read_regular
 
 # The largest file one transfer moves (either way).
 MAX_TRANSFER = 64 * 1024 * 1024
@@ -56,30 +55,9 @@ def read_file(canon: str, shown: str) -> bytes:
     Raises:
         HostCallError: not a regular file, too large, missing, or refused by the host.
     """
-    try:
-        # Resolved from / without following links (fs's walk); the grant was checked on
-        # the canonical path.
-        fd = _open(_Target(canon, "/"), os.O_RDONLY)
-        try:
-            info = os.fstat(fd)
-            if not stat_mod.S_ISREG(info.st_mode):
-                raise HostCallError("invalid-argument", f"{shown} is not a regular file")
-            if info.st_size > MAX_TRANSFER:
-                raise HostCallError(
-                    "limit-exceeded",
-                    f"{shown} is {info.st_size} bytes, over the {MAX_TRANSFER}-byte transfer limit",
-                )
-            chunks = []
-            size = 0
-            # A file that grows while it is read still stops one byte past the limit.
-            while size <= MAX_TRANSFER and (chunk := os.read(fd, 1 << 20)):
-                chunks.append(chunk)
-                size += len(chunk)
-            data = b"".join(chunks)
-        finally:
-            os.close(fd)
-    except OSError as exc:
-        raise _errno(exc, shown) from exc
+    # Resolved from / without following links (fs's walk); the grant was checked on
+    # the canonical path.
+    data = read_regular(_Target(canon, "/"), shown, MAX_TRANSFER, "transfer")
     if len(data) > MAX_TRANSFER:
         raise HostCallError("limit-exceeded", f"{shown} grew past the transfer limit")
     return data
