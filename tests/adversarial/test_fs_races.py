@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from adversarial_harness import Probe, compile_dir
 
+from skilld.errors import HostCallError
 from skilld.sandbox import Component
 from skilld.sandbox.abi import fs
 
@@ -272,3 +273,24 @@ def test_a_second_call_flipping_links_never_leads_outside(
     assert "outside" not in str(reports)
     assert _snapshot(world / "outside") == before
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_canonical_under_churn_resolves_or_refuses(world: Path) -> None:
+    """shell's path arguments and transfer's paths go through ``fs.canonical``: with links
+    swapped for files and removed between its lstat and its readlink, it returns a path or
+    refuses with ``not-found``; an ``OSError`` (an ``internal`` error) never comes out."""
+    outcomes = {"resolved": 0, "refused": 0}
+    codes: set[str] = set()
+    with Swapper(world) as swapper:
+        while swapper.swaps < 4000 or outcomes["resolved"] < 4000:
+            for name in ENTRIES:
+                for leaf in ("", "/f.txt", "/d/x"):
+                    try:
+                        fs.canonical(f"{world}/grant/{name}{leaf}")
+                    except HostCallError as err:
+                        codes.add(err.code)
+                        outcomes["refused"] += 1
+                    else:
+                        outcomes["resolved"] += 1
+    assert codes <= {"not-found"}, codes
+    assert outcomes["resolved"] >= 4000

@@ -115,6 +115,9 @@ _ROOT_FD = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
 USE_OPENAT2 = _has_openat2()
 
 
+_RESOLVE_ATTEMPTS = 8
+
+
 def canonical(path: str) -> str:
     """The canonical absolute form of ``path`` (symlinks resolved where they exist).
 
@@ -122,10 +125,19 @@ def canonical(path: str) -> str:
     symlinks (see :func:`lexical`).
 
     Raises:
-        HostCallError: ``invalid-argument`` for relative paths or NUL bytes.
+        HostCallError: ``invalid-argument`` for relative paths or NUL bytes,
+            ``not-found`` for a path that kept changing while it was resolved.
     """
     _absolute(path)
-    return os.path.realpath(path)
+    # realpath lstat()s each component, then readlink()s the links: a link swapped
+    # for a file (or removed) between the two raises. A path under such churn is
+    # retried a few times, then refused; it is never an internal error.
+    for _ in range(_RESOLVE_ATTEMPTS):
+        try:
+            return os.path.realpath(path)
+        except OSError:
+            continue
+    raise HostCallError("not-found", f"{path} kept changing while it was resolved")
 
 
 def lexical(path: str) -> str:

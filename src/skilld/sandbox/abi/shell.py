@@ -110,8 +110,18 @@ def _canonical_args(argv: list[str], rule: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def _check_path_args(ctx: CallContext, argv: list[str], rule: Mapping[str, Any]) -> None:
-    canon = _canonical_args(argv, rule)
+def _check_path_args(
+    ctx: CallContext, argv: list[str], rule: Mapping[str, Any], decision: Decision
+) -> None:
+    try:
+        canon = _canonical_args(argv, rule)
+    except HostCallError:
+        # A path argument another process keeps swapping cannot be checked: refused.
+        reason = "a path argument changed while it was resolved"
+        ctx.record(Decision(False, "shell", "run", shlex.join(argv), decision.rule, reason))
+        raise HostCallError(
+            "not-permitted", f"shell.run {shlex.join(argv)} denied: {reason}", rule=decision.rule
+        ) from None
     if canon != argv:
         # The refusal names the argv as the guest wrote it, never where its paths lead
         # (a planted link's target is the host's business); the audit keeps both.
@@ -159,7 +169,7 @@ def run(ctx: CallContext, cmd: dict[str, object]) -> dict[str, object]:
         raise HostCallError("invalid-argument", "argv must not contain NUL bytes")
     decision = decide(ctx, "shell", "run", shlex.join(argv))
     rule = rule_settings(ctx, decision)
-    _check_path_args(ctx, argv, rule)
+    _check_path_args(ctx, argv, rule, decision)
     cwd = _working_dir(ctx, cmd.get("cwd"), decision, rule)
     timeout_ms = min(int(cmd.get("timeout_ms") or DEFAULT_TIMEOUT_MS), MAX_TIMEOUT_MS)  # type: ignore[call-overload]
     if rule.get("timeout_ms"):
