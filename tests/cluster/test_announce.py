@@ -7,15 +7,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from skilld.cluster import _announce
-from skilld.cluster._wire import H_KEY, H_SIG, error_from_json
+from skilld.cluster._wire import H_KEY, H_SIG, H_STAMP, error_from_json
 from skilld.errors import ClusterError, SkilldError
 from skilld.package import SigningKey, TrustStore, canonical_json, trusted_key
 
 KEY = SigningKey.generate()
+STAMP = _announce.Stamper()
 TRUST = TrustStore((trusted_key("members", KEY.public_raw, [], cluster=["node-*"]),))
 
 HEADERS = st.dictionaries(
-    st.sampled_from([H_KEY, H_SIG, "Other"]),
+    st.sampled_from([H_KEY, H_SIG, H_STAMP, "Other"]),
     st.one_of(st.text(max_size=100), st.just(KEY.key_id)),
     max_size=3,
 )
@@ -56,7 +57,7 @@ def test_signed_but_malformed_announcements_are_refused(
     except SkilldError:
         return
     try:
-        _announce.verify(data, _announce.sign(data, KEY), TRUST)
+        _announce.verify(data, _announce.sign(data, KEY, STAMP()), TRUST)
     except ClusterError:
         return
 
@@ -65,3 +66,48 @@ def test_signed_but_malformed_announcements_are_refused(
 def test_any_error_document_becomes_a_skilld_error(doc: dict[str, object]) -> None:
     """Whatever a holder sends as an error, the entry raises a SkilldError from it."""
     assert isinstance(error_from_json(doc), SkilldError)
+
+
+def test_the_stamp_is_signed() -> None:
+    """A stamp changed after signing (a replay dressed as new) breaks the signature."""
+    data = canonical_json({"v": 1, "leave": "node-x", "nonce": "0"})
+    headers = _announce.sign(data, KEY, STAMP(), _announce.LEAVE_CONTEXT)
+    _announce.check_signature(data, headers, TRUST, _announce.LEAVE_CONTEXT)
+    boot, seq = _announce.parse_stamp(headers)
+    with pytest.raises(ClusterError, match="does not verify"):
+        _announce.check_signature(
+            data, {**headers, H_STAMP: f"{boot}.{seq + 1}"}, TRUST, _announce.LEAVE_CONTEXT
+        )
+    with pytest.raises(ClusterError, match="without a valid stamp"):
+        _announce.check_signature(
+            data, {k: v for k, v in headers.items() if k != H_STAMP}, TRUST, _announce.LEAVE_CONTEXT
+        )
+
+
+@settings(max_examples=300)
+@given(order=st.lists(st.tuples(st.integers(1, 3), st.integers(1, 3000)), min_size=1, max_size=200))
+def test_each_stamp_is_accepted_once_and_never_an_older_boot(
+    order: list[tuple[int, int]],
+) -> None:
+    """Whatever order stamps arrive in, each is accepted at most once; none of an older boot
+    than one accepted, none more than the window behind the newest; a fresh one always."""
+    fresh = _announce.Freshness()
+    accepted: set[tuple[int, int]] = set()
+    newest = (0, 0)
+    for stamp in order:
+        boot, seq = stamp
+        expected = (
+            stamp not in accepted
+            and boot >= newest[0]
+            and (boot > newest[0] or seq > newest[1] - fresh.WINDOW)
+        )
+        try:
+            fresh.accept("node-x", stamp)
+        except ClusterError:
+            assert not expected, stamp
+        else:
+            assert expected, stamp
+            accepted.add(stamp)
+            newest = max(newest, stamp) if boot >= newest[0] else newest
+    # The other node's stamps are its own business.
+    fresh.accept("node-y", order[0])

@@ -6,6 +6,7 @@ import base64
 import hashlib
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -214,6 +215,7 @@ async def test_a_corrupted_transfer_leaves_no_file(
         "v": 1,
         "op": "put",
         "node": "node-a",
+        "to": "node-b",
         "skill": "mover",
         "path": str(dest),
         "size": len(good),
@@ -221,7 +223,16 @@ async def test_a_corrupted_transfer_leaves_no_file(
         "id": "t" * 24,
     }
     body = canonical_json(doc)
-    sig = base64.b64encode(member.sign(b"skilld-cluster-transfer-v1\0" + body)).decode()
+    stamp = f"{time.time_ns()}.1"
+    sig = base64.b64encode(
+        member.sign(b"skilld-cluster-transfer-v1\0" + stamp.encode() + b"\0" + body)
+    ).decode()
+    begin_headers = {
+        "Skilld-Op": "put",
+        "Skilld-Key": member.key_id,
+        "Skilld-Sig": sig,
+        "Skilld-Stamp": stamp,
+    }
     before = set(dirs["b-in"].iterdir())
     nc = await nats_client.connect(nats_m.url)
     try:
@@ -230,7 +241,7 @@ async def test_a_corrupted_transfer_leaves_no_file(
             subject,
             body,
             timeout=5,
-            headers={"Skilld-Op": "put", "Skilld-Key": member.key_id, "Skilld-Sig": sig},
+            headers=begin_headers,
         )
         assert json.loads(begin.data) == {"ok": True}
         bad = bytearray(good)
@@ -246,6 +257,10 @@ async def test_a_corrupted_transfer_leaves_no_file(
         )
         error = json.loads(end.data)["error"]
         assert error["code"] == "io" and "do not match" in error["message"], error
+        # The same signed request again (a recording replayed) is refused.
+        again = await nc.request(subject, body, timeout=5, headers=begin_headers)
+        error = json.loads(again.data)["error"]
+        assert error["code"] == "not-permitted" and "replayed" in error["message"], error
     finally:
         await nc.close()
     assert set(dirs["b-in"].iterdir()) == before  # neither the file nor a temporary one

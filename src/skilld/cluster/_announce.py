@@ -7,6 +7,11 @@ and an Ed25519 signature over a context string and the payload. A receiver accep
 it only when its own bundle's trust set holds that key with ``cluster`` patterns
 matching the node's name (``TrustedKey.may_announce``): a stray NATS client cannot
 inject tools. A leave message is signed the same way.
+
+Every signed message also carries a stamp (``Skilld-Stamp: BOOT.SEQ``), covered by the
+signature: the sender's start time in nanoseconds and a counter. A receiver accepts each
+stamp of a sender once (:class:`Freshness`), so a captured message replayed later, or
+sent to another node, is refused: no clock has to agree with another node's.
 """
 
 from __future__ import annotations
@@ -14,15 +19,24 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import itertools
 import json
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from skilld.cluster._config import NODE_RE
-from skilld.cluster._wire import H_KEY, H_SIG
+from skilld.cluster._wire import H_KEY, H_SIG, H_STAMP
 from skilld.errors import ClusterError, PackageFormatError
-from skilld.package import SigningKey, TrustStore, canonical_json, verify_signature
+from skilld.package import (
+    SigningKey,
+    TrustedKey,
+    TrustStore,
+    canonical_json,
+    verify_signature,
+)
 from skilld.registry import Exposure, SkillEntry, ToolAnnotations
 from skilld.types import Limits, SkillSpec
 
@@ -94,9 +108,86 @@ def payload(node: str, roles: tuple[str, ...], bundle: str, skills: list[LocalSk
     return canonical_json(doc)
 
 
-def sign(data: bytes, key: SigningKey, context: bytes = CONTEXT) -> dict[str, str]:
-    """The headers that sign ``data``."""
-    return {H_KEY: key.key_id, H_SIG: base64.b64encode(key.sign(context + data)).decode()}
+class Stamper:
+    """The stamps of one sender: its start time in nanoseconds, then a counter.
+
+    A sender restarted later has a larger boot time, so receivers take its stamps as
+    newer than any of its previous life.
+    """
+
+    def __init__(self) -> None:
+        self.boot = time.time_ns()
+        self._seq = itertools.count(1)
+        self._lock = threading.Lock()
+
+    def __call__(self) -> str:
+        """The next stamp (any thread)."""
+        with self._lock:
+            return f"{self.boot}.{next(self._seq)}"
+
+
+class Freshness:
+    """Each stamp of a sender accepted once (anti-replay, as IPsec's window does it).
+
+    Per sender it keeps the newest boot, the highest counter seen in it and which of
+    the last :attr:`WINDOW` counters were seen, so messages that overtake each other (two
+    threads signing, then publishing in the other order) are still accepted, once. A
+    stamp of an older boot, one already seen, or one more than the window behind is
+    refused. A receiver that restarts forgets what it saw: it may accept, once, a
+    message it never received before.
+    """
+
+    WINDOW = 1024
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[int, int, set[int]]] = {}
+        self._lock = threading.Lock()
+
+    def accept(self, sender: str, stamp: tuple[int, int]) -> None:
+        """Take ``stamp`` of ``sender`` as seen.
+
+        Raises:
+            ClusterError: the stamp was seen before, or is older than what was seen.
+        """
+        boot, seq = stamp
+        with self._lock:
+            known = self._seen.get(sender)
+            if known is None or boot > known[0]:
+                self._seen[sender] = (boot, seq, {seq})
+                return
+            top_boot, top, seen = known
+            if boot < top_boot or seq <= top - self.WINDOW or seq in seen:
+                raise ClusterError(
+                    f"a replayed or stale message from node {sender!r} (stamp {boot}.{seq} "
+                    "was seen already, or is older than the last one accepted)"
+                )
+            seen.add(seq)
+            if seq > top:
+                top = seq
+                seen.difference_update([s for s in seen if s <= top - self.WINDOW])
+            self._seen[sender] = (boot, top, seen)
+
+
+def sign(data: bytes, key: SigningKey, stamp: str, context: bytes = CONTEXT) -> dict[str, str]:
+    """The headers that sign ``data`` with ``stamp`` (a :class:`Stamper`'s)."""
+    signature = key.sign(_signed_bytes(context, stamp, data))
+    return {H_KEY: key.key_id, H_SIG: base64.b64encode(signature).decode(), H_STAMP: stamp}
+
+
+def _signed_bytes(context: bytes, stamp: str, data: bytes) -> bytes:
+    return context + stamp.encode() + b"\0" + data
+
+
+def parse_stamp(headers: Mapping[str, str]) -> tuple[int, int]:
+    """The ``(boot, seq)`` of a message's stamp header.
+
+    Raises:
+        ClusterError: no stamp, or not two positive decimal numbers.
+    """
+    parts = str(headers.get(H_STAMP, "")).split(".")
+    if len(parts) != 2 or not all(p.isdecimal() and 0 < len(p) <= 20 for p in parts):
+        raise ClusterError("a cluster message without a valid stamp refused")
+    return int(parts[0]), int(parts[1])
 
 
 def leave_payload(node: str, nonce: str) -> bytes:
@@ -104,19 +195,21 @@ def leave_payload(node: str, nonce: str) -> bytes:
     return canonical_json({"v": VERSION, "leave": node, "nonce": nonce})
 
 
-def check_signature(
+def check_bytes(
     data: bytes, headers: Mapping[str, str] | None, trust: TrustStore, context: bytes
-) -> tuple[dict[str, Any], str]:
-    """Verify a signed cluster message; returns its JSON document and the key id.
+) -> TrustedKey:
+    """Verify the signature (stamp included) of a cluster message; returns the key.
 
     Raises:
-        ClusterError: unsigned, signed by a key the trust set does not hold, a bad
-            signature, not JSON, or a node name the key may not speak for.
+        ClusterError: unsigned, no stamp, a key the trust set does not hold, a bad
+            signature.
     """
     headers = headers or {}
     kid, sig_b64 = headers.get(H_KEY), headers.get(H_SIG)
     if not kid or not sig_b64:
         raise ClusterError("unsigned cluster message refused")
+    stamp = headers.get(H_STAMP, "")
+    parse_stamp(headers)
     key = trust.get(kid)
     if key is None:
         raise ClusterError(f"signed by key {kid}, which this node's trust set does not hold")
@@ -125,9 +218,26 @@ def check_signature(
     except (binascii.Error, ValueError):
         raise ClusterError(f"the signature of key {kid} is not base64") from None
     if len(data) > MAX_ANNOUNCEMENT or not verify_signature(
-        key.public_raw, signature, context + data
+        key.public_raw, signature, _signed_bytes(context, stamp, data)
     ):
         raise ClusterError(f"the signature by key {key.name} ({kid}) does not verify")
+    return key
+
+
+def check_signature(
+    data: bytes, headers: Mapping[str, str] | None, trust: TrustStore, context: bytes
+) -> tuple[dict[str, Any], str]:
+    """Verify a signed cluster message; returns its JSON document and the key id.
+
+    The stamp is verified with the rest; whether it was seen before is for the
+    receiver's :class:`Freshness` to say.
+
+    Raises:
+        ClusterError: unsigned, no stamp, signed by a key the trust set does not hold,
+            a bad signature, not JSON, or a node name the key may not speak for.
+    """
+    key = check_bytes(data, headers, trust, context)
+    kid = key.key_id
     try:
         doc = json.loads(data)
     except ValueError:

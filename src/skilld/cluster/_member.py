@@ -3,7 +3,9 @@
 Everything here runs on the link's event loop. There is no protocol of our own
 beyond "publish your signed announcement every H seconds": a peer is a member while
 its announcements keep arriving, and is removed once it has been silent for the
-expiry window (2H-3H) or has sent a signed leave.
+expiry window (2H-3H) or has sent a signed leave. Each heartbeat is signed afresh with
+the next stamp, and each stamp of a peer is accepted once: a recorded heartbeat replayed
+cannot keep a dead node listed, nor a recorded leave remove a live one.
 
 A node that lost its own NATS connection hears nobody, through no fault of theirs.
 It therefore expires peers only once its connection has been up again for a full
@@ -43,9 +45,8 @@ class Peer:
     last_seen: float  # monotonic
     last_seen_wall: float
     heartbeats: int = 1
-    # The signed bytes and headers accepted: a heartbeat repeating both is not re-verified.
+    # The announcement's bytes: a heartbeat repeating them is not read again.
     raw: bytes = field(default=b"", repr=False)
-    headers: dict[str, str] = field(default_factory=dict, repr=False)
 
     @property
     def node(self) -> str:
@@ -78,7 +79,8 @@ class Membership:
         self._trust = trust
         self._key = key
         self._announcement = announcement
-        self._headers = _announce.sign(announcement, key)
+        self._stamp = _announce.Stamper()
+        self._fresh = _announce.Freshness()
         self._on_join, self._on_change, self._on_leave = on_join, on_change, on_leave
         self._on_refused = on_refused
         self.peers: dict[str, Peer] = {}
@@ -104,10 +106,9 @@ class Membership:
         for task in self._tasks:
             task.cancel()
         data = _announce.leave_payload(self._config.node, secrets.token_hex(8))
+        headers = _announce.sign(data, self._key, self._stamp(), _announce.LEAVE_CONTEXT)
         try:
-            await self._link.nc.publish(
-                LEAVE, data, headers=_announce.sign(data, self._key, _announce.LEAVE_CONTEXT)
-            )
+            await self._link.nc.publish(LEAVE, data, headers=headers)
             await self._link.nc.flush(timeout=2)
         except Exception as exc:  # noqa: BLE001 - leaving: peers will expire us instead
             log.info("cluster: could not say goodbye: %r", exc)
@@ -122,8 +123,9 @@ class Membership:
         asyncio.get_running_loop().create_task(self._publish())
 
     async def _publish(self) -> None:
+        headers = _announce.sign(self._announcement, self._key, self._stamp())
         try:
-            await self._link.nc.publish(ANNOUNCE, self._announcement, headers=self._headers)
+            await self._link.nc.publish(ANNOUNCE, self._announcement, headers=headers)
         except Exception as exc:  # noqa: BLE001 - the next heartbeat tries again
             log.info("cluster: heartbeat not sent: %r", exc)
 
@@ -156,14 +158,19 @@ class Membership:
         if msg.data == self._announcement:
             return  # our own heartbeat, echoed back by NATS
         now, wall = time.monotonic(), time.time()
+        headers = msg.headers or {}
         known = next((p for p in self.peers.values() if p.raw == msg.data), None)
-        if known is not None and (msg.headers or {}) == known.headers:
-            # The same signed bytes as before: a heartbeat, nothing to verify again.
-            known.last_seen, known.last_seen_wall = now, wall
-            known.heartbeats += 1
-            return
         try:
-            ann = _announce.verify(msg.data, msg.headers, self._trust)
+            if known is not None:
+                # The same announcement as before: a heartbeat. Only its signature (over
+                # the new stamp) is checked; the document is not read again.
+                self._check_heartbeat(known, msg.data, headers)
+                known.last_seen, known.last_seen_wall = now, wall
+                known.heartbeats += 1
+                return
+            ann = _announce.verify(msg.data, headers, self._trust)
+            if ann.node != self._config.node:
+                self._fresh.accept(ann.node, _announce.parse_stamp(headers))
         except ClusterError as exc:
             self._refuse(msg.data, exc)
             return
@@ -171,7 +178,7 @@ class Membership:
             if ann.fingerprint != _fingerprint(self._announcement):
                 log.error("cluster: another node announces itself as %s (this node)", ann.node)
             return
-        peer = Peer(ann, now, wall, raw=msg.data, headers=dict(msg.headers or {}))
+        peer = Peer(ann, now, wall, raw=msg.data)
         old = self.peers.get(ann.node)
         self.peers[ann.node] = peer
         if old is None:
@@ -183,11 +190,20 @@ class Membership:
             peer.heartbeats = old.heartbeats + 1
             self._on_change(old, peer)
 
+    def _check_heartbeat(self, known: Peer, data: bytes, headers: dict[str, str]) -> None:
+        key = _announce.check_bytes(data, headers, self._trust, _announce.CONTEXT)
+        if key.key_id != known.announcement.key_id:
+            raise ClusterError(
+                f"node {known.node}'s announcement signed by another key ({key.key_id})"
+            )
+        self._fresh.accept(known.node, _announce.parse_stamp(headers))
+
     async def _on_leave_msg(self, msg: Msg) -> None:
         try:
             doc, _kid = _announce.check_signature(
                 msg.data, msg.headers, self._trust, _announce.LEAVE_CONTEXT
             )
+            self._fresh.accept(str(doc["leave"]), _announce.parse_stamp(msg.headers or {}))
         except ClusterError as exc:
             self._refuse(msg.data, exc)
             return

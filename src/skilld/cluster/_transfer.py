@@ -98,6 +98,8 @@ class Transfers:
         self._files = files
         self._members = members
         self._audit = audit
+        self._stamp = _announce.Stamper()
+        self._fresh = _announce.Freshness()
         self._incoming: dict[str, tuple[Sink, dict[str, Any], float]] = {}
         self._outgoing: dict[str, tuple[bytes, float]] = {}
 
@@ -124,6 +126,7 @@ class Transfers:
             "v": 1,
             "op": "put",
             "node": self._node,
+            "to": node,
             "skill": ctx.skill_id,
             "path": remote_path,
             "size": len(data),
@@ -131,7 +134,7 @@ class Transfers:
             "id": tid,
         }
         body = dumps(doc)
-        self._ask(node, body, {H_OP: "put", **_announce.sign(body, self._key, CONTEXT)}, ctx)
+        self._ask(node, body, {H_OP: "put", **self._sign(body)}, ctx)
         size = self._chunk_size()
         for seq, start in enumerate(range(0, len(data), size)):
             self._ask(
@@ -156,12 +159,13 @@ class Transfers:
             "v": 1,
             "op": "get",
             "node": self._node,
+            "to": node,
             "skill": ctx.skill_id,
             "path": remote_path,
             "id": tid,
         }
         body = dumps(doc)
-        meta = self._ask(node, body, {H_OP: "get", **_announce.sign(body, self._key, CONTEXT)}, ctx)
+        meta = self._ask(node, body, {H_OP: "get", **self._sign(body)}, ctx)
         try:
             size, sha, parts = int(meta["size"]), str(meta["sha256"]), int(meta["parts"])
             for seq in range(parts):
@@ -174,6 +178,9 @@ class Transfers:
             self._link.publish(transfer_subject(node), b"", {H_OP: "close", H_ID: tid})
         self._audit({**_record("in", ctx.skill_id, node, remote_path, size, sha), "outcome": "ok"})
         return size
+
+    def _sign(self, body: bytes) -> dict[str, str]:
+        return _announce.sign(body, self._key, self._stamp(), CONTEXT)
 
     def _member(self, node: str) -> None:
         if node == self._node:
@@ -259,9 +266,20 @@ class Transfers:
                 self._incoming.pop(tid)[0].abort()
             return dumps({"error": _error(exc)})
 
+    def _addressed_here(self, doc: Mapping[str, Any]) -> None:
+        if doc.get("to") != self._node:
+            # Signed for another node: replayed here, it would act on this one's files.
+            raise ClusterError(
+                f"a transfer request from node {doc['node']!r} addressed to "
+                f"{doc.get('to')!r}, not to this node"
+            )
+
     def _signed(self, data: bytes, headers: Mapping[str, str]) -> dict[str, Any]:
         try:
             doc, _kid = _announce.check_signature(data, headers, self._trust, CONTEXT)
+            self._addressed_here(doc)
+            # Once only: a recorded request replayed would move the file again.
+            self._fresh.accept(str(doc["node"]), _announce.parse_stamp(headers))
         except ClusterError as exc:
             raise HostCallError("not-permitted", exc.message, rule="cluster.trust") from exc
         if doc["node"] not in self._members():

@@ -50,6 +50,7 @@ H_NODE = "Skilld-Node"
 # announcement headers
 H_KEY = "Skilld-Key"
 H_SIG = "Skilld-Sig"
+H_STAMP = "Skilld-Stamp"  # BOOT.SEQ of the sender, signed: each is accepted once
 
 # Room left in a message for headers when a result is split into parts.
 PART_HEADROOM = 4096
