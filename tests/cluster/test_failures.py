@@ -155,9 +155,12 @@ async def test_forged_announcements_are_refused_and_logged(
         context = b"skilld-cluster-announcement-v1\0"
 
         def signed(key: object, data: bytes) -> dict[str, str]:
+            stamp = f"{time.time_ns()}.1"
+            signature = key.sign(context + stamp.encode() + b"\0" + data)  # type: ignore[attr-defined]
             return {
                 "Skilld-Key": key.key_id,  # type: ignore[attr-defined]
-                "Skilld-Sig": base64.b64encode(key.sign(context + data)).decode(),  # type: ignore[attr-defined]
+                "Skilld-Sig": base64.b64encode(signature).decode(),
+                "Skilld-Stamp": stamp,
             }
 
         good = _announcement("node-x")
@@ -254,3 +257,54 @@ async def test_graceful_stop_leaves_at_once(pair: dict[str, NodeProc]) -> None:
         assert time.monotonic() - stopped < 30  # bounded by node-c's own shutdown
     pair["a"].seen("node node-c left")
     assert "node-c expired" not in pair["a"].log()
+
+
+async def test_replayed_heartbeats_and_leaves_change_nothing(
+    nats: NatsServer, pair: dict[str, NodeProc]
+) -> None:
+    """Recorded heartbeats of node-c, published again, are refused while it lives and do not
+    keep it listed once killed; an idle client hears that its tools went."""
+    url = pair["a"].url
+    assert url is not None
+    recorded: list[tuple[str, bytes, dict[str, str]]] = []
+    spy = await nats_client.connect(nats.url)
+    try:
+
+        async def record(msg: object) -> None:
+            data, headers = msg.data, dict(msg.headers or {})  # type: ignore[attr-defined]
+            if json.loads(data).get("node", json.loads(data).get("leave")) == "node-c":
+                recorded.append((msg.subject, data, headers))  # type: ignore[attr-defined]
+
+        await spy.subscribe("skilld.announce", cb=record)
+        await spy.subscribe("skilld.leave", cb=record)
+        async with mcp_client(url) as client:
+            await client.wait_tools(lambda n: n >= HOSTILE_TOOLS)
+            while len(recorded) < 3:
+                await anyio.sleep(HEARTBEAT_S / 2)
+            for subject, data, headers in list(recorded):
+                await spy.publish(subject, data, headers=headers)
+            await spy.flush()
+            await anyio.to_thread.run_sync(
+                lambda: pair["a"].wait_audit(event="cluster-refused", node="node-c")
+            )
+            assert await client.tool_names() >= HOSTILE_TOOLS
+            pair["c"].kill()
+            killed = time.monotonic()
+            replays = list(recorded)
+
+            async def replay() -> None:
+                while True:
+                    for subject, data, headers in replays:
+                        await spy.publish(subject, data, headers=headers)
+                    await anyio.sleep(HEARTBEAT_S / 4)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(replay)
+                # This client is idle (no call in flight): it hears of the change through
+                # list_changed on its standalone stream.
+                await client.wait_tools(lambda n: not n & HOSTILE_TOOLS, timeout=10)
+                tg.cancel_scope.cancel()
+            assert time.monotonic() - killed < 3.0
+    finally:
+        await spy.close()
+    assert "replayed or stale message from node 'node-c'" in pair["a"].log()

@@ -222,7 +222,11 @@ class McpService:
         self._in_flight = 0
         self._idle: anyio.Event | None = None
         self.draining = False
-        # Sessions that listed or called something: told when the dispatcher's skills change.
+        # Connections that listed or called something: told when the dispatcher's skills
+        # change. The connection, not ``ctx.session``: the SDK makes a session object per
+        # request, so a weak set of those emptied as soon as each request ended, and only
+        # clients with a call in flight heard of a change. A connection lives as long as
+        # its client's session (weakly held here, so a closed one is dropped).
         self._sessions: weakref.WeakSet[Any] = weakref.WeakSet()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._notifying: set[asyncio.Task[None]] = set()
@@ -266,11 +270,14 @@ class McpService:
                 await session.send_tool_list_changed()
                 await session.send_resource_list_changed()
                 await session.send_prompt_list_changed()
-            except Exception:  # noqa: BLE001 - a session that went away is just dropped
+            except Exception:  # noqa: BLE001 - a connection that went away is just dropped
                 self._sessions.discard(session)
 
     def _seen(self, ctx: Ctx) -> None:
-        self._sessions.add(ctx.session)
+        # mcp 2 offers no public way from a request to its connection; should the private
+        # attribute go, the per-request session is the (weaker) fallback. Both have the
+        # send_*_list_changed methods, sent on the connection's standalone stream.
+        self._sessions.add(getattr(ctx.session, "_connection", ctx.session))
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
 
