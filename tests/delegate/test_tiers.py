@@ -6,6 +6,7 @@ import json
 import os
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -20,7 +21,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from skilld.bundle import BuildResult
 from skilld.delegate import InferenceConfig, parse_params
 from skilld.delegate._infer import infer, system_prompt
-from skilld.errors import DelegateError, UsageError
+from skilld.errors import CallCancelled, DeadlineExceeded, DelegateError, UsageError
 from tests_env import cache_dir
 
 BAD = "Here it is:\n```python\nimport os\nresult = echo('hi')\n```"
@@ -322,3 +323,72 @@ def test_bad_params_are_usage_errors(item: str) -> None:
     """A --param without '=' or with a bad name is refused."""
     with pytest.raises(UsageError, match="--param takes NAME=VALUE"):
         parse_params([item])
+
+
+class Trickle:
+    """An Ollama-shaped server that sends its headers, then one byte of its reply every
+    0.2 s: each read is quick, so no HTTP client's read timeout ever fires."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        trickle = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", "100000")
+                self.end_headers()
+                while not trickle.stop.wait(0.2):
+                    try:
+                        self.wfile.write(b" ")
+                        self.wfile.flush()
+                    except OSError:
+                        return
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+                return
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def trickle() -> Iterator[Trickle]:
+    """A model server that never finishes its reply, slowly."""
+    server = Trickle()
+    yield server
+    server.close()
+
+
+def test_a_trickling_model_ends_at_the_deadline(
+    demo_bundle: BuildResult, trickle: Trickle, tmp_path: Path
+) -> None:
+    """A model server dripping its reply holds the call no longer than its deadline."""
+    config = InferenceConfig(ollama_url=trickle.url, timeout_s=30)
+    with opened(demo_bundle.out, tmp_path, config) as node:
+        kit = service_of(node.registry).kit("text")
+    deadline = time.monotonic() + 1.5
+    with pytest.raises(DeadlineExceeded, match="ollama did not answer"):
+        infer("say hi", kit, {}, config, lambda: max(0.0, deadline - time.monotonic()))
+    assert time.monotonic() - deadline < 0.5
+
+
+def test_a_cancel_stops_waiting_for_the_model(
+    demo_bundle: BuildResult, trickle: Trickle, tmp_path: Path
+) -> None:
+    """The client's cancel ends a call waiting for a model at once, as ``cancelled``."""
+    config = InferenceConfig(ollama_url=trickle.url, timeout_s=30)
+    with opened(demo_bundle.out, tmp_path, config) as node:
+        kit = service_of(node.registry).kit("text")
+    cancel_at = time.monotonic() + 0.5
+    with pytest.raises(CallCancelled, match="cancelled the call while ollama was asked"):
+        infer("say hi", kit, {}, config, lambda: 60.0, lambda: time.monotonic() > cancel_at)
+    assert time.monotonic() - cancel_at < 0.5

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -27,11 +29,19 @@ from typing import Any, Protocol
 
 from skilld.delegate._kits import Kit
 from skilld.delegate._validate import BUILTINS, METHODS, Problem, validate
-from skilld.errors import DelegateError, InferenceError, UsageError
+from skilld.errors import (
+    CallCancelled,
+    DeadlineExceeded,
+    DelegateError,
+    InferenceError,
+    UsageError,
+)
 
 DEFAULT_RETRIES = 2
 # Below this many seconds left, a model is not asked: no answer would come back in time.
 MIN_MODEL_S = 0.5
+# How often a call waiting for a model looks at its deadline and its client's cancel.
+WAIT_SLICE_S = 0.05
 OLLAMA_MODEL = "qwen2.5-coder:7b"
 ANTHROPIC_MODEL = "claude-sonnet-5"
 _FENCE = re.compile(r"```(?:python|py)?\s*\n(.*?)```", re.DOTALL)
@@ -111,10 +121,16 @@ def infer(
     params: Mapping[str, Any],
     config: InferenceConfig,
     remaining: Callable[[], float],
+    cancelled: Callable[[], bool] = lambda: False,
 ) -> Generated:
     """A valid program for ``intent`` over ``kit`` from the first tier that gives one.
 
-    ``remaining`` says how many seconds the call has left; model tiers are bounded by it.
+    ``remaining`` says how many seconds the call has left; model tiers are bounded by it,
+    and stop being waited for as soon as ``cancelled()`` is true.
+
+    Raises:
+        CallCancelled: the client cancelled the call while a model was asked.
+        DeadlineExceeded: the call's deadline passed while a model was asked.
     """
     tried: list[dict[str, Any]] = []
     attempts = 0
@@ -132,7 +148,9 @@ def infer(
             return Generated(entry.program, bound, tier, 0, tried)
         tried.append({"tier": tier, "matched": False})
     for model in _models(config):
-        program, used, notes = _ask(model, intent, kit, params, config.retries, remaining)
+        program, used, notes = _ask(
+            model, intent, kit, params, config.retries, remaining, cancelled
+        )
         attempts += used
         tried.append({"tier": model.name, **notes})
         if program is not None:
@@ -151,6 +169,7 @@ def _ask(
     params: Mapping[str, Any],
     retries: int,
     remaining: Callable[[], float],
+    cancelled: Callable[[], bool],
 ) -> tuple[str | None, int, dict[str, Any]]:
     """(program, corrections asked for, notes) from one model with validate-and-retry."""
     system = system_prompt(kit, params)
@@ -162,7 +181,7 @@ def _ask(
         if budget <= MIN_MODEL_S:
             return None, corrections, {"error": "no time left for the model", "problems": last}
         try:
-            reply = model.complete(system, messages, budget)
+            reply = _within(model, system, messages, remaining, cancelled)
         except InferenceError as exc:
             return None, corrections, {"error": str(exc), "problems": last}
         program = extract_program(reply)
@@ -178,6 +197,50 @@ def _ask(
             {"role": "user", "content": feedback(problems)},
         ]
     return None, corrections, {"error": "no valid program", "problems": last}
+
+
+def _within(
+    model: Model,
+    system: str,
+    messages: list[dict[str, str]],
+    remaining: Callable[[], float],
+    cancelled: Callable[[], bool],
+) -> str:
+    """``model.complete`` on a helper thread, waited for until the call's deadline or its
+    client's cancel, whichever comes first.
+
+    An HTTP client's timeout bounds each read, not the whole answer: a model server that
+    trickles its reply a byte at a time would hold the call past its deadline. Left
+    behind, the helper (a daemon thread) ends with its own timeouts.
+
+    Raises:
+        InferenceError: the model failed.
+        DeadlineExceeded: it did not answer within the call's deadline.
+        CallCancelled: the client cancelled the call.
+    """
+    answer: queue.SimpleQueue[tuple[bool, Any]] = queue.SimpleQueue()
+    budget = remaining()
+
+    def run() -> None:
+        try:
+            answer.put((True, model.complete(system, messages, budget)))
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting call
+            answer.put((False, exc))
+
+    threading.Thread(target=run, name=f"skilld-model-{model.name}", daemon=True).start()
+    while True:
+        if cancelled():
+            raise CallCancelled(f"the client cancelled the call while {model.name} was asked")
+        left = remaining()
+        if left <= 0:
+            raise DeadlineExceeded(f"{model.name} did not answer within the call's deadline")
+        try:
+            ok, value = answer.get(timeout=min(left, WAIT_SLICE_S))
+        except queue.Empty:
+            continue
+        if ok:
+            return str(value)
+        raise value
 
 
 def feedback(problems: list[Problem]) -> str:

@@ -275,7 +275,8 @@ class DelegateService:
         t0 = time.perf_counter()
         found = self.kit(kit)
         bound = dict(params or {})
-        generated = infer(intent, found, bound, self.config, monotonic_budget(deadline))
+        cancelled = channel.cancelled if channel is not None else lambda: False
+        generated = infer(intent, found, bound, self.config, monotonic_budget(deadline), cancelled)
         gen_ms = (time.perf_counter() - t0) * 1000
         if generated.program is None:
             raise no_program(intent, found, generated)
