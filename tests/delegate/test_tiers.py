@@ -21,6 +21,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from skilld.bundle import BuildResult
 from skilld.delegate import InferenceConfig, parse_params
 from skilld.delegate._infer import infer, system_prompt
+from skilld.delegate._kits import Kit
 from skilld.errors import CallCancelled, DeadlineExceeded, DelegateError, UsageError
 from tests_env import cache_dir
 
@@ -361,33 +362,28 @@ class Trickle:
 
 
 @pytest.fixture
-def trickle() -> Iterator[Trickle]:
-    """A model server that never finishes its reply, slowly."""
+def trickling(demo_bundle: BuildResult, tmp_path: Path) -> Iterator[tuple[InferenceConfig, Kit]]:
+    """A model server that never finishes its reply, slowly; its configuration and a kit."""
     server = Trickle()
-    yield server
+    config = InferenceConfig(ollama_url=server.url, timeout_s=30)
+    with opened(demo_bundle.out, tmp_path, config) as node:
+        kit = service_of(node.registry).kit("text")
+    yield config, kit
     server.close()
 
 
-def test_a_trickling_model_ends_at_the_deadline(
-    demo_bundle: BuildResult, trickle: Trickle, tmp_path: Path
-) -> None:
+def test_a_trickling_model_ends_at_the_deadline(trickling: tuple[InferenceConfig, Kit]) -> None:
     """A model server dripping its reply holds the call no longer than its deadline."""
-    config = InferenceConfig(ollama_url=trickle.url, timeout_s=30)
-    with opened(demo_bundle.out, tmp_path, config) as node:
-        kit = service_of(node.registry).kit("text")
+    config, kit = trickling
     deadline = time.monotonic() + 1.5
     with pytest.raises(DeadlineExceeded, match="ollama did not answer"):
         infer("say hi", kit, {}, config, lambda: max(0.0, deadline - time.monotonic()))
     assert time.monotonic() - deadline < 0.5
 
 
-def test_a_cancel_stops_waiting_for_the_model(
-    demo_bundle: BuildResult, trickle: Trickle, tmp_path: Path
-) -> None:
+def test_a_cancel_stops_waiting_for_the_model(trickling: tuple[InferenceConfig, Kit]) -> None:
     """The client's cancel ends a call waiting for a model at once, as ``cancelled``."""
-    config = InferenceConfig(ollama_url=trickle.url, timeout_s=30)
-    with opened(demo_bundle.out, tmp_path, config) as node:
-        kit = service_of(node.registry).kit("text")
+    config, kit = trickling
     cancel_at = time.monotonic() + 0.5
     with pytest.raises(CallCancelled, match="cancelled the call while ollama was asked"):
         infer("say hi", kit, {}, config, lambda: 60.0, lambda: time.monotonic() > cancel_at)
