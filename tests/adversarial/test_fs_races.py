@@ -17,6 +17,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -281,8 +282,13 @@ def test_canonical_under_churn_resolves_or_refuses(world: Path) -> None:
     refuses with ``not-found``; an ``OSError`` (an ``internal`` error) never comes out."""
     outcomes = {"resolved": 0, "refused": 0}
     codes: set[str] = set()
+    # Enough rounds to see the race (the old code raised within 3 s), bounded in time so
+    # that a resolver refusing everything fails below instead of looping.
+    give_up = time.monotonic() + 60
     with Swapper(world) as swapper:
-        while swapper.swaps < 4000 or outcomes["resolved"] < 4000:
+        while (swapper.swaps < 4000 or outcomes["resolved"] < 4000) and (
+            time.monotonic() < give_up
+        ):
             for name in ENTRIES:
                 for leaf in ("", "/f.txt", "/d/x"):
                     try:
