@@ -308,3 +308,23 @@ async def test_replayed_heartbeats_and_leaves_change_nothing(
     finally:
         await spy.close()
     assert "replayed or stale message from node 'node-c'" in pair["a"].log()
+
+
+async def test_a_2026_client_hears_changes_on_its_listen_stream(pair: dict[str, NodeProc]) -> None:
+    """A client of the 2026-07-28 protocol opens ``subscriptions/listen`` for tool list
+    changes; a killed node's tools going is an event on that stream."""
+    from mcp import Client
+
+    url = pair["a"].url
+    assert url is not None
+    async with Client(url, mode="2026-07-28") as client:
+        names = {t.name for t in (await client.list_tools()).tools}
+        assert names >= HOSTILE_TOOLS
+        async with client.listen(tools_list_changed=True) as events:
+            assert events.honored.tools_list_changed
+            pair["c"].kill()
+            with anyio.fail_after(10):
+                async for _event in events:
+                    names = {t.name for t in (await client.list_tools()).tools}
+                    if not names & HOSTILE_TOOLS:
+                        break

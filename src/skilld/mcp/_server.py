@@ -25,6 +25,13 @@ from mcp import types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions, Server
 from mcp.server.models import InitializationOptions
+from mcp.server.subscriptions import (
+    InMemorySubscriptionBus,
+    ListenHandler,
+    PromptsListChanged,
+    ResourcesListChanged,
+    ToolsListChanged,
+)
 from mcp.shared.exceptions import MCPError
 from mcp.shared.uri_template import InvalidUriTemplate, UriTemplate
 from pydantic import ValidationError
@@ -230,6 +237,7 @@ class McpService:
         self._sessions: weakref.WeakSet[Any] = weakref.WeakSet()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._notifying: set[asyncio.Task[None]] = set()
+        self._bus = InMemorySubscriptionBus()
         watch = getattr(dispatcher, "watch", None)
         self.server = self._build(changing=watch is not None)
         if watch is not None:
@@ -265,6 +273,8 @@ class McpService:
         task.add_done_callback(self._notifying.discard)
 
     async def _send_list_changed(self) -> None:
+        for event in (ToolsListChanged(), ResourcesListChanged(), PromptsListChanged()):
+            await self._bus.publish(event)
         for session in list(self._sessions):
             try:
                 await session.send_tool_list_changed()
@@ -296,6 +306,9 @@ class McpService:
             on_list_prompts=self._list_prompts,
             on_get_prompt=self._get_prompt,
             on_completion=self._complete,
+            # 2026-07-28 clients hear of changes only on a subscriptions/listen stream
+            # they open (handshake-era ones on their standalone stream, see _seen).
+            on_subscriptions_listen=ListenHandler(self._bus) if changing else None,
         )
         # Registered by hand: the constructor argument warns that the 2026-07-28
         # revision drops logging, but the handshake revisions clients speak today have it.
