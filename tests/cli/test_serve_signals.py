@@ -1,9 +1,12 @@
-"""SIGTERM drains a real `skilld serve` process: over Streamable HTTP and over SSE."""
+"""SIGTERM drains a real `skilld serve` process: over Streamable HTTP, SSE and stdio."""
 
 from __future__ import annotations
 
+import json
 import os
+import shlex
 import signal
+import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -11,12 +14,14 @@ from typing import Any
 
 import anyio
 import pytest
-from mcp import ClientSession, types
+from mcp import ClientSession, StdioServerParameters, types
 from mcp.client.sse import sse_client
+from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from serve_process import ServeProcess, build_ops_bundle
 
 from skilld.sandbox import Sandbox
+from tests_env import cache_dir
 
 pytestmark = pytest.mark.anyio
 
@@ -119,3 +124,99 @@ async def test_sigterm_answers_calls_in_flight_and_refuses_new_ones(
     assert outcomes[("conformance", "elicitation")]["outcome"] == "ok"
     assert outcomes[("echo", "echo")]["outcome"] == "draining"
     assert outcomes[("echo", "echo")]["refused"] is True
+
+
+def _serving_pid(marker: str) -> int:
+    """The pid of the ``skilld serve`` process whose command line holds ``marker``."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"serve" in argv and marker.encode() in b" ".join(argv) and b"-c" not in argv:
+            return int(entry.name)
+    raise AssertionError(f"no skilld serve process for {marker}")
+
+
+async def test_sigterm_drains_stdio(bundle: Path, tmp_path: Path) -> None:
+    """stdio: SIGTERM with a call in flight and the client still connected (stdin open).
+    The call is answered, a new one gets [unavailable], the server stops at once after
+    the drain without waiting for stdin, writes `stopped`, and exits 0."""
+    asked = anyio.Event()
+    answer = anyio.Event()
+
+    async def elicit(
+        context: Any, params: types.ElicitRequestParams
+    ) -> types.ElicitResult | types.ErrorData:
+        asked.set()
+        await answer.wait()
+        return types.ElicitResult(action="accept", content={"username": "u", "email": "e@x"})
+
+    audit, log, status = tmp_path / "audit.jsonl", tmp_path / "stderr.log", tmp_path / "exit"
+    serve = [
+        sys.executable,
+        "-m",
+        "skilld",
+        "serve",
+        "--bundle",
+        str(bundle),
+        "--transport",
+        "stdio",
+        "--state-dir",
+        str(tmp_path),
+        "--audit-log",
+        str(audit),
+        "--shutdown-grace",
+        "20",
+    ]
+    # A shell in between keeps the server's exit status for the test (the SDK reaps its
+    # own child); the server itself gets the signal.
+    params = StdioServerParameters(
+        command="/bin/sh",
+        args=["-c", f'{shlex.join(serve)}; echo $? > "{status}"'],
+        env={**os.environ, "SKILLD_CACHE": str(cache_dir())},
+    )
+    results: list[types.CallToolResult] = []
+    with anyio.fail_after(90), log.open("w") as errlog:
+        async with (
+            stdio_client(params, errlog=errlog) as (read, write),
+            ClientSession(read, write, elicitation_callback=elicit) as session,
+            anyio.create_task_group() as tg,
+        ):
+            await session.initialize()
+            await session.list_tools()
+
+            async def slow() -> None:
+                results.append(
+                    await session.call_tool("conformance/elicitation", {"message": "hold"})
+                )
+
+            tg.start_soon(slow)
+            await asked.wait()
+            os.kill(_serving_pid(str(tmp_path)), signal.SIGTERM)
+            while '"draining"' not in log.read_text():
+                await anyio.sleep(0.05)
+            refused = await session.call_tool("echo/echo", {"text": "late"})
+            assert refused.is_error
+            assert _text(refused).startswith("[unavailable]")
+            answer.set()
+            # The client keeps stdin open: the server must stop on its own.
+            while not status.exists() or not status.read_text().strip():
+                await anyio.sleep(0.05)
+            tg.cancel_scope.cancel()
+    assert status.read_text().strip() == "0", log.read_text()[-3000:]
+    (finished,) = results
+    assert not finished.is_error, _text(finished)
+    assert "action=accept" in _text(finished)
+    events = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    stopped = [e for e in events if e.get("event") == "stopped"]
+    assert stopped and stopped[0]["transport"] == "stdio" and stopped[0]["drained"] is True
+    outcomes = {
+        (r["skill"], r["method"]): r
+        for r in map(json.loads, audit.read_text().splitlines())
+        if r["event"] == "call"
+    }
+    assert outcomes[("conformance", "elicitation")]["outcome"] == "ok"
+    assert outcomes[("echo", "echo")]["outcome"] == "draining"

@@ -7,8 +7,8 @@ The whole API::
     serve(registry, ServeConfig(transport="http", host="0.0.0.0", port=8080,
                                 allowed_hosts=("skilld.internal:*",), token_file=path))
 
-``serve`` blocks until stdin closes (stdio) or SIGTERM/SIGINT (http, after the calls
-in flight finish). ``serve_async``, ``serve_http_async`` and ``serve_stdio_async`` are
+``serve`` blocks until stdin closes (stdio) or SIGTERM/SIGINT (either transport, after
+the calls in flight finish). ``serve_async``, ``serve_http_async`` and ``serve_stdio_async`` are
 the same inside a running event loop; ``serve_http_async`` reports an
 :class:`HttpServer` (port, url, ``stop()``) through ``task_status`` for ``tg.start``.
 

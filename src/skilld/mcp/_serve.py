@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import functools
 import gc
+import signal
 import socket
+import threading
 import time
 
 import anyio
@@ -14,16 +16,21 @@ from skilld.mcp._config import ServeConfig
 from skilld.mcp._logging import make_logger
 from skilld.mcp._metrics import Metrics
 from skilld.mcp._server import Logger, McpService
+from skilld.mcp._stdin import claimed_stdin
 from skilld.registry import Dispatcher
 
 
 async def serve_stdio_async(
     dispatcher: Dispatcher, config: ServeConfig, *, log: Logger | None = None
 ) -> None:
-    """Serve ``dispatcher`` to one client over stdin/stdout until stdin closes.
+    """Serve ``dispatcher`` to one client over stdin/stdout until stdin closes, or until
+    SIGTERM/SIGINT.
 
-    While serving, file descriptor 1 points at stderr (the SDK's stdio transport
-    does this), so nothing but protocol messages can reach stdout.
+    A signal drains as over HTTP: new calls are refused (``[unavailable] the server is
+    shutting down``), calls in flight run to their end within the grace and their
+    responses are written, then the server stops; a second signal ends the drain at once.
+    While serving, file descriptor 1 points at stderr (the SDK's stdio transport does
+    this) and fd 0 at ``/dev/null``, so nothing but protocol messages pass either way.
     """
     started = time.perf_counter()
     log = log or make_logger(config)
@@ -32,10 +39,52 @@ async def serve_stdio_async(
     log.info(
         "serving", transport="stdio", expose_ms=round((time.perf_counter() - started) * 1000, 2)
     )
-    async with stdio_server() as (read, write):
-        await server.run(read, write, server.create_initialization_options())
-    await service.drain(config.shutdown_grace_s)
-    log.info("stopped", transport="stdio")
+    drained: bool | None = None
+    with claimed_stdin() as lines:
+        async with (
+            stdio_server(stdin=lines) as (read, write),  # type: ignore[arg-type]
+            anyio.create_task_group() as tg,
+        ):
+            first, second = anyio.Event(), anyio.Event()
+            if threading.current_thread() is threading.main_thread():
+                tg.start_soon(_watch_signals, first, second)
+
+            async def drain_on_signal() -> None:
+                nonlocal drained
+                await first.wait()
+                with anyio.CancelScope() as draining:
+                    tg.start_soon(_cancel_on, second, draining)
+                    drained = await service.drain(config.shutdown_grace_s)
+                if drained is None:
+                    drained = False  # the second signal ended the drain
+                if lines is not None:
+                    # As if the client closed stdin: the server stops reading, and what
+                    # it still had to write (the last responses) is written first.
+                    lines.close()
+                else:
+                    tg.cancel_scope.cancel()
+
+            tg.start_soon(drain_on_signal)
+            await server.run(read, write, server.create_initialization_options())
+            tg.cancel_scope.cancel()  # stdin closed
+    if drained is None:
+        drained = await service.drain(config.shutdown_grace_s)
+    log.info("stopped", transport="stdio", drained=drained)
+
+
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+async def _watch_signals(first: anyio.Event, second: anyio.Event) -> None:
+    """Set ``first`` on the first SIGTERM or SIGINT, ``second`` on the next."""
+    with anyio.open_signal_receiver(*_SIGNALS) as signals:
+        async for _sig in signals:
+            (second if first.is_set() else first).set()
+
+
+async def _cancel_on(event: anyio.Event, scope: anyio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
 
 
 async def serve_async(
@@ -57,7 +106,7 @@ async def serve_async(
 def serve(
     dispatcher: Dispatcher, config: ServeConfig, *, sock: socket.socket | None = None
 ) -> None:
-    """Serve ``dispatcher`` until stdin closes (stdio) or SIGTERM/SIGINT (http).
+    """Serve ``dispatcher`` until stdin closes (stdio) or SIGTERM/SIGINT (both, drained).
 
     ``sock``: for http, a socket already bound (``skilld.mcp.bind``).
 
