@@ -58,6 +58,26 @@ def build_ops_bundle(sandbox: Sandbox, root: Path) -> Path:
     return bundle
 
 
+def serve_argv(bundle: Path, state: Path, transport: str, *extra: str) -> list[str]:
+    """``skilld serve`` of ``bundle`` over ``transport``, its state and audit log (in
+    ``audit.jsonl``) in ``state``."""
+    return [
+        sys.executable,
+        "-m",
+        "skilld",
+        "serve",
+        "--bundle",
+        str(bundle),
+        "--transport",
+        transport,
+        "--state-dir",
+        str(state),
+        "--audit-log",
+        str(state / "audit.jsonl"),
+        *extra,
+    ]
+
+
 class ServeProcess:
     """``skilld serve`` over HTTP on a free loopback port, with its log lines at hand."""
 
@@ -70,25 +90,8 @@ class ServeProcess:
         preexec: Callable[[], None] | None = None,
     ):
         self.audit_log = state / "audit.jsonl"
-        argv = [
-            sys.executable,
-            "-m",
-            "skilld",
-            "serve",
-            "--bundle",
-            str(bundle),
-            "--transport",
-            "http",
-            "--port",
-            "0",
-            "--state-dir",
-            str(state),
-            "--audit-log",
-            str(self.audit_log),
-            *extra,
-        ]
         self.proc = subprocess.Popen(
-            argv,
+            serve_argv(bundle, state, "http", "--port", "0", *extra),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,

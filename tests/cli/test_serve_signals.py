@@ -6,7 +6,6 @@ import json
 import os
 import shlex
 import signal
-import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -18,7 +17,7 @@ from mcp import ClientSession, StdioServerParameters, types
 from mcp.client.sse import sse_client
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
-from serve_process import ServeProcess, build_ops_bundle
+from serve_process import ServeProcess, build_ops_bundle, serve_argv
 
 from skilld.sandbox import Sandbox
 from tests_env import cache_dir
@@ -66,15 +65,9 @@ async def session_over(
         yield session
 
 
-def _text(result: types.CallToolResult) -> str:
-    return "".join(getattr(c, "text", "") for c in result.content)
-
-
-@pytest.mark.parametrize("transport", ["streamable-http", "sse"])
-async def test_sigterm_answers_calls_in_flight_and_refuses_new_ones(
-    server: ServeProcess, transport: str
-) -> None:
-    """SIGTERM with a call in flight: it is answered, a new call gets [unavailable], exit 0."""
+def held_elicitation() -> tuple[anyio.Event, anyio.Event, Any]:
+    """(asked, answer, callback): an elicitation callback that sets ``asked`` and accepts
+    once ``answer`` is set, holding the call in flight until then."""
     asked = anyio.Event()
     answer = anyio.Event()
 
@@ -84,6 +77,20 @@ async def test_sigterm_answers_calls_in_flight_and_refuses_new_ones(
         asked.set()
         await answer.wait()
         return types.ElicitResult(action="accept", content={"username": "u", "email": "e@x"})
+
+    return asked, answer, elicit
+
+
+def _text(result: types.CallToolResult) -> str:
+    return "".join(getattr(c, "text", "") for c in result.content)
+
+
+@pytest.mark.parametrize("transport", ["streamable-http", "sse"])
+async def test_sigterm_answers_calls_in_flight_and_refuses_new_ones(
+    server: ServeProcess, transport: str
+) -> None:
+    """SIGTERM with a call in flight: it is answered, a new call gets [unavailable], exit 0."""
+    asked, answer, elicit = held_elicitation()
 
     results: list[types.CallToolResult] = []
     with anyio.fail_after(90):
@@ -144,33 +151,10 @@ async def test_sigterm_drains_stdio(bundle: Path, tmp_path: Path) -> None:
     """stdio: SIGTERM with a call in flight and the client still connected (stdin open).
     The call is answered, a new one gets [unavailable], the server stops at once after
     the drain without waiting for stdin, writes `stopped`, and exits 0."""
-    asked = anyio.Event()
-    answer = anyio.Event()
-
-    async def elicit(
-        context: Any, params: types.ElicitRequestParams
-    ) -> types.ElicitResult | types.ErrorData:
-        asked.set()
-        await answer.wait()
-        return types.ElicitResult(action="accept", content={"username": "u", "email": "e@x"})
+    asked, answer, elicit = held_elicitation()
 
     audit, log, status = tmp_path / "audit.jsonl", tmp_path / "stderr.log", tmp_path / "exit"
-    serve = [
-        sys.executable,
-        "-m",
-        "skilld",
-        "serve",
-        "--bundle",
-        str(bundle),
-        "--transport",
-        "stdio",
-        "--state-dir",
-        str(tmp_path),
-        "--audit-log",
-        str(audit),
-        "--shutdown-grace",
-        "20",
-    ]
+    serve = serve_argv(bundle, tmp_path, "stdio", "--shutdown-grace", "20")
     # A shell in between keeps the server's exit status for the test (the SDK reaps its
     # own child); the server itself gets the signal.
     params = StdioServerParameters(
