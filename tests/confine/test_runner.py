@@ -575,3 +575,16 @@ def test_from_grants_refuses_port_ranges_too_wide() -> None:
     """A tcp grant of thousands of ports is refused rather than widened to the network."""
     with pytest.raises(ConfinementUnavailable, match="port"):
         from_grants([], [{"id": "t", "host": "*", "ports": [[1, 65535]]}])
+
+
+def test_a_fifo_where_a_program_was_expected_never_blocks_the_host(tmp_path: Path) -> None:
+    """The host reads a program's head (ELF loader, ``#!`` line) to know what to allow: a
+    FIFO or a device planted there is not opened for a read that would wait forever."""
+    from skilld.confine._runner import program_files
+
+    fifo = tmp_path / "tool"
+    os.mkfifo(fifo)
+    started = time.monotonic()
+    assert program_files(str(fifo)) == (str(fifo),)
+    assert program_files("/dev/zero") == ("/dev/zero",)
+    assert time.monotonic() - started < 5

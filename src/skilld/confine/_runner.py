@@ -19,6 +19,7 @@ import os
 import select
 import shutil
 import signal
+import stat
 import struct
 import subprocess
 import sys
@@ -27,7 +28,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, BinaryIO
 
 from skilld.confine import _trampoline as tr
 from skilld.errors import ConfinementUnavailable, ProgramNotStarted
@@ -207,10 +208,25 @@ def require(confinement: Confinement) -> int:
     return abi
 
 
+def _open_regular(path: str) -> BinaryIO:
+    """``path`` opened for reading, if it is a regular file: never blocks on a FIFO or a
+    device planted where a program was expected.
+
+    Raises:
+        OSError: it cannot be opened, or is not a regular file.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", path)
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
+
+
 def elf_interpreter(path: str) -> str | None:
     """The dynamic loader an ELF file names (``PT_INTERP``), or ``None`` (static, not ELF)."""
     try:
-        with open(path, "rb") as f:
+        with _open_regular(path) as f:
             head = f.read(64)
             if len(head) < 52 or head[:4] != b"\x7fELF":
                 return None
@@ -247,7 +263,7 @@ def _shebang(path: str, search: str) -> list[str]:
     """The programs a script's ``#!`` line runs: its interpreter and, for
     ``#!/usr/bin/env NAME``, NAME as found in ``search``."""
     try:
-        with open(path, "rb") as f:
+        with _open_regular(path) as f:
             line = f.readline(256)
     except OSError:
         return []
@@ -272,13 +288,30 @@ def program_files(program: str, search: str = os.defpath) -> tuple[str, ...]:
     out: list[str] = []
     todo: list[str] = [program]
     while todo and len(out) < 8:
-        path = os.path.realpath(todo.pop())
+        path = _real(todo.pop())
         if path in out:
             continue
         out.append(path)
         found = [elf_interpreter(path), *_shebang(path, search)]
         todo += [f for f in found if f and f.startswith("/")]
     return tuple(out)
+
+
+def _real(path: str) -> str:
+    """``os.path.realpath``, retried when a link changes under it (it lstat()s, then
+    readlink()s); a program path that keeps changing is not started.
+
+    Raises:
+        ProgramNotStarted: ``ENOENT``, the path kept changing.
+    """
+    for _ in range(8):
+        try:
+            return os.path.realpath(path)
+        except OSError:
+            continue
+    raise ProgramNotStarted(
+        f"program {path!r} kept changing while it was resolved", errno=errno.ENOENT, location=path
+    )
 
 
 def resolve_program(name: str, env: Mapping[str, str]) -> str:
