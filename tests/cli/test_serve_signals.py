@@ -17,6 +17,7 @@ from mcp import ClientSession, StdioServerParameters, types
 from mcp.client.sse import sse_client
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 from serve_process import ServeProcess, build_ops_bundle, serve_argv
 
 from skilld.sandbox import Sandbox
@@ -147,10 +148,12 @@ def _serving_pid(marker: str) -> int:
     raise AssertionError(f"no skilld serve process for {marker}")
 
 
-async def test_sigterm_drains_stdio(bundle: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("second_signal", [False, True], ids=["drained", "second-signal"])
+async def test_sigterm_drains_stdio(bundle: Path, tmp_path: Path, second_signal: bool) -> None:
     """stdio: SIGTERM with a call in flight and the client still connected (stdin open).
     The call is answered, a new one gets [unavailable], the server stops at once after
-    the drain without waiting for stdin, writes `stopped`, and exits 0."""
+    the drain without waiting for stdin, writes `stopped`, and exits 0. A second signal
+    ends the drain at once: the held call is not waited for."""
     asked, answer, elicit = held_elicitation()
 
     audit, log, status = tmp_path / "audit.jsonl", tmp_path / "stderr.log", tmp_path / "exit"
@@ -173,30 +176,41 @@ async def test_sigterm_drains_stdio(bundle: Path, tmp_path: Path) -> None:
             await session.list_tools()
 
             async def slow() -> None:
-                results.append(
-                    await session.call_tool("conformance/elicitation", {"message": "hold"})
-                )
+                try:
+                    results.append(
+                        await session.call_tool("conformance/elicitation", {"message": "hold"})
+                    )
+                except MCPError:
+                    assert second_signal  # cut by the second signal, never answered
 
             tg.start_soon(slow)
             await asked.wait()
-            os.kill(_serving_pid(str(tmp_path)), signal.SIGTERM)
+            pid = _serving_pid(str(tmp_path))
+            os.kill(pid, signal.SIGTERM)
             while '"draining"' not in log.read_text():
                 await anyio.sleep(0.05)
             refused = await session.call_tool("echo/echo", {"text": "late"})
             assert refused.is_error
             assert _text(refused).startswith("[unavailable]")
-            answer.set()
+            if second_signal:
+                os.kill(pid, signal.SIGTERM)
+            else:
+                answer.set()
             # The client keeps stdin open: the server must stop on its own.
-            while not status.exists() or not status.read_text().strip():
-                await anyio.sleep(0.05)
+            with anyio.fail_after(10):
+                while not status.exists() or not status.read_text().strip():
+                    await anyio.sleep(0.05)
             tg.cancel_scope.cancel()
     assert status.read_text().strip() == "0", log.read_text()[-3000:]
+    events = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    stopped = [e for e in events if e.get("event") == "stopped"]
+    assert stopped and stopped[0]["transport"] == "stdio"
+    assert stopped[0]["drained"] is not second_signal
+    if second_signal:
+        return
     (finished,) = results
     assert not finished.is_error, _text(finished)
     assert "action=accept" in _text(finished)
-    events = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
-    stopped = [e for e in events if e.get("event") == "stopped"]
-    assert stopped and stopped[0]["transport"] == "stdio" and stopped[0]["drained"] is True
     outcomes = {
         (r["skill"], r["method"]): r
         for r in map(json.loads, audit.read_text().splitlines())
