@@ -10,9 +10,7 @@ from pathlib import Path
 
 import httpx2
 import pytest
-from serve_process import ServeProcess, build_ops_bundle
-
-from skilld.sandbox import Sandbox
+from serve_process import ServeProcess
 
 LIMIT = 256
 CROWD = 1000
@@ -22,16 +20,10 @@ def _low_fd_limit() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (LIMIT, LIMIT))
 
 
-@pytest.fixture(scope="module")
-def bundle(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The operations bundle, built once for this module."""
-    return build_ops_bundle(sandbox, tmp_path_factory.mktemp("conns"))
-
-
 @pytest.fixture
-def server(bundle: Path, tmp_path: Path) -> Iterator[ServeProcess]:
+def server(ops_bundle: Path, tmp_path: Path) -> Iterator[ServeProcess]:
     """A server limited to 256 descriptors (ulimit -n 256)."""
-    proc = ServeProcess(bundle, tmp_path, preexec=_low_fd_limit)
+    proc = ServeProcess(ops_bundle, tmp_path, preexec=_low_fd_limit)
     try:
         yield proc
     finally:

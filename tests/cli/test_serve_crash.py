@@ -16,9 +16,7 @@ import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
-from serve_process import ServeProcess, build_ops_bundle
-
-from skilld.sandbox import Sandbox
+from serve_process import ServeProcess
 
 pytestmark = pytest.mark.anyio
 
@@ -29,16 +27,10 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-@pytest.fixture(scope="module")
-def bundle(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The operations bundle, built once for this module."""
-    return build_ops_bundle(sandbox, tmp_path_factory.mktemp("crash"))
-
-
 @pytest.fixture
-def server(bundle: Path, tmp_path: Path) -> Iterator[ServeProcess]:
+def server(ops_bundle: Path, tmp_path: Path) -> Iterator[ServeProcess]:
     """A fresh server, killed if a test leaves it running."""
-    proc = ServeProcess(bundle, tmp_path)
+    proc = ServeProcess(ops_bundle, tmp_path)
     try:
         yield proc
     finally:

@@ -18,9 +18,8 @@ from mcp.client.sse import sse_client
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
-from serve_process import ServeProcess, build_ops_bundle, serve_argv
+from serve_process import ServeProcess, serve_argv
 
-from skilld.sandbox import Sandbox
 from tests_env import cache_dir
 
 pytestmark = pytest.mark.anyio
@@ -32,16 +31,10 @@ def anyio_backend() -> str:
     return "asyncio"
 
 
-@pytest.fixture(scope="module")
-def bundle(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The operations bundle, built once for this module."""
-    return build_ops_bundle(sandbox, tmp_path_factory.mktemp("signals"))
-
-
 @pytest.fixture
-def server(bundle: Path, tmp_path: Path) -> Iterator[ServeProcess]:
+def server(ops_bundle: Path, tmp_path: Path) -> Iterator[ServeProcess]:
     """A fresh server with a 20 s grace, killed if a test leaves it running."""
-    proc = ServeProcess(bundle, tmp_path, extra=["--shutdown-grace", "20"])
+    proc = ServeProcess(ops_bundle, tmp_path, extra=["--shutdown-grace", "20"])
     try:
         yield proc
     finally:
@@ -149,7 +142,7 @@ def _serving_pid(marker: str) -> int:
 
 
 @pytest.mark.parametrize("second_signal", [False, True], ids=["drained", "second-signal"])
-async def test_sigterm_drains_stdio(bundle: Path, tmp_path: Path, second_signal: bool) -> None:
+async def test_sigterm_drains_stdio(ops_bundle: Path, tmp_path: Path, second_signal: bool) -> None:
     """stdio: SIGTERM with a call in flight and the client still connected (stdin open).
     The call is answered, a new one gets [unavailable], the server stops at once after
     the drain without waiting for stdin, writes `stopped`, and exits 0. A second signal
@@ -157,7 +150,7 @@ async def test_sigterm_drains_stdio(bundle: Path, tmp_path: Path, second_signal:
     asked, answer, elicit = held_elicitation()
 
     audit, log, status = tmp_path / "audit.jsonl", tmp_path / "stderr.log", tmp_path / "exit"
-    serve = serve_argv(bundle, tmp_path, "stdio", "--shutdown-grace", "20")
+    serve = serve_argv(ops_bundle, tmp_path, "stdio", "--shutdown-grace", "20")
     # A shell in between keeps the server's exit status for the test (the SDK reaps its
     # own child); the server itself gets the signal.
     params = StdioServerParameters(
