@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -68,3 +70,23 @@ def demo_bundle(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> o
     from tests_bundle_util import build
 
     return build(sandbox, tmp_path_factory.mktemp("demo") / "bundle")
+
+
+@pytest.fixture
+def listener() -> Iterator[int]:
+    """A TCP listener on 127.0.0.1 that accepts and closes; yields its port."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield srv.getsockname()[1]
+    srv.close()

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import os
-import socket
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,26 +15,6 @@ from skilld.permissions import SkillPermissions
 from skilld.registry import NullChannel
 from skilld.sandbox import CallContext
 from skilld.sandbox.abi import shell
-
-
-@pytest.fixture
-def listener() -> Iterator[int]:
-    """A TCP listener on 127.0.0.1 that accepts and closes; yields its port."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(8)
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                return
-            conn.close()
-
-    threading.Thread(target=serve, daemon=True).start()
-    yield srv.getsockname()[1]
-    srv.close()
 
 
 def context(tmp_path: Path, policy: str, deadline: float | None = None) -> CallContext:

@@ -261,6 +261,20 @@ async def test_a_corrupted_transfer_leaves_no_file(
         again = await nc.request(subject, body, timeout=5, headers=begin_headers)
         error = json.loads(again.data)["error"]
         assert error["code"] == "not-permitted" and "replayed" in error["message"], error
+        # A request node-a signed for another node, sent to node-b, is refused there.
+        elsewhere = canonical_json({**doc, "to": "node-z", "id": "u" * 24})
+        stamp2 = f"{time.time_ns()}.1"
+        sig2 = base64.b64encode(
+            member.sign(b"skilld-cluster-transfer-v1\0" + stamp2.encode() + b"\0" + elsewhere)
+        ).decode()
+        misaddressed = await nc.request(
+            subject,
+            elsewhere,
+            timeout=5,
+            headers={**begin_headers, "Skilld-Sig": sig2, "Skilld-Stamp": stamp2},
+        )
+        error = json.loads(misaddressed.data)["error"]
+        assert error["code"] == "not-permitted" and "not to this node" in error["message"], error
     finally:
         await nc.close()
     assert set(dirs["b-in"].iterdir()) == before  # neither the file nor a temporary one

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -391,27 +391,6 @@ def test_fork_bomb_is_contained_and_the_next_call_answers() -> None:
 
 
 # -- network -----------------------------------------------------------------
-
-
-@pytest.fixture
-def listener() -> Iterator[int]:
-    """A TCP listener on 127.0.0.1 that accepts and closes; yields its port."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(8)
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                return
-            conn.close()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield srv.getsockname()[1]
-    srv.close()
 
 
 def connect(port: int, confinement: Confinement) -> ProcessResult:

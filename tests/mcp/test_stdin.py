@@ -58,14 +58,16 @@ def test_close_ends_a_waiting_read() -> None:
 
     async def main() -> list[str]:
         got: list[str] = []
-        async with anyio.create_task_group() as tg:
+        # A close that did not end the wait would hang the task group: fail instead.
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
 
-            async def consume() -> None:
-                got.extend([line async for line in lines])
+                async def consume() -> None:
+                    got.extend([line async for line in lines])
 
-            tg.start_soon(consume)
-            await anyio.sleep(0.2)
-            lines.close()
+                tg.start_soon(consume)
+                await anyio.sleep(0.2)
+                lines.close()
         return got
 
     started = time.monotonic()
