@@ -15,7 +15,9 @@ The argv check is the first wall; the kernel is the second. The command runs
 through :func:`skilld.confine.run`: Landlock confines it to the skill's fs grants
 (read-only and read-write directories; a glob grant gives its directory prefix, and
 the argv check keeps the glob's precision) plus its own binary and libraries, with
-no network unless the skill has tcp grants (then only their ports), in its own PID
+no network unless the skill has tcp grants (then only their ports) or http grants
+(then only the port of a local egress proxy that asks the http tables, see
+``sandbox/_egress.py``: its ``HTTP_PROXY`` and ``HTTPS_PROXY`` are set), in its own PID
 namespace, without privileges, under rlimits. A path argument that a symlink sends
 elsewhere between the check and the program's ``open`` reaches nothing outside the
 grants. Where the kernel cannot confine the command it is refused (``unavailable``),
@@ -45,6 +47,7 @@ from typing import Any
 from skilld import confine
 from skilld.confine import Confinement, from_grants
 from skilld.errors import ConfinementUnavailable, HostCallError, ProgramNotStarted
+from skilld.sandbox import _egress as egress
 from skilld.sandbox._context import CallContext
 from skilld.sandbox.abi import Functions, decide, rule_settings
 from skilld.sandbox.abi.fs import canonical
@@ -177,17 +180,20 @@ def run(ctx: CallContext, cmd: dict[str, object]) -> dict[str, object]:
     seconds = min(timeout_ms / 1000, ctx.remaining())
     stdin = cmd.get("stdin")
     data = bytes(stdin) if isinstance(stdin, (bytes, bytearray, list)) else b""
+    deadline = time.monotonic() + seconds
+    walls, env = _confinement(ctx, rule, cwd), _environment(rule)
     try:
-        result = confine.run(
-            argv,
-            confinement=_confinement(ctx, rule, cwd),
-            deadline=time.monotonic() + seconds,
-            cwd=cwd,
-            env=_environment(rule),
-            stdin=data,
-            output_cap=int(rule.get("output_bytes") or OUTPUT_CAP),
-            cancelled=ctx.channel.cancelled,
-        )
+        with egress.route(ctx, walls, env, deadline) as (walls, env):
+            result = confine.run(
+                argv,
+                confinement=walls,
+                deadline=deadline,
+                cwd=cwd,
+                env=env,
+                stdin=data,
+                output_cap=int(rule.get("output_bytes") or OUTPUT_CAP),
+                cancelled=ctx.channel.cancelled,
+            )
     except ConfinementUnavailable as exc:
         raise HostCallError(
             "unavailable", f"shell.run {argv[0]} refused: {exc}", rule=decision.rule
