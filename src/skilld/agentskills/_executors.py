@@ -10,7 +10,9 @@ component has no sockets; its memory cap and deadline are the sandbox's.
 ``skilld.confine``: Landlock allows reading the skill directory, its baked environment
 and the system's libraries, writing only the workspace (its ``TMPDIR`` and ``HOME``)
 and the ``rw`` grants, executing only the interpreter and the programs its shell
-grants name; no network unless tcp is granted; ``no_new_privs``; rlimits; the
+grants name; no network unless tcp is granted (then its ports), or http (then only the
+port of a local egress proxy that asks the http tables, named by ``HTTP_PROXY`` and
+``HTTPS_PROXY``: ``sandbox/_egress.py``); ``no_new_privs``; rlimits; the
 environment cleared to an allowlist; the whole process tree killed at the deadline.
 Where the kernel cannot do all of that, nothing runs
 (:class:`~skilld.errors.ConfinementUnavailable`).
@@ -34,7 +36,7 @@ from skilld.agentskills._backend import ScriptRun
 from skilld.confine import ProgramNotStarted, ResourceLimits, from_grants, run
 from skilld.errors import CallCancelled, DeadlineExceeded, GuestError
 from skilld.policy import _patterns as patterns
-from skilld.sandbox import CallContext
+from skilld.sandbox import CallContext, egress_route
 from skilld.types import CallOutput, Decision, Limits
 
 # Each of stdout and stderr keeps this much; the rest is read and dropped.
@@ -283,16 +285,17 @@ class NativeExecutor:
         }
         env.update({k: os.environ[k] for k in _ENV_KEEP if k in os.environ})
         try:
-            done = run(
-                [*command, *argv],
-                confinement=confinement,
-                deadline=_deadline(ctx),
-                cwd=str(workspace),
-                env=env,
-                stdin=stdin,
-                output_cap=OUTPUT_CAP,
-                cancelled=ctx.channel.cancelled,
-            )
+            with egress_route(ctx, confinement, env, _deadline(ctx)) as (confinement, env):
+                done = run(
+                    [*command, *argv],
+                    confinement=confinement,
+                    deadline=_deadline(ctx),
+                    cwd=str(workspace),
+                    env=env,
+                    stdin=stdin,
+                    output_cap=OUTPUT_CAP,
+                    cancelled=ctx.channel.cancelled,
+                )
         except ProgramNotStarted as exc:
             raise GuestError("unavailable", f"'{script}' could not be started: {exc}") from exc
         if done.cancelled:

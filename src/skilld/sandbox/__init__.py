@@ -4,6 +4,7 @@ Only this package imports ``wasmtime``; its errors become skilld's here.
 """
 
 from skilld.sandbox._context import CallContext
+from skilld.sandbox._egress import route as egress_route
 from skilld.sandbox._engine import Engine, engine_fingerprint
 from skilld.sandbox._host import INTERFACES
 from skilld.sandbox._native import NativeCache, load_native, write_native
@@ -16,6 +17,7 @@ __all__ = [
     "Engine",
     "NativeCache",
     "Sandbox",
+    "egress_route",
     "engine_fingerprint",
     "load_native",
     "write_native",

@@ -79,6 +79,9 @@ MAX_CONNECTIONS = 16
 # What a TLS handshake may bring back through a tunnel beyond the body cap.
 TUNNEL_SLACK = 64 * 1024
 _CHUNK = 64 * 1024
+# After a refusal, how long and how much of what the client still sends is read.
+_DRAIN_S = 1.0
+_DRAIN_BYTES = 1 << 20
 # How many ports to try when the first one chosen is also in use on another address.
 _PORT_TRIES = 8
 
@@ -297,6 +300,19 @@ def _listening_elsewhere(port: int, own: str) -> bool:
     return False
 
 
+def _drain(sock: socket.socket) -> None:
+    """Read what the client still sends, for a moment, before closing: closing with
+    unread bytes resets the connection, and the client might lose the answer."""
+    end = time.monotonic() + _DRAIN_S
+    left = _DRAIN_BYTES
+    while left > 0 and (wait := end - time.monotonic()) > 0:
+        socket.socket.settimeout(sock, wait)
+        data = socket.socket.recv(sock, _CHUNK)
+        if not data:
+            return
+        left -= len(data)
+
+
 class EgressProxy:
     """The forward proxy of one command (see the module docstring); a context manager.
 
@@ -430,6 +446,8 @@ class EgressProxy:
         sent[0] = True
         with suppress(OSError, HostCallError):
             sock.sendall(head + body)
+            sock.shutdown(socket.SHUT_WR)
+            _drain(sock)
 
     def _bad_request(self, reader_error: _Answer, shown: str) -> _Answer:
         self._ctx.record(
