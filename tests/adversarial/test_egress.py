@@ -16,7 +16,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +26,18 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from skilld import agentskills
 from skilld.errors import HostCallError
 from skilld.permissions import SkillPermissions
-from skilld.registry import NullChannel
+from skilld.policy import compile_policies
+from skilld.registry import NullChannel, Registry, SkillEntry
 from skilld.sandbox import CallContext
-from skilld.sandbox._egress import BAD_REQUEST, EgressProxy
+from skilld.sandbox._egress import BAD_REQUEST, EgressProxy, _listening_elsewhere
 from skilld.sandbox.abi import shell
-from skilld.types import Decision
+from skilld.types import Decision, Limits
 
 CURL = "/usr/bin/curl"
 CAP = 1000
@@ -188,6 +192,11 @@ def policy(http: str, extra: str = "") -> str:
 def curl(ctx: CallContext, *args: str) -> dict[str, Any]:
     """``curl -sS -i ARGS`` through ``shell.run`` (the proxy from its environment)."""
     return dict(shell.run(ctx, {"argv": [CURL, "-sS", "-i", "--max-time", "20", *args]}))
+
+
+def audited(ctx: CallContext) -> int:
+    """How many decisions the call took (those past the record's cap are counted)."""
+    return len(ctx.decisions) + sum(ctx.decisions_beyond.values())
 
 
 def http_decisions(ctx: CallContext) -> list[Decision]:
@@ -435,3 +444,203 @@ def test_chunked_request_body_is_reframed(proxy: tuple[EgressProxy, CallContext]
     answer = exchange(running.port, request)
     assert answer.startswith(b"HTTP/1.1 200"), answer
     assert answer.endswith(f"POST /echo 127.0.0.1:{web} abc".encode()), answer
+
+
+# -- a native Agent Skill script (Python urllib), allowed-tools: WebFetch ------------
+
+FETCH = """\
+import socket, ssl, sys, urllib.error, urllib.request
+
+cafile, port = sys.argv[1], int(sys.argv[2])
+tls = ssl.create_default_context(cafile=cafile)
+for url in sys.argv[3:]:
+    method = "POST" if url.startswith("POST ") else "GET"
+    url = url.removeprefix("POST ")
+    data = b"x" if method == "POST" else None
+    try:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, data=data, method=method), timeout=10, context=tls
+        ) as answer:
+            print(answer.status, answer.read().decode())
+    except urllib.error.HTTPError as exc:
+        print(exc.code, exc.read().decode().strip())
+    except OSError as exc:
+        print("ERROR", exc)
+try:
+    socket.create_connection(("127.0.0.1", port), timeout=5)
+    print("DIRECT connected")
+except OSError as exc:
+    print("DIRECT refused", exc.errno)
+"""
+
+
+class ListSink:
+    """Audit records kept in memory."""
+
+    def __init__(self) -> None:
+        self.records: list[Mapping[str, Any]] = []
+
+    def emit(self, record: Mapping[str, Any]) -> None:
+        """Keep one record."""
+        self.records.append(record)
+
+
+def test_native_script_with_webfetch_reaches_its_urls_only(
+    tmp_path: Path, web: int, tls: tuple[int, Path]
+) -> None:
+    """A Python script of an Agent Skill whose ``allowed-tools: WebFetch`` maps to the
+    policy's URLs (GET only): urllib reaches the plain and the TLS URL through the
+    proxy, a POST and another URL get 403 naming the rule, a direct connection is
+    refused by the kernel, and the call's audit record holds every decision."""
+    tls_port, ca = tls
+    skill = tmp_path / "fetcher"
+    (skill / "scripts").mkdir(parents=True)
+    (skill / "SKILL.md").write_text(
+        "---\nname: fetcher\ndescription: Fetches pages. Test use only.\n"
+        "allowed-tools: WebFetch\n---\n\n# Fetcher\n"
+    )
+    (skill / "scripts" / "fetch.py").write_text(FETCH)
+    methods = "[GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS]"
+    grants = (
+        f"http:\n  - id: web\n    url: http://127.0.0.1:{web}/pub/\n    methods: {methods}\n"
+        f"  - id: tls\n    url: https://127.0.0.1:{tls_port}/\n    methods: {methods}\n"
+        f"fs:\n  - path: {ca.parent}\n"
+    )
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    (policies / "fetcher.yaml").write_text(grants)
+    source = agentskills.read_source(skill)
+    granted = compile_policies(policies).tables.skill("fetcher")
+    needs = agentskills.tools_to_needs(source.md.allowed_tools, granted).needs
+    needs = {**needs, "fs": [{"path": str(ca.parent), "mode": "ro"}]}
+    result = compile_policies(policies, {"fetcher": needs})
+    assert not result.problems, result.problems
+    table = result.tables.skill("fetcher")
+    spec = agentskills.describe(source.md, "0.0.0", source.files)
+    limits = Limits(timeout_ms=20_000, memory_bytes=256 << 20)
+    backend = agentskills.open_backend(
+        spec, skill, None, "native", {"interpreters": ("python",)}, table, limits
+    )
+    sink = ListSink()
+    registry = Registry(audit=sink)
+    checker = SkillPermissions.from_tables(result.tables, "fetcher")
+    registry.add(SkillEntry(spec=spec, component=backend, limits=limits, checker=checker))
+    urls = [
+        f"http://127.0.0.1:{web}/pub/a",
+        f"POST http://127.0.0.1:{web}/pub/a",
+        f"http://127.0.0.1:{web}/other",
+        f"https://127.0.0.1:{tls_port}/b",
+    ]
+    out = registry.call_method(
+        "fetcher",
+        "run_script",
+        {"script": "scripts/fetch.py", "args": [str(ca), str(web), *urls]},
+    ).value
+    lines = out["stdout"].splitlines()
+    assert lines[0] == f"200 GET /pub/a 127.0.0.1:{web}", out
+    assert lines[1].startswith("403 skilld egress: http.POST"), out
+    assert lines[1].endswith("(fetcher.web)"), out
+    assert lines[2].startswith("403 skilld egress: http.GET"), out
+    # GET only (WebFetch): a tunnel, which could carry any method, is refused.
+    assert lines[3].startswith("ERROR") and "403" in lines[3], out
+    assert lines[4].startswith("DIRECT refused"), out
+    record = sink.records[-1]
+    shown = [(d["allowed"], d["action"]) for d in record["decisions"] if d["capability"] == "http"]
+    assert shown == [
+        (True, "GET"),
+        (True, "address"),
+        (False, "POST"),
+        (False, "GET"),
+        (False, "CONNECT"),
+    ]
+
+
+# -- hostile input, generated -----------------------------------------------------------
+
+_ANSWERS = (b"HTTP/1.1 400 ", b"HTTP/1.1 403 ", b"HTTP/1.1 413 ", b"HTTP/1.1 200 ")
+
+
+@settings(
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.binary(max_size=3000))
+def test_random_bytes_get_a_clean_400(proxy: tuple[EgressProxy, CallContext], data: bytes) -> None:
+    """Whatever bytes a script sends, the proxy answers 400 in one line, audits the
+    refusal and has no fault of its own."""
+    running, ctx = proxy
+    before = audited(ctx)
+    answer = exchange(running.port, data)
+    assert answer.startswith(b"HTTP/1.1 400 Bad Request\r\n"), answer[:200]
+    assert audited(ctx) == before + 1
+    assert ctx.host_faults == []
+
+
+_TOKEN = st.text("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ-_", min_size=1, max_size=12)
+_HEADER_NAME = st.one_of(
+    st.sampled_from(["Content-Length", "Transfer-Encoding", "Host", "Connection", "Expect"]),
+    _TOKEN,
+    st.binary(max_size=20).map(lambda b: b.decode("latin-1")),
+)
+_HEADER_VALUE = st.one_of(
+    st.sampled_from(["0", "3", "chunked", "close", "100-continue", "-1", "1e3", " 3", "3 "]),
+    st.binary(max_size=40).map(lambda b: b.decode("latin-1")),
+)
+
+
+@settings(
+    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    method=st.sampled_from(["GET", "POST", "HEAD", "CONNECT", "get", "DELETE", "BREW"]),
+    path=st.sampled_from(["/pub/x", "/", "/../x", "/%2e%2e/x", "?a", "/x\x00"]),
+    version=st.sampled_from(["HTTP/1.1", "HTTP/1.0", "HTTP/1.2", "HTTP/2", ""]),
+    headers=st.lists(st.tuples(_HEADER_NAME, _HEADER_VALUE), max_size=6),
+    body=st.binary(max_size=64),
+    end=st.sampled_from(["\r\n", "\n"]),
+)
+def test_hostile_requests_end_cleanly(
+    proxy: tuple[EgressProxy, CallContext],
+    web: int,
+    method: str,
+    path: str,
+    version: str,
+    headers: list[tuple[str, str]],
+    body: bytes,
+    end: str,
+) -> None:
+    """Near-valid requests with hostile methods, targets, versions, header names and
+    values and line ends: every one gets one answer (400, 403, 413 or the upstream's
+    200), never a hang or a fault of the proxy; each leaves a decision."""
+    running, ctx = proxy
+    before = audited(ctx)
+    target = f"127.0.0.1:{web}" if method == "CONNECT" else f"http://127.0.0.1:{web}{path}"
+    head = f"{method} {target} {version}{end}" + "".join(f"{k}: {v}{end}" for k, v in headers)
+    answer = exchange(running.port, (head + end).encode("latin-1") + body)
+    assert answer.startswith(_ANSWERS), answer[:300]
+    assert audited(ctx) > before
+    assert ctx.host_faults == []
+
+
+def test_request_for_the_proxy_itself_is_refused(tmp_path: Path) -> None:
+    """A request naming the proxy's own port (a loop through it) is refused with 403,
+    even when the grant names the address and every port."""
+    ctx = context(tmp_path, policy("  - url: http://127.0.0.1:1-65535/\n"))
+    assert ctx.deadline is not None
+    with EgressProxy(ctx, ctx.deadline) as running:
+        answer = exchange(
+            running.port, f"GET http://127.0.0.1:{running.port}/ HTTP/1.1\r\n\r\n".encode()
+        )
+    assert answer.startswith(b"HTTP/1.1 403"), answer
+    assert answer.endswith(b"a request for the egress proxy itself (egress.self)\n")
+
+
+def test_port_in_use_on_another_address_is_not_taken() -> None:
+    """A port some other socket listens on (another local address) is seen as taken, so
+    the Landlock port rule of the proxy never opens another service."""
+    other = socket.create_server(("127.0.0.2", 0))
+    try:
+        port = other.getsockname()[1]
+        assert _listening_elsewhere(port, "0100007F")
+        assert not _listening_elsewhere(port, "0200007F")
+    finally:
+        other.close()
