@@ -55,7 +55,6 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from skilld.confine import Confinement
@@ -74,18 +73,20 @@ MAX_LINE = 8 * 1024
 MAX_HEAD = 64 * 1024
 MAX_HEADERS = 100
 MAX_REQUEST_BODY = MAX_BODY
-# Connections served at once; more are answered 503 at once.
-MAX_CONNECTIONS = 16
+# Connections served at once; more are answered 503 at once. Each holds at most one
+# request body (MAX_REQUEST_BODY) in memory: 64 MiB for a command at worst.
+MAX_CONNECTIONS = 8
 # What a TLS handshake may bring back through a tunnel beyond the body cap.
 TUNNEL_SLACK = 64 * 1024
 _CHUNK = 64 * 1024
 # After a refusal, how long and how much of what the client still sends is read.
 _DRAIN_S = 1.0
 _DRAIN_BYTES = 1 << 20
-# How many ports to try when the first one chosen is also in use on another address.
+# How many ports to try when the one found free is taken before the proxy binds it.
 _PORT_TRIES = 8
 
 _REQUEST_LINE = re.compile(rb"([A-Z]{1,16}) ([\x21-\x7e]{1,8000}) HTTP/1\.([01])\r\n")
+_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _HEADER = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*([\x20-\x7e\x80-\xff\t]*?)[ \t]*\r\n")
 _AUTHORITY = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._~%!$&'()*+,;=-]+):([0-9]{1,5})")
 _CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,8})(?:[ \t]*;[\x20-\x7e\t]*)?\r\n")
@@ -285,19 +286,25 @@ def _printable(text: str, limit: int = 200) -> str:
     return shown if len(shown) <= limit else shown[:limit] + "..."
 
 
-def _listening_elsewhere(port: int, own: str) -> bool:
-    """True when another socket listens on ``port`` (any address but ``own``, e.g. a
-    service on the host's LAN address): a Landlock rule names a port, not an address,
-    so the command could reach that service too. ``/proc/net/tcp*``, state 0A."""
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with suppress(OSError):
-            for row in Path(table).read_text().splitlines()[1:]:
-                fields = row.split()
-                local, state = fields[1], fields[3]
-                address, _, hexport = local.partition(":")
-                if state == "0A" and int(hexport, 16) == port and address != own:
-                    return True
-    return False
+def _unused_port() -> int:
+    """A port no socket is bound to on any local address, IPv4 or IPv6, right now.
+
+    A Landlock rule names a port, not an address: were a service listening on the
+    proxy's port on another local address (the host's LAN address, a bridge), the
+    command could reach it. A wildcard bind conflicts with every bind of its port, so
+    the port the kernel picks for it is free everywhere.
+    """
+    try:
+        guard = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        guard.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        where: tuple[str, int] = ("::", 0)
+    except OSError:  # no IPv6 here: IPv4's wildcard covers what can be reached
+        guard = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        where = ("0.0.0.0", 0)  # noqa: S104 - bound, never listened on
+    with guard:
+        guard.bind(where)
+        port: int = guard.getsockname()[1]
+    return port
 
 
 def _drain(sock: socket.socket) -> None:
@@ -337,17 +344,18 @@ class EgressProxy:
 
     @staticmethod
     def _bind() -> socket.socket:
+        """A listener on 127.0.0.1, on a port that was free on every address."""
         for _ in range(_PORT_TRIES):
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             try:
-                sock.bind(("127.0.0.1", 0))
-                sock.listen(MAX_CONNECTIONS)
-            except OSError:
+                sock.bind(("127.0.0.1", _unused_port()))
+            except OSError as exc:
                 sock.close()
+                if exc.errno == errno.EADDRINUSE:  # taken in between: another one
+                    continue
                 raise
-            if not _listening_elsewhere(sock.getsockname()[1], "0100007F"):
-                return sock
-            sock.close()
+            sock.listen(MAX_CONNECTIONS)
+            return sock
         raise HostCallError(
             "unavailable", f"no free port for the egress proxy after {_PORT_TRIES} tries"
         )
@@ -548,7 +556,11 @@ class EgressProxy:
         headers = [
             (k, v)
             for k, v in resp.getheaders()
-            if k.lower() not in _HOP and k.lower() not in listed and "\r" not in v and "\n" not in v
+            if k.lower() not in _HOP
+            and k.lower() not in listed
+            and _NAME.fullmatch(k)
+            and "\r" not in v
+            and "\n" not in v
         ]
         bodiless = req.method == "HEAD" or resp.status in (204, 304)
         length = resp.length
