@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import http.server
+import importlib.util
 import ipaddress
 import socket
 import ssl
@@ -650,3 +651,27 @@ def test_proxy_port_is_free_on_every_address(tmp_path: Path) -> None:
     finally:
         for sock in held:
             sock.close()
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("skilld.confine._seccomp") is None,
+    reason="UDP is refused by the seccomp layer (issue 19, item 2), merged on its own branch",
+)
+def test_udp_stays_refused_beside_the_proxy(tmp_path: Path) -> None:
+    """A command routed through the proxy shares the host's network for its one TCP
+    port; a UDP datagram (DNS exfiltration, say) still reaches nobody."""
+    receiver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    receiver.bind(("127.0.0.1", 0))
+    receiver.setblocking(False)
+    port = receiver.getsockname()[1]
+    script = f"echo leak > /dev/udp/127.0.0.1/{port}"
+    rules = "  - url: http://api.example.com/\n"
+    ctx = context(
+        tmp_path, policy(rules, f"  - program: /bin/bash\n    args: ['-c', '{script}']\n")
+    )
+    try:
+        shell.run(ctx, {"argv": ["/bin/bash", "-c", script]})
+        with pytest.raises(BlockingIOError):
+            receiver.recv(100)  # loopback delivers before sendto returns
+    finally:
+        receiver.close()
