@@ -293,24 +293,25 @@ def _unused_port() -> int:
     proxy's port on another local address (the host's LAN address, a bridge), the
     command could reach it. A wildcard bind conflicts with every bind of its port, so
     the port the kernel picks for it is free everywhere.
+
+    Raises:
+        OSError: no port could be bound at all.
     """
     try:
-        guard = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-        guard.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        where: tuple[str, int] = ("::", 0)
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as guard:
+            guard.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            guard.bind(("::", 0))
+            return int(guard.getsockname()[1])
     except OSError:  # no IPv6 here: IPv4's wildcard covers what can be reached
-        guard = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        where = ("0.0.0.0", 0)  # noqa: S104 - bound, never listened on
-    with guard:
-        guard.bind(where)
-        port: int = guard.getsockname()[1]
-    return port
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as guard:
+            guard.bind(("0.0.0.0", 0))  # noqa: S104 - bound, never listened on
+            return int(guard.getsockname()[1])
 
 
-def _drain(sock: socket.socket) -> None:
+def _drain(sock: socket.socket, until: float) -> None:
     """Read what the client still sends, for a moment, before closing: closing with
     unread bytes resets the connection, and the client might lose the answer."""
-    end = time.monotonic() + _DRAIN_S
+    end = min(time.monotonic() + _DRAIN_S, until)
     left = _DRAIN_BYTES
     while left > 0 and (wait := end - time.monotonic()) > 0:
         socket.socket.settimeout(sock, wait)
@@ -326,6 +327,9 @@ class EgressProxy:
     Args:
         ctx: the call whose tables decide and whose record keeps the decisions.
         until: monotonic time at which the command, and every connection, ends.
+
+    Raises:
+        HostCallError: ``unavailable`` when it could not listen.
     """
 
     def __init__(self, ctx: CallContext, until: float):
@@ -345,20 +349,20 @@ class EgressProxy:
     @staticmethod
     def _bind() -> socket.socket:
         """A listener on 127.0.0.1, on a port that was free on every address."""
+        why = "every port found free was taken before the proxy could bind it"
         for _ in range(_PORT_TRIES):
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             try:
                 sock.bind(("127.0.0.1", _unused_port()))
+                sock.listen(MAX_CONNECTIONS)
             except OSError as exc:
                 sock.close()
                 if exc.errno == errno.EADDRINUSE:  # taken in between: another one
                     continue
-                raise
-            sock.listen(MAX_CONNECTIONS)
+                why = exc.strerror or str(exc)
+                break
             return sock
-        raise HostCallError(
-            "unavailable", f"no free port for the egress proxy after {_PORT_TRIES} tries"
-        )
+        raise HostCallError("unavailable", f"the egress proxy could not listen: {why}")
 
     @property
     def env(self) -> dict[str, str]:
@@ -386,7 +390,9 @@ class EgressProxy:
             with suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
         for thread in threads:
-            thread.join()
+            # Every wait of a connection is sliced and now sees the stop: this is short.
+            # A thread still running past it can act no more (each wait raises).
+            thread.join(timeout=_DRAIN_S + 1)
 
     # -- connections ---------------------------------------------------------
 
@@ -455,7 +461,7 @@ class EgressProxy:
         with suppress(OSError, HostCallError):
             sock.sendall(head + body)
             sock.shutdown(socket.SHUT_WR)
-            _drain(sock)
+            _drain(sock, self._until)
 
     def _bad_request(self, reader_error: _Answer, shown: str) -> _Answer:
         self._ctx.record(
@@ -714,7 +720,7 @@ def route(
     and no proxy runs. The proxy stops when the block ends.
 
     Raises:
-        HostCallError: ``unavailable`` when no port could be had for the proxy.
+        HostCallError: ``unavailable`` when the proxy could not listen.
     """
     grants = getattr(ctx.checker, "grants", None)
     if grants is None or not grants("http"):
