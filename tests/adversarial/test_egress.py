@@ -36,7 +36,7 @@ from skilld.permissions import SkillPermissions
 from skilld.policy import compile_policies
 from skilld.registry import NullChannel, Registry, SkillEntry
 from skilld.sandbox import CallContext
-from skilld.sandbox._egress import BAD_REQUEST, EgressProxy
+from skilld.sandbox._egress import BAD_REQUEST, TUNNEL_SLACK, EgressProxy
 from skilld.sandbox.abi import shell
 from skilld.types import Decision, Limits
 
@@ -675,3 +675,71 @@ def test_udp_stays_refused_beside_the_proxy(tmp_path: Path) -> None:
             receiver.recv(100)  # loopback delivers before sendto returns
     finally:
         receiver.close()
+
+
+def test_tunnel_to_a_private_address_is_refused(tmp_path: Path, tls: tuple[int, Path]) -> None:
+    """CONNECT to loopback or metadata addresses is refused by the origin check unless
+    a rule names them, whatever the rule for every host allows."""
+    port, ca = tls
+    methods = "[GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS]"
+    ctx = context(tmp_path, policy(f"  - url: https://*/\n    methods: {methods}\n"))
+    for target in (
+        f"https://[::1]:{port}/",
+        "https://169.254.169.254/",
+        f"https://127.0.0.2:{port}/",
+    ):
+        out = curl(ctx, "--cacert", str(ca), target)
+        assert b"HTTP/1.1 403" in out["stdout"], (target, out)
+        last = http_decisions(ctx)[-1]
+        assert (last.allowed, last.action) == (False, "CONNECT"), target
+        assert "address" in last.reason, (target, last.reason)
+
+
+def test_tunnel_brings_back_no_more_than_the_cap(tmp_path: Path, tls: tuple[int, Path]) -> None:
+    """Through a tunnel the bytes back are capped at the rule's max_response_bytes plus
+    the handshake's allowance: a 1 MiB answer is cut off and curl sees an error."""
+    port, ca = tls
+    methods = "[GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS]"
+    rules = (
+        f"  - id: small\n    url: https://127.0.0.1:{port}/\n    methods: {methods}\n"
+        f"    max_response_bytes: {CAP}\n"
+    )
+    ctx = context(tmp_path, policy(rules, f"fs:\n  - path: {ca.parent}\n"))
+    out = curl(ctx, "--cacert", str(ca), f"https://127.0.0.1:{port}/big?n={1 << 20}")
+    assert out["exit_code"] != 0, out
+    assert len(out["stdout"]) < CAP + TUNNEL_SLACK
+    last = http_decisions(ctx)[-1]
+    assert (last.allowed, last.action, last.rule) == (False, "CONNECT", "s.small")
+    assert "brought back more than" in last.reason
+
+
+class FlagChannel(NullChannel):
+    """A client that cancels when the test says so."""
+
+    def __init__(self) -> None:
+        self.flag = threading.Event()
+
+    def cancelled(self) -> bool:
+        """True once the test cancelled."""
+        return self.flag.is_set()
+
+
+def test_cancelled_call_ends_the_proxys_connections(tmp_path: Path, web: int) -> None:
+    """When the client cancels the call, a connection held by a slow upstream ends
+    within a wait slice, long before the deadline."""
+    ctx = context(tmp_path, policy(f"  - url: http://127.0.0.1:{web}/\n"), seconds=30)
+    channel = FlagChannel()
+    ctx.channel = channel
+    assert ctx.deadline is not None
+    with (
+        EgressProxy(ctx, ctx.deadline) as running,
+        socket.create_connection(("127.0.0.1", running.port), timeout=10) as sock,
+    ):
+        sock.sendall(f"GET http://127.0.0.1:{web}/slow HTTP/1.1\r\n\r\n".encode())
+        head = sock.recv(1000)  # the upstream's head: the connection is now held
+        assert head.startswith(b"HTTP/1.1 200")
+        channel.flag.set()
+        started = time.monotonic()
+        while sock.recv(1000):
+            pass
+        assert time.monotonic() - started < 1.0
