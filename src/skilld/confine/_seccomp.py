@@ -291,7 +291,12 @@ def available() -> tuple[bool, str]:
 
 
 def _versions() -> str:
-    from importlib.metadata import version  # host only
+    from importlib.metadata import PackageNotFoundError, version  # host only
+
+    try:
+        binding = f"pyseccomp {version('pyseccomp')}"
+    except PackageNotFoundError:  # imported from a bare file, not installed
+        binding = "pyseccomp"
 
     class _Version(ctypes.Structure):
         _fields_ = (
@@ -303,7 +308,7 @@ def _versions() -> str:
     lib = _binding()._libseccomp  # the library it loaded, for its version
     lib.seccomp_version.restype = ctypes.POINTER(_Version)
     v = lib.seccomp_version().contents
-    return f"libseccomp {v.major}.{v.minor}.{v.micro} (pyseccomp {version('pyseccomp')})"
+    return f"libseccomp {v.major}.{v.minor}.{v.micro} ({binding})"
 
 
 def install(bpf: bytes) -> None:
