@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, BinaryIO
 
+from skilld.confine import _seccomp
 from skilld.confine import _trampoline as tr
 from skilld.errors import ConfinementUnavailable, ProgramNotStarted
 
@@ -455,6 +456,13 @@ def _spec(
             *(NETWORK_FILES if confinement.shares_network else ()),
         ],
         "devices": list(confinement.devices),
+        # Compiled once per argument tuple. metadata: the command runs as skilld's own
+        # uid today (a separate identity per skill will pass False).
+        "seccomp": _seccomp.compile_filter(
+            unix_sockets=_seccomp.names_socket((*confinement.read_only, *confinement.read_write)),
+            udp=False,  # no grant type for UDP exists
+            metadata=True,
+        ),
         "network": confinement.network,
         "handle_tcp": not confinement.network,
         "tcp_connect": sorted(set(confinement.tcp_connect)),

@@ -13,7 +13,7 @@ Three processes, each single-threaded::
       │               user (not root), PID, IPC and, without network, net namespaces;
       │               SIGTERM from the host makes it SIGKILL C
       └─ C            PID 1 of the new PID namespace; dies with T (PDEATHSIG);
-           │          no_new_privs, capabilities dropped, Landlock applied;
+           │          no_new_privs, capabilities dropped, Landlock and seccomp applied;
            │          reaps orphans and reports G's end on the status pipe
            └─ G       rlimits, cwd, default signals, then execve of the command
 
@@ -43,6 +43,11 @@ if TYPE_CHECKING:
     from typing import Any
 else:
     import _signal as signal
+if TYPE_CHECKING or __package__:
+    from skilld.confine import _seccomp
+else:  # run as a script under -I: its own directory is not on sys.path
+    sys.path.insert(0, __file__.rpartition("/")[0])  # not pathlib: start-up time
+    import _seccomp
 
 # -- Landlock (include/uapi/linux/landlock.h) ---------------------------------
 # The three syscalls have the same numbers on every architecture (added after the
@@ -371,6 +376,10 @@ def _init(spec: Mapping[str, Any], status: int, alive: int) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         drop_capabilities()
         apply_landlock(spec)
+        try:
+            _seccomp.install(spec["seccomp"])
+        except OSError as exc:
+            raise Unavailable("seccomp", str(exc)) from exc
         child = os.fork()
         if child == 0:
             os.close(alive)
