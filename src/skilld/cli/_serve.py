@@ -30,6 +30,8 @@ def register(sub: Any) -> None:
         metavar="DIR",
         help="a bundle from 'skilld build' (default: the demo bundle, built on first use)",
     )
+    # The image's entry point is `skilld serve ...`: `docker run IMAGE --version` lands here.
+    p.add_argument("--version", action="version", version=f"skilld {__version__}")
     p.add_argument(
         "--with-conformance",
         action="store_true",
