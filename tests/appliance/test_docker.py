@@ -351,8 +351,9 @@ def test_a_wasm_agent_skill_script_runs(running: Running) -> None:
 
 
 def test_filling_a_wasm_workspace_and_rw_grant_is_stopped(running: Running) -> None:
-    """64 MiB into a 16 MiB workspace, then into the rw grant: limit-exceeded naming the
-    cap, far less than 64 MiB written; the next call is answered."""
+    """64 MiB (at about 100 MiB/s) into a 16 MiB workspace, then into the rw grant:
+    limit-exceeded naming the cap, ended while it writes (far less than 64 MiB landed); the
+    next call is answered."""
     full = running.script("filler", "scripts/fill.py", "fill", "/workspace/big", "64")
     assert full.is_error and "[limit-exceeded" in text_of(full), text_of(full)
     assert "16 MiB" in text_of(full)

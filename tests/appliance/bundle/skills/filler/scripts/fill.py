@@ -1,4 +1,5 @@
 import sys
+import time
 
 case = sys.argv[1]
 if case == "hello":
@@ -10,6 +11,10 @@ elif case == "fill":
         for _ in range(mib):
             f.write(chunk)
             f.flush()
+            # Paced (about 100 MiB/s), so that "ended while it writes" is observable: the
+            # caps are sampled every 50 ms, and a faster writer overshoots by what it
+            # writes in that time (docs/appliance.md).
+            time.sleep(0.01)
     print("wrote", mib)
 elif case == "spin":
     while True:
