@@ -35,6 +35,7 @@ WORK_DIR_ENV = "SKILLD_WORK_DIR"
 # Per-call directories inside the work directory carry their server's pid after this
 # prefix, so that a start sweeps only what a dead process left.
 _SCRATCH = ("ws-", "copies-")
+_MNT_DETACH = 2
 
 
 def work_dir(state: Path) -> Path:
@@ -97,9 +98,15 @@ def _alive(name: str) -> bool:
 
 
 def remove_tree(path: Path) -> None:
-    """Remove ``path`` (best effort), first giving back the write permission a script
-    took from its directories."""
+    """Remove ``path`` (best effort): a tmpfs mounted on it is detached first, and the
+    write permission a script took from its directories is given back."""
     import shutil
+
+    if os.path.ismount(path):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.umount2(os.fsencode(path), _MNT_DETACH)
 
     for dirpath, dirs, _names in os.walk(path):
         for d in dirs:

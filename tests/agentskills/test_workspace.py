@@ -1,6 +1,7 @@
 """Workspaces: made in the node's work directory, capped in size; rw grants get a write budget.
 
-Both executors: a script filling its workspace or an rw grant is ended with
+Both executors, and both ways of capping a workspace (a tmpfs where this process may
+mount, accounting elsewhere): a script filling its workspace or an rw grant is ended with
 ``limit-exceeded`` naming the cap, and the next call is answered.
 """
 
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 
 from skilld import agentskills, paths
+from skilld.agentskills import _quota
 from skilld.bundle import BuildResult
 from skilld.errors import GuestError
 from skilld.registry import Registry, SkillEntry
@@ -25,7 +27,7 @@ FILL = """\
 import os, sys, time
 target, mib = sys.argv[1], int(sys.argv[2])
 files = int(sys.argv[3]) if len(sys.argv) > 3 else 0
-print("cwd", os.getcwd())
+print("cwd", os.getcwd(), os.path.ismount(os.getcwd()))
 os.makedirs(target, exist_ok=True)
 chunk = b"x" * (1 << 20)
 for i in range(files):
@@ -83,6 +85,24 @@ def world(
     return {"registry": registry, "rw": rw, "work": work, "executor": request.param}
 
 
+def _may_mount() -> bool:
+    probe = Path(tempfile.mkdtemp())
+    try:
+        mounted = _quota.mount_tmpfs(probe, 1 << 20)
+    finally:
+        paths.remove_tree(probe)
+    return mounted
+
+
+@pytest.fixture(autouse=True, params=["tmpfs", "accounted"])
+def capping(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test with the workspace a tmpfs (where this process may mount), and accounted."""
+    if request.param == "tmpfs" and not _may_mount():
+        pytest.skip("this process may not mount a tmpfs (not root, or no CAP_SYS_ADMIN)")
+    monkeypatch.setattr(_quota._Mounts, "refused", request.param == "accounted")
+    return str(request.param)
+
+
 def fill(world: dict[str, Any], target: str, mib: int, files: int = 0) -> Any:
     """One run of fill.py; its value."""
     return (
@@ -106,24 +126,27 @@ def _size(tree: Path) -> int:
 
 
 def test_a_script_runs_in_a_workspace_inside_the_work_dir(
-    world: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    world: dict[str, Any], monkeypatch: pytest.MonkeyPatch, capping: str
 ) -> None:
     """With the default temp directory unusable (a read-only root), a script still runs:
-    its workspace is in the work directory, removed after the call."""
+    its workspace is in the work directory (a tmpfs of its own where skilld may mount),
+    removed after the call."""
     monkeypatch.setattr(tempfile, "tempdir", "/nonexistent/tmp")
     value = fill(world, "out", 1)
     assert value["exit_status"] == 0, value["stderr"]
     assert "done" in value["stdout"]
     if world["executor"] == "native":
-        cwd = value["stdout"].split()[1]
+        _, cwd, mounted = value["stdout"].split()[:3]
         assert Path(cwd).parent == world["work"], cwd
+        assert mounted == str(capping == "tmpfs")
     assert _workspaces(world["work"]) == []
 
 
 def test_filling_the_workspace_is_ended_at_its_cap(world: dict[str, Any]) -> None:
     """64 MiB into an 8 MiB workspace: ended with limit-exceeded naming the cap; the next
     call is answered; nothing is left behind."""
-    with pytest.raises(GuestError, match=r"workspace grew past its cap of 8 MiB") as err:
+    cap = r"workspace grew past its cap of 8 MiB \(limits\.workspace"
+    with pytest.raises(GuestError, match=cap) as err:
         fill(world, "out", 64)
     assert err.value.code == "limit-exceeded"
     assert _workspaces(world["work"]) == []

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from skilld.agentskills._build import INSTRUCTIONS, RUN_SCRIPT, mime_type, resource_uri
-from skilld.agentskills._quota import Quota
+from skilld.agentskills._quota import Quota, mount_tmpfs
 from skilld.agentskills._skillmd import SKILL_MD, split_frontmatter
 from skilld.errors import CallCancelled, GuestError, RunOnThread
 from skilld.paths import remove_tree, scratch_prefix
@@ -199,16 +199,19 @@ class AgentSkillBackend:
     def _run_capped(
         self, script: str, argv: Sequence[str], stdin: bytes, workspace: Path, ctx: CallContext
     ) -> ScriptRun:
-        """Run the script with its workspace and rw grants accounted (``_quota``): past a
-        cap the call's channel says cancelled, the executor ends the run, and the call is
-        answered ``limit-exceeded`` naming the cap."""
+        """Run the script with its workspace capped (a tmpfs where skilld may mount, else
+        accounted) and its rw grants accounted (``_quota``): past a cap the call's channel
+        says cancelled, the executor ends the run, and the call is answered
+        ``limit-exceeded`` naming the cap."""
         assert self.executor is not None
+        cap = ctx.limits.workspace_bytes
         quota = Quota(
             workspace,
             self.executor.writable,
-            workspace_bytes=ctx.limits.workspace_bytes,
+            workspace_bytes=cap,
             write_bytes=ctx.limits.write_bytes,
             channel=ctx.channel,
+            tmpfs=mount_tmpfs(workspace, cap),
         )
         channel, ctx.channel = ctx.channel, quota.channel
         try:

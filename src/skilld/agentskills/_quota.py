@@ -1,13 +1,14 @@
 """Size caps for one script run: its workspace, and what it writes into its ``rw`` grants.
 
-A per-call workspace is a directory in the node's work directory (``skilld.paths``),
-not a file system of its own: mounting a tmpfs needs ``CAP_SYS_ADMIN``, which the
-container does not have. So the cap is *accounted*: while the script runs, a thread
-walks the workspace (allocated blocks and the number of entries) and each ``rw`` grant
-(growth over what it held when the call started), and trips the call's channel once a
-cap is passed; the executor ends the call as it would on a cancel (the whole process
-tree is killed, a wasm guest is stopped at its next epoch check), and the backend
-answers ``limit-exceeded`` naming the cap.
+A per-call workspace is a directory in the node's work directory (``skilld.paths``).
+Where skilld may mount (root with ``CAP_SYS_ADMIN``: a bare host), a tmpfs of exactly
+the cap (bytes and inodes) is mounted on it, a hard wall: the script gets ``ENOSPC``.
+Elsewhere (a container has no ``CAP_SYS_ADMIN``) the cap is *accounted*: while the
+script runs, a thread walks the workspace (allocated blocks and the number of entries).
+Either way each ``rw`` grant is accounted (growth over what it held when the call
+started). Past a cap the watch trips the call's channel; the executor ends the call as
+it would on a cancel (the whole process tree is killed, a wasm guest is stopped at its
+next epoch check), and the backend answers ``limit-exceeded`` naming the cap.
 
 What accounting cannot do: it samples (every ``POLL_S``, slower when a tree is large),
 so a script can overshoot by what it writes between two looks (``RLIMIT_FSIZE`` bounds
@@ -18,6 +19,7 @@ it does.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import stat
 import threading
@@ -37,6 +39,28 @@ _WALK_SHARE = 0.2
 MAX_ENTRIES = 10_000
 # A grant holding more than this many entries is accounted up to them only.
 _MAX_GRANT_ENTRIES = 200_000
+_MS_NOSUID, _MS_NODEV = 2, 4
+
+
+class _Mounts:
+    """Whether this process may mount a tmpfs; asked once (a refusal does not change)."""
+
+    refused = False
+
+
+def mount_tmpfs(path: Path, size: int) -> bool:
+    """Mount a tmpfs of ``size`` bytes and ``MAX_ENTRIES`` inodes on ``path`` (mode 0700);
+    False where mounting is not allowed (then the cap is accounted). The caller removes
+    it with :func:`skilld.paths.remove_tree`, which detaches it."""
+    if _Mounts.refused or os.geteuid() != 0:
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    options = f"size={size},nr_inodes={MAX_ENTRIES + 1},mode=0700".encode()
+    flags = _MS_NOSUID | _MS_NODEV
+    if libc.mount(b"tmpfs", os.fsencode(path), b"tmpfs", flags, options) != 0:
+        _Mounts.refused = True
+        return False
+    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +109,7 @@ class Quota:
         write_bytes: how much the ``rw`` grants may grow, together, in this call.
         channel: the call's client channel; the watch hands out a wrapper of it
             (:attr:`channel`) that also says cancelled once a cap is passed.
+        tmpfs: the workspace is a tmpfs of the cap (:func:`mount_tmpfs`): full is the cap.
     """
 
     def __init__(
@@ -95,11 +120,13 @@ class Quota:
         workspace_bytes: int,
         write_bytes: int,
         channel: Any,
+        tmpfs: bool = False,
     ):
         self.workspace = workspace
         self.grants = tuple(grants)
         self.workspace_bytes = workspace_bytes
         self.write_bytes = write_bytes
+        self.tmpfs = tmpfs
         self.exceeded: str | None = None
         self.channel = _TrippedChannel(channel, self)
         self._baseline = 0
@@ -121,16 +148,17 @@ class Quota:
 
     def check(self) -> str | None:
         """Look once; the exceeded cap's message (also kept in :attr:`exceeded`), or None."""
-        ws = usage(self.workspace, MAX_ENTRIES)
+        ws = self._tmpfs_usage() if self.tmpfs else usage(self.workspace, MAX_ENTRIES)
         if ws.capped:
             self.exceeded = (
                 f"the script's workspace holds more than {MAX_ENTRIES} files and directories "
                 "(the cap)"
             )
         elif ws.bytes > self.workspace_bytes:
+            kind = ", a tmpfs" if self.tmpfs else ""
             self.exceeded = (
                 f"the script's workspace grew past its cap of {_mib(self.workspace_bytes)} "
-                "(limits.workspace)"
+                f"(limits.workspace{kind})"
             )
         elif self.grants and self._grants_usage() - self._baseline > self.write_bytes:
             self.exceeded = (
@@ -138,6 +166,17 @@ class Quota:
                 f"{_mib(self.write_bytes)} into its rw grants (limits.writes)"
             )
         return self.exceeded
+
+    def _tmpfs_usage(self) -> Usage:
+        """A full tmpfs (no block or no inode left) reads as past its cap."""
+        try:
+            st = os.statvfs(self.workspace)
+        except OSError:
+            return Usage(0, 0)
+        used = (st.f_blocks - st.f_bfree) * st.f_frsize
+        if st.f_ffree == 0:
+            return Usage(used, MAX_ENTRIES + 1, capped=True)
+        return Usage(self.workspace_bytes + 1 if st.f_bavail == 0 else used, 0)
 
     def _grants_usage(self) -> int:
         return sum(usage(Path(g), _MAX_GRANT_ENTRIES).bytes for g in self.grants)
