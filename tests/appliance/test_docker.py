@@ -460,8 +460,9 @@ def test_stop_cuts_a_long_call_as_server_shutdown_before_sigkill(
     image: str, test_bundle: Path, tmp_path: Path
 ) -> None:
     """``docker stop`` during a call longer than the drain: the client is answered that
-    the server shut down, the server exits 0 well before Docker's SIGKILL (10 s), and
-    every log line is JSON."""
+    the server shut down (the log and the audit record say ``shutdown``, not a client's
+    cancel), the server exits 0 well before Docker's SIGKILL (10 s), and every log line
+    is JSON."""
     with serve("default", image, test_bundle, tmp_path) as r:
         results: list[Any] = []
         held = threading.Thread(
@@ -480,6 +481,9 @@ def test_stop_cuts_a_long_call_as_server_shutdown_before_sigkill(
         held.join(30)
         status = docker("inspect", "-f", "{{.State.ExitCode}}", r.name).stdout.strip()
         logs = docker("logs", r.name).stderr.splitlines()
+        # The state volume (named as the container) outlives it: read its audit log.
+        audit = docker("run", "--rm", "-v", f"{r.name}:/state", "--entrypoint", "cat",
+                       image, "/state/audit.jsonl").stdout  # fmt: skip
     assert took < 9, f"docker stop took {took:.1f} s (SIGKILL at 10 s)"
     assert status == "0", status
     (result,) = results
@@ -487,3 +491,6 @@ def test_stop_cuts_a_long_call_as_server_shutdown_before_sigkill(
     bad = [line for line in logs if not line.startswith("{")]
     assert not bad, bad
     assert any('"outcome": "shutdown"' in line for line in logs), logs[-5:]
+    records = [json.loads(line) for line in audit.splitlines()]
+    cut = [r for r in records if r.get("skill") == "filler" and r.get("outcome") == "shutdown"]
+    assert cut, records[-2:]
