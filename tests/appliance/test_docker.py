@@ -254,7 +254,8 @@ def serve(profile: str, image: str, bundle: Path, tmp: Path) -> Iterator[Running
         d.mkdir()
     rw.chmod(0o777)  # the script's identity (its own, or the server's) writes here
     (ro / "key.pem").write_text("PRIVATE KEY")
-    os.chown(ro / "key.pem", UID, UID)
+    if os.geteuid() == 0:  # owned by the server's uid: the worst case in shared identity
+        os.chown(ro / "key.pem", UID, UID)
     (ro / "key.pem").chmod(0o600)
     watch = SocketWatch(sock)
     port = _free_port()
