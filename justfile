@@ -41,9 +41,16 @@ airgap-install VENV="/tmp/skilld-airgap":
     python3 -m venv {{VENV}} && {{VENV}}/bin/pip install -q --no-index --find-links wheelhouse 'skilld[build]'
 
 # Build the container image with buildah (tools/oci-base makes its Debian base locally).
+# With $SKILLD_CACHE set, the build stage reuses that digest-keyed cache of components and
+# native code (mounted for the build only; nothing of it lands in a layer).
 image TAG="localhost/skilld:dev": wheelhouse
     tools/oci-base
-    buildah bud --isolation chroot --pull-never --layers --format docker -t {{TAG}} -f Containerfile .
+    buildah bud --isolation chroot --pull-never --layers --format docker \
+      ${SKILLD_CACHE:+--volume "$SKILLD_CACHE:/tmp/skilld-cache"} -t {{TAG}} -f Containerfile .
+
+# Copy the image into Docker's store (`docker run ... skilld:dev`).
+image-docker TAG="localhost/skilld:dev" NAME="skilld:dev":
+    buildah push {{TAG}} docker-daemon:{{NAME}}
 
 # Serve the image on PORT (host network) as its unprivileged user, state in STATE.
 image-run PORT="8080" STATE="/tmp/skilld-state" TAG="localhost/skilld:dev":

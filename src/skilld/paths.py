@@ -31,6 +31,91 @@ def state_dir(name: str) -> Path:
     return Path(base) / "skilld" / name
 
 
+WORK_DIR_ENV = "SKILLD_WORK_DIR"
+# Per-call directories inside the work directory carry their server's pid after this
+# prefix, so that a start sweeps only what a dead process left.
+_SCRATCH = ("ws-", "copies-")
+_MNT_DETACH = 2
+
+
+def work_dir(state: Path) -> Path:
+    """Where per-call scratch goes (Agent Skill workspaces, the copies of a skill's files).
+
+    ``$SKILLD_WORK_DIR`` when set (an operator's choice: a tmpfs, a faster disk), else
+    ``STATE/work``: in the image, the state volume's ``/var/lib/skilld/work``. Never an
+    implicit ``/tmp`` (absent or read-only in a container) nor ``$TMPDIR`` (inherited from
+    whatever started skilld, often the shared ``/tmp``).
+    """
+    if env := os.environ.get(WORK_DIR_ENV):
+        return Path(env)
+    return Path(state) / "work"
+
+
+def make_work_dir(state: Path) -> Path:
+    """Create :func:`work_dir` once at node start (mode 0711), and sweep what a dead
+    server left there; the directory.
+
+    0711: the server lists it, a script running under another uid can reach its own
+    per-call directory inside (made 0700 and handed to it) but cannot list the others'.
+
+    Raises:
+        OSError: it cannot be created, or it is a link or another user's directory.
+    """
+    work = work_dir(state)
+    work.mkdir(mode=0o711, parents=True, exist_ok=True)
+    fd = os.open(work, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        info = os.fstat(fd)
+        if info.st_uid != os.geteuid():
+            raise PermissionError(
+                f"{work} belongs to uid {info.st_uid}, not to skilld (uid {os.geteuid()})"
+            )
+        os.fchmod(fd, 0o711)
+    finally:
+        os.close(fd)
+    for entry in os.scandir(work):
+        if entry.name.startswith(_SCRATCH) and not _alive(entry.name):
+            remove_tree(Path(entry.path))
+    return work
+
+
+def scratch_prefix(kind: str, skill_id: str) -> str:
+    """The name prefix of one per-call directory (``ws``) or copy (``copies``)."""
+    return f"{kind}-{os.getpid()}-{skill_id}-"
+
+
+def _alive(name: str) -> bool:
+    pid = name.split("-")[1]
+    if not pid.isdigit():
+        return True  # not ours to judge
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_tree(path: Path) -> None:
+    """Remove ``path`` (best effort): a tmpfs mounted on it is detached first, and the
+    write permission a script took from its directories is given back."""
+    import shutil
+
+    if os.path.ismount(path):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.umount2(os.fsencode(path), _MNT_DETACH)
+
+    for dirpath, dirs, _names in os.walk(path):
+        for d in dirs:
+            sub = Path(dirpath) / d
+            if not sub.is_symlink():
+                sub.chmod(0o700)
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def bundle_state_name(bundle: Path) -> str:
     """The default state's name for a bundle: its directory's name and a digest of its path.
 

@@ -106,6 +106,10 @@ class Limits:
     kv_value_bytes: int = 1024 * 1024
     kv_total_bytes: int = 64 * 1024 * 1024
     output_bytes: int = 8 * 1024 * 1024
+    # Agent Skill scripts: the per-call workspace's cap, and how much its rw grants may
+    # grow in one call (accounted while it runs: skilld.agentskills._quota).
+    workspace_bytes: int = 256 * 1024 * 1024
+    write_bytes: int = 64 * 1024 * 1024
 
 
 @runtime_checkable

@@ -114,7 +114,8 @@ def served(image: str, tmp_path: Path) -> Iterator[tuple[str, Path, Path]]:
     port = _free_port()
     entrypoint = _config(image)["Entrypoint"]
     assert isinstance(entrypoint, list)
-    vols = ["--volume", f"{state}:/var/lib/skilld"]
+    # As 10001 from the start (the restricted profile's way; a root start drops to it).
+    vols = ["--volume", f"{state}:/var/lib/skilld", "--user", str(UID)]
     before = _containers()
     log = (tmp_path / "serve.log").open("wb")
     argv = [*entrypoint, "--host", "127.0.0.1", "--port", str(port)]
@@ -166,10 +167,11 @@ def _wait_ready(base: str, proc: subprocess.Popen[bytes], log: Path) -> None:
     anyio.run(poll)
 
 
-def test_image_runs_unprivileged_with_healthcheck(image: str) -> None:
-    """The image runs as a non-root user, serves http on 8080 and declares a health check."""
+def test_image_drops_to_its_user_serves_http_with_healthcheck(image: str) -> None:
+    """No USER: serve drops to SKILLD_RUN_AS=10001 itself; http on 8080; a health check."""
     config = _config(image)
-    assert config["User"] == "skilld"
+    assert not config.get("User")
+    assert f"SKILLD_RUN_AS={UID}" in config["Env"]
     assert config["Entrypoint"][:2] == ["/opt/skilld/bin/skilld", "serve"]
     assert "--transport" in config["Entrypoint"]
     assert "8080/tcp" in config["ExposedPorts"]
@@ -179,9 +181,8 @@ def test_image_runs_unprivileged_with_healthcheck(image: str) -> None:
 def test_only_the_state_volume_is_writable(image: str) -> None:
     """Besides the state volume, the image's user can write only to scratch directories."""
     argv = ["find", "/", "-xdev", "-writable", "-not", "-type", "l"]
-    out = subprocess.run(
-        [str(TOOLS / "oci-run"), image, "--", *argv], capture_output=True, text=True, check=False
-    ).stdout
+    run = [str(TOOLS / "oci-run"), image, "--user", str(UID), "--", *argv]
+    out = subprocess.run(run, capture_output=True, text=True, check=False).stdout
     writable = {line for line in out.splitlines() if line}
     allowed = {"/var/lib/skilld", "/tmp", "/var/tmp", "/run/lock", "/var/lock"}
     assert writable and writable <= allowed, writable - allowed

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from skilld import paths
 from skilld.agentskills._backend import AgentSkillBackend, ScriptExecutor, ScriptRun
 from skilld.agentskills._build import (
     INSTRUCTIONS,
@@ -57,16 +58,22 @@ def open_backend(
     grants: Mapping[str, Any],
     limits: Limits,
     runner: Any = None,
+    *,
+    work: Path | None = None,
 ) -> AgentSkillBackend:
     """The backend serving one Agent Skill of a verified bundle.
 
     ``executor`` is the lock's (``wasm``, ``native``, ``none`` without scripts);
     ``scripts`` and ``grants`` are the skill's policy tables; ``runner`` the loaded
-    CPython runner component (``wasm`` only).
+    CPython runner component (``wasm`` only); ``work`` the node's work directory
+    (``skilld.paths.make_work_dir``), where each call's workspace is made; without it,
+    the ``work`` directory of ``skilld.paths.state_dir("scratch")``.
 
     Raises:
         BundleError: a ``wasm`` skill in a bundle without the runner component.
     """
+    if work is None:
+        work = paths.make_work_dir(paths.state_dir("scratch"))
     chosen: ScriptExecutor | None = None
     if executor == "wasm":
         if runner is None:
@@ -77,8 +84,8 @@ def open_backend(
             )
         chosen = WasmExecutor(spec.id, root, runner, grants.get("fs") or ())
     elif executor == "native":
-        chosen = NativeExecutor(spec.id, root, env, scripts["interpreters"], grants, limits)
-    return AgentSkillBackend(spec, root, chosen)
+        chosen = NativeExecutor(spec.id, root, env, scripts["interpreters"], grants, limits, work)
+    return AgentSkillBackend(spec, root, chosen, work)
 
 
 __all__ = [

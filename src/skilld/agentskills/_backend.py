@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -26,8 +25,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from skilld.agentskills._build import INSTRUCTIONS, RUN_SCRIPT, mime_type, resource_uri
+from skilld.agentskills._quota import Quota, mount_tmpfs
 from skilld.agentskills._skillmd import SKILL_MD, split_frontmatter
-from skilld.errors import GuestError, RunOnThread
+from skilld.errors import CallCancelled, GuestError, RunOnThread
+from skilld.paths import remove_tree, scratch_prefix
 from skilld.sandbox import CallContext
 from skilld.types import CallOutput, ContentBlock, SkillSpec
 
@@ -59,6 +60,8 @@ class ScriptExecutor(Protocol):
     """
 
     name: str
+    # The rw grant directories its scripts may write (their per-call write budget).
+    writable: tuple[str, ...]
 
     def run(
         self, script: str, argv: Sequence[str], stdin: bytes, workspace: Path, ctx: CallContext
@@ -74,12 +77,14 @@ class AgentSkillBackend:
         spec: what the skill serves (from the lock).
         root: the skill's files (``agentskills/NAME/files`` in the bundle).
         executor: runs its scripts; ``None`` when it has none.
+        work: where each call's workspace is made (``skilld.paths.make_work_dir``).
     """
 
-    def __init__(self, spec: SkillSpec, root: Path, executor: ScriptExecutor | None):
+    def __init__(self, spec: SkillSpec, root: Path, executor: ScriptExecutor | None, work: Path):
         self.spec = spec
         self.root = root
         self.executor = executor
+        self.work = work
         self._files = {r.uri: r for r in spec.resources}
         self._paths = {r.uri: r.name.split("/", 1)[1] for r in spec.resources}
         text = self._read(SKILL_MD).decode("utf-8")
@@ -164,14 +169,15 @@ class AgentSkillBackend:
             if "input" in args
             else str(args.get("stdin") or "").encode()
         )
-        # A fresh private directory (mode 0700) per call, removed when the call ends.
-        workspace = Path(tempfile.mkdtemp(prefix=f"skilld-ws-{self.spec.id}-"))
+        # A fresh private directory (mode 0700) per call in the node's work directory
+        # (never an implicit /tmp), removed when the call ends.
+        workspace = Path(tempfile.mkdtemp(prefix=scratch_prefix("ws", self.spec.id), dir=self.work))
         ctx.audit.update(executor=self.executor.name, script=script)
         try:
-            run = self.executor.run(script, argv, stdin, workspace, ctx)
+            run = self._run_capped(script, argv, stdin, workspace, ctx)
             files = _collect(workspace, self.spec.id)
         finally:
-            _remove(workspace)
+            remove_tree(workspace)
         ctx.audit.update(
             exit_status=run.exit_status,
             signal=run.signal,
@@ -189,6 +195,41 @@ class AgentSkillBackend:
             "files": [b.uri for b in files],
         }
         return CallOutput(value, tuple(files))
+
+    def _run_capped(
+        self, script: str, argv: Sequence[str], stdin: bytes, workspace: Path, ctx: CallContext
+    ) -> ScriptRun:
+        """Run the script with its workspace capped (a tmpfs where skilld may mount, else
+        accounted) and its rw grants accounted (``_quota``): past a cap the call's channel
+        says cancelled, the executor ends the run, and the call is answered
+        ``limit-exceeded`` naming the cap."""
+        assert self.executor is not None
+        cap = ctx.limits.workspace_bytes
+        quota = Quota(
+            workspace,
+            self.executor.writable,
+            workspace_bytes=cap,
+            write_bytes=ctx.limits.write_bytes,
+            channel=ctx.channel,
+            tmpfs=mount_tmpfs(workspace, cap),
+        )
+        channel, ctx.channel = ctx.channel, quota.channel
+        try:
+            with quota:
+                run = self.executor.run(script, argv, stdin, workspace, ctx)
+        except CallCancelled:
+            if quota.exceeded is None:
+                raise
+        finally:
+            ctx.channel = channel
+        if quota.exceeded is not None:
+            ctx.audit.update(limit_exceeded=quota.exceeded)
+            raise GuestError(
+                "limit-exceeded",
+                f"script '{script}' of '{self.spec.id}' was ended: {quota.exceeded}",
+                rule=f"{self.spec.id}.limits",
+            )
+        return run
 
     def _script_names(self) -> set[str]:
         for method in self.spec.methods:
@@ -237,16 +278,6 @@ def _collect(workspace: Path, skill_id: str) -> list[ContentBlock]:
             with os.fdopen(fd, "rb") as fh:
                 out.append(_file_block(uri, mime_type(rel), fh.read(MAX_RETURNED_FILE)))
     return out
-
-
-def _remove(workspace: Path) -> None:
-    # A script may have left a directory without write permission: give it back first.
-    for dirpath, dirs, _names in os.walk(workspace):
-        for d in dirs:
-            p = Path(dirpath) / d
-            if not p.is_symlink():
-                p.chmod(0o700)
-    shutil.rmtree(workspace, ignore_errors=True)
 
 
 __all__ = ["AgentSkillBackend", "ScriptExecutor", "ScriptRun", "resource_uri"]

@@ -35,6 +35,7 @@ from typing import Any, Protocol
 from skilld.agentskills._backend import ScriptRun
 from skilld.confine import ProgramNotStarted, ResourceLimits, from_grants, run
 from skilld.errors import CallCancelled, DeadlineExceeded, GuestError
+from skilld.paths import scratch_prefix
 from skilld.policy import _patterns as patterns
 from skilld.sandbox import CallContext, egress_route
 from skilld.types import CallOutput, Decision, Limits
@@ -144,6 +145,7 @@ class WasmExecutor:
         self.root = root
         self.runner = runner
         self.grants = _directory_rules(fs)
+        self.writable = tuple(d for d, rw in self.grants if rw)
 
     def run(
         self, script: str, argv: Sequence[str], stdin: bytes, workspace: Path, ctx: CallContext
@@ -177,6 +179,7 @@ class NativeExecutor:
         interpreters: program names the policy allows as interpreters.
         grants: the skill's effective policy table (``fs``, ``tcp``, ``shell``).
         limits: the skill's limits (memory becomes the address-space rlimit).
+        work: the node's work directory (the root-owned copies of the skill go there).
     """
 
     name = "native"
@@ -189,8 +192,10 @@ class NativeExecutor:
         interpreters: Sequence[str],
         grants: Mapping[str, Any],
         limits: Limits,
+        work: Path,
     ):
         self.skill_id = skill_id
+        self.work = work
         self._copies: tempfile.TemporaryDirectory[str] | None = None
         if os.geteuid() == 0:
             root, env = self._unowned_copy(root, env)
@@ -208,6 +213,7 @@ class NativeExecutor:
                 open_files=128,
             ),
         )
+        self.writable = tuple(self.confinement.read_write)
         self.programs = tuple(
             p for p in (shutil.which(str(r["program"])) for r in grants.get("shell") or ()) if p
         )
@@ -220,7 +226,9 @@ class NativeExecutor:
         capabilities); over files owned by another user both fail with EPERM. The
         bundle was verified when it was opened and is read-only.
         """
-        self._copies = tempfile.TemporaryDirectory(prefix=f"skilld-{self.skill_id}-")
+        self._copies = tempfile.TemporaryDirectory(
+            prefix=scratch_prefix("copies", self.skill_id), dir=self.work
+        )
         base = Path(self._copies.name)
         base.chmod(0o755)
         out: list[Path] = []

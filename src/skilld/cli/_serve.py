@@ -30,6 +30,8 @@ def register(sub: Any) -> None:
         metavar="DIR",
         help="a bundle from 'skilld build' (default: the demo bundle, built on first use)",
     )
+    # The image's entry point is `skilld serve ...`: `docker run IMAGE --version` lands here.
+    p.add_argument("--version", action="version", version=f"skilld {__version__}")
     p.add_argument(
         "--with-conformance",
         action="store_true",
@@ -415,12 +417,25 @@ class _Bridge(logging.Handler):
         self._logger = logger
 
     def emit(self, record: logging.LogRecord) -> None:
-        """Hand the record on at its level, naming the logger that wrote it."""
-        self._logger.get().log(record.levelno, record.getMessage(), logger=record.name)
+        """Hand the record on at its level, naming the logger that wrote it; an exception
+        as one field (its type and message), never a multi-line traceback."""
+        fields: dict[str, str] = {"logger": record.name}
+        if record.exc_info and record.exc_info[1] is not None:
+            exc = record.exc_info[1]
+            fields["exception"] = f"{type(exc).__name__}: {exc}".removesuffix(": ")
+        self._logger.get().log(record.levelno, record.getMessage(), **fields)
 
 
 def _setup_logging(logger: _Logger) -> None:
+    bridge = _Bridge(logger)
     root = logging.getLogger("skilld")
-    root.handlers[:] = [_Bridge(logger)]
+    root.handlers[:] = [bridge]
     root.setLevel(logging.INFO)
     root.propagate = False
+    # Everyone else's warnings (uvicorn's "Exception in ASGI application" when shutdown
+    # cuts a request, asyncio, the MCP SDK) go through the same logger: without a handler
+    # they would reach Python's last-resort handler, whose plain-text tracebacks break a
+    # JSON log.
+    # (Added beside any handler already there, such as a test runner's.)
+    others = logging.getLogger()
+    others.handlers[:] = [h for h in others.handlers if not isinstance(h, _Bridge)] + [bridge]

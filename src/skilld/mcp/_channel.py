@@ -71,6 +71,7 @@ class SessionChannel:
         self._min_level = min_level
         self._timeout = request_timeout_s
         self._cancelled = threading.Event()
+        self.cancel_reason: str | None = None
         # Built on the event loop; the token lets any thread reach it (the guest's
         # worker thread, or a thread the dispatcher starts for a nested call).
         self._loop = anyio.lowlevel.current_token()
@@ -79,8 +80,14 @@ class SessionChannel:
 
     # -- called on the event loop -------------------------------------------
 
-    def cancel(self) -> None:
-        """Mark the call cancelled and abandon any sampling/elicitation it waits on."""
+    def cancel(self, reason: str = "client") -> None:
+        """Mark the call cancelled and abandon any sampling/elicitation it waits on.
+
+        ``reason``: ``client`` (its ``notifications/cancelled``, or its request went away)
+        or ``shutdown`` (the server's drain grace ran out): kept in :attr:`cancel_reason`.
+        """
+        if not self._cancelled.is_set():
+            self.cancel_reason = reason
         self._cancelled.set()
         for scope in list(self._scopes):
             scope.cancel()

@@ -65,6 +65,10 @@ Logger = structlog.typing.FilteringBoundLogger
 RESOURCE_NOT_FOUND = -32002  # the MCP spec's code for an unknown resource URI
 _LEVEL_KEY = "skilld.log_level"
 _SUBS_KEY = "skilld.subscriptions"
+# Past the drain's grace, the calls still running get this long to end and be answered
+# "the server shut down" before the connections close (a guest stops at its next epoch
+# check, a confined process tree is killed at once).
+_CUT_S = 1.0
 _DEFAULT_LEVEL: types.LoggingLevel = "info"
 
 
@@ -227,8 +231,11 @@ class McpService:
         self._tools: dict[str, Tool] = {}
         self._validators: dict[str, ArgumentValidator] = {}
         self._in_flight = 0
+        # The channels of the calls in flight: what a drain past its grace ends.
+        self._running: set[SessionChannel] = set()
         self._idle: anyio.Event | None = None
         self.draining = False
+        self._grace_s = 0.0
         # Connections that listed or called something: told when the dispatcher's skills
         # change. The connection, not ``ctx.session``: the SDK makes a session object per
         # request, so a weak set of those emptied as soon as each request ended, and only
@@ -248,6 +255,10 @@ class McpService:
     async def drain(self, timeout: float) -> bool:
         """Refuse new calls and wait up to ``timeout`` seconds for calls in flight.
 
+        Past the grace the calls still running are ended as ``shutdown`` (not as a client's
+        cancel): their clients are answered ``[unavailable] the server shut down ...``
+        while the connections are still open, within ``_CUT_S`` more.
+
         Returns True when every call finished in time.
         """
         self.draining = True
@@ -257,7 +268,15 @@ class McpService:
         self._log.info("draining", in_flight=self._in_flight, grace_s=timeout)
         with anyio.move_on_after(timeout):
             await self._idle.wait()
-        return self._in_flight == 0
+        if self._in_flight == 0:
+            return True
+        self._log.warning("drain_cut", in_flight=self._in_flight, grace_s=timeout)
+        self._grace_s = timeout
+        for channel in list(self._running):
+            channel.cancel("shutdown")
+        with anyio.move_on_after(_CUT_S):
+            await self._idle.wait()
+        return False
 
     def _dispatcher_changed(self) -> None:
         """Skills came or went (a cluster node joined or left): any thread may call this."""
@@ -467,6 +486,7 @@ class McpService:
             rule: str | None = None
             started = time.perf_counter()
             self._enter()
+            self._running.add(channel)
             try:
                 result = await self._inline_or_blocking(run, inline, channel)
             except RegistryError:
@@ -476,6 +496,13 @@ class McpService:
                 outcome, rule, _text = error_text(exc)
                 if outcome == "not-permitted":
                     self.metrics.denied(skill, rule or "default-deny")
+                if outcome == "cancelled" and channel.cancel_reason == "shutdown":
+                    outcome = "shutdown"
+                    raise GuestError(
+                        "unavailable",
+                        f"the server shut down: the call was still running when its drain "
+                        f"grace of {self._grace_s:g} s ran out; retry elsewhere",
+                    ) from exc
                 raise
             except Exception:
                 outcome = "internal"
@@ -486,6 +513,7 @@ class McpService:
                 return result
             finally:
                 seconds = time.perf_counter() - started
+                self._running.discard(channel)
                 self._leave()
                 self.metrics.finished(skill, label, outcome, seconds)
                 self._log.info(

@@ -68,9 +68,12 @@ def _stage(timings: dict[str, float], name: str, since: float) -> float:
     return now
 
 
-def _register_agent_skills(registry: Any, loaded: Any, sandbox: Any, tables: Any) -> None:
+def _register_agent_skills(
+    registry: Any, loaded: Any, sandbox: Any, tables: Any, state_dir: Path
+) -> None:
     """Register the bundle's Agent Skills: the tool ``NAME`` (tiers 1 and 2), its
-    ``NAME/run_script``, every file as a resource and the body as a prompt."""
+    ``NAME/run_script``, every file as a resource and the body as a prompt. Their
+    workspaces go to the work directory (``skilld.paths.make_work_dir``)."""
     from dataclasses import replace
 
     from skilld import agentskills
@@ -90,6 +93,7 @@ def _register_agent_skills(registry: Any, loaded: Any, sandbox: Any, tables: Any
                 loaded.root / lock.runner.native, lock.runner.native_sha256, name="pyrunner"
             )
         )
+    work = paths.make_work_dir(state_dir) if lock.agent_skills else state_dir / "work"
     for locked in lock.agent_skills:
         spec = SkillSpec.from_dict({**locked.spec, "id": locked.id, "version": locked.version})
         limits = tables.limits(locked.id)
@@ -103,6 +107,7 @@ def _register_agent_skills(registry: Any, loaded: Any, sandbox: Any, tables: Any
             grants,
             limits,
             runner,
+            work=work,
         )
         exposure = tables.exposure(locked.id)
         # Tier 1 is a tool named as the skill, unless the operator named it otherwise.
@@ -247,7 +252,7 @@ class Node:
                     )
                 )
             if config.serve_skills:
-                _register_agent_skills(registry, loaded, sandbox, tables)
+                _register_agent_skills(registry, loaded, sandbox, tables, config.state_dir)
             if tables.kits and config.serve_skills:
                 from skilld.delegate import InferenceConfig
                 from skilld.delegate import register as register_kits

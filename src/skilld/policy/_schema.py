@@ -719,6 +719,8 @@ _LIMITS: dict[str, tuple[str, Callable[[object], int]]] = {
     "kv_quota": ("kv_total_bytes", p.parse_size),
     "kv_value": ("kv_value_bytes", p.parse_size),
     "output": ("output_bytes", p.parse_size),
+    "workspace": ("workspace_bytes", p.parse_size),
+    "writes": ("write_bytes", p.parse_size),
 }
 
 

@@ -472,6 +472,13 @@ class Registry:
                 out = guest(ctx)
             except SkilldError as exc:
                 outcome, error = _outcome(exc), exc
+                # The server's drain ended it (skilld.mcp), not the client: say so.
+                if outcome == "cancelled" and getattr(ctx.channel, "cancel_reason", None) == (
+                    "shutdown"
+                ):
+                    outcome = "shutdown"
+                    error = CallCancelled(f"{skill_id}: the server shut down during the call")
+                    error.__cause__ = exc
             finally:
                 entry.slots.release()
                 # The invoker and hook closures refer back to ctx; without them the

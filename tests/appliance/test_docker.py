@@ -1,0 +1,501 @@
+"""The image under a real Docker engine, as operators run it, called over MCP from outside.
+
+Built with the README's commands (``just wheelhouse``, ``just image``, ``buildah push ...
+docker-daemon:skilld:dev``) and run in two profiles:
+
+- ``default``: the README's ``docker run --read-only -p ... -v STATE:/var/lib/skilld
+  skilld:dev``: Docker's default seccomp profile and capabilities, no ``--security-opt``,
+  ``--cap-add`` or ``--privileged``;
+- ``restricted``: as Kubernetes' restricted profile runs it: ``--user 10001 --cap-drop ALL
+  --security-opt no-new-privileges --read-only``.
+
+To each the tests add only what they need to reach in: a published port on loopback, the
+test bundle (``tests/appliance/bundle``: a wasm skill that runs a shell command, a wasm
+Agent Skill and a hostile native Agent Skill) mounted read-only and served with
+``--bundle``, the hostile skill's grant directories, and a directory holding host unix
+sockets (one 0666). Through a real MCP client: a shell command, a wasm script, a native
+script, and the attacks of issue 19 from inside; files and modes are checked unchanged
+with ``docker exec``, and the next call must be answered.
+
+Confinement in the container (a launcher that switches identity, no user namespace
+required) and its seccomp layer come from other work: until ``skilld doctor`` exists the
+tests that need native confinement are expected to fail (``xfail``, strict: they must
+start passing when it lands); the attacks that need the seccomp layer likewise wait for
+``skilld/confine/_seccomp.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+from tests_env import ROOT, cache_dir
+
+DOCKER = shutil.which("docker", path="/usr/bin") or shutil.which("docker")
+BUILDAH = shutil.which("buildah")
+IMAGE = "skilld:dev"  # the README's name in Docker's store
+UID = 10001
+BUNDLE_SRC = Path(__file__).parent / "bundle"
+# What confinement in the container needs, by the helper that brings it.
+CONFINE = (ROOT / "src" / "skilld" / "cli" / "_doctor.py").is_file()
+SECCOMP = (ROOT / "src" / "skilld" / "confine" / "_seccomp.py").is_file()
+needs_confine = pytest.mark.xfail(
+    not CONFINE,
+    reason="waits for confine (issue 19 items 1, 3): native processes in the container",
+    strict=True,
+)
+needs_seccomp = pytest.mark.xfail(
+    not (CONFINE and SECCOMP),
+    reason="waits for confine and seccomp (issue 19 item 2): metadata, sockets, keyrings",
+    strict=True,
+)
+
+
+def _engine_answers() -> bool:
+    if DOCKER is None:
+        return False
+    try:
+        done = subprocess.run([DOCKER, "info"], capture_output=True, check=False, timeout=20)
+    except subprocess.TimeoutExpired:  # a daemon that hangs counts as none
+        return False
+    return done.returncode == 0
+
+
+# CI (.ci/run) installs docker.io and starts dockerd, so there a missing engine fails the
+# run instead of skipping these tests unseen.
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not (_engine_answers() and BUILDAH) and not os.environ.get("CI"),
+        reason="no Docker engine answering (apt-get install docker.io buildah; dockerd)",
+    ),
+]
+
+PROFILES = {
+    "default": ["--read-only"],
+    "restricted": [
+        "--user",
+        str(UID),
+        "--cap-drop",
+        "ALL",
+        "--security-opt",
+        "no-new-privileges",
+        "--read-only",
+    ],
+}
+
+
+def docker(
+    *args: str, check: bool = True, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Run the Docker client; its completed process (text)."""
+    assert DOCKER is not None, "docker is not installed (apt-get install docker.io)"
+    return subprocess.run(
+        [DOCKER, *args], capture_output=True, text=True, check=check, timeout=timeout
+    )
+
+
+@pytest.fixture(scope="module")
+def image() -> str:
+    """The image built from this tree with the README's commands and copied into Docker."""
+    assert _engine_answers(), "the Docker engine does not answer (is dockerd running?)"
+    env = {**os.environ, "SKILLD_CACHE": str(cache_dir())}
+    env["PATH"] = f"{ROOT / '.venv' / 'bin'}:{env['PATH']}"
+    just = shutil.which("just", path=env["PATH"])
+    assert just is not None, "just is not installed (pip install rust-just: the test extra)"
+    for recipe in ("wheelhouse", "image"):
+        subprocess.run([just, recipe], cwd=ROOT, env=env, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        ["buildah", "push", "-q", "localhost/skilld:dev", f"docker-daemon:{IMAGE}"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    return IMAGE
+
+
+@pytest.fixture(scope="module")
+def test_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tests/appliance/bundle built on the host (same wheelhouse, so the same engine)."""
+    out = tmp_path_factory.mktemp("appliance") / "bundle"
+    skilld = ROOT / ".venv" / "bin" / "skilld"
+    build = [str(skilld), "build", "--skills", str(BUNDLE_SRC / "skills")]
+    subprocess.run(
+        [*build, "--policies", str(BUNDLE_SRC / "policies"), "-o", str(out), "-q"],
+        env={**os.environ, "SKILLD_CACHE": str(cache_dir())},
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    for path in [out, *out.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return out
+
+
+class SocketWatch:
+    """Unix sockets on the host (0666 and 0600) that record every connection they get."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.connections: list[str] = []
+        self._socks = []
+        for name, mode in (("open.sock", 0o666), ("root.sock", 0o600)):
+            s = socket.socket(socket.AF_UNIX)
+            s.bind(str(directory / name))
+            (directory / name).chmod(mode)
+            s.listen()
+            s.settimeout(0.2)
+            self._socks.append((name, s))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            for name, s in self._socks:
+                with contextlib.suppress(TimeoutError, OSError):
+                    conn, _ = s.accept()
+                    self.connections.append(name)
+                    conn.close()
+
+    def close(self) -> None:
+        """Stop accepting and close the sockets."""
+        self._stop.set()
+        self._thread.join()
+        for _name, s in self._socks:
+            s.close()
+
+
+@dataclass
+class Running:
+    """One container serving the test bundle."""
+
+    profile: str
+    name: str
+    url: str
+    rw: Path
+    ro: Path
+    sockets: SocketWatch
+
+    def exec(self, *argv: str, check: bool = True) -> str:
+        """``docker exec`` in the container (as its own user); stdout."""
+        return docker("exec", self.name, *argv, check=check).stdout
+
+    def call(self, tool: str, args: dict[str, Any], timeout: float = 60) -> Any:
+        """One tools/call through a real MCP client over HTTP; the result."""
+
+        async def go() -> Any:
+            with anyio.fail_after(timeout):
+                async with (
+                    httpx2.AsyncClient(timeout=timeout) as http,
+                    streamable_http_client(self.url, http_client=http) as (read, write),
+                    ClientSession(read, write) as session,
+                ):
+                    await session.initialize()
+                    return await session.call_tool(tool, args)
+
+        return anyio.run(go)
+
+    def script(self, skill: str, script: str, *args: str) -> Any:
+        """run_script of an Agent Skill; the result."""
+        return self.call(f"{skill}/run_script", {"script": script, "args": list(args)})
+
+
+def text_of(result: Any) -> str:
+    """The text of a tool result."""
+    return "".join(getattr(c, "text", "") for c in result.content)
+
+
+def value_of(result: Any) -> dict[str, Any]:
+    """A run_script result's value (its first text block is the JSON)."""
+    assert not result.is_error, text_of(result)
+    value: dict[str, Any] = json.loads(result.content[0].text)
+    return value
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _wait_healthy(name: str, limit_s: float) -> float:
+    """Seconds from now until Docker says healthy (polled; fails past ``limit_s``)."""
+    started = time.monotonic()
+    while time.monotonic() - started < limit_s:
+        status = docker("inspect", "-f", "{{.State.Health.Status}}", name).stdout.strip()
+        if status == "healthy":
+            return time.monotonic() - started
+        if docker("inspect", "-f", "{{.State.Running}}", name).stdout.strip() != "true":
+            raise AssertionError(f"the container exited: {docker('logs', name).stderr}")
+        time.sleep(0.1)  # polling the engine: it has no wait-for-healthy
+    raise AssertionError(f"not healthy within {limit_s} s: {docker('logs', name).stderr}")
+
+
+@contextlib.contextmanager
+def serve(profile: str, image: str, bundle: Path, tmp: Path) -> Iterator[Running]:
+    """A container of ``image`` in ``profile`` serving ``bundle``; removed after."""
+    name = f"skilld-test-{profile}-{uuid.uuid4().hex[:8]}"
+    volume = name
+    rw, ro, sock = tmp / "rw", tmp / "ro", tmp / "sock"
+    for d in (rw, ro, sock):
+        d.mkdir()
+    rw.chmod(0o777)  # the script's identity (its own, or the server's) writes here
+    (ro / "key.pem").write_text("PRIVATE KEY")
+    if os.geteuid() == 0:  # owned by the server's uid: the worst case in shared identity
+        os.chown(ro / "key.pem", UID, UID)
+    (ro / "key.pem").chmod(0o600)
+    watch = SocketWatch(sock)
+    port = _free_port()
+    argv = [
+        "run", "-d", "--name", name, *PROFILES[profile],
+        "-p", f"127.0.0.1:{port}:8080", "-v", f"{volume}:/var/lib/skilld",
+        "-v", f"{bundle}:/opt/test-bundle:ro", "-v", f"{rw}:/srv/rw", "-v", f"{ro}:/srv/ro",
+        "-v", f"{sock}:/srv/sock",
+        image, "--bundle", "/opt/test-bundle",
+    ]  # fmt: skip
+    docker(*argv)
+    try:
+        _wait_healthy(name, 60)
+        yield Running(profile, name, f"http://127.0.0.1:{port}/mcp", rw, ro, watch)
+    finally:
+        docker("rm", "-f", name, check=False)
+        docker("volume", "rm", "-f", volume, check=False)
+        watch.close()
+
+
+@pytest.fixture(scope="module", params=sorted(PROFILES))
+def running(
+    request: pytest.FixtureRequest,
+    image: str,
+    test_bundle: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Running]:
+    """The image serving the test bundle, in each profile."""
+    with serve(request.param, image, test_bundle, tmp_path_factory.mktemp(request.param)) as r:
+        yield r
+
+
+# -- the image itself ---------------------------------------------------------------
+
+
+def test_version_through_the_entry_point(image: str) -> None:
+    """``docker run IMAGE --version`` prints the version and exits 0."""
+    out = docker("run", "--rm", image, "--version")
+    assert out.stdout.startswith("skilld "), out
+
+
+def test_image_starts_as_root_to_drop_to_a_pinned_uid_and_gid(image: str) -> None:
+    """No USER (serve drops to SKILLD_RUN_AS itself); user and group skilld are 10001."""
+    config = json.loads(docker("image", "inspect", image).stdout)[0]["Config"]
+    assert config["User"] in ("", None)
+    assert f"SKILLD_RUN_AS={UID}" in config["Env"]
+    ent = docker("run", "--rm", "--entrypoint", "getent", image, "passwd", "skilld").stdout
+    assert ent.split(":")[2:4] == [str(UID), str(UID)], ent
+    group = docker("run", "--rm", "--entrypoint", "getent", image, "group", "skilld").stdout
+    assert group.split(":")[2] == str(UID), group
+
+
+def test_image_carries_no_deb_files(image: str) -> None:
+    """Neither the base's nor any stage's apt downloads are in the image."""
+    argv = ["find", "/", "-xdev", "-name", "*.deb"]
+    found = docker("run", "--rm", "--entrypoint", argv[0], image, *argv[1:]).stdout
+    assert found.strip() == ""
+
+
+def test_healthcheck_runs_within_seconds(image: str) -> None:
+    """The health check's interval is a few seconds (not 30)."""
+    config = json.loads(docker("image", "inspect", image).stdout)[0]["Config"]
+    assert config["Healthcheck"]["Interval"] <= 5 * 10**9, config["Healthcheck"]
+
+
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_healthy_within_seconds_of_start_as_the_readme_runs_it(
+    profile: str, image: str, tmp_path: Path
+) -> None:
+    """The README's exact ``docker run`` (its demo bundle, a named volume): healthy within
+    10 s; under ``--read-only`` only the state volume was written."""
+    name = f"skilld-test-plain-{uuid.uuid4().hex[:8]}"
+    docker("run", "-d", "--name", name, *PROFILES[profile],
+           "-p", "127.0.0.1::8080", "-v", f"{name}:/var/lib/skilld", image)  # fmt: skip
+    try:
+        took = _wait_healthy(name, 30)
+        assert took < 10, took
+        changed = docker("diff", name).stdout.split()
+        assert changed == [], changed
+    finally:
+        docker("rm", "-f", name, check=False)
+        docker("volume", "rm", "-f", name, check=False)
+
+
+# -- what runs inside ---------------------------------------------------------------
+
+
+def test_a_wasm_agent_skill_script_runs(running: Running) -> None:
+    """A wasm Agent Skill script runs under --read-only; its workspace is in the volume."""
+    value = value_of(running.script("filler", "scripts/fill.py", "hello"))
+    assert value["exit_status"] == 0, value["stderr"]
+    assert value["stdout"].strip() == "hello from wasm"
+    assert running.exec("stat", "-c", "%a", "/var/lib/skilld/work").strip() == "711"
+
+
+def test_filling_a_wasm_workspace_and_rw_grant_is_stopped(running: Running) -> None:
+    """64 MiB (at about 100 MiB/s) into a 16 MiB workspace, then into the rw grant:
+    limit-exceeded naming the cap, ended while it writes (far less than 64 MiB landed); the
+    next call is answered."""
+    full = running.script("filler", "scripts/fill.py", "fill", "/workspace/big", "64")
+    assert full.is_error and "[limit-exceeded" in text_of(full), text_of(full)
+    assert "16 MiB" in text_of(full)
+    grant = running.script("filler", "scripts/fill.py", "fill", "/srv/rw/big", "64")
+    assert grant.is_error and "write budget of 16 MiB" in text_of(grant), text_of(grant)
+    assert (running.rw / "big").stat().st_size < 48 << 20
+    assert value_of(running.script("filler", "scripts/fill.py", "hello"))["exit_status"] == 0
+
+
+@needs_confine
+def test_a_shell_command_runs(running: Running) -> None:
+    """shell.run of /bin/echo (a wasm skill's grant) runs confined in the container."""
+    result = running.call("sheller/run", {"argv": ["/bin/echo", "from the container"]})
+    assert not result.is_error, text_of(result)
+    assert "from the container" in text_of(result)
+
+
+@needs_confine
+def test_a_native_agent_skill_script_runs(running: Running) -> None:
+    """A native Agent Skill script runs, neither as root nor (where a launcher can switch
+    identity) as the server's uid."""
+    value = value_of(running.script("hostile", "scripts/attack.py", "hello"))
+    assert value["exit_status"] == 0, value["stderr"]
+    words = value["stdout"].split()
+    assert words[:3] == ["hello", "from", "native"]
+    assert words[3] != "0"
+    if running.profile == "default":
+        assert words[3] != str(UID), "the script ran as the server's own uid"
+
+
+def _modes(running: Running, paths: list[str]) -> str:
+    argv = ["stat", "-c", "%n %a %u %g %Y", *paths]
+    return running.exec(*argv, check=False)
+
+
+TARGETS = ["/srv/ro/key.pem", "/var/lib/skilld/audit.jsonl", "/var/lib/skilld/state.sqlite3"]
+
+
+@needs_seccomp
+@pytest.mark.parametrize("case", ["chmod", "chown", "utime", "setxattr"])
+def test_metadata_outside_the_grants_is_unchanged(running: Running, case: str) -> None:
+    """chmod, chown, utime and setxattr on files outside the grants (a private key, the
+    audit log, the state) are refused; modes, owners and times are unchanged."""
+    before = _modes(running, TARGETS)
+    value = value_of(running.script("hostile", "scripts/attack.py", case, *TARGETS))
+    lines = value["stdout"].splitlines()
+    assert lines and all(line.startswith("BLOCKED") for line in lines), value
+    assert _modes(running, TARGETS) == before
+    xattrs = running.exec(
+        "/opt/skilld/bin/python", "-c",
+        "import os,sys; print([os.listxattr(p) for p in sys.argv[1:]])", *TARGETS,
+    )  # fmt: skip
+    assert "skilld" not in xattrs
+    assert value_of(running.script("hostile", "scripts/attack.py", "hello"))["exit_status"] == 0
+
+
+@needs_seccomp
+@pytest.mark.parametrize("case", ["unix", "keyring", "udp", "netlink", "raw", "packet"])
+def test_sockets_and_keyrings_are_refused(running: Running, case: str) -> None:
+    """Pathname unix sockets (a bind-mounted 0666 one, a 0600 one), the keyring, UDP,
+    netlink, raw and packet sockets: all refused; the host sockets got no connection."""
+    targets = ["/srv/sock/open.sock", "/srv/sock/root.sock"] if case == "unix" else []
+    value = value_of(running.script("hostile", "scripts/attack.py", case, *targets))
+    lines = value["stdout"].splitlines()
+    assert lines and all(line.startswith("BLOCKED") for line in lines), value
+    assert running.sockets.connections == []
+    assert value_of(running.script("hostile", "scripts/attack.py", "hello"))["exit_status"] == 0
+
+
+@needs_confine
+def test_a_daemon_does_not_outlive_its_call(running: Running) -> None:
+    """A grandchild in its own session that ticks a file stops ticking when the call ends."""
+    ticks = running.rw / f"ticks-{uuid.uuid4().hex[:6]}"
+    running.script("hostile", "scripts/attack.py", "daemon", f"/srv/rw/{ticks.name}")
+    assert ticks.is_file() and ticks.stat().st_size > 0, "the daemon never ticked"
+    size = ticks.stat().st_size
+    time.sleep(0.5)  # ten ticks' time: a living daemon would have written more
+    assert ticks.stat().st_size == size, "the daemon outlived its call"
+
+
+@needs_confine
+def test_filling_a_native_workspace_and_rw_grant_is_stopped(running: Running) -> None:
+    """A native script writing 1 GiB into its workspace, then into its rw grant: ended at
+    16 MiB (limit-exceeded naming the cap); the next call is answered."""
+    full = running.script("hostile", "scripts/attack.py", "fill", "big")
+    assert full.is_error and "16 MiB" in text_of(full), text_of(full)
+    grant = running.script("hostile", "scripts/attack.py", "fill", "/srv/rw/native-big")
+    assert grant.is_error and "write budget of 16 MiB" in text_of(grant), text_of(grant)
+    assert (running.rw / "native-big").stat().st_size < 64 << 20
+    assert value_of(running.script("hostile", "scripts/attack.py", "hello"))["exit_status"] == 0
+
+
+@needs_confine
+def test_doctor_reports_the_active_profile(running: Running) -> None:
+    """``skilld doctor`` in the running container says which confinement layers are active."""
+    out = running.exec("/opt/skilld/bin/skilld", "doctor")
+    assert "landlock" in out.lower(), out
+
+
+# -- shutdown -------------------------------------------------------------------------
+
+
+def test_stop_cuts_a_long_call_as_server_shutdown_before_sigkill(
+    image: str, test_bundle: Path, tmp_path: Path
+) -> None:
+    """``docker stop`` during a call longer than the drain: the client is answered that
+    the server shut down (the log and the audit record say ``shutdown``, not a client's
+    cancel), the server exits 0 well before Docker's SIGKILL (10 s), and every log line
+    is JSON."""
+    with serve("default", image, test_bundle, tmp_path) as r:
+        results: list[Any] = []
+        held = threading.Thread(
+            target=lambda: results.append(r.script("filler", "scripts/fill.py", "spin"))
+        )
+        held.start()
+        # Stop only once the call is in flight (the server's own gauge says so).
+        metrics = r.url.removesuffix("/mcp") + "/metrics"
+        deadline = time.monotonic() + 30
+        while "skilld_tool_calls_in_flight 1" not in httpx2.get(metrics).text:
+            assert time.monotonic() < deadline, "the call never started"
+            time.sleep(0.05)  # polling the server's gauge
+        started = time.monotonic()
+        docker("stop", r.name, timeout=30)
+        took = time.monotonic() - started
+        held.join(30)
+        status = docker("inspect", "-f", "{{.State.ExitCode}}", r.name).stdout.strip()
+        logs = docker("logs", r.name).stderr.splitlines()
+        # The state volume (named as the container) outlives it: read its audit log.
+        audit = docker("run", "--rm", "-v", f"{r.name}:/state", "--entrypoint", "cat",
+                       image, "/state/audit.jsonl").stdout  # fmt: skip
+    assert took < 9, f"docker stop took {took:.1f} s (SIGKILL at 10 s)"
+    assert status == "0", status
+    (result,) = results
+    assert result.is_error and "the server shut down" in text_of(result), text_of(result)
+    bad = [line for line in logs if not line.startswith("{")]
+    assert not bad, bad
+    assert any('"outcome": "shutdown"' in line for line in logs), logs[-5:]
+    records = [json.loads(line) for line in audit.splitlines()]
+    cut = [r for r in records if r.get("skill") == "filler" and r.get("outcome") == "shutdown"]
+    assert cut, records[-2:]
