@@ -28,7 +28,6 @@ from skilld.agentskills._build import (
     INSTRUCTIONS,
     RUN_SCRIPT,
     AgentSkillSource,
-    check_stdlib_only,
     describe,
     install_requirements,
     is_agent_skill,
@@ -38,10 +37,19 @@ from skilld.agentskills._build import (
     reparse,
     requirements_of,
     resource_uri,
+    runnable_scripts,
     scripts_of,
 )
 from skilld.agentskills._executors import NativeExecutor, WasmExecutor, tree_grants
 from skilld.agentskills._listing import available_skills_xml
+from skilld.agentskills._plan import (
+    DEBIAN_PACKAGES,
+    SYSTEM_FILES,
+    Plan,
+    declared_programs,
+    missing_program_message,
+    plan,
+)
 from skilld.agentskills._skillmd import SKILL_MD, SkillMd, parse_skill_md, parse_skill_text
 from skilld.agentskills._tools import ToolNeeds, tools_to_needs
 from skilld.errors import BundleError
@@ -57,17 +65,23 @@ def open_backend(
     grants: Mapping[str, Any],
     limits: Limits,
     runner: Any = None,
+    *,
+    plan: Mapping[str, Any] | None = None,
+    digests: Mapping[str, str] | None = None,
 ) -> AgentSkillBackend:
     """The backend serving one Agent Skill of a verified bundle.
 
     ``executor`` is the lock's (``wasm``, ``native``, ``none`` without scripts);
     ``scripts`` and ``grants`` are the skill's policy tables; ``runner`` the loaded
-    CPython runner component (``wasm`` only).
+    CPython runner component (``wasm`` only); ``plan`` the lock's record of how its
+    scripts run (``Plan.as_lock``: interpreters, programs, what is unavailable);
+    ``digests`` the lock's sha256 of each of its files, by path inside the skill.
 
     Raises:
         BundleError: a ``wasm`` skill in a bundle without the runner component.
     """
     chosen: ScriptExecutor | None = None
+    plan = plan or {}
     if executor == "wasm":
         if runner is None:
             raise BundleError(
@@ -77,36 +91,49 @@ def open_backend(
             )
         chosen = WasmExecutor(spec.id, root, runner, grants.get("fs") or ())
     elif executor == "native":
-        chosen = NativeExecutor(spec.id, root, env, scripts["interpreters"], grants, limits)
-    return AgentSkillBackend(spec, root, chosen)
+        interpreters = scripts.get("interpreters")
+        if interpreters is None:
+            interpreters = plan.get("interpreters") or ("python",)
+        chosen = NativeExecutor(
+            spec.id, root, env, interpreters, grants, limits, plan.get("programs") or ()
+        )
+    return AgentSkillBackend(
+        spec, root, chosen, unavailable=plan.get("unavailable") or {}, digests=digests
+    )
 
 
 __all__ = [
+    "DEBIAN_PACKAGES",
     "INSTRUCTIONS",
     "RUN_SCRIPT",
     "SKILL_MD",
+    "SYSTEM_FILES",
     "AgentSkillBackend",
     "AgentSkillSource",
     "NativeExecutor",
+    "Plan",
     "ScriptExecutor",
     "ScriptRun",
     "SkillMd",
     "ToolNeeds",
     "WasmExecutor",
     "available_skills_xml",
-    "check_stdlib_only",
+    "declared_programs",
     "describe",
     "install_requirements",
     "is_agent_skill",
     "mime_type",
+    "missing_program_message",
     "open_backend",
     "pack",
     "parse_skill_md",
     "parse_skill_text",
+    "plan",
     "read_source",
     "reparse",
     "requirements_of",
     "resource_uri",
+    "runnable_scripts",
     "scripts_of",
     "tools_to_needs",
     "tree_grants",

@@ -224,7 +224,7 @@ def parse_skill_text(text: str, dir_name: str, *, source: str, lenient: bool = F
         allowed_tools=tools,
         warnings=tuple(found.warnings),
         allowed_tools_line=line("allowed-tools"),
-        frontmatter=MappingProxyType({str(k): _jsonable(v) for k, v in doc.items()}),
+        frontmatter=MappingProxyType({str(k): jsonable(v) for k, v in doc.items()}),
     )
 
 
@@ -270,12 +270,12 @@ def _quote_value(raw: str) -> str:
     return f'{match["key"]}: "{value}"'
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
     """A YAML value as JSON: mappings with string keys, lists, scalars; dates as ISO text."""
     if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     if value is None or isinstance(value, bool | int | float | str):
         return value
     if hasattr(value, "isoformat"):
@@ -363,7 +363,7 @@ def _check_metadata(doc: Mapping[str, Any], found: _Findings, at: int) -> dict[s
                 f"Field 'metadata' values must be strings, got {_kind(item)} "
                 "(kept as its JSON text; quote it)",
             )
-            item = json.dumps(_jsonable(item), ensure_ascii=False)
+            item = json.dumps(jsonable(item), ensure_ascii=False)
         out[str(key)] = item
     return out
 

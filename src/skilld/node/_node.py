@@ -103,6 +103,12 @@ def _register_agent_skills(registry: Any, loaded: Any, sandbox: Any, tables: Any
             grants,
             limits,
             runner,
+            plan=locked.scripts,
+            digests={
+                path.removeprefix(f"{locked.root}/"): sha
+                for path, sha in lock.files.items()
+                if path.startswith(f"{locked.root}/")
+            },
         )
         exposure = tables.exposure(locked.id)
         # Tier 1 is a tool named as the skill, unless the operator named it otherwise.
