@@ -126,6 +126,7 @@ class AgentSkillBackend:
         self.body = body.strip()
         self._kept: OrderedDict[str, tuple[float, str, bytes]] = OrderedDict()
         self._kept_lock = threading.Lock()
+        self._entry: dict[str, Any] | None = None
 
     # -- the SkillBackend protocol ----------------------------------------
 
@@ -168,6 +169,8 @@ class AgentSkillBackend:
         Raises:
             SkilldError: SKILL.md's frontmatter no longer parses (it did at build).
         """
+        if self._entry is not None:
+            return self._entry
         from skilld.policy import load_yaml
 
         doc = load_yaml("\n" + self.frontmatter_text, f"{self.spec.id}/{SKILL_MD}") or {}
@@ -180,11 +183,12 @@ class AgentSkillBackend:
 
                 digest = hashlib.sha256(self._read(rel)).hexdigest()
             resources.append({"uri": uri, "digest": f"sha256:{digest}", "size": size})
-        return {
+        self._entry = {
             "uri": resource_uri(self.spec.id, SKILL_MD),
             "frontmatter": jsonable(doc),
             "resources": resources,
         }
+        return self._entry
 
     def get_prompt(self, name: str, args_json: str, ctx: CallContext) -> list[dict[str, Any]]:
         """The ``SKILL.md`` body as one user message.
