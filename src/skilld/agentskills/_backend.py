@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import html
 import json
 import os
@@ -179,8 +180,6 @@ class AgentSkillBackend:
             digest = self.digests.get(rel)
             size = (self.root / rel).stat().st_size
             if digest is None:  # a backend opened without the lock's digests (tests)
-                import hashlib
-
                 digest = hashlib.sha256(self._read(rel)).hexdigest()
             resources.append({"uri": uri, "digest": f"sha256:{digest}", "size": size})
         self._entry = {
@@ -259,7 +258,8 @@ class AgentSkillBackend:
         try:
             _place(workspace, inputs)
             run = self.executor.run(script, argv, stdin, workspace, ctx)
-            files, large = _collect(workspace, self.spec.id)
+            given = {rel: hashlib.sha256(data).digest() for rel, data in inputs}
+            files, large = _collect(workspace, self.spec.id, given)
         finally:
             _remove(workspace)
         kept = self._keep(large) if large else []
@@ -434,9 +434,12 @@ def _place(workspace: Path, inputs: Sequence[tuple[str, bytes]]) -> None:
             fh.write(data)
 
 
-def _collect(workspace: Path, skill_id: str) -> tuple[list[ContentBlock], list[tuple[str, bytes]]]:
+def _collect(
+    workspace: Path, skill_id: str, given: Mapping[str, bytes]
+) -> tuple[list[ContentBlock], list[tuple[str, bytes]]]:
     """Regular files the script left in its workspace (links are not followed): those
-    small enough embedded, and up to :data:`MAX_KEPT_FILE` the larger ones' bytes."""
+    small enough embedded, and up to :data:`MAX_KEPT_FILE` the larger ones' bytes. A
+    file the client gave (``given``: path to sha256) comes back only if it changed."""
     out: list[ContentBlock] = []
     large: list[tuple[str, bytes]] = []
     for dirpath, _dirs, names in os.walk(workspace):
@@ -445,12 +448,14 @@ def _collect(workspace: Path, skill_id: str) -> tuple[list[ContentBlock], list[t
             info = path.lstat()
             if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_KEPT_FILE:
                 continue
+            rel = path.relative_to(workspace).as_posix()
             if len(out) + len(large) >= MAX_RETURNED_FILES:
                 return out, large
-            rel = path.relative_to(workspace).as_posix()
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
             with os.fdopen(fd, "rb") as fh:
                 data = fh.read(MAX_KEPT_FILE)
+            if given.get(rel) == hashlib.sha256(data).digest():
+                continue
             if len(data) > MAX_RETURNED_FILE:
                 large.append((rel, data))
             else:
