@@ -25,9 +25,9 @@ from test_mcp import _text, _value, session_for
 from skilld.bundle import BuildResult, build_bundle, open_bundle
 from skilld.errors import AgentSkillError
 from skilld.mcp import ServeConfig
-from skilld.mcp._server import McpService
 from skilld.mcp._logging import make_logger
 from skilld.mcp._metrics import Metrics
+from skilld.mcp._server import McpService
 from skilld.mcp._skills_ext import GetSkillParams
 from skilld.node import Node, NodeConfig
 from skilld.sandbox import Sandbox
