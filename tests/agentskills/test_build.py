@@ -15,6 +15,7 @@ from skilld import agentskills, package
 from skilld.bundle import BuildResult, build_bundle, open_bundle
 from skilld.cli import main
 from skilld.errors import AgentSkillError, BundleError, PolicyError
+from skilld.node import Node, NodeConfig
 from skilld.sandbox import Sandbox
 from tests_env import cache_dir
 
@@ -313,3 +314,51 @@ def test_one_runner_serves_kits_and_wasm_scripts(
         )
     assert out.value["exit_status"] == 0, out.value["stderr"]
     assert '"rows": 1' in out.value["stdout"]
+
+
+def test_a_64_character_name_builds_strictly_and_is_served(
+    tmp_path: Path, sandbox: Sandbox
+) -> None:
+    """The specification's longest name is a skill id: strict builds accept it, with a script."""
+    name = "a" + "-b" * 31 + "c"
+    assert len(name) == 64
+    root = tree(
+        tmp_path,
+        {name: {"SKILL.md": skill_md(name), "scripts/hi.py": "print('hi')\n"}},
+        {},
+    )
+    result = build(root, sandbox)
+    [locked] = result.lock.agent_skills
+    assert (locked.id, locked.executor) == (name, "wasm")
+    with Node.open(NodeConfig(bundle=result.out, state_dir=tmp_path / "state")) as node:
+        tools = {t.name for t in node.registry.tools()}
+        assert {name, f"{name}/run_script"} <= tools
+
+
+def test_a_program_the_policy_names_and_the_host_lacks_fails_even_leniently(
+    tmp_path: Path, sandbox: Sandbox
+) -> None:
+    """scripts.programs is the operator's word: a missing one fails, naming its package."""
+    root = tree(
+        tmp_path,
+        {"pdfy": {"SKILL.md": skill_md("pdfy"), "scripts/a.py": "import json\n"}},
+        {"pdfy.yaml": "scripts:\n  programs: [skilld-no-such-program, pdfinfo-x]\n"},
+    )
+    with pytest.raises(AgentSkillError, match="skilld-no-such-program") as err:
+        build(root, sandbox, lenient=True, strict=False)
+    assert err.value.location == "policies/pdfy.yaml"
+
+
+def test_a_program_only_the_skill_names_makes_its_scripts_unavailable_leniently(
+    tmp_path: Path, sandbox: Sandbox
+) -> None:
+    """metadata.system-programs the host lacks: lenient serves it unavailable, strict refuses."""
+    md = skill_md("pdfy", "metadata:\n  system-programs: pdfinfo-skilld-test\n")
+    root = tree(tmp_path, {"pdfy": {"SKILL.md": md, "scripts/a.sh": "pdfinfo-skilld-test\n"}}, {})
+    seen: list[str] = []
+    result = build(root, sandbox, lenient=True, strict=False, progress=seen.append)
+    [locked] = result.lock.agent_skills
+    assert "'pdfinfo-skilld-test'" in locked.scripts["unavailable"]["scripts/a.sh"]
+    assert not any("from None" in line or "None" in line.split() for line in seen)
+    with pytest.raises(AgentSkillError, match="pdfinfo-skilld-test"):
+        build(root, sandbox)
