@@ -8,11 +8,15 @@ skilld treats one as a first-class skill of the sealed bundle:
   the frontmatter validated to the specification (strict, or ``--lenient`` as its
   client guide says), ``allowed-tools`` mapped onto needs that the policy compiler
   intersects with the operator's grants, the directory packed into a signed
-  ``.skill``, its Python requirements installed offline into its own environment,
-  the ``wasm`` executor refused for scripts that import beyond the standard library;
+  ``.skill``, its Python requirements installed offline into its own environment;
+- build time, scripts (``_plan``): what each script needs (packages, an interpreter,
+  processes, declared system programs), the executor chosen from it unless the policy
+  chose, and what cannot run here (served ``unavailable`` leniently, refused strictly);
 - run time (``_backend``, ``_executors``): a registry backend serving the three
   disclosure tiers (the tool, its instructions, each file as ``skill://NAME/PATH``),
-  the body as a prompt, and ``run_script`` through the ``wasm`` or ``native`` executor.
+  the body as a prompt, ``run_script`` through the ``wasm`` or ``native`` executor with
+  the client's files in and large outputs kept as resources, and the skill's entry of
+  the MCP skills extension; ``_activation``: one activation tool for many skills.
 
 ``docs/agent-skills.md`` describes the format, the tiers and what each executor confines.
 """
@@ -23,6 +27,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from skilld.agentskills._activation import (
+    ACTIVATE,
+    ACTIVATION_ID,
+    ACTIVATION_THRESHOLD,
+    ACTIVATION_TOOL,
+    ActivationBackend,
+)
 from skilld.agentskills._backend import AgentSkillBackend, ScriptExecutor, ScriptRun
 from skilld.agentskills._build import (
     INSTRUCTIONS,
@@ -103,11 +114,16 @@ def open_backend(
 
 
 __all__ = [
+    "ACTIVATE",
+    "ACTIVATION_ID",
+    "ACTIVATION_THRESHOLD",
+    "ACTIVATION_TOOL",
     "DEBIAN_PACKAGES",
     "INSTRUCTIONS",
     "RUN_SCRIPT",
     "SKILL_MD",
     "SYSTEM_FILES",
+    "ActivationBackend",
     "AgentSkillBackend",
     "AgentSkillSource",
     "NativeExecutor",

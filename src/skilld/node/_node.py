@@ -75,6 +75,7 @@ def _register_agent_skills(registry: Any, loaded: Any, sandbox: Any, tables: Any
 
     from skilld import agentskills
     from skilld.permissions import SkillPermissions
+    from skilld.policy import Exposure
     from skilld.registry import SkillEntry, annotations_for
     from skilld.types import SkillSpec
 
@@ -90,6 +91,10 @@ def _register_agent_skills(registry: Any, loaded: Any, sandbox: Any, tables: Any
                 loaded.root / lock.runner.native, lock.runner.native_sha256, name="pyrunner"
             )
         )
+    # Many skills: one activation tool (a name enum) instead of a tool each (the guide's).
+    ids = {a.id for a in lock.agent_skills}
+    many = len(ids) > agentskills.ACTIVATION_THRESHOLD and agentskills.ACTIVATION_ID not in ids
+    backends: dict[str, Any] = {}
     for locked in lock.agent_skills:
         spec = SkillSpec.from_dict({**locked.spec, "id": locked.id, "version": locked.version})
         limits = tables.limits(locked.id)
@@ -110,7 +115,10 @@ def _register_agent_skills(registry: Any, loaded: Any, sandbox: Any, tables: Any
                 if path.startswith(f"{locked.root}/")
             },
         )
+        backends[locked.id] = backend
         exposure = tables.exposure(locked.id)
+        if many:
+            exposure = replace(exposure, hidden=(*exposure.hidden, agentskills.INSTRUCTIONS))
         # Tier 1 is a tool named as the skill, unless the operator named it otherwise.
         names = {agentskills.INSTRUCTIONS: locked.id, **exposure.names}
         registry.add(
@@ -122,6 +130,17 @@ def _register_agent_skills(registry: Any, loaded: Any, sandbox: Any, tables: Any
                 exposure=replace(exposure, names=names),
                 annotations=annotations_for(grants),
                 description=locked.description,
+            )
+        )
+    if many:
+        activation = agentskills.ActivationBackend(backends)
+        registry.add(
+            SkillEntry(
+                spec=activation.spec,
+                component=activation,
+                exposure=Exposure(names={agentskills.ACTIVATE: agentskills.ACTIVATION_TOOL}),
+                annotations=annotations_for({}),
+                description=activation.spec.description,
             )
         )
 
