@@ -207,7 +207,8 @@ def test_skills_list_plain_and_xml(
 
 def test_allowed_tools_map_onto_the_policy_vocabulary() -> None:
     """Read asks for the granted paths read-only, Write the rw ones, Bash(cmd:*) a
-    program, WebFetch the granted URLs with GET; the rest grants nothing."""
+    program, WebFetch the granted URLs with GET; the rest grants nothing; without a file
+    tool the operator's fs grants stay as written."""
     grants = {
         "fs": [{"path": "/data/in", "mode": "ro"}, {"path": "/data/out", "mode": "rw"}],
         "http": [{"url": "https://api.example.com/"}],
@@ -223,7 +224,9 @@ def test_allowed_tools_map_onto_the_policy_vocabulary() -> None:
     assert mapped.needs["shell"] == [{"program": "git", "args": ["log", "**"]}]
     assert mapped.needs["http"] == [{"url": "https://api.example.com/", "methods": ["GET"]}]
     assert len(mapped.findings) == 2
-    assert agentskills.tools_to_needs([], grants).needs == {}
+    # No file tool declared: allowed-tools narrows, never gates the operator's fs grants.
+    assert agentskills.tools_to_needs([], grants).needs == {"fs": grants["fs"]}
+    assert agentskills.tools_to_needs(["Bash(git:*)"], grants).needs["fs"] == grants["fs"]
 
 
 def test_skilld_pack_packs_an_agent_skill(

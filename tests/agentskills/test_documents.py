@@ -233,6 +233,9 @@ def test_a_large_output_is_kept_as_a_resource_of_the_run(
         ([{"path": "a", "uri": "file:///etc/passwd"}], "not a resource of skill"),
         ([{"path": "a", "uri": "skill://docx-text/SKILL.md"}], "not a resource of skill"),
         ([{"path": "a", "text": "x", "content": "eA=="}], "one of content, text or uri"),
+        ([{"path": "a", "text": "x"}, {"path": "a", "text": "y"}], "collides"),
+        ([{"path": "a", "text": "x"}, {"path": "a/b", "text": "y"}], "collides"),
+        ([{"path": "a/./b", "text": "x"}], "must be relative"),
     ],
 )
 def test_hostile_input_files_are_refused(

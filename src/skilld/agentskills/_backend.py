@@ -425,11 +425,21 @@ def _workspace_path(raw: Any) -> str:
 
 
 def _place(workspace: Path, inputs: Sequence[tuple[str, bytes]]) -> None:
-    """Write the client's files into a workspace no script has touched yet."""
+    """Write the client's files into a workspace no script has touched yet.
+
+    Raises:
+        GuestError: ``invalid-argument`` when two paths collide (the same file twice,
+            or a file where another needs a directory).
+    """
     for rel, data in inputs:
         target = workspace / rel
-        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except OSError:
+            raise GuestError(
+                "invalid-argument", f"file path '{rel}' collides with another file given"
+            ) from None
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
 
