@@ -7,7 +7,10 @@ import base64
 import hashlib
 import io
 import json
+import os
 import shutil
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -359,3 +362,45 @@ def test_lenient_serves_what_cannot_run_and_run_script_says_why(
             assert "WASI" in _text(ran) or "process" in _text(ran)
 
     anyio.run(main)
+
+
+def test_a_handshake_client_over_stdio_sees_the_extension_and_lists_skills(
+    documents: BuildResult, tmp_path: Path
+) -> None:
+    """Over stdio at 2025-11-25 (no capabilities.extensions field), the extension is
+    declared under experimental and skills/list and skills/get answer: raw JSON-RPC."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "skilld", "serve", "--bundle", str(documents.out),
+         "--state-dir", str(tmp_path / "state")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+        env={**os.environ, "SKILLD_CACHE": str(cache_dir())},
+    )  # fmt: skip
+    assert proc.stdin is not None and proc.stdout is not None
+
+    def ask(message: dict[str, Any]) -> dict[str, Any]:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(json.dumps(message).encode() + b"\n")
+        proc.stdin.flush()
+        if "id" not in message:
+            return {}
+        answer: dict[str, Any] = json.loads(proc.stdout.readline())
+        return answer
+
+    try:
+        hello = ask({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "0"}}})  # fmt: skip
+        experimental = hello["result"]["capabilities"]["experimental"]
+        assert experimental["io.modelcontextprotocol/skills"] == {}
+        ask({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        listed = ask({"jsonrpc": "2.0", "id": 2, "method": "skills/list", "params": {}})
+        assert len(listed["result"]["skills"]) == len(documents.lock.agent_skills)
+        got = ask({"jsonrpc": "2.0", "id": 3, "method": "skills/get",
+                   "params": {"uri": "skill://docx-text/SKILL.md"}})  # fmt: skip
+        assert got["result"]["skill"]["frontmatter"]["metadata"]["formats"] == ["docx"]
+        bad = ask({"jsonrpc": "2.0", "id": 4, "method": "skills/get",
+                   "params": {"uri": "skill://docx-text/../pdf-forms/SKILL.md"}})  # fmt: skip
+        assert bad["error"]["code"] == -32602
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)

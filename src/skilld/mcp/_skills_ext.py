@@ -1,6 +1,8 @@
 """The MCP skills extension (SEP-2640, ``io.modelcontextprotocol/skills``).
 
-A server that declares the extension answers two methods besides the resources it
+The server declares the extension in ``capabilities.extensions`` (2026-07-28) and in
+``capabilities.experimental`` (the handshake revisions, whose capabilities have no
+``extensions`` field), and answers two methods besides the resources it
 already serves (every file of an Agent Skill is ``skill://NAME/PATH``):
 
 - ``skills/list``: one entry per Agent Skill: the URI of its ``SKILL.md``, its
@@ -90,7 +92,22 @@ def register(server: Server[Any], dispatcher: Dispatcher) -> None:
             data={"uri": params.uri},
         )
 
+    # 2026-07-28 clients read ``capabilities.extensions``; the handshake revisions
+    # (2025-11-25) have no such field, and their capabilities are sieved to their
+    # schema, so the declaration is also made where those revisions carry extensions:
+    # ``capabilities.experimental``.
     server.extensions[EXTENSION] = {}
+    build_options = server.create_initialization_options
+
+    def with_experimental(
+        notification_options: Any = None,
+        experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+        extensions: dict[str, dict[str, Any]] | None = None,
+    ) -> Any:
+        experimental = {**(experimental_capabilities or {}), EXTENSION: {}}
+        return build_options(notification_options, experimental, extensions)
+
+    setattr(server, "create_initialization_options", with_experimental)  # noqa: B010 - an instance's own options
     server.add_request_handler("skills/list", ListSkillsParams, list_skills)
     server.add_request_handler("skills/get", GetSkillParams, get_skill)
 
