@@ -51,6 +51,9 @@ def _tree(root: Path, policies: dict[str, str] | None = None) -> Path:
     (big / "scripts" / "big.py").write_text(
         f"with open('big.bin', 'wb') as fh:\n    fh.write(b'x' * {BIG})\n"
     )
+    (big / "scripts" / "count.py").write_text(
+        "import sys\nwith open(sys.argv[1], 'rb') as fh:\n    print(len(fh.read()))\n"
+    )
     (root / "policies").mkdir()
     for name, text in (policies or {}).items():
         (root / "policies" / name).write_text(text)
@@ -204,7 +207,7 @@ def test_a_large_output_is_kept_as_a_resource_of_the_run(
     documents: BuildResult, tmp_path: Path
 ) -> None:
     """An output too large to embed comes back as a skill:// resource the client reads,
-    and can be handed to the next run by its URI."""
+    and can be handed to the next run by its URI (native and wasm alike)."""
 
     async def main() -> None:
         async with session_for(documents.out, tmp_path / "state") as s:
@@ -223,6 +226,13 @@ def test_a_large_output_is_kept_as_a_resource_of_the_run(
             )  # fmt: skip
             size = (DOCUMENTS / "pdf-forms" / "SKILL.md").stat().st_size
             assert _value(again)["stdout"] == f"size: {size}\n"
+            wasm = await s.call_tool(
+                "big-out/run_script",
+                {"script": "scripts/count.py", "args": ["in/big.bin"],
+                 "files": [{"path": "in/big.bin", "uri": kept["uri"]}]},
+            )  # fmt: skip
+            value = _value(wasm)
+            assert (value["executor"], value["stdout"]) == ("wasm", f"{BIG}\n"), value
 
     anyio.run(main)
 

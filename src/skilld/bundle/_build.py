@@ -571,6 +571,9 @@ def _stage_agent_skills(
                 env = ""
         if runnable:
             progress(f"{sid}: scripts run {planned.executor}: {planned.reason}")
+        if runnable and planned.programs:
+            # The operator sees what a skill's own metadata made executable for it.
+            progress(f"{sid}: scripts may start {', '.join(planned.programs)}")
         for script, why in sorted(planned.unavailable.items()):
             progress(f"warning: {sid}/{script}: unavailable: {why}")
         spec = agentskills.describe(mds[sid], version, v.files)
