@@ -9,13 +9,21 @@ CSV) run three ways, each call to the end with its output read:
 3. the ``wasm`` executor: the CPython runner component, a fresh instance per call with
    that call's WASI preopens, through the registry.
 
-Run: ``python bench/bench_agentskills.py [--scale F]`` (builds a bundle of the fixture
-skills first; the runner component is cached; ``--scale 0.1`` checks the bench works).
+Then the tokens a client receives per activation (tier 2), before and after the body
+was sent once: *before* rebuilds the old answer (a JSON copy of the body and file index
+beside the Markdown text), *after* is what the backend answers now (the body once,
+wrapped as the client guide shows). Tokens are estimated as characters / 4.
+``--bundle DIR`` measures the Agent Skills of another built bundle instead.
+
+Run: ``python bench/bench_agentskills.py [--scale F] [--bundle DIR]`` (builds a bundle
+of the fixture skills first; the runner component is cached; ``--scale 0.1`` checks the
+bench works).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import statistics
 import subprocess
@@ -38,11 +46,45 @@ FIXTURES = ROOT / "tests" / "agentskills" / "fixtures"
 CSV = "city,temp,rain\n" + "".join(f"c{i},{i % 30},{i * 0.5}\n" for i in range(200))
 
 
+def _old_activation(backend: agentskills.AgentSkillBackend) -> str:
+    """The tier-2 answer as it was: the Markdown text plus a JSON copy of body and index."""
+    index = [
+        {"path": backend._paths[r.uri], "uri": r.uri, "mime_type": r.mime_type}
+        for r in backend.spec.resources
+        if not r.template
+    ]
+    listing = "\n".join(f"- {f['path']} ({f['uri']})" for f in index)
+    text = f"{backend.body}\n\n---\nFiles of this skill (read one as an MCP resource):\n{listing}"
+    value = {"name": backend.spec.id, "instructions": backend.body, "files": index}
+    return json.dumps(value, ensure_ascii=False) + text
+
+
+def activation_tokens(bundle: Path, sandbox: Sandbox) -> None:
+    """Print tokens per activation, before and after, for each Agent Skill of ``bundle``."""
+    loaded = open_bundle(bundle, sandbox)
+    print("\n| skill | tokens before | tokens after | after / before |")
+    print("|---|---:|---:|---:|")
+    totals = [0, 0]
+    for locked in loaded.lock.agent_skills:
+        spec = SkillSpec.from_dict({**locked.spec, "id": locked.id, "version": locked.version})
+        backend = agentskills.AgentSkillBackend(spec, bundle / locked.root, None)
+        before, after = len(_old_activation(backend)) // 4, len(backend.activation_text()) // 4
+        totals[0] += before
+        totals[1] += after
+        print(f"| {locked.id} | {before} | {after} | {after / before:.2f} |")
+    print(f"| all | {totals[0]} | {totals[1]} | {totals[1] / max(totals[0], 1):.2f} |")
+
+
 def main() -> None:
     """Build the fixture bundle, then time each way of running the script."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--scale", type=float, default=1.0, help="fraction of iterations")
+    parser.add_argument("--bundle", type=Path, help="measure activation tokens of this bundle")
     args = parser.parse_args()
+    if args.bundle is not None:
+        with Sandbox(cache_dir()) as sandbox:
+            activation_tokens(args.bundle, sandbox)
+        return
     n = max(5, int(50 * args.scale))
     with (
         tempfile.TemporaryDirectory(prefix="bench-agentskills-") as tmp,
@@ -105,6 +147,7 @@ def main() -> None:
             out = registry.call_method(f"csv-{executor}", "run_script", args_)
             assert out.value["exit_status"] == 0, out.value["stderr"]
 
+        activation_tokens(bundle, sandbox)
         results = {
             "plain python3 script.py": timings(plain, n=n),
             "native executor (confined process)": timings(lambda: via("native"), n=n),

@@ -15,6 +15,7 @@ from skilld import agentskills, package
 from skilld.bundle import BuildResult, build_bundle, open_bundle
 from skilld.cli import main
 from skilld.errors import AgentSkillError, BundleError, PolicyError
+from skilld.node import Node, NodeConfig
 from skilld.sandbox import Sandbox
 from tests_env import cache_dir
 
@@ -206,7 +207,8 @@ def test_skills_list_plain_and_xml(
 
 def test_allowed_tools_map_onto_the_policy_vocabulary() -> None:
     """Read asks for the granted paths read-only, Write the rw ones, Bash(cmd:*) a
-    program, WebFetch the granted URLs with GET; the rest grants nothing."""
+    program, WebFetch the granted URLs with GET; the rest grants nothing; without a file
+    tool the operator's fs grants stay as written."""
     grants = {
         "fs": [{"path": "/data/in", "mode": "ro"}, {"path": "/data/out", "mode": "rw"}],
         "http": [{"url": "https://api.example.com/"}],
@@ -222,7 +224,9 @@ def test_allowed_tools_map_onto_the_policy_vocabulary() -> None:
     assert mapped.needs["shell"] == [{"program": "git", "args": ["log", "**"]}]
     assert mapped.needs["http"] == [{"url": "https://api.example.com/", "methods": ["GET"]}]
     assert len(mapped.findings) == 2
-    assert agentskills.tools_to_needs([], grants).needs == {}
+    # No file tool declared: allowed-tools narrows, never gates the operator's fs grants.
+    assert agentskills.tools_to_needs([], grants).needs == {"fs": grants["fs"]}
+    assert agentskills.tools_to_needs(["Bash(git:*)"], grants).needs["fs"] == grants["fs"]
 
 
 def test_skilld_pack_packs_an_agent_skill(
@@ -313,3 +317,51 @@ def test_one_runner_serves_kits_and_wasm_scripts(
         )
     assert out.value["exit_status"] == 0, out.value["stderr"]
     assert '"rows": 1' in out.value["stdout"]
+
+
+def test_a_64_character_name_builds_strictly_and_is_served(
+    tmp_path: Path, sandbox: Sandbox
+) -> None:
+    """The specification's longest name is a skill id: strict builds accept it, with a script."""
+    name = "a" + "-b" * 31 + "c"
+    assert len(name) == 64
+    root = tree(
+        tmp_path,
+        {name: {"SKILL.md": skill_md(name), "scripts/hi.py": "print('hi')\n"}},
+        {},
+    )
+    result = build(root, sandbox)
+    [locked] = result.lock.agent_skills
+    assert (locked.id, locked.executor) == (name, "wasm")
+    with Node.open(NodeConfig(bundle=result.out, state_dir=tmp_path / "state")) as node:
+        tools = {t.name for t in node.registry.tools()}
+        assert {name, f"{name}/run_script"} <= tools
+
+
+def test_a_program_the_policy_names_and_the_host_lacks_fails_even_leniently(
+    tmp_path: Path, sandbox: Sandbox
+) -> None:
+    """scripts.programs is the operator's word: a missing one fails, naming its package."""
+    root = tree(
+        tmp_path,
+        {"pdfy": {"SKILL.md": skill_md("pdfy"), "scripts/a.py": "import json\n"}},
+        {"pdfy.yaml": "scripts:\n  programs: [skilld-no-such-program, pdfinfo-x]\n"},
+    )
+    with pytest.raises(AgentSkillError, match="skilld-no-such-program") as err:
+        build(root, sandbox, lenient=True, strict=False)
+    assert err.value.location == "policies/pdfy.yaml"
+
+
+def test_a_program_only_the_skill_names_makes_its_scripts_unavailable_leniently(
+    tmp_path: Path, sandbox: Sandbox
+) -> None:
+    """metadata.system-programs the host lacks: lenient serves it unavailable, strict refuses."""
+    md = skill_md("pdfy", "metadata:\n  system-programs: pdfinfo-skilld-test\n")
+    root = tree(tmp_path, {"pdfy": {"SKILL.md": md, "scripts/a.sh": "pdfinfo-skilld-test\n"}}, {})
+    seen: list[str] = []
+    result = build(root, sandbox, lenient=True, strict=False, progress=seen.append)
+    [locked] = result.lock.agent_skills
+    assert "'pdfinfo-skilld-test'" in locked.scripts["unavailable"]["scripts/a.sh"]
+    assert not any("from None" in line or "None" in line.split() for line in seen)
+    with pytest.raises(AgentSkillError, match="pdfinfo-skilld-test"):
+        build(root, sandbox)

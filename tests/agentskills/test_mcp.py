@@ -59,8 +59,12 @@ def test_tiers_resources_prompts_and_both_executors(
 
             tier2 = await s.call_tool("csv-summary", {})
             assert not tier2.is_error
-            assert "# CSV summary" in _text(tier2)
-            assert "skill://csv-summary/references/FORMAT.md" in _text(tier2)
+            text = _text(tier2)
+            assert len(tier2.content) == 1  # the body once: no JSON copy beside it
+            assert text.count("# CSV summary") == 1
+            assert text.startswith('<skill_content name="csv-summary">')
+            assert "Skill directory: skill://csv-summary/" in text
+            assert "<file>references/FORMAT.md</file>" in text
 
             resources = {str(r.uri): r for r in (await s.list_resources()).resources}
             fmt = resources["skill://csv-summary/references/FORMAT.md"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 from pathlib import Path
 
 import pytest
@@ -107,25 +108,61 @@ def test_lenient_loads_what_the_client_guide_allows_with_a_warning(
         parse_skill_text(md(*lines), dir_name, source=SRC)
 
 
+DESCRIPTION_REFUSALS = {
+    "Missing required field in frontmatter: description",
+    "Field 'description' must be a non-empty string",
+}
+
+
 @pytest.mark.parametrize(
-    "lines",
-    [
-        ("name: demo",),
-        ("name: demo", "description: ''"),
-        ("name: Demo", "description: d"),
-        ("name: demo", "description: d", "extra: 1"),
-    ],
+    ("lines", "words", "line"),
+    [r for r in STRICT_REFUSALS if r[1] not in DESCRIPTION_REFUSALS],
 )
-def test_lenient_still_refuses_missing_description_and_other_errors(
-    lines: tuple[str, ...],
+def test_lenient_loads_every_strict_finding_but_the_description_with_a_warning(
+    lines: tuple[str, ...], words: str, line: int
 ) -> None:
-    """Lenient mode refuses a missing description and every rule it does not relax."""
-    refused(md(*lines), lenient=True)
+    """The client guide skips a skill only for its description or YAML: all else warns."""
+    skill = parse_skill_text(md(*lines), "demo", source=SRC, lenient=True)
+    assert any(words in w and f"{SRC}:{line}:" in w for w in skill.warnings), skill.warnings
+    # Served under its name when that can be a skilld id, else under its directory's.
+    assert skill.id == (skill.name if re.fullmatch(r"[a-z][a-z0-9-]{0,63}", skill.name) else "demo")
+
+
+@pytest.mark.parametrize("lines", [("name: demo",), ("name: demo", "description: ''")])
+def test_lenient_still_refuses_a_missing_description(lines: tuple[str, ...]) -> None:
+    """Lenient mode refuses a missing or empty description, as the client guide says."""
+    assert "description" in refused(md(*lines), lenient=True)
+
+
+def test_lenient_refuses_a_skill_neither_name_nor_directory_can_serve() -> None:
+    """A name and a directory that cannot be skilld ids are refused even leniently."""
+    message = refused(md("name: Bad_Name", "description: d"), lenient=True, dir_name="Bad_Dir")
+    assert "neither the name nor the directory 'Bad_Dir'" in message
 
 
 def test_lenient_still_refuses_unparseable_yaml() -> None:
-    """Lenient mode refuses a frontmatter that is not YAML."""
+    """Lenient mode refuses a frontmatter that is not YAML, even after quoting values."""
     refused(md("name: demo", "description: [unclosed"), lenient=True)
+
+
+def test_lenient_quotes_an_unquoted_colon_as_the_guide_suggests() -> None:
+    """A description holding ': ' unquoted loads leniently (quoted), strict refuses it."""
+    lines = ("name: demo", "description: Use when: the user asks for a demo")
+    skill = parse_skill_text(md(*lines), "demo", source=SRC, lenient=True)
+    assert skill.description == "Use when: the user asks for a demo"
+    assert any("not valid YAML" in w for w in skill.warnings)
+    assert "Invalid YAML" in refused(md(*lines))
+
+
+def test_frontmatter_is_kept_verbatim_and_list_metadata_as_json_text() -> None:
+    """Extra fields and list metadata pass through verbatim; metadata values become text."""
+    lines = (*OK, "version: 1.2.0", "metadata:", "  tags: [pdf, forms]", "  count: 3")
+    skill = parse_skill_text(md(*lines), "demo", source=SRC, lenient=True)
+    assert skill.frontmatter["version"] == "1.2.0"
+    assert skill.frontmatter["metadata"] == {"tags": ["pdf", "forms"], "count": 3}
+    assert dict(skill.metadata) == {"tags": '["pdf", "forms"]', "count": "3"}
+    assert any("metadata.tags" in w and "a list" in w for w in skill.warnings)
+    assert all("LList" not in w for w in skill.warnings)
 
 
 def test_all_findings_are_reported_at_once() -> None:
@@ -161,8 +198,8 @@ def test_accepted_fields_are_parsed() -> None:
 
 
 def test_the_longest_name_and_description_pass() -> None:
-    """Exactly 63 name characters (a skilld id's limit) and 1024 description characters pass."""
-    name = "a" * 63
+    """Exactly 64 name characters (the specification's limit) and 1024 description ones pass."""
+    name = "a" * 64
     skill = parse_skill_text(md(f"name: {name}", "description: " + "d" * 1024), name, source=SRC)
     assert skill.id == name
 

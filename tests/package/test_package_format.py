@@ -107,7 +107,7 @@ def test_second_signature_keeps_the_first(package: bytes, key: SigningKey) -> No
     [
         ("id", "Notes", "must match"),
         ("id", "9lives", "must match"),
-        ("id", "a" * 64, "must match"),
+        ("id", "a" * 65, "must match"),
         ("version", "1.2", "not a semantic version"),
         ("version", "v1.2.3", "not a semantic version"),
         ("version", "01.2.3", "not a semantic version"),

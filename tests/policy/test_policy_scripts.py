@@ -15,13 +15,24 @@ def compile_one(text: str) -> dict[str, object]:
     return dict(tables.scripts("demo"))
 
 
-def test_defaults_are_wasm_and_python() -> None:
-    """Without a scripts section a skill's scripts run under wasm, in Python, no packages."""
+def test_without_a_scripts_section_the_build_chooses() -> None:
+    """Without a scripts section the executor and interpreters are left to the build
+    (chosen from what the scripts need); no packages, no system programs."""
     assert compile_one("skill: demo\n") == {
-        "executor": "wasm",
-        "interpreters": ("python",),
+        "executor": None,
+        "interpreters": None,
         "requirements": (),
+        "programs": (),
     }
+
+
+def test_system_programs_reach_the_tables() -> None:
+    """scripts.programs names system programs (sorted, unique); a path is refused."""
+    scripts = compile_one("scripts:\n  programs: [soffice, pdfinfo, pdfinfo]\n")
+    assert scripts["programs"] == ("pdfinfo", "soffice")
+    with pytest.raises(PolicyError, match="must be a program name") as err:
+        compile_one("scripts:\n  programs: [/usr/bin/pdfinfo]\n")
+    assert err.value.location == "policies/demo.yaml:2"
 
 
 def test_native_with_interpreters_and_requirements() -> None:
@@ -40,7 +51,7 @@ def test_native_with_interpreters_and_requirements() -> None:
     [
         ("skill: demo\nscripts:\n  executor: docker\n", "must be one of wasm, native", 3),
         ("scripts:\n  executor: native\n  interpreters: [/bin/sh]\n", "not a path", 3),
-        ("scripts:\n  interpreters: [python, bash]\n", "runs Python scripts only", 2),
+        ("scripts:\n  executor: wasm\n  interpreters: [bash]\n", "runs Python scripts only", 3),
         ("scripts:\n  requirements: ['https://x/pkg']\n", "must be NAME", 2),
         ("scripts:\n  runner: x\n", "unknown key 'runner' in scripts", 2),
     ],

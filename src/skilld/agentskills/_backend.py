@@ -5,36 +5,60 @@ the registry takes the skill's slot, builds the ``CallContext`` and writes the
 audit record, exactly as for a wasm skill; this class answers in that context.
 
 - tier 1 is the tool list itself (the tool ``NAME`` with the skill's description);
-- tier 2: calling it returns the ``SKILL.md`` body and an index of the skill's files;
+- tier 2: calling it returns the ``SKILL.md`` body once, wrapped as the client
+  implementation guide shows (``<skill_content name=...>`` with a
+  ``<skill_resources>`` index of its files);
 - tier 3: each file is the resource ``skill://NAME/PATH``, read on demand;
 - the body is also the prompt ``NAME``;
 - ``run_script`` runs one of its scripts through the skill's executor
-  (``_executors``), in a fresh workspace per call; what the script wrote there
-  comes back as embedded resources.
+  (``_executors``), in a fresh workspace per call. The client hands it files
+  (``files``: inline base64 or text, or the URI of a resource this skill serves, such
+  as an earlier run's output), capped in size. What the script wrote comes back as
+  embedded resources; a file too large to embed is kept as the resource
+  ``skill://NAME/runs/RUN/FILE`` for :data:`KEPT_SECONDS`. A script the build found
+  cannot run here answers ``unavailable`` with the reason.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
+import html
 import json
 import os
+import secrets
 import stat
 import tempfile
+import threading
+import time
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import quote
 
 from skilld.agentskills._build import INSTRUCTIONS, RUN_SCRIPT, mime_type, resource_uri
 from skilld.agentskills._quota import Quota, mount_tmpfs
-from skilld.agentskills._skillmd import SKILL_MD, split_frontmatter
+from skilld.agentskills._skillmd import SKILL_MD, jsonable, split_frontmatter
 from skilld.errors import CallCancelled, GuestError, RunOnThread
 from skilld.paths import remove_tree, scratch_prefix
 from skilld.sandbox import CallContext
 from skilld.types import CallOutput, ContentBlock, SkillSpec
 
-# Workspace files returned with a result: at most this many, each at most this large.
+# Workspace files returned with a result: at most this many, each at most this large
+# embedded; larger ones (up to MAX_KEPT_FILE) are kept as resources of the run.
 MAX_RETURNED_FILES = 16
 MAX_RETURNED_FILE = 1 << 20
+MAX_KEPT_FILE = 64 << 20
+# Kept outputs live this long, and a skill keeps at most this many bytes of them
+# (the oldest go first): a client reads them soon after the call, or not at all.
+KEPT_SECONDS = 900
+MAX_KEPT_BYTES = 256 << 20
+# Files a client hands to one run: at most this many, this many bytes in all.
+MAX_INPUT_FILES = 32
+MAX_INPUT_BYTES = 32 << 20
 _TEXT_MIME = ("text/", "application/json", "application/xml")
 
 
@@ -80,16 +104,31 @@ class AgentSkillBackend:
         work: where each call's workspace is made (``skilld.paths.make_work_dir``).
     """
 
-    def __init__(self, spec: SkillSpec, root: Path, executor: ScriptExecutor | None, work: Path):
+    def __init__(
+        self,
+        spec: SkillSpec,
+        root: Path,
+        executor: ScriptExecutor | None,
+        work: Path,
+        *,
+        unavailable: Mapping[str, str] | None = None,
+        digests: Mapping[str, str] | None = None,
+    ):
         self.spec = spec
         self.root = root
         self.executor = executor
         self.work = work
-        self._files = {r.uri: r for r in spec.resources}
-        self._paths = {r.uri: r.name.split("/", 1)[1] for r in spec.resources}
+        self.unavailable = dict(unavailable or {})
+        self.digests = dict(digests or {})
+        self._files = {r.uri: r for r in spec.resources if not r.template}
+        self._paths = {r.uri: r.name.split("/", 1)[1] for r in spec.resources if not r.template}
         text = self._read(SKILL_MD).decode("utf-8")
-        _front, body, _line = split_frontmatter(text, f"{spec.id}/{SKILL_MD}")
+        front, body, _line = split_frontmatter(text, f"{spec.id}/{SKILL_MD}")
+        self.frontmatter_text = front
         self.body = body.strip()
+        self._kept: OrderedDict[str, tuple[float, str, bytes]] = OrderedDict()
+        self._kept_lock = threading.Lock()
+        self._entry: dict[str, Any] | None = None
 
     # -- the SkillBackend protocol ----------------------------------------
 
@@ -115,11 +154,41 @@ class AgentSkillBackend:
         Raises:
             GuestError: ``not-found`` for a URI that is not one of the skill's files.
         """
+        kept = self._kept_output(uri)
+        if kept is not None:
+            return [CallOutput(None, (_file_block(uri, kept[0], kept[1]),))]
         spec = self._files.get(uri)
         if spec is None:
             raise GuestError("not-found", f"no resource '{uri}' in skill '{self.spec.id}'")
         data = self._read(self._paths[uri])
         return [CallOutput(None, (_file_block(uri, spec.mime_type or "", data),))]
+
+    def skill_entry(self) -> dict[str, Any]:
+        """The skill's entry of the MCP skills extension (SEP-2640): its SKILL.md URI,
+        its frontmatter as the author wrote it, and each file's sha256 (from the bundle
+        lock) and size.
+
+        Raises:
+            SkilldError: SKILL.md's frontmatter no longer parses (it did at build).
+        """
+        if self._entry is not None:
+            return self._entry
+        from skilld.policy import load_yaml
+
+        doc = load_yaml("\n" + self.frontmatter_text, f"{self.spec.id}/{SKILL_MD}") or {}
+        resources = []
+        for uri, rel in self._paths.items():
+            digest = self.digests.get(rel)
+            size = (self.root / rel).stat().st_size
+            if digest is None:  # a backend opened without the lock's digests (tests)
+                digest = hashlib.sha256(self._read(rel)).hexdigest()
+            resources.append({"uri": uri, "digest": f"sha256:{digest}", "size": size})
+        self._entry = {
+            "uri": resource_uri(self.spec.id, SKILL_MD),
+            "frontmatter": jsonable(doc),
+            "resources": resources,
+        }
+        return self._entry
 
     def get_prompt(self, name: str, args_json: str, ctx: CallContext) -> list[dict[str, Any]]:
         """The ``SKILL.md`` body as one user message.
@@ -133,23 +202,31 @@ class AgentSkillBackend:
 
     # -- tiers ---------------------------------------------------------------
 
+    def activation_text(self) -> str:
+        """Tier 2 as the client implementation guide wraps it: the body once, where its
+        relative paths resolve, and the index of its other files."""
+        name = html.escape(self.spec.id, quote=True)
+        base = resource_uri(self.spec.id, "")
+        files = "\n".join(
+            f"<file>{html.escape(p)}</file>" for p in sorted(self._paths.values()) if p != SKILL_MD
+        )
+        scripts = ""
+        if self.executor is not None:
+            scripts = (
+                f"\nRun a script of scripts/ with the tool '{self.spec.id}/{RUN_SCRIPT}'; "
+                "hand it your files in 'files'."
+            )
+        return (
+            f'<skill_content name="{name}">\n{self.body}\n\n'
+            f"Skill directory: {base}\nRelative paths in this skill are relative to the "
+            f"skill directory; read a file as the MCP resource {base}PATH.{scripts}\n"
+            + (f"<skill_resources>\n{files}\n</skill_resources>\n" if files else "")
+            + "</skill_content>"
+        )
+
     def _instructions(self) -> CallOutput:
-        index = [
-            {"path": self._paths[r.uri], "uri": r.uri, "mime_type": r.mime_type}
-            for r in self.spec.resources
-        ]
-        listing = "\n".join(f"- {f['path']} ({f['uri']})" for f in index)
-        scripts = (
-            f"\n\nRun a script with the tool '{self.spec.id}/{RUN_SCRIPT}'."
-            if self.executor is not None
-            else ""
-        )
-        text = (
-            f"{self.body}\n\n---\nFiles of this skill (read one as an MCP resource):\n"
-            f"{listing}{scripts}"
-        )
-        value = {"name": self.spec.id, "instructions": self.body, "files": index}
-        return CallOutput(value, (ContentBlock("text", text=text),))
+        # The text only: a JSON copy of the body beside it doubled what a client reads.
+        return CallOutput(None, (ContentBlock("text", text=self.activation_text()),))
 
     def _run_script(self, args: Mapping[str, Any], ctx: CallContext) -> CallOutput:
         assert self.executor is not None
@@ -158,6 +235,13 @@ class AgentSkillBackend:
             raise GuestError(
                 "invalid-argument", f"'{script}' is not a script of skill '{self.spec.id}'"
             )
+        if script in self.unavailable:
+            raise GuestError(
+                "unavailable",
+                f"script '{script}' of skill '{self.spec.id}' cannot run on this server: "
+                f"{self.unavailable[script]}",
+            )
+        inputs = self._inputs(args.get("files"))
         raw_argv = args.get("args") or []
         if not isinstance(raw_argv, list) or not all(isinstance(a, str) for a in raw_argv):
             raise GuestError("invalid-argument", "'args' must be a list of strings")
@@ -172,12 +256,14 @@ class AgentSkillBackend:
         # A fresh private directory (mode 0700) per call in the node's work directory
         # (never an implicit /tmp), removed when the call ends.
         workspace = Path(tempfile.mkdtemp(prefix=scratch_prefix("ws", self.spec.id), dir=self.work))
-        ctx.audit.update(executor=self.executor.name, script=script)
+        ctx.audit.update(executor=self.executor.name, script=script, files_given=len(inputs))
         try:
-            run = self._run_capped(script, argv, stdin, workspace, ctx)
-            files = _collect(workspace, self.spec.id)
+            run = self._run_capped(script, argv, stdin, workspace, inputs, ctx)
+            given = {rel: hashlib.sha256(data).digest() for rel, data in inputs}
+            files, large = _collect(workspace, self.spec.id, given)
         finally:
             remove_tree(workspace)
+        kept = self._keep(large) if large else []
         ctx.audit.update(
             exit_status=run.exit_status,
             signal=run.signal,
@@ -194,15 +280,24 @@ class AgentSkillBackend:
             "executor": self.executor.name,
             "files": [b.uri for b in files],
         }
+        if kept:
+            value["resources"] = kept
         return CallOutput(value, tuple(files))
 
     def _run_capped(
-        self, script: str, argv: Sequence[str], stdin: bytes, workspace: Path, ctx: CallContext
+        self,
+        script: str,
+        argv: Sequence[str],
+        stdin: bytes,
+        workspace: Path,
+        inputs: Sequence[tuple[str, bytes]],
+        ctx: CallContext,
     ) -> ScriptRun:
         """Run the script with its workspace capped (a tmpfs where skilld may mount, else
         accounted) and its rw grants accounted (``_quota``): past a cap the call's channel
         says cancelled, the executor ends the run, and the call is answered
-        ``limit-exceeded`` naming the cap."""
+        ``limit-exceeded`` naming the cap. The client's ``inputs`` are placed once the
+        workspace is mounted (a tmpfs would hide them otherwise)."""
         assert self.executor is not None
         cap = ctx.limits.workspace_bytes
         quota = Quota(
@@ -213,6 +308,7 @@ class AgentSkillBackend:
             channel=ctx.channel,
             tmpfs=mount_tmpfs(workspace, cap),
         )
+        _place(workspace, inputs)
         channel, ctx.channel = ctx.channel, quota.channel
         try:
             with quota:
@@ -230,6 +326,101 @@ class AgentSkillBackend:
                 rule=f"{self.spec.id}.limits",
             )
         return run
+
+    # -- files in and out ------------------------------------------------------
+
+    def _inputs(self, raw: Any) -> list[tuple[str, bytes]]:
+        """The client's files for this run: ``[{"path", "content" (base64) | "text" |
+        "uri"}]``, each path relative and inside the workspace, within the caps.
+
+        Raises:
+            GuestError: ``invalid-argument`` for a malformed entry, a path outside the
+                workspace, a URI this skill does not serve, or more than the caps.
+        """
+        if raw is None:
+            return []
+        if not isinstance(raw, list) or len(raw) > MAX_INPUT_FILES:
+            raise GuestError(
+                "invalid-argument", f"'files' must be a list of at most {MAX_INPUT_FILES} files"
+            )
+        out: list[tuple[str, bytes]] = []
+        total = 0
+        for item in raw:
+            if not isinstance(item, dict):
+                raise GuestError("invalid-argument", "each of 'files' must be an object")
+            rel = _workspace_path(item.get("path"))
+            given = [k for k in ("content", "text", "uri") if k in item]
+            if len(given) != 1:
+                raise GuestError(
+                    "invalid-argument", f"file '{rel}': give one of content, text or uri"
+                )
+            data = self._input_bytes(rel, given[0], item[given[0]])
+            total += len(data)
+            if total > MAX_INPUT_BYTES:
+                raise GuestError(
+                    "invalid-argument",
+                    f"the files given exceed {MAX_INPUT_BYTES >> 20} MiB in all",
+                )
+            out.append((rel, data))
+        return out
+
+    def _input_bytes(self, rel: str, kind: str, value: Any) -> bytes:
+        if not isinstance(value, str):
+            raise GuestError("invalid-argument", f"file '{rel}': {kind} must be a string")
+        if kind == "text":
+            return value.encode("utf-8")
+        if kind == "content":
+            if len(value) > MAX_INPUT_BYTES * 4 // 3 + 4:
+                raise GuestError("invalid-argument", f"file '{rel}' is too large")
+            try:
+                return base64.b64decode(value, validate=True)
+            except (binascii.Error, ValueError):
+                raise GuestError(
+                    "invalid-argument", f"file '{rel}': content is not base64"
+                ) from None
+        kept = self._kept_output(value)
+        if kept is not None:
+            return kept[1]
+        if value in self._paths:
+            return self._read(self._paths[value])
+        raise GuestError(
+            "invalid-argument",
+            f"file '{rel}': '{value}' is not a resource of skill '{self.spec.id}' "
+            "(send other files inline, as content)",
+        )
+
+    def _keep(self, large: list[tuple[str, bytes]]) -> list[dict[str, Any]]:
+        """Keep outputs too large to embed as ``skill://NAME/runs/RUN/FILE``."""
+        run = secrets.token_hex(8)
+        now = time.monotonic()
+        out = []
+        with self._kept_lock:
+            self._expire(now)
+            for rel, data in large:
+                uri = resource_uri(self.spec.id, f"runs/{run}/{quote(rel, safe='')}")
+                self._kept[uri] = (now + KEPT_SECONDS, mime_type(rel), data)
+                out.append(
+                    {
+                        "uri": uri,
+                        "path": rel,
+                        "size": len(data),
+                        "mime_type": mime_type(rel),
+                        "kept_seconds": KEPT_SECONDS,
+                    }
+                )
+            while sum(len(v[2]) for v in self._kept.values()) > MAX_KEPT_BYTES:
+                self._kept.popitem(last=False)
+        return out
+
+    def _kept_output(self, uri: str) -> tuple[str, bytes] | None:
+        with self._kept_lock:
+            self._expire(time.monotonic())
+            found = self._kept.get(uri)
+        return None if found is None else (found[1], found[2])
+
+    def _expire(self, now: float) -> None:
+        for uri in [u for u, (until, _m, _d) in self._kept.items() if until <= now]:
+            del self._kept[uri]
 
     def _script_names(self) -> set[str]:
         for method in self.spec.methods:
@@ -261,23 +452,70 @@ def _file_block(uri: str, mime: str, data: bytes) -> ContentBlock:
     return ContentBlock("embedded", data=data, mime_type=mime or None, uri=uri)
 
 
-def _collect(workspace: Path, skill_id: str) -> list[ContentBlock]:
-    """Regular files the script left in its workspace (links are not followed)."""
+def _workspace_path(raw: Any) -> str:
+    """A client's file path, relative and inside the workspace.
+
+    Raises:
+        GuestError: ``invalid-argument`` for anything else.
+    """
+    if not isinstance(raw, str) or not raw or len(raw) > 255:
+        raise GuestError("invalid-argument", "each file needs a 'path' (1-255 characters)")
+    parts = raw.split("/")
+    if raw.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\0" in raw:
+        raise GuestError(
+            "invalid-argument", f"file path {raw!r} must be relative, inside the workspace"
+        )
+    return raw
+
+
+def _place(workspace: Path, inputs: Sequence[tuple[str, bytes]]) -> None:
+    """Write the client's files into a workspace no script has touched yet.
+
+    Raises:
+        GuestError: ``invalid-argument`` when two paths collide (the same file twice,
+            or a file where another needs a directory).
+    """
+    for rel, data in inputs:
+        target = workspace / rel
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except OSError:
+            raise GuestError(
+                "invalid-argument", f"file path '{rel}' collides with another file given"
+            ) from None
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+
+
+def _collect(
+    workspace: Path, skill_id: str, given: Mapping[str, bytes]
+) -> tuple[list[ContentBlock], list[tuple[str, bytes]]]:
+    """Regular files the script left in its workspace (links are not followed): those
+    small enough embedded, and up to :data:`MAX_KEPT_FILE` the larger ones' bytes. A
+    file the client gave (``given``: path to sha256) comes back only if it changed."""
     out: list[ContentBlock] = []
+    large: list[tuple[str, bytes]] = []
     for dirpath, _dirs, names in os.walk(workspace):
         for name in sorted(names):
             path = Path(dirpath) / name
             info = path.lstat()
-            if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_RETURNED_FILE:
+            if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_KEPT_FILE:
                 continue
-            if len(out) >= MAX_RETURNED_FILES:
-                return out
             rel = path.relative_to(workspace).as_posix()
-            uri = f"workspace://{skill_id}/{rel}"
+            if len(out) + len(large) >= MAX_RETURNED_FILES:
+                return out, large
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
             with os.fdopen(fd, "rb") as fh:
-                out.append(_file_block(uri, mime_type(rel), fh.read(MAX_RETURNED_FILE)))
-    return out
+                data = fh.read(MAX_KEPT_FILE)
+            if given.get(rel) == hashlib.sha256(data).digest():
+                continue
+            if len(data) > MAX_RETURNED_FILE:
+                large.append((rel, data))
+            else:
+                uri = f"workspace://{skill_id}/{rel}"
+                out.append(_file_block(uri, mime_type(rel), data))
+    return out, large
 
 
 __all__ = ["AgentSkillBackend", "ScriptExecutor", "ScriptRun", "resource_uri"]

@@ -10,20 +10,19 @@ whose manifest says ``kind: agent-skill``:
 2. :func:`install_requirements` installs ``requirements.txt`` (beside the scripts or
    at the top) and the policy's ``scripts.requirements`` from a local wheelhouse,
    offline, into the skill's own environment in the bundle;
-3. :func:`check_stdlib_only` refuses the ``wasm`` executor for a script that imports
-   beyond the standard library;
+3. ``_plan`` reads what the scripts need and chooses their executor (``wasm`` or
+   ``native``), saying what each script lacks;
 4. :func:`describe` is what the skill serves: its tier tools, resources and prompt.
 """
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import mimetypes
 import re
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +40,20 @@ RUN_SCRIPT = "run_script"
 _SKIP_DIRS = frozenset({"__pycache__", ".git", ".pytest_cache", ".mypy_cache", ".ruff_cache"})
 _SEMVER = re.compile(r"\d+\.\d+\.\d+")
 _PIP_MISSING = re.compile(r"No matching distribution found for ([A-Za-z0-9._\[\]-]+)")
+# Interpreter by the script's extension (what the native executor starts); a file
+# under scripts/ with another extension is data, not a script.
+INTERPRETERS = {
+    ".py": "python",
+    ".sh": "bash",
+    ".bash": "bash",
+    ".js": "node",
+    ".mjs": "node",
+    ".cjs": "node",
+    ".rb": "ruby",
+    ".pl": "perl",
+}
+# Package markers and requirement lists are not scripts either.
+_NOT_SCRIPTS = frozenset({"__init__.py", "requirements.txt"})
 # Extensions the mimetypes table of a minimal system may not know.
 _MIME = {".md": "text/markdown", ".py": "text/x-python", ".sh": "text/x-shellscript"}
 
@@ -146,6 +159,19 @@ def scripts_of(files: Mapping[str, bytes]) -> list[str]:
     return sorted(n for n in files if n.startswith(SCRIPTS) and n not in REQUIREMENTS)
 
 
+def runnable_scripts(files: Iterable[str]) -> list[str]:
+    """The files under ``scripts/`` that are scripts: a known interpreter's extension,
+    neither a package marker (``__init__.py``) nor data (an ``.xml``, a template)."""
+    return sorted(
+        n
+        for n in files
+        if n.startswith(SCRIPTS)
+        and n not in REQUIREMENTS
+        and Path(n).suffix.lower() in INTERPRETERS
+        and Path(n).name not in _NOT_SCRIPTS
+    )
+
+
 def requirements_of(skill_id: str, files: Mapping[str, bytes], policy: Sequence[str]) -> list[str]:
     """Requirement lines from ``requirements.txt`` (beside the scripts, or at the top)
     and the policy's ``scripts.requirements``.
@@ -213,50 +239,6 @@ def install_requirements(
         )
 
 
-def check_stdlib_only(skill_id: str, files: Mapping[str, bytes]) -> None:
-    """Refuse a Python script that imports beyond the standard library and the skill.
-
-    The ``wasm`` executor's CPython holds the standard library only.
-
-    Raises:
-        AgentSkillError: names the script, the line and the module.
-    """
-    local = {Path(n).stem for n in files if n.endswith(".py")} | {
-        n.split("/")[-2] for n in files if n.endswith("/__init__.py")
-    }
-    allowed = set(sys.stdlib_module_names) | local | {"__future__"}
-    for name in scripts_of(files):
-        if not name.endswith(".py"):
-            raise AgentSkillError(
-                "the wasm executor runs Python scripts only",
-                location=f"{skill_id}/{name}",
-                hint="give the skill 'scripts: {executor: native}' in its policy",
-            )
-        try:
-            tree = ast.parse(files[name], filename=name)
-        except SyntaxError as exc:
-            raise AgentSkillError(
-                f"not valid Python: {exc.msg}", location=f"{skill_id}/{name}:{exc.lineno}"
-            ) from exc
-        for node in ast.walk(tree):
-            modules: list[str] = []
-            if isinstance(node, ast.Import):
-                modules = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                modules = [node.module]
-            else:
-                continue
-            for module in modules:
-                if module.split(".")[0] not in allowed:
-                    raise AgentSkillError(
-                        f"imports '{module}', which is not in the standard library; the "
-                        "wasm executor has the standard library only",
-                        location=f"{skill_id}/{name}:{node.lineno}",
-                        hint="give the skill 'scripts: {executor: native}' and its "
-                        "package in requirements.txt",
-                    )
-
-
 def mime_type(path: str) -> str:
     """The MIME type a skill file is served with (``text/markdown`` for SKILL.md)."""
     suffix = Path(path).suffix.lower()
@@ -272,7 +254,7 @@ def describe(md: SkillMd, version: str, files: Mapping[str, bytes]) -> SkillSpec
     """What the skill serves: tier tools (instructions; run_script when it has scripts),
     every file as a resource and its body as a prompt."""
     methods = [MethodSpec(INSTRUCTIONS, md.description, {"type": "object", "properties": {}})]
-    scripts = scripts_of(files)
+    scripts = runnable_scripts(files)
     if scripts:
         methods.append(
             MethodSpec(
@@ -290,6 +272,25 @@ def describe(md: SkillMd, version: str, files: Mapping[str, bytes]) -> SkillSpec
                         },
                         "stdin": {"type": "string", "description": "its standard input"},
                         "input": {"description": "JSON given on standard input instead"},
+                        "files": {
+                            "type": "array",
+                            "maxItems": 32,
+                            "description": "files placed in the script's working directory "
+                            "before it runs (32 MiB in all): each {path, and one of content "
+                            "(base64), text, or uri (a skill:// resource of this skill, such "
+                            "as an earlier run's output)}",
+                            "items": {
+                                "type": "object",
+                                "properties": {
+                                    "path": {"type": "string"},
+                                    "content": {"type": "string"},
+                                    "text": {"type": "string"},
+                                    "uri": {"type": "string"},
+                                },
+                                "required": ["path"],
+                                "additionalProperties": False,
+                            },
+                        },
                     },
                     "required": ["script"],
                     "additionalProperties": False,
@@ -305,5 +306,15 @@ def describe(md: SkillMd, version: str, files: Mapping[str, bytes]) -> SkillSpec
         )
         for name, data in sorted(files.items())
     )
+    if scripts:
+        resources += (
+            ResourceSpec(
+                resource_uri(md.id, "runs/{run}/{file}"),
+                f"{md.id}/runs",
+                f"a large file a run of a script of '{md.id}' wrote, kept for a while",
+                None,
+                template=True,
+            ),
+        )
     prompt = PromptSpec(md.id, md.description, {"type": "object", "properties": {}})
     return SkillSpec(md.id, version, md.description, tuple(methods), resources, (prompt,))

@@ -33,6 +33,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from skilld.agentskills._backend import ScriptRun
+from skilld.agentskills._build import INTERPRETERS
+from skilld.agentskills._plan import SYSTEM_FILES
 from skilld.confine import ProgramNotStarted, ResourceLimits, from_grants, run
 from skilld.errors import CallCancelled, DeadlineExceeded, GuestError
 from skilld.paths import scratch_prefix
@@ -42,15 +44,6 @@ from skilld.types import CallOutput, Decision, Limits
 
 # Each of stdout and stderr keeps this much; the rest is read and dropped.
 OUTPUT_CAP = 256 * 1024
-# Interpreter by the script's extension; the policy's scripts.interpreters must name it.
-INTERPRETERS = {
-    ".py": "python",
-    ".sh": "bash",
-    ".bash": "bash",
-    ".js": "node",
-    ".rb": "ruby",
-    ".pl": "perl",
-}
 # Started as `python -I -S -B -c BOOT ENV SCRIPT ARGS...`: isolated (no PYTHON* variables,
 # no user site, no script directory on sys.path before ours), the baked environment
 # and the script's directory first on sys.path, the script run as __main__.
@@ -71,6 +64,16 @@ def python_libraries() -> tuple[str, ...]:
     """
     found = {str(Path(os.__file__).parent), str(sysconfig.get_config_var("LIBDIR") or "")}
     return tuple(sorted(d for d in found if d and Path(d).is_dir()))
+
+
+def system_files() -> tuple[str, ...]:
+    """The :data:`~skilld.agentskills._plan.SYSTEM_FILES` present here, as real paths.
+
+    A grant path through a symbolic link gives no access (the runner opens grants
+    without following links), so a linked entry is granted at its target.
+    """
+    found = {str(Path(p).resolve()) for p in SYSTEM_FILES if Path(p).exists()}
+    return tuple(sorted(found))
 
 
 class _Runner(Protocol):
@@ -176,10 +179,12 @@ class NativeExecutor:
         skill_id: the skill whose scripts these are.
         root: the skill's read-only directory.
         env: its baked environment (site-packages), or ``None``.
-        interpreters: program names the policy allows as interpreters.
+        interpreters: program names its scripts may be started with (the policy's, or
+            those the build found its scripts need).
         grants: the skill's effective policy table (``fs``, ``tcp``, ``shell``).
         limits: the skill's limits (memory becomes the address-space rlimit).
         work: the node's work directory (the root-owned copies of the skill go there).
+        programs: the system programs it declared (``pdfinfo``): executable, on ``PATH``.
     """
 
     name = "native"
@@ -193,6 +198,7 @@ class NativeExecutor:
         grants: Mapping[str, Any],
         limits: Limits,
         work: Path,
+        programs: Sequence[str] = (),
     ):
         self.skill_id = skill_id
         self.work = work
@@ -214,9 +220,9 @@ class NativeExecutor:
             ),
         )
         self.writable = tuple(self.confinement.read_write)
-        self.programs = tuple(
-            p for p in (shutil.which(str(r["program"])) for r in grants.get("shell") or ()) if p
-        )
+        named = [str(r["program"]) for r in grants.get("shell") or ()] + list(programs)
+        self.programs = tuple(dict.fromkeys(p for p in map(shutil.which, named) if p))
+        self.system_files = system_files()
 
     def _unowned_copy(self, root: Path, env: Path | None) -> tuple[Path, Path | None]:
         """The skill's files and environment, copied once and owned by ``nobody``.
@@ -279,7 +285,7 @@ class NativeExecutor:
         readable = [str(self.root), *([str(self.env)] if self.env else [])]
         confinement = replace(
             self.confinement,
-            read_only=(*self.confinement.read_only, *readable),
+            read_only=(*self.confinement.read_only, *readable, *self.system_files),
             read_write=(*self.confinement.read_write, str(workspace)),
             libraries=(*self.confinement.libraries, *python_libraries()),
             executables=(*self.confinement.executables, command[0], *self.programs),

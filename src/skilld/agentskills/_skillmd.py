@@ -18,15 +18,25 @@ also its skilld id, which becomes an MCP tool name, a policy file name and the h
 ``skill://`` URIs: those stay ASCII. A skilld id also starts with a letter and is at
 most 63 characters, so a name starting with a digit is refused too.
 
-Strict (the default) refuses on any finding. Lenient follows the specification's
-client guide: a name that does not match its directory, an over-long name or an
-over-long description is loaded with a warning; a missing or empty description, or a
-frontmatter that is not YAML, is still refused (as is everything else above, since
-skilld must still be able to name, lock and serve the skill).
+Strict (the default) refuses on any finding, and names every one at once. Lenient
+follows the specification's client implementation guide, which skips a skill only when
+its description is missing or empty or its frontmatter cannot be parsed: every other
+finding (a name that differs from its directory, is over-long, holds a double hyphen or
+other characters; an over-long description or ``compatibility``; an unknown top-level
+field such as ``version:``; a non-string ``metadata`` value, kept as its JSON text; a
+malformed ``license``, ``compatibility`` or ``allowed-tools``, left out) loads with a
+warning. A frontmatter that is not YAML because a value holds an unquoted ``: `` is
+retried once with such values quoted, as the guide suggests. A skill whose name cannot
+be a skilld id is served under its directory's name; when neither can, it is refused
+(skilld must still be able to name, lock and serve it).
+
+A skilld id is at most 64 characters, the specification's longest name, so every
+valid name builds in both modes.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -44,7 +54,9 @@ MAX_COMPATIBILITY = 500
 FIELDS = ("name", "description", "license", "compatibility", "metadata", "allowed-tools")
 _NAME_RE = re.compile(r"[a-z0-9-]+", re.ASCII)
 # What a skilld id must be (package manifest ids): a letter first, at most 63 characters.
-_SKILLD_ID_RE = re.compile(r"[a-z][a-z0-9-]{0,62}", re.ASCII)
+_SKILLD_ID_RE = re.compile(r"[a-z][a-z0-9-]{0,63}", re.ASCII)
+# A top-level ``key: value`` line whose value holds ': ' (the guide's common YAML slip).
+_UNQUOTED = re.compile(r"^(?P<key>[A-Za-z0-9_-]+):[ \t]+(?P<value>[^'\"\s|>&*!\[{#].*: .*)$")
 _FENCE = "---"
 
 
@@ -55,6 +67,8 @@ class SkillMd:
     ``id`` is the name skilld serves it under: its ``name``, or in lenient mode the
     directory's name when the frontmatter's cannot be a skilld id. ``body_line`` is the
     file line where the Markdown body starts. ``warnings`` hold what lenient mode let by.
+    ``frontmatter`` is every field the author wrote, as JSON values (dates as ISO text):
+    what the MCP skills extension publishes verbatim.
     """
 
     id: str
@@ -68,6 +82,7 @@ class SkillMd:
     allowed_tools: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     allowed_tools_line: int = 0
+    frontmatter: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass
@@ -143,29 +158,21 @@ def parse_skill_text(text: str, dir_name: str, *, source: str, lenient: bool = F
         AgentSkillError: as :func:`parse_skill_md`.
     """
     front, body, body_line = split_frontmatter(text, source)
-    try:
-        # The frontmatter starts on the file's line 2: pad so YAML's lines are the file's.
-        doc = load_yaml("\n" + front, source) if front.strip() else None
-    except PolicyError as exc:
-        raise AgentSkillError(
-            f"Invalid YAML in frontmatter: {exc.message}",
-            location=exc.location,
-            hint="quote values holding ': ' or '#', and indent with spaces",
-        ) from exc
+    found = _Findings(source, lenient)
+    doc = _load_frontmatter(front, source, found)
     if not isinstance(doc, dict):
         raise AgentSkillError("SKILL.md frontmatter must be a YAML mapping", location=f"{source}:2")
-    found = _Findings(source, lenient)
     lines: Mapping[str, int] = getattr(doc, "key_lines", {})
     top = 2
 
     def line(key: str) -> int:
         return lines.get(key, top)
 
-    extra = sorted(set(doc) - set(FIELDS))
+    extra = sorted(set(doc) - set(FIELDS), key=str)
     for key in extra:
-        found.error(
-            line(key),
-            key,
+        found.soft(
+            line(str(key)),
+            str(key),
             f"Unexpected field in frontmatter. Only {sorted(FIELDS)} are allowed.",
         )
     name = _check_name(doc, dir_name, found, line("name"))
@@ -173,7 +180,7 @@ def parse_skill_text(text: str, dir_name: str, *, source: str, lenient: bool = F
     license_ = _optional_str(doc, "license", found, line("license"))
     compatibility = _optional_str(doc, "compatibility", found, line("compatibility"))
     if compatibility is not None and len(compatibility) > MAX_COMPATIBILITY:
-        found.error(
+        found.soft(
             line("compatibility"),
             "compatibility",
             f"Compatibility exceeds {MAX_COMPATIBILITY} character limit "
@@ -182,26 +189,28 @@ def parse_skill_text(text: str, dir_name: str, *, source: str, lenient: bool = F
     metadata = _check_metadata(doc, found, line("metadata"))
     tools = _check_allowed_tools(doc, found, line("allowed-tools"))
     skill_id = name
-    if name and not _SKILLD_ID_RE.fullmatch(name) and not found.errors:
-        # Only lenient mode gets here (an over-long name): serve it under its directory.
+    if not _SKILLD_ID_RE.fullmatch(name) and not found.errors:
+        # Only lenient mode gets here (a name skilld cannot serve): use its directory's.
         if _SKILLD_ID_RE.fullmatch(dir_name):
             skill_id = dir_name
+            shown = f"'{name[:20]}...'" if len(name) > 20 else f"'{name}'"
             found.warnings.append(
                 f"{source}:{line('name')}: name: served as '{dir_name}' (its directory): "
-                f"'{name[:20]}...' cannot be a skilld id (at most 63 characters)"
+                f"{shown} cannot be a skilld id (a lowercase letter, then at most 63 "
+                "letters, digits or hyphens)"
             )
         else:
             found.error(
                 line("name"),
                 "name",
                 f"neither the name nor the directory '{dir_name}' can be a skilld id "
-                "(a lowercase letter, then at most 62 letters, digits or hyphens)",
+                "(a lowercase letter, then at most 63 letters, digits or hyphens)",
             )
     if found.errors:
         raise AgentSkillError(
             "; ".join(found.errors),
             hint="see docs/agent-skills.md for the rules"
-            + ("" if lenient else "; --lenient loads name and length findings with a warning"),
+            + ("" if lenient else "; --lenient loads all but a missing description with a warning"),
         )
     return SkillMd(
         id=skill_id,
@@ -215,16 +224,72 @@ def parse_skill_text(text: str, dir_name: str, *, source: str, lenient: bool = F
         allowed_tools=tools,
         warnings=tuple(found.warnings),
         allowed_tools_line=line("allowed-tools"),
+        frontmatter=MappingProxyType({str(k): jsonable(v) for k, v in doc.items()}),
     )
+
+
+def _load_frontmatter(front: str, source: str, found: _Findings) -> Any:
+    """The frontmatter's YAML; in lenient mode retried once with unquoted ``: `` values
+    quoted (the guide's fallback).
+
+    Raises:
+        AgentSkillError: it is not YAML (strict, or still not after the retry).
+    """
+    if not front.strip():
+        return None
+    try:
+        # The frontmatter starts on the file's line 2: pad so YAML's lines are the file's.
+        return load_yaml("\n" + front, source)
+    except PolicyError as exc:
+        error = exc
+    if found.lenient:
+        fixed = [_quote_value(raw) for raw in front.split("\n")]
+        if fixed != front.split("\n"):
+            try:
+                doc = load_yaml("\n" + "\n".join(fixed), source)
+            except PolicyError:
+                pass
+            else:
+                found.warnings.append(
+                    f"{source}:2: frontmatter is not valid YAML ({error.message}); "
+                    "loaded with values holding ': ' quoted"
+                )
+                return doc
+    raise AgentSkillError(
+        f"Invalid YAML in frontmatter: {error.message}",
+        location=error.location,
+        hint="quote values holding ': ' or '#', and indent with spaces",
+    ) from error
+
+
+def _quote_value(raw: str) -> str:
+    match = _UNQUOTED.match(raw.rstrip("\r"))
+    if match is None:
+        return raw
+    value = match["value"].replace("\\", "\\\\").replace('"', '\\"')
+    return f'{match["key"]}: "{value}"'
+
+
+def jsonable(value: Any) -> Any:
+    """A YAML value as JSON: mappings with string keys, lists, scalars; dates as ISO text."""
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if hasattr(value, "isoformat"):
+        return str(value.isoformat())
+    return str(value)
 
 
 def _check_name(doc: Mapping[str, Any], dir_name: str, found: _Findings, at: int) -> str:
     if "name" not in doc:
-        found.error(at, None, "Missing required field in frontmatter: name")
+        found.soft(at, None, "Missing required field in frontmatter: name")
         return ""
     name = doc["name"]
     if not isinstance(name, str) or not name.strip():
-        found.error(at, "name", "Field 'name' must be a non-empty string")
+        found.soft(at, "name", "Field 'name' must be a non-empty string")
         return ""
     if len(name) > MAX_NAME:
         found.soft(
@@ -233,20 +298,20 @@ def _check_name(doc: Mapping[str, Any], dir_name: str, found: _Findings, at: int
             f"Skill name '{name[:20]}...' exceeds {MAX_NAME} character limit ({len(name)} chars)",
         )
     if name != name.lower():
-        found.error(at, "name", f"Skill name '{name}' must be lowercase")
+        found.soft(at, "name", f"Skill name '{name}' must be lowercase")
     if name.startswith("-") or name.endswith("-"):
-        found.error(at, "name", "Skill name cannot start or end with a hyphen")
+        found.soft(at, "name", "Skill name cannot start or end with a hyphen")
     if "--" in name:
-        found.error(at, "name", "Skill name cannot contain consecutive hyphens")
+        found.soft(at, "name", "Skill name cannot contain consecutive hyphens")
     if not _NAME_RE.fullmatch(name.lower()):
-        found.error(
+        found.soft(
             at,
             "name",
             f"Skill name '{name}' contains invalid characters. Only letters, digits, and "
             "hyphens are allowed (skilld: ASCII a-z and 0-9 only)",
         )
     elif name[0].isdigit():
-        found.error(at, "name", f"Skill name '{name}' must start with a letter to be a skilld id")
+        found.soft(at, "name", f"Skill name '{name}' must start with a letter to be a skilld id")
     if name != dir_name:
         found.soft(at, "name", f"Directory name '{dir_name}' must match skill name '{name}'")
     return name
@@ -274,7 +339,7 @@ def _optional_str(doc: Mapping[str, Any], key: str, found: _Findings, at: int) -
         return None
     value = doc[key]
     if not isinstance(value, str):
-        found.error(at, key, f"Field '{key}' must be a string")
+        found.soft(at, key, f"Field '{key}' must be a string (left out)")
         return None
     return value
 
@@ -284,20 +349,36 @@ def _check_metadata(doc: Mapping[str, Any], found: _Findings, at: int) -> dict[s
         return {}
     value = doc["metadata"]
     if not isinstance(value, Mapping):
-        found.error(at, "metadata", "Field 'metadata' must be a mapping of strings to strings")
+        found.soft(
+            at, "metadata", "Field 'metadata' must be a mapping of strings to strings (left out)"
+        )
         return {}
     lines: Mapping[str, int] = getattr(value, "key_lines", {})
     out: dict[str, str] = {}
     for key, item in value.items():
         if not isinstance(item, str):
-            found.error(
+            found.soft(
                 lines.get(key, at),
                 f"metadata.{key}",
-                f"Field 'metadata' values must be strings, got {type(item).__name__} (quote it)",
+                f"Field 'metadata' values must be strings, got {_kind(item)} "
+                "(kept as its JSON text; quote it)",
             )
-            continue
-        out[key] = item
+            item = json.dumps(jsonable(item), ensure_ascii=False)
+        out[str(key)] = item
     return out
+
+
+def _kind(value: Any) -> str:
+    """A YAML value's kind in the words a SKILL.md author uses."""
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    return "a date" if hasattr(value, "isoformat") else "a non-string value"
 
 
 def _check_allowed_tools(doc: Mapping[str, Any], found: _Findings, at: int) -> tuple[str, ...]:
@@ -308,8 +389,10 @@ def _check_allowed_tools(doc: Mapping[str, Any], found: _Findings, at: int) -> t
         return tuple(split_allowed_tools(value))
     if isinstance(value, list) and all(isinstance(item, str) for item in value):
         return tuple(t for item in value for t in split_allowed_tools(item))
-    found.error(
-        at, "allowed-tools", "Field 'allowed-tools' must be either a string or a list of strings"
+    found.soft(
+        at,
+        "allowed-tools",
+        "Field 'allowed-tools' must be either a string or a list of strings (left out)",
     )
     return ()
 

@@ -18,6 +18,10 @@ declared tool           need
 ``WebFetch``            every ``http`` URL the policy names, ``GET`` only
 anything else           nothing (reported as a finding)
 ======================  ===================================================================
+
+``allowed-tools`` narrows, never gates: a skill that names no file tool (most published
+skills declare no ``allowed-tools`` at all) keeps every ``fs`` grant the operator wrote
+for it, as written, so its scripts can read the user's files the operator allowed.
 """
 
 from __future__ import annotations
@@ -91,6 +95,8 @@ def tools_to_needs(tools: Sequence[str], grants: Mapping[str, Any], line: int = 
             )
         else:
             findings.append(f"allowed-tools {tool}: not a tool skilld maps; grants nothing")
+    if not any(t in READ_TOOLS or t in WRITE_TOOLS for t in tools):
+        fs = [{"path": r["path"], "mode": r.get("mode", "ro")} for r in grants.get("fs") or ()]
     needs = LMap()
     needs.line, needs.key_lines = line, {}
     for key, items in (("fs", fs), ("shell", shell), ("http", http)):

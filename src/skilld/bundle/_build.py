@@ -27,7 +27,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -442,14 +442,19 @@ def build_bundle(
             wheelhouse,
             progress,
             built_runner,
+            lenient,
         )
         for c, v in agents:
+            # The grants column says, for an Agent Skill, which executor and why.
+            a = next(a for a in locked_agents if a.id == v.manifest.id)
+            gaps = len(a.scripts.get("unavailable", ()))
             rows.append(
                 BuildSummaryRow(
                     v.manifest.id,
                     v.manifest.version,
                     len(mds[v.manifest.id].allowed_tools),
-                    next(a.executor for a in locked_agents if a.id == v.manifest.id),
+                    f"{a.executor} ({a.scripts.get('reason', 'no scripts')})"
+                    + (f"; {gaps} script(s) unavailable" if gaps else ""),
                     c.path.stat().st_size,
                     0,
                 )
@@ -499,22 +504,26 @@ def _stage_agent_skills(
     wheelhouse: Path | None,
     progress: Progress,
     built_runner: LockedSkill | None = None,
+    lenient: bool = False,
 ) -> tuple[list[LockedAgentSkill], LockedRunner | None]:
     """Unpack each Agent Skill, bake its requirements, and compile the runner if needed
     (once: ``built_runner`` is the runner already compiled as a skill of the bundle).
 
     Raises:
-        AgentSkillError: a wasm script imports beyond the standard library, a wasm
-            skill has requirements, or a requirement has no wheel.
+        AgentSkillError: a system program the policy names is missing; or, unless
+            ``lenient``, any script cannot run under its executor (every finding at once,
+            each at ``SKILL/path:line``: a package without a wheel, a shell script or a
+            process under wasm, a program the host lacks).
     """
     locked: list[LockedAgentSkill] = []
     wants_runner = False
+    findings: list[str] = []
     for c, v in agents:
         sid, version = v.manifest.id, v.manifest.version
         scripts = tables.scripts(sid)
-        executor = scripts["executor"]
         _trees, globs = agentskills.tree_grants(tables.skill(sid).get("fs") or ())
-        if globs and agentskills.scripts_of(v.files):
+        runnable = agentskills.runnable_scripts(v.files)
+        if globs and runnable:
             progress(
                 f"warning: {sid}: scripts do not get the glob fs grant(s) {', '.join(globs)} "
                 "(the kernel names directories); grant a directory tree instead"
@@ -523,22 +532,50 @@ def _stage_agent_skills(
         for name, data in v.files.items():
             _write(stage / root / name, data)
         requirements = agentskills.requirements_of(sid, v.files, scripts["requirements"])
-        has_scripts = bool(agentskills.scripts_of(v.files))
+        # Programs the operator named must be here, whatever the mode: the policy is
+        # the operator's word. Those the skill names alone make its scripts unavailable.
+        missing = [p for p in scripts["programs"] if shutil.which(p) is None]
+        if missing:
+            raise AgentSkillError(
+                f"skill '{sid}' needs the system program(s) "
+                f"{agentskills.missing_program_message(missing)}, which this image lacks",
+                location=f"policies/{sid}.yaml",
+                hint="install them in the image (docs/agent-skills.md, 'System programs')",
+            )
+        planned = agentskills.plan(
+            sid,
+            v.files,
+            policy_executor=scripts["executor"],
+            requirements=requirements,
+            programs=agentskills.declared_programs(mds[sid].metadata, scripts["programs"]),
+            policy_interpreters=scripts["interpreters"],
+            wheelhouse=wheelhouse,
+        )
+        findings += planned.findings
         env = ""
-        if has_scripts and executor == "wasm":
-            if requirements:
-                raise AgentSkillError(
-                    f"skill '{sid}' needs {', '.join(requirements)}, but the wasm executor "
-                    "has the standard library only",
-                    location=str(c.origin),
-                    hint=f"give it 'scripts: {{executor: native}}' in policies/{sid}.yaml",
-                )
-            agentskills.check_stdlib_only(sid, v.files)
+        if planned.executor == "wasm":
             wants_runner = True
-        elif requirements:
+        elif planned.executor == "native" and planned.distributions:
             env = f"agentskills/{sid}/env"
-            progress(f"installing {', '.join(requirements)} for {sid} from {wheelhouse}")
-            agentskills.install_requirements(sid, requirements, wheelhouse, stage / env)
+            progress(f"installing {', '.join(planned.distributions)} for {sid} from {wheelhouse}")
+            try:
+                agentskills.install_requirements(
+                    sid, planned.distributions, wheelhouse, stage / env
+                )
+            except AgentSkillError as exc:
+                findings.append(f"{sid}: {exc.message}")
+                planned = replace(
+                    planned,
+                    unavailable=dict.fromkeys(runnable, exc.message) | dict(planned.unavailable),
+                )
+                env = ""
+        if runnable:
+            progress(f"{sid}: scripts run {planned.executor}: {planned.reason}")
+        if runnable and planned.programs:
+            # The operator sees what a skill's own metadata made executable for it.
+            progress(f"{sid}: scripts may start {', '.join(planned.programs)}")
+        for script, why in sorted(planned.unavailable.items()):
+            progress(f"warning: {sid}/{script}: unavailable: {why}")
         spec = agentskills.describe(mds[sid], version, v.files)
         locked.append(
             LockedAgentSkill(
@@ -547,11 +584,19 @@ def _stage_agent_skills(
                 package=c.path.relative_to(stage).as_posix(),
                 root=root,
                 env=env,
-                executor=executor if has_scripts else "none",
+                executor=planned.executor,
                 signers=tuple(v.signers),
                 description=mds[sid].description,
                 spec=spec.as_dict(),
+                scripts=planned.as_lock() if runnable else {},
             )
+        )
+    if findings and not lenient:
+        raise AgentSkillError(
+            "scripts that cannot run here:\n  " + "\n  ".join(findings),
+            location=findings[0].split(": ", 1)[0],
+            hint="give them what they need (a wheel, a program, 'scripts: {executor: native}'), "
+            "or build with --lenient to serve the skills with those scripts unavailable",
         )
     runner = None
     if wants_runner and built_runner is not None:

@@ -54,6 +54,9 @@ class LockedAgentSkill:
 
     ``root`` holds the skill's files and ``env`` (``""`` when none) its baked Python
     packages, both bundle-relative directories whose every file the lock lists.
+    ``scripts`` is how its scripts run (``skilld.agentskills.Plan.as_lock``): why this
+    executor, the interpreters and system programs it starts, and the scripts that
+    cannot run here with the reason ``run_script`` answers.
     """
 
     id: str
@@ -65,6 +68,7 @@ class LockedAgentSkill:
     signers: tuple[str, ...]
     description: str
     spec: dict[str, Any]
+    scripts: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,6 +50,7 @@ from skilld.errors import (
     StackExhausted,
     UsageError,
 )
+from skilld.mcp import _skills_ext as skills_extension
 from skilld.mcp._channel import SessionChannel
 from skilld.mcp._config import ServeConfig
 from skilld.mcp._metrics import Metrics
@@ -332,6 +333,7 @@ class McpService:
         # Registered by hand: the constructor argument warns that the 2026-07-28
         # revision drops logging, but the handshake revisions clients speak today have it.
         server.add_request_handler("logging/setLevel", types.SetLevelRequestParams, self._set_level)
+        skills_extension.register(server, self.dispatcher)
         return server
 
     # -- tools ------------------------------------------------------------------

@@ -78,6 +78,7 @@ def _register_agent_skills(
 
     from skilld import agentskills
     from skilld.permissions import SkillPermissions
+    from skilld.policy import Exposure
     from skilld.registry import SkillEntry, annotations_for
     from skilld.types import SkillSpec
 
@@ -94,6 +95,10 @@ def _register_agent_skills(
             )
         )
     work = paths.make_work_dir(state_dir) if lock.agent_skills else state_dir / "work"
+    # Many skills: one activation tool (a name enum) instead of a tool each (the guide's).
+    ids = {a.id for a in lock.agent_skills}
+    many = len(ids) > agentskills.ACTIVATION_THRESHOLD and agentskills.ACTIVATION_ID not in ids
+    backends: dict[str, Any] = {}
     for locked in lock.agent_skills:
         spec = SkillSpec.from_dict({**locked.spec, "id": locked.id, "version": locked.version})
         limits = tables.limits(locked.id)
@@ -108,8 +113,17 @@ def _register_agent_skills(
             limits,
             runner,
             work=work,
+            plan=locked.scripts,
+            digests={
+                path.removeprefix(f"{locked.root}/"): sha
+                for path, sha in lock.files.items()
+                if path.startswith(f"{locked.root}/")
+            },
         )
+        backends[locked.id] = backend
         exposure = tables.exposure(locked.id)
+        if many:
+            exposure = replace(exposure, hidden=(*exposure.hidden, agentskills.INSTRUCTIONS))
         # Tier 1 is a tool named as the skill, unless the operator named it otherwise.
         names = {agentskills.INSTRUCTIONS: locked.id, **exposure.names}
         registry.add(
@@ -121,6 +135,17 @@ def _register_agent_skills(
                 exposure=replace(exposure, names=names),
                 annotations=annotations_for(grants),
                 description=locked.description,
+            )
+        )
+    if many:
+        activation = agentskills.ActivationBackend(backends)
+        registry.add(
+            SkillEntry(
+                spec=activation.spec,
+                component=activation,
+                exposure=Exposure(names={agentskills.ACTIVATE: agentskills.ACTIVATION_TOOL}),
+                annotations=annotations_for({}),
+                description=activation.spec.description,
             )
         )
 

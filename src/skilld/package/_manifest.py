@@ -30,7 +30,8 @@ SIG_DIR = "signatures/"
 
 # Every pattern here is used with fullmatch: "$" would also match before a trailing
 # newline, letting "notes\n" or "1.2.3\n" through.
-ID_RE = re.compile(r"[a-z][a-z0-9-]{0,62}")
+# 64 characters: the Agent Skills specification's longest name is also a skill id.
+ID_RE = re.compile(r"[a-z][a-z0-9-]{0,63}")
 # semver.org's recommended regex (2.0.0).
 SEMVER_RE = re.compile(
     r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
@@ -105,7 +106,7 @@ def check_id(value: object, what: str = "id") -> str:
     """Return ``value`` when it is a valid skill id.
 
     Raises:
-        PackageFormatError: not a string matching ``[a-z][a-z0-9-]{0,62}``.
+        PackageFormatError: not a string matching ``[a-z][a-z0-9-]{0,63}``.
     """
     if not isinstance(value, str) or not ID_RE.fullmatch(value):
         raise PackageFormatError(f"{what} {value!r} must match {ID_RE.pattern}")

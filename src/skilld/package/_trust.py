@@ -45,7 +45,7 @@ TRUST_SUFFIX = ".pub.json"
 MAX_TRUST_FILE = 64 * 1024
 MAX_THRESHOLD = 64
 # Used with fullmatch: "$" would also match before a trailing newline.
-_PATTERN_RE = re.compile(r"[a-z0-9*][a-z0-9*-]{0,62}")
+_PATTERN_RE = re.compile(r"[a-z0-9*][a-z0-9*-]{0,63}")
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _KEYS = {"name", "key_id", "public_key", "scope", "threshold", "cluster"}
 

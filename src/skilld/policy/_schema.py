@@ -779,23 +779,38 @@ def _mcp(m: Mapping[str, Any], where: Where, *, needs: bool = False) -> dict[str
 
 
 def _scripts(m: Mapping[str, Any], where: Where) -> dict[str, Any]:
-    """The ``scripts`` section: ``executor``, ``interpreters``, ``requirements``."""
-    _check_keys(m, ("executor", "interpreters", "requirements"), where, "scripts")
-    executor = m.get("executor", "wasm")
-    if executor not in EXECUTORS:
-        raise _fail(
-            _line(m, "executor", where),
-            f"scripts.executor must be one of {', '.join(EXECUTORS)}, got {executor!r}",
-        )
-    out: dict[str, Any] = {"executor": executor}
+    """The ``scripts`` section: ``executor``, ``interpreters``, ``requirements``,
+    ``programs`` (system programs the scripts need; the build refuses when missing).
+
+    ``executor`` and ``interpreters`` are kept only when written: otherwise the build
+    chooses them from what the scripts need (docs/agent-skills.md)."""
+    _check_keys(m, ("executor", "interpreters", "requirements", "programs"), where, "scripts")
+    out: dict[str, Any] = {}
+    executor = m.get("executor")
+    if executor is not None:
+        if executor not in EXECUTORS:
+            raise _fail(
+                _line(m, "executor", where),
+                f"scripts.executor must be one of {', '.join(EXECUTORS)}, got {executor!r}",
+            )
+        out["executor"] = executor
     iw = _line(m, "interpreters", where)
-    interpreters = _str_list(m.get("interpreters", ["python"]), iw, "an interpreter")
-    for name in interpreters:
+    if "interpreters" in m:
+        interpreters = _str_list(m["interpreters"], iw, "an interpreter")
+        for name in interpreters:
+            if not _INTERPRETER.match(name):
+                raise _fail(
+                    iw, f"interpreter {name!r} must be a program name, not a path or command"
+                )
+        if executor == "wasm" and set(interpreters) - {"python"}:
+            raise _fail(iw, "the wasm executor runs Python scripts only", "use executor: native")
+        out["interpreters"] = sorted(set(interpreters))
+    pw = _line(m, "programs", where)
+    programs = _str_list(m["programs"], pw, "a program") if m.get("programs") else ()
+    for name in programs:
         if not _INTERPRETER.match(name):
-            raise _fail(iw, f"interpreter {name!r} must be a program name, not a path or command")
-    if executor == "wasm" and set(interpreters) - {"python"}:
-        raise _fail(iw, "the wasm executor runs Python scripts only", "use executor: native")
-    out["interpreters"] = sorted(set(interpreters))
+            raise _fail(pw, f"program {name!r} must be a program name, not a path or command")
+    out["programs"] = sorted(set(programs))
     rw = _line(m, "requirements", where)
     requirements = (
         _str_list(m["requirements"], rw, "a requirement") if m.get("requirements") else ()

@@ -135,17 +135,20 @@ class Tables:
         )
 
     def scripts(self, skill_id: str) -> Mapping[str, Any]:
-        """How the skill's Agent Skills scripts run: ``executor``, ``interpreters``,
-        ``requirements`` (the ``wasm`` executor and nothing else when the policy says nothing).
+        """How the skill's Agent Skills scripts run: ``executor`` and ``interpreters``
+        (``None`` when the policy does not say: the build chooses from the scripts),
+        ``requirements`` and ``programs`` (system programs the scripts need).
 
         Raises:
             PolicyError: the tables have no entry for ``skill_id``.
         """
         raw = self.skill(skill_id).get("scripts") or {}
+        interpreters = raw.get("interpreters")
         return {
-            "executor": raw.get("executor", "wasm"),
-            "interpreters": tuple(raw.get("interpreters", ("python",))),
+            "executor": raw.get("executor"),
+            "interpreters": None if interpreters is None else tuple(interpreters),
             "requirements": tuple(raw.get("requirements", ())),
+            "programs": tuple(raw.get("programs", ())),
         }
 
     def interfaces(self, skill_id: str) -> frozenset[str]:
