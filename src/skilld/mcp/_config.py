@@ -51,6 +51,13 @@ class ServeConfig:
             (``skilld: LEVEL: EVENT key=value``, for a person at a terminal).
         server_name: the name reported in ``serverInfo``.
         server_version: the version reported in ``serverInfo``.
+        node_id: names this node in the ``requestState`` of an input-required round
+            (a random id per process when empty).
+        request_state_keys: secrets (32 bytes or more) that seal ``requestState``; the
+            first seals, all unseal (rotation). A cluster's entry nodes share them;
+            empty: a random key held by this process only.
+        round_ttl_s: how long a ``requestState`` stays valid (its call ends at its own
+            deadline either way).
     """
 
     transport: Literal["stdio", "http"] = "stdio"
@@ -75,6 +82,9 @@ class ServeConfig:
     log_format: Literal["json", "text"] = "json"
     server_name: str = "skilld"
     server_version: str = "0.1.0"
+    node_id: str = ""
+    request_state_keys: tuple[bytes, ...] = ()
+    round_ttl_s: float = 600.0
 
     def __post_init__(self) -> None:
         if self.max_body_bytes <= 0:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import secrets
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -22,9 +23,11 @@ from typing import Any, TypeVar
 import anyio
 import structlog
 from mcp import types
+from mcp.server.connection import allowed_log_levels
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions, Server
 from mcp.server.models import InitializationOptions
+from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
 from mcp.server.subscriptions import (
     InMemorySubscriptionBus,
     ListenHandler,
@@ -34,7 +37,8 @@ from mcp.server.subscriptions import (
 )
 from mcp.shared.exceptions import MCPError
 from mcp.shared.uri_template import InvalidUriTemplate, UriTemplate
-from pydantic import ValidationError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import BaseModel, ValidationError
 
 from skilld.errors import (
     CallCancelled,
@@ -50,9 +54,10 @@ from skilld.errors import (
     StackExhausted,
     UsageError,
 )
-from skilld.mcp._channel import SessionChannel
+from skilld.mcp._channel import LOG_LEVELS, SessionChannel
 from skilld.mcp._config import ServeConfig
 from skilld.mcp._metrics import Metrics
+from skilld.mcp._rounds import ParkedCalls, RoundChannel, missing_capability, skill_digest
 from skilld.mcp._schema import ArgumentValidator
 from skilld.mcp._workers import WorkerPool
 from skilld.registry import Dispatcher, Tool
@@ -60,6 +65,9 @@ from skilld.types import CallOutput, ContentBlock, PromptSpec, ResourceSpec
 
 T = TypeVar("T")
 Ctx = ServerRequestContext[Any, Any]
+Rounds = (
+    types.CallToolRequestParams | types.GetPromptRequestParams | types.ReadResourceRequestParams
+)
 Logger = structlog.typing.FilteringBoundLogger
 
 RESOURCE_NOT_FOUND = -32002  # the MCP spec's code for an unknown resource URI
@@ -77,6 +85,21 @@ def _session_state(ctx: Ctx) -> dict[str, Any]:
     """
     state: dict[str, Any] = ctx.session._connection.state
     return state
+
+
+def _modern(ctx: Ctx) -> bool:
+    """True for a 2026-07-28 request (stateless; questions to the client go in rounds)."""
+    return ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+
+
+def _plain(responses: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``inputResponses`` as JSON values (the SDK parsed them into its result models)."""
+    return {
+        key: value.model_dump(by_alias=True, mode="json", exclude_none=True)
+        if isinstance(value, BaseModel)
+        else value
+        for key, value in (responses or {}).items()
+    }
 
 
 def error_text(exc: SkilldError) -> tuple[str, str | None, str]:
@@ -238,6 +261,9 @@ class McpService:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._notifying: set[asyncio.Task[None]] = set()
         self._bus = InMemorySubscriptionBus()
+        self.parked = ParkedCalls(
+            config.node_id or f"node-{secrets.token_hex(6)}", config.round_ttl_s
+        )
         watch = getattr(dispatcher, "watch", None)
         self.server = self._build(changing=watch is not None)
         if watch is not None:
@@ -313,6 +339,18 @@ class McpService:
         # Registered by hand: the constructor argument warns that the 2026-07-28
         # revision drops logging, but the handshake revisions clients speak today have it.
         server.add_request_handler("logging/setLevel", types.SetLevelRequestParams, self._set_level)
+        # Seals the requestState of input-required rounds and refuses a tampered,
+        # expired or foreign one before any handler runs (see _rounds).
+        keys = self.config.request_state_keys
+        ttl = self.config.round_ttl_s
+        security = (
+            RequestStateSecurity(keys=list(keys), ttl=ttl)
+            if keys
+            else RequestStateSecurity.ephemeral(ttl=ttl)
+        )
+        server.middleware.append(
+            RequestStateBoundary(security, default_audience=self.config.server_name)
+        )
         return server
 
     # -- tools ------------------------------------------------------------------
@@ -362,7 +400,7 @@ class McpService:
 
     async def _call_tool(
         self, ctx: Ctx, params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
+    ) -> types.CallToolResult | types.InputRequiredResult:
         self._seen(ctx)
         name = params.name
         tool = self._tool(name)
@@ -384,22 +422,92 @@ class McpService:
             output = self.dispatcher.call_inline(name, arguments, channel, budget_s)
             return self._result(tool, output)
 
+        inline = run_inline if budget_s > 0 else None
+        rounds: list[RoundChannel] = []
         try:
-            return await self._guest_call(
+            if not _modern(ctx):
+                return await self._guest_call(
+                    ctx, tool.skill_id, name, run, inline=inline, arguments=arguments
+                )
+            definition = {"in": tool.input_schema, "out": tool.output_schema}
+            result = await self._in_rounds(
                 ctx,
+                params,
+                name,
+                self._digest(tool.skill_id, name, definition),
                 tool.skill_id,
                 name,
                 run,
-                inline=run_inline if budget_s > 0 else None,
-                arguments=arguments,
+                inline,
+                arguments,
+                rounds,
             )
         except RegistryError as exc:
             raise MCPError(types.INVALID_PARAMS, str(exc)) from exc
         except SkilldError as exc:
+            self._missing(rounds)
             return _error_result(error_text(exc)[2])
+        except MCPError:
+            raise
         # A bug below the seam costs this one call, never the session (_guest_call logged it).
         except Exception as exc:  # noqa: BLE001
             return _error_result(f"[internal] the call failed unexpectedly: {type(exc).__name__}")
+        if isinstance(result, types.CallToolResult) and result.is_error:
+            self._missing(rounds)
+        return result
+
+    def _digest(self, skill: str, target: str, definition: Mapping[str, Any]) -> str:
+        """What a round's ``requestState`` binds: the skill's bundle digest, when known."""
+        known = getattr(self.dispatcher, "skill_digest", None)
+        digest = known(skill) if callable(known) else None
+        return skill_digest(target, skill, {"bundle": digest, **definition})
+
+    @staticmethod
+    def _missing(rounds: list[RoundChannel]) -> None:
+        """A failed call that needed a client capability the request did not declare."""
+        if rounds and rounds[0].missing:
+            raise missing_capability(rounds[0].missing)
+
+    async def _in_rounds(
+        self,
+        ctx: Ctx,
+        params: Rounds,
+        target: str,
+        digest: str,
+        skill: str,
+        label: str,
+        run: Callable[[SessionChannel], T],
+        inline: Callable[[SessionChannel], T] | None,
+        arguments: Mapping[str, Any],
+        rounds: list[RoundChannel],
+    ) -> T | types.InputRequiredResult:
+        """Run (or resume) a 2026-07-28 request whose guest may ask the client things.
+
+        A first request starts the call in the background; a retry (its
+        ``requestState`` already verified by the SDK's boundary) answers the question
+        its call waits on. Either way the request ends with the call's result or with
+        the next ``input_required`` round.
+
+        Raises:
+            MCPError: ``-32602`` for a ``requestState`` naming no call of this tool here.
+            SkilldError: as :meth:`_guest_call`.
+        """
+        if params.request_state is not None:
+            call = self.parked.resume(params.request_state, target, digest)
+            call.channel.rebind(ctx.session, ctx.request_id, self._min_level(ctx))
+            call.channel.answer(_plain(params.input_responses))
+            rounds.append(call.channel)
+        else:
+            channel = self._round_channel(ctx, skill, _plain(params.input_responses))
+            rounds.append(channel)
+
+            async def start() -> T:
+                return await self._guest_call(
+                    ctx, skill, label, run, inline=inline, arguments=arguments, channel=channel
+                )
+
+            call = self.parked.start(target, digest, channel, start)
+        return await self.parked.step(call)
 
     def _result(self, tool: Tool, output: CallOutput) -> types.CallToolResult:
         value = output.value
@@ -427,6 +535,7 @@ class McpService:
         run: Callable[[SessionChannel], T],
         inline: Callable[[SessionChannel], T] | None = None,
         arguments: Mapping[str, Any] | None = None,
+        channel: SessionChannel | None = None,
     ) -> T:
         """Run guest code for one request: the one path tools, resources and prompts take.
 
@@ -462,7 +571,7 @@ class McpService:
             # Again: drain() may have seen nothing in flight and returned while this
             # call waited for its slot. No await between here and _enter().
             self._refuse_if_draining(skill, label, arguments)
-            channel = self._channel(ctx, skill)
+            channel = channel or self._channel(ctx, skill)
             outcome = "cancelled"
             rule: str | None = None
             started = time.perf_counter()
@@ -536,14 +645,37 @@ class McpService:
         if self._in_flight == 0 and self._idle is not None:
             self._idle.set()
 
-    def _channel(self, ctx: Ctx, skill: str) -> SessionChannel:
+    def _min_level(self, ctx: Ctx) -> Callable[[], types.LoggingLevel | None]:
+        """The lowest level of guest logs this request's client hears (None: no logs).
+
+        Handshake-era sessions set it with ``logging/setLevel``; a 2026-07-28 request
+        asks for logs in its own ``_meta``, and hears none without asking.
+        """
+        if _modern(ctx):
+            allowed = allowed_log_levels(ctx.protocol_version, ctx.meta)
+            floor = next((lvl for lvl in LOG_LEVELS if lvl in allowed), None)
+            return lambda: floor
         state = _session_state(ctx)
+        return lambda: state.get(_LEVEL_KEY, _DEFAULT_LEVEL)
+
+    def _channel(self, ctx: Ctx, skill: str) -> SessionChannel:
         return SessionChannel(
             ctx.session,
             ctx.request_id,
             skill=skill,
-            min_level=lambda: state.get(_LEVEL_KEY, _DEFAULT_LEVEL),
+            min_level=self._min_level(ctx),
             request_timeout_s=self.config.client_request_timeout_s,
+        )
+
+    def _round_channel(self, ctx: Ctx, skill: str, prefilled: Mapping[str, Any]) -> RoundChannel:
+        return RoundChannel(
+            ctx.session,
+            ctx.request_id,
+            skill=skill,
+            min_level=self._min_level(ctx),
+            request_timeout_s=self.config.client_request_timeout_s,
+            prefilled=prefilled,
+            capabilities=ctx.session.check_client_capability,
         )
 
     async def _inline_or_blocking(
@@ -616,24 +748,37 @@ class McpService:
 
     async def _read_resource(
         self, ctx: Ctx, params: types.ReadResourceRequestParams
-    ) -> types.ReadResourceResult:
+    ) -> types.ReadResourceResult | types.InputRequiredResult:
         uri = str(params.uri)
         spec = self._resource_spec(uri)
         if spec is None:
             raise MCPError(RESOURCE_NOT_FOUND, f"Resource not found: {uri}", data={"uri": uri})
-        try:
-            contents = await self._guest_call(
-                ctx,
-                self.dispatcher.resource_skill(uri),
-                f"resource:{spec.uri}",
-                lambda channel: resource_contents(
-                    uri, self.dispatcher.read_resource(uri, channel), spec.mime_type
-                ),
-                arguments={"uri": uri},
+
+        def read(
+            channel: SessionChannel,
+        ) -> list[types.TextResourceContents | types.BlobResourceContents]:
+            return resource_contents(
+                uri, self.dispatcher.read_resource(uri, channel), spec.mime_type
             )
+
+        rounds: list[RoundChannel] = []
+        try:
+            skill = self.dispatcher.resource_skill(uri)
+            label = f"resource:{spec.uri}"
+            if not _modern(ctx):
+                contents = await self._guest_call(ctx, skill, label, read, arguments={"uri": uri})
+            else:
+                digest = self._digest(skill, uri, {"template": spec.uri})
+                answer = await self._in_rounds(
+                    ctx, params, uri, digest, skill, label, read, None, {"uri": uri}, rounds
+                )
+                if isinstance(answer, types.InputRequiredResult):
+                    return answer
+                contents = answer
         except RegistryError as exc:
             raise MCPError(RESOURCE_NOT_FOUND, str(exc), data={"uri": uri}) from exc
         except SkilldError as exc:
+            self._missing(rounds)
             raise MCPError(types.INTERNAL_ERROR, error_text(exc)[2]) from exc
         return types.ReadResourceResult(contents=contents)
 
@@ -680,7 +825,7 @@ class McpService:
 
     async def _get_prompt(
         self, ctx: Ctx, params: types.GetPromptRequestParams
-    ) -> types.GetPromptResult:
+    ) -> types.GetPromptResult | types.InputRequiredResult:
         spec = self._prompt_spec(params.name)
         if spec is None:
             raise MCPError(types.INVALID_PARAMS, f"Unknown prompt: {params.name}")
@@ -702,17 +847,20 @@ class McpService:
                     "internal", f"prompt {spec.name} rendered malformed messages"
                 ) from exc
 
+        rounds: list[RoundChannel] = []
         try:
-            return await self._guest_call(
-                ctx,
-                self.dispatcher.prompt_skill(spec.name),
-                f"prompt:{spec.name}",
-                render,
-                arguments=arguments,
+            skill = self.dispatcher.prompt_skill(spec.name)
+            label = f"prompt:{spec.name}"
+            if not _modern(ctx):
+                return await self._guest_call(ctx, skill, label, render, arguments=arguments)
+            digest = self._digest(skill, spec.name, {"args": spec.arguments_schema})
+            return await self._in_rounds(
+                ctx, params, spec.name, digest, skill, label, render, None, arguments, rounds
             )
         except RegistryError as exc:
             raise MCPError(types.INVALID_PARAMS, str(exc)) from exc
         except SkilldError as exc:
+            self._missing(rounds)
             raise MCPError(types.INTERNAL_ERROR, error_text(exc)[2]) from exc
 
     async def _complete(

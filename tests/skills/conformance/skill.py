@@ -323,3 +323,155 @@ def prompt_with_image() -> list[dict[str, Any]]:
         },
         {"role": "user", "content": {"type": "text", "text": "Please analyze the image above."}},
     ]
+
+
+# -- 2026-07-28: the diagnostic tools of the stateless and input-required scenarios --------
+#
+# Each question names its key in ``_meta`` (the suite looks for some by name); in the
+# 2026-07-28 era it becomes an input-required round, in the 2025-11-25 era a request
+# to the client as before. The guest is the same either way.
+
+KEY = "io.skilld/input-key"
+
+
+def _ask_name(key: str, message: str, field: str = "name") -> dict[str, Any]:
+    return mcp.elicit(
+        {
+            "message": message,
+            "requestedSchema": {
+                "type": "object",
+                "properties": {field: {"type": "string"}},
+                "required": [field],
+            },
+            "_meta": {KEY: key},
+        }
+    )
+
+
+def _content(result: dict[str, Any]) -> dict[str, Any]:
+    content = result.get("content")
+    return content if isinstance(content, dict) else {}
+
+
+@skill.method
+def missing_capability() -> Rich:
+    """Ask the client's model: refused (-32021) when the client did not declare sampling."""
+    result = mcp.sample(
+        {
+            "messages": [{"role": "user", "content": {"type": "text", "text": "ping"}}],
+            "maxTokens": 10,
+        }
+    )
+    return Rich(content=[Text(f"sampled: {_content(result).get('text')}")])
+
+
+@skill.method
+def ir_elicitation() -> Rich:
+    """Ask the user's name in one input-required round."""
+    name = _content(_ask_name("user_name", "What is your name?")).get("name")
+    return Rich(content=[Text(f"Hello, {name}!")])
+
+
+@skill.method
+def ir_sampling() -> Rich:
+    """Ask the client's model in one input-required round."""
+    result = mcp.sample(
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": {"type": "text", "text": "What is the capital of France?"},
+                }
+            ],
+            "maxTokens": 100,
+            "_meta": {KEY: "capital_question"},
+        }
+    )
+    return Rich(content=[Text(f"LLM response: {_content(result).get('text')}")])
+
+
+def _confirm() -> bool:
+    result = mcp.elicit(
+        {
+            "message": "Please confirm",
+            "requestedSchema": {
+                "type": "object",
+                "properties": {"ok": {"type": "boolean"}},
+                "required": ["ok"],
+            },
+            "_meta": {KEY: "confirm"},
+        }
+    )
+    return bool(_content(result).get("ok"))
+
+
+@skill.method
+def ir_request_state() -> Rich:
+    """Ask for a confirmation; the retry's requestState finds this very call again."""
+    return Rich(content=[Text(f"state-ok: confirmed={_confirm()}")])
+
+
+@skill.method
+def ir_tampered_state() -> Rich:
+    """Ask for a confirmation (a tampered requestState never reaches this guest)."""
+    return Rich(content=[Text(f"confirmed={_confirm()}")])
+
+
+@skill.method
+def ir_multi_round() -> Rich:
+    """Ask two questions, one round each."""
+    name = _content(_ask_name("step1", "Step 1: What is your name?")).get("name")
+    color = _content(
+        _ask_name("step2", "Step 2: What is your favorite color?", field="color")
+    ).get("color")
+    return Rich(content=[Text(f"{name} likes {color}")])
+
+
+@skill.method
+def ir_capabilities() -> Rich:
+    """Ask only what the client declared: elicitation, else sampling."""
+    try:
+        answer = _content(_ask_name("user_name", "What is your name?")).get("name")
+    except SkillError:
+        result = mcp.sample(
+            {
+                "messages": [{"role": "user", "content": {"type": "text", "text": "A name?"}}],
+                "maxTokens": 20,
+                "_meta": {KEY: "name_sample"},
+            }
+        )
+        answer = _content(result).get("text")
+    return Rich(content=[Text(f"answer: {answer}")])
+
+
+@skill.prompt("test_input_required_result_prompt")
+def ir_prompt() -> list[dict[str, Any]]:
+    """A prompt that first asks the user for its context."""
+    result = mcp.elicit(
+        {
+            "message": "What context should the prompt use?",
+            "requestedSchema": {
+                "type": "object",
+                "properties": {"context": {"type": "string"}},
+                "required": ["context"],
+            },
+            "_meta": {KEY: "user_context"},
+        }
+    )
+    context = _content(result).get("context")
+    return [{"role": "user", "content": {"type": "text", "text": f"Context: {context}"}}]
+
+
+@skill.method
+def streaming_elicitation() -> Rich:
+    """Ask the user something: in 2026-07-28 a round, never a request on the call's stream."""
+    name = _content(_ask_name("user_name", "What is your name?")).get("name")
+    return Rich(content=[Text(f"Hello, {name}!")])
+
+
+@skill.method
+def logging_tool() -> Rich:
+    """Log at every level; a 2026-07-28 client hears only what its request asked for."""
+    for level in ("debug", "info", "warning", "error"):
+        mcp.log(level, f"a {level} message")
+    return Rich(content=[Text("logged")])
