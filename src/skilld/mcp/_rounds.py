@@ -261,7 +261,11 @@ class ParkedCalls:
         self._calls[call_id] = call
         channel.asked = call.changed.set
 
-        def ended(_task: asyncio.Task[T]) -> None:
+        def ended(task: asyncio.Task[T]) -> None:
+            # A call whose client walked away ends unobserved (its failure is audited
+            # below the seam): mark its outcome seen, so asyncio does not report it.
+            if not task.cancelled():
+                task.exception()
             call.changed.set()
             self._calls.pop(call_id, None)
 
