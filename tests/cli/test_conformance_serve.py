@@ -20,7 +20,7 @@ SUITE = Path(os.environ.get("SKILLD_MCP_CONFORMANCE") or ROOT / "tools" / "mcp-c
 # tasks extension and pending scenarios run too but are not scored).
 EXPECTED = {
     "2025-11-25": "scenarios: 30 passed, 0 failed",
-    "2026-07-28": "scenarios: 35 passed, 2 failed",  # roots/list: not yet in the WIT
+    "2026-07-28": "scenarios: 37 passed, 0 failed",
 }
 
 

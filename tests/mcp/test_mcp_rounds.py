@@ -86,6 +86,11 @@ async def answer_sample(
     )
 
 
+async def answer_roots(context: Any) -> types.ListRootsResult:
+    """A client with one root."""
+    return types.ListRootsResult(roots=[types.Root(uri="file:///work", name="work")])
+
+
 @pytest.mark.parametrize("mode", [MODERN, "legacy"])
 async def test_sdk_client_completes_a_guest_that_elicits_and_samples(
     server: HttpServer, conformance: tuple[Registry, MemorySink], mode: str
@@ -99,13 +104,16 @@ async def test_sdk_client_completes_a_guest_that_elicits_and_samples(
             mode=mode,
             elicitation_callback=answer_elicit,
             sampling_callback=answer_sample,
+            list_roots_callback=answer_roots,
         ) as client:
             two = await client.call_tool(tool(registry, "ir_multi_round"), {})
             sampled = await client.call_tool(tool(registry, "ir_sampling"), {})
+            three = await client.call_tool(tool(registry, "ir_multiple_inputs"), {})
     assert text_of(two) == "Ada likes teal"
     assert text_of(sampled) == "LLM response: Paris"
+    assert text_of(three) == "Paris Ada (1 roots)"
     records = [r for r in sink.records if r.get("skill") == "conformance"]
-    assert [r.get("outcome") for r in records] == ["ok", "ok"], records
+    assert [r.get("outcome") for r in records] == ["ok", "ok", "ok"], records
 
 
 async def modern(

@@ -180,6 +180,33 @@ class SessionChannel:
             raise GuestError("invalid-argument", f"bad elicitation request: {exc}") from exc
         return self._request(types.ElicitRequest(params=elicit_params), types.ElicitResult)
 
+    def roots(self) -> Mapping[str, Any]:
+        """Send ``roots/list`` and return the client's result.
+
+        Raises:
+            GuestError: as for :meth:`sample`.
+        """
+        wanted = types.ClientCapabilities(roots=types.RootsCapability())
+        if not self._session.check_client_capability(wanted):
+            raise GuestError("unavailable", "the MCP client does not support roots")
+        return self._request(types.ListRootsRequest(), types.ListRootsResult)
+
+    def ask(self, requests: Mapping[str, tuple[str, Mapping[str, Any]]]) -> dict[str, Any]:
+        """Several questions, one after the other (a handshake-era client has no rounds).
+
+        Raises:
+            GuestError: as for :meth:`sample`, at the first that fails.
+        """
+        answers: dict[str, Any] = {}
+        for key, (method, params) in requests.items():
+            if method == "roots/list":
+                answers[key] = dict(self.roots())
+            elif method == "sampling/createMessage":
+                answers[key] = dict(self.sample(params))
+            else:
+                answers[key] = dict(self.elicit(params))
+        return answers
+
     # -- crossing to the loop -----------------------------------------------
 
     def _notify(self, send: Callable[[], Awaitable[None]]) -> None:

@@ -55,6 +55,7 @@ MISSING_REQUIRED_CLIENT_CAPABILITY = -32021
 _ELICIT = "elicitation/create"
 _SAMPLE = "sampling/createMessage"
 _ROOTS = "roots/list"
+_CAPABILITIES = {_ELICIT: "elicitation", _SAMPLE: "sampling", _ROOTS: "roots"}
 _ANSWER_MODELS: dict[str, type[BaseModel]] = {
     _ELICIT: types.ElicitResult,
     _SAMPLE: types.CreateMessageResult,
@@ -100,9 +101,11 @@ class RoundChannel(SessionChannel):
         super().__init__(*args, **kwargs)
         self._prefilled = dict(prefilled)
         self._can = capabilities
-        self._replies: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._replies: queue.SimpleQueue[dict[str, Any] | _Abandoned] = queue.SimpleQueue()
         self._numbers: dict[str, int] = {}
-        self.pending: Question | None = None
+        # Touched on the event loop only: the questions of the round, the answers so far.
+        self.pending: dict[str, Question] = {}
+        self._got: dict[str, Any] = {}
         self.asked: Callable[[], None] = lambda: None
         self.missing: dict[str, Any] = {}
 
@@ -112,14 +115,19 @@ class RoundChannel(SessionChannel):
         """Send progress and logs on the stream of the round now being answered."""
         self._session, self._request_id, self._min_level = session, request_id, min_level
 
-    def answer(self, responses: Mapping[str, Any]) -> bool:
-        """Give the parked guest the answer to its question; False when it is not there."""
-        question = self.pending
-        if question is None or question.key not in responses:
-            return False
-        self.pending = None
-        self._replies.put(responses[question.key])
-        return True
+    def answer(self, responses: Mapping[str, Any]) -> None:
+        """Take the answers to the round's questions; the guest goes on once all are in.
+
+        Keys the round did not ask are ignored; questions still unanswered stay pending
+        (the next round asks them again).
+        """
+        for key in list(self.pending):
+            if key in responses:
+                self._got[key] = responses[key]
+                del self.pending[key]
+        if self._got and not self.pending:
+            got, self._got = self._got, {}
+            self._replies.put(got)
 
     def cancel(self) -> None:
         super().cancel()
@@ -137,8 +145,7 @@ class RoundChannel(SessionChannel):
             GuestError: ``unavailable`` when the client did not declare sampling;
                 ``invalid-argument``, ``timeout``, ``cancelled``.
         """
-        wanted = types.ClientCapabilities(sampling=types.SamplingCapability())
-        return self._ask(_SAMPLE, params, wanted, "sampling")
+        return self._one(_SAMPLE, params)
 
     def elicit(self, params: Mapping[str, Any]) -> Mapping[str, Any]:
         """Ask for ``elicitation/create`` in a round.
@@ -146,8 +153,7 @@ class RoundChannel(SessionChannel):
         Raises:
             GuestError: as for :meth:`sample`.
         """
-        wanted = types.ClientCapabilities(elicitation=types.ElicitationCapability())
-        return self._ask(_ELICIT, params, wanted, "elicitation")
+        return self._one(_ELICIT, params)
 
     def roots(self) -> Mapping[str, Any]:
         """Ask for ``roots/list`` in a round.
@@ -155,44 +161,55 @@ class RoundChannel(SessionChannel):
         Raises:
             GuestError: as for :meth:`sample`.
         """
-        wanted = types.ClientCapabilities(roots=types.RootsCapability())
-        return self._ask(_ROOTS, {}, wanted, "roots")
+        return self._one(_ROOTS, {})
 
-    def _ask(
-        self,
-        method: str,
-        params: Mapping[str, Any],
-        wanted: types.ClientCapabilities,
-        capability: str,
-    ) -> Mapping[str, Any]:
+    def ask(self, requests: Mapping[str, tuple[str, Mapping[str, Any]]]) -> dict[str, Any]:
+        """Ask several questions in one round (keys are the guest's).
+
+        Raises:
+            GuestError: as for :meth:`sample`, when any one cannot be asked.
+        """
+        return self._ask([self._question(m, p, key) for key, (m, p) in requests.items()])
+
+    def _one(self, method: str, params: Mapping[str, Any]) -> Mapping[str, Any]:
+        question = self._question(method, params, None)
+        answer: Mapping[str, Any] = self._ask([question])[question.key]
+        return answer
+
+    def _question(self, method: str, params: Mapping[str, Any], key: str | None) -> Question:
         if self.cancelled():
             raise GuestError("cancelled", "the client cancelled this call")
-        if not self._can(wanted):
+        capability = _CAPABILITIES[method]
+        if not self._can(types.ClientCapabilities.model_validate({capability: {}})):
             self.missing[capability] = {}
             raise GuestError("unavailable", f"the MCP client did not declare {capability}")
         meta = params.get("_meta")
-        key = meta.get(KEY_META) if isinstance(meta, Mapping) else None
-        body = without_key(params)
-        if not isinstance(key, str) or not key:
+        named = meta.get(KEY_META) if isinstance(meta, Mapping) else None
+        key = key or (named if isinstance(named, str) and named else None)
+        if key is None:  # the host numbers unnamed questions
             number = self._numbers[method] = self._numbers.get(method, 0) + 1
-            key = f"{method.split('/')[0]}-{number}"  # the host numbers unnamed questions
+            key = f"{method.split('/')[0]}-{number}"
+        body = without_key(params)
         self._check(method, body)
-        question = Question(key, method, body)
-        if key in self._prefilled:
-            reply = self._prefilled.pop(key)
-        else:
-            anyio.from_thread.run_sync(self._post, question, token=self._loop)
-            reply = self._replies.get()
-        if isinstance(reply, _Abandoned):
-            raise GuestError(reply.code, reply.message)
-        try:
-            return (
-                _ANSWER_MODELS[method]
-                .model_validate(reply)
-                .model_dump(by_alias=True, mode="json", exclude_none=True)
-            )
-        except ValidationError as exc:
-            raise GuestError("internal", f"the client's answer is malformed: {exc}") from exc
+        return Question(key, method, body)
+
+    def _ask(self, questions: list[Question]) -> dict[str, Any]:
+        replies = {q.key: self._prefilled.pop(q.key) for q in questions if q.key in self._prefilled}
+        left = [q for q in questions if q.key not in replies]
+        if left:
+            anyio.from_thread.run_sync(self._post, left, token=self._loop)
+            got = self._replies.get()
+            if isinstance(got, _Abandoned):
+                raise GuestError(got.code, got.message)
+            replies.update(got)
+        answers: dict[str, Any] = {}
+        for question in questions:
+            try:
+                model = _ANSWER_MODELS[question.method].model_validate(replies[question.key])
+            except ValidationError as exc:
+                raise GuestError("internal", f"the client's answer is malformed: {exc}") from exc
+            answers[question.key] = model.model_dump(by_alias=True, mode="json", exclude_none=True)
+        return answers
 
     def _check(self, method: str, body: Mapping[str, Any]) -> None:
         try:
@@ -205,8 +222,9 @@ class RoundChannel(SessionChannel):
         except ValidationError as exc:
             raise GuestError("invalid-argument", f"bad {method} request: {exc}") from exc
 
-    def _post(self, question: Question) -> None:
-        self.pending = question
+    def _post(self, questions: list[Question]) -> None:
+        self.pending = {q.key: q for q in questions}
+        self._got = {}
         self.asked()
 
 
@@ -313,16 +331,17 @@ class ParkedCalls:
             call.changed.clear()
             if call.task.done():
                 return call.task.result()
-            question = call.channel.pending
-            if question is not None:
+            questions = call.channel.pending
+            if questions:
+                requests = {key: q.request() for key, q in questions.items()}
                 return types.InputRequiredResult(
-                    input_requests={question.key: question.request()},  # type: ignore[dict-item]
+                    input_requests=requests,  # type: ignore[arg-type]
                     request_state=self.state(call),
                 )
             try:
                 await call.changed.wait()
             except asyncio.CancelledError:
-                if call.channel.pending is None and not call.task.done():
+                if not call.channel.pending and not call.task.done():
                     call.channel.cancel()
                     with contextlib.suppress(BaseException):
                         await asyncio.shield(call.task)

@@ -421,9 +421,9 @@ def ir_tampered_state() -> Rich:
 def ir_multi_round() -> Rich:
     """Ask two questions, one round each."""
     name = _content(_ask_name("step1", "Step 1: What is your name?")).get("name")
-    color = _content(
-        _ask_name("step2", "Step 2: What is your favorite color?", field="color")
-    ).get("color")
+    color = _content(_ask_name("step2", "Step 2: What is your favorite color?", field="color")).get(
+        "color"
+    )
     return Rich(content=[Text(f"{name} likes {color}")])
 
 
@@ -475,3 +475,44 @@ def logging_tool() -> Rich:
     for level in ("debug", "info", "warning", "error"):
         mcp.log(level, f"a {level} message")
     return Rich(content=[Text("logged")])
+
+
+@skill.method
+def ir_list_roots() -> Rich:
+    """Ask for the client's roots in one input-required round."""
+    roots = mcp.roots().get("roots") or []
+    return Rich(content=[Text("roots: " + ", ".join(str(r.get("uri")) for r in roots))])
+
+
+@skill.method
+def ir_multiple_inputs() -> Rich:
+    """Ask three questions of three kinds in one round."""
+    answers = mcp.ask(
+        {
+            "user_name": {
+                "method": "elicitation/create",
+                "params": {
+                    "message": "What is your name?",
+                    "requestedSchema": {
+                        "type": "object",
+                        "properties": {"name": {"type": "string"}},
+                        "required": ["name"],
+                    },
+                },
+            },
+            "greeting": {
+                "method": "sampling/createMessage",
+                "params": {
+                    "messages": [
+                        {"role": "user", "content": {"type": "text", "text": "Generate a greeting"}}
+                    ],
+                    "maxTokens": 50,
+                },
+            },
+            "client_roots": {"method": "roots/list", "params": {}},
+        }
+    )
+    name = _content(answers["user_name"]).get("name")
+    greeting = _content(answers["greeting"]).get("text")
+    count = len(answers["client_roots"].get("roots") or [])
+    return Rich(content=[Text(f"{greeting} {name} ({count} roots)")])
