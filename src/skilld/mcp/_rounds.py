@@ -347,10 +347,13 @@ class ParkedCalls:
                         await asyncio.shield(call.task)
                 raise
 
-    def cancel_all(self) -> None:
-        """Abandon every parked call (shutdown): each ends as cancelled and is audited."""
-        for call in list(self._calls.values()):
+    def cancel_waiting(self) -> int:
+        """Cancel the calls waiting on a client's answer (shutdown: no retry will come in
+        time); each ends as cancelled and is audited. Returns how many."""
+        waiting = [c for c in self._calls.values() if c.channel.pending and not c.task.done()]
+        for call in waiting:
             call.channel.cancel()
+        return len(waiting)
 
 
 def _invalid(message: str) -> MCPError:

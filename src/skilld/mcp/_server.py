@@ -18,7 +18,7 @@ import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import anyio
 import structlog
@@ -59,6 +59,7 @@ from skilld.mcp._config import ServeConfig
 from skilld.mcp._metrics import Metrics
 from skilld.mcp._rounds import ParkedCalls, RoundChannel, missing_capability, skill_digest
 from skilld.mcp._schema import ArgumentValidator
+from skilld.mcp._tasks import TASKS, MemoryTaskStore, Tasks, declares_tasks, tasks_required
 from skilld.mcp._workers import WorkerPool
 from skilld.registry import Dispatcher, Tool
 from skilld.types import CallOutput, ContentBlock, PromptSpec, ResourceSpec
@@ -100,6 +101,45 @@ def _plain(responses: Mapping[str, Any] | None) -> dict[str, Any]:
         else value
         for key, value in (responses or {}).items()
     }
+
+
+HEADER_MISMATCH = -32020  # SEP-2243: a routing header disagrees with the body
+_GATHER_S = 0.2  # how long a required-task tool's first request waits for a question
+
+
+class _TaskParams(types.RequestParams):
+    """``tasks/get``, ``tasks/update`` and ``tasks/cancel`` params."""
+
+    task_id: str
+    input_responses: dict[str, Any] | None = None
+
+
+def _client_capabilities(ctx: Ctx) -> Any:
+    connection = getattr(ctx.session, "_connection", None)
+    return getattr(connection, "client_capabilities", None)
+
+
+def _task_outcome(
+    exc: BaseException | None, value: Any
+) -> tuple[str, Mapping[str, Any] | None, Any]:
+    """A finished task call: (status, error, result) as ``tasks/get`` reports them.
+
+    A guest that reported an error ran: ``completed`` with ``isError``; a guest that
+    crashed, or a failure below the seam, is ``failed`` with a JSON-RPC error.
+    """
+    dump: Callable[[types.CallToolResult], Any] = lambda r: r.model_dump(  # noqa: E731
+        by_alias=True, mode="json", exclude_none=True
+    )
+    if exc is None:
+        return "completed", None, dump(value)
+    if isinstance(exc, SkilldError):
+        code, _rule, text = error_text(exc)
+        if code == "cancelled":
+            return "cancelled", None, None
+        if code not in ("internal", "fault"):
+            return "completed", None, dump(_error_result(text))
+        return "failed", {"code": types.INTERNAL_ERROR, "message": text}, None
+    return "failed", {"code": types.INTERNAL_ERROR, "message": "the call failed unexpectedly"}, None
 
 
 def error_text(exc: SkilldError) -> tuple[str, str | None, str]:
@@ -264,6 +304,8 @@ class McpService:
         self.parked = ParkedCalls(
             config.node_id or f"node-{secrets.token_hex(6)}", config.round_ttl_s
         )
+        self.tasks = Tasks(MemoryTaskStore(), ttl_ms=config.task_ttl_ms)
+        self._task_tools = dict(config.task_tools)
         watch = getattr(dispatcher, "watch", None)
         self.server = self._build(changing=watch is not None)
         if watch is not None:
@@ -277,6 +319,8 @@ class McpService:
         Returns True when every call finished in time.
         """
         self.draining = True
+        # A call parked on a question would hold the drain until its deadline.
+        self.parked.cancel_waiting()
         if self._in_flight == 0:
             return True
         self._idle = anyio.Event()
@@ -323,7 +367,9 @@ class McpService:
             version=self.config.server_version,
             get_tool_input_schema=self._input_schema,
             on_list_tools=self._list_tools,
-            on_call_tool=self._call_tool,
+            # A task's CreateTaskResult is a plain dict (an extension's result type the
+            # SDK passes through on 2026-07-28), outside the handler's declared union.
+            on_call_tool=cast(Any, self._call_tool),
             on_list_resources=self._list_resources,
             on_list_resource_templates=self._list_templates,
             on_read_resource=self._read_resource,
@@ -351,7 +397,86 @@ class McpService:
         server.middleware.append(
             RequestStateBoundary(security, default_audience=self.config.server_name)
         )
+        if self._task_tools:
+            server.extensions[TASKS] = {}
+            server.add_request_handler("tasks/get", _TaskParams, self._task_get)
+            server.add_request_handler("tasks/update", _TaskParams, self._task_update)
+            server.add_request_handler("tasks/cancel", _TaskParams, self._task_cancel)
         return server
+
+    # -- tasks ----------------------------------------------------------------------
+
+    def _gate_tasks(self, ctx: Ctx, params: _TaskParams) -> None:
+        """Refuse a tasks/* request of a client without the extension, or misrouted.
+
+        Raises:
+            MCPError: -32021 without the extension; -32020 (HTTP 400) when the
+                ``Mcp-Name`` header names another task than the body (SEP-2663 routes
+                tasks/* by it, so a mismatch could reach the wrong node).
+        """
+        if not declares_tasks(ctx.params, _client_capabilities(ctx)):
+            raise tasks_required()
+        headers = getattr(ctx.request, "headers", None)
+        named = headers.get("mcp-name") if headers is not None else None
+        if named is not None and named.strip() != params.task_id:
+            raise MCPError(
+                HEADER_MISMATCH,
+                "the Mcp-Name header does not match params.taskId",
+                data={"header": "Mcp-Name"},
+            )
+
+    async def _task_get(self, ctx: Ctx, params: _TaskParams) -> dict[str, Any]:
+        self._gate_tasks(ctx, params)
+        return self.tasks.get(params.task_id)
+
+    async def _task_update(self, ctx: Ctx, params: _TaskParams) -> dict[str, Any]:
+        self._gate_tasks(ctx, params)
+        return self.tasks.update(params.task_id, _plain(params.input_responses))
+
+    async def _task_cancel(self, ctx: Ctx, params: _TaskParams) -> dict[str, Any]:
+        self._gate_tasks(ctx, params)
+        return self.tasks.cancel(params.task_id)
+
+    async def _as_task(
+        self,
+        ctx: Ctx,
+        params: types.CallToolRequestParams,
+        name: str,
+        digest: str,
+        skill: str,
+        run: Callable[[SessionChannel], types.CallToolResult],
+        arguments: Mapping[str, Any],
+        required: bool,
+    ) -> types.CallToolResult | types.InputRequiredResult | dict[str, Any]:
+        """Start (or, after input rounds, escalate) a call as a task; ``CreateTaskResult``.
+
+        A ``required`` tool first gathers the input its guest asks for right away in
+        input-required rounds, and becomes a task on the round that brings the last
+        answer (SEP-2663's composition of the two); an ``optional`` one is a task at
+        once, its questions surfacing on ``tasks/get``.
+        """
+        if params.request_state is not None:
+            call = self.parked.resume(params.request_state, name, digest)
+            call.channel.rebind(ctx.session, ctx.request_id, self._min_level(ctx))
+            call.channel.answer(_plain(params.input_responses))
+        else:
+            channel = self._round_channel(ctx, skill, _plain(params.input_responses))
+
+            async def start() -> types.CallToolResult:
+                return await self._guest_call(
+                    ctx, skill, name, run, arguments=arguments, channel=channel
+                )
+
+            call = self.parked.start(name, digest, channel, start)
+            if required:
+                with anyio.move_on_after(_GATHER_S):
+                    while not call.channel.pending and not call.task.done():
+                        call.changed.clear()
+                        await call.changed.wait()
+                if call.channel.pending:
+                    return await self.parked.step(call)
+        record = self.tasks.create(name, call, _task_outcome)
+        return {"resultType": "task", **record.wire()}
 
     # -- tools ------------------------------------------------------------------
 
@@ -377,7 +502,9 @@ class McpService:
     ) -> types.ListToolsResult:
         self._seen(ctx)
         tools = []
-        for tool in self.dispatcher.tools():
+        # By name: the same list whatever order skills loaded in (or cluster nodes joined),
+        # so a client's cache and a round-robin over entry nodes see one list.
+        for tool in sorted(self.dispatcher.tools(), key=lambda t: t.name):
             output = None if tool.output_schema is None else _object_schema(tool.output_schema)[0]
             hints = tool.annotations
             tools.append(
@@ -387,6 +514,11 @@ class McpService:
                     description=tool.description,
                     input_schema=dict(tool.input_schema),
                     output_schema=output,
+                    execution=(
+                        types.ToolExecution(task_support=self._task_tools[tool.name])
+                        if tool.name in self._task_tools
+                        else None
+                    ),
                     annotations=types.ToolAnnotations(
                         title=tool.title,
                         read_only_hint=hints.read_only,
@@ -400,7 +532,7 @@ class McpService:
 
     async def _call_tool(
         self, ctx: Ctx, params: types.CallToolRequestParams
-    ) -> types.CallToolResult | types.InputRequiredResult:
+    ) -> types.CallToolResult | types.InputRequiredResult | dict[str, Any]:
         self._seen(ctx)
         name = params.name
         tool = self._tool(name)
@@ -424,12 +556,32 @@ class McpService:
 
         inline = run_inline if budget_s > 0 else None
         rounds: list[RoundChannel] = []
+        task_mode = self._task_tools.get(name)
+        tasked = (
+            task_mode is not None
+            and _modern(ctx)
+            and declares_tasks(ctx.params, _client_capabilities(ctx))
+        )
+        if task_mode == "required" and not tasked:
+            raise tasks_required()
         try:
             if not _modern(ctx):
                 return await self._guest_call(
                     ctx, tool.skill_id, name, run, inline=inline, arguments=arguments
                 )
             definition = {"in": tool.input_schema, "out": tool.output_schema}
+            if tasked:
+                digest = self._digest(tool.skill_id, name, definition)
+                return await self._as_task(
+                    ctx,
+                    params,
+                    name,
+                    digest,
+                    tool.skill_id,
+                    run,
+                    arguments,
+                    required=task_mode == "required",
+                )
             result = await self._in_rounds(
                 ctx,
                 params,

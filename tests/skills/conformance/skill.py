@@ -516,3 +516,139 @@ def ir_multiple_inputs() -> Rich:
     greeting = _content(answers["greeting"]).get("text")
     count = len(answers["client_roots"].get("roots") or [])
     return Rich(content=[Text(f"{greeting} {name} ({count} roots)")])
+
+
+JSON_SCHEMA_2020_12 = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "$defs": {
+        "address": {
+            "$anchor": "addressDef",
+            "type": "object",
+            "properties": {"street": {"type": "string"}, "city": {"type": "string"}},
+        }
+    },
+    "properties": {
+        "name": {"type": "string"},
+        "address": {"$ref": "#/$defs/address"},
+        "contactMethod": {"type": "string", "enum": ["phone", "email"]},
+        "phone": {"type": "string"},
+        "email": {"type": "string"},
+    },
+    "allOf": [{"anyOf": [{"required": ["phone"]}, {"required": ["email"]}]}],
+    "if": {"properties": {"contactMethod": {"const": "phone"}}, "required": ["contactMethod"]},
+    "then": {"required": ["phone"]},
+    "else": {"required": ["email"]},
+    "additionalProperties": False,
+}
+
+
+@skill.method(input_schema=JSON_SCHEMA_2020_12)
+def json_schema_2020_12_tool(
+    name: str = "",
+    address: dict[str, Any] | None = None,
+    contactMethod: str = "",
+    phone: str = "",
+    email: str = "",
+) -> Rich:
+    """Tool with JSON Schema 2020-12 features."""
+    city = (address or {}).get("city", "")
+    return Rich(content=[Text(f"contact {name} ({city}) by {contactMethod or 'any'}")])
+
+
+CUSTOM_HEADERS = {
+    "type": "object",
+    "properties": {
+        "region": {"type": "string", "description": "A region", "x-mcp-header": "Region"},
+        "query": {"type": "string", "description": "Not mirrored into a header"},
+    },
+    "required": ["region"],
+}
+
+
+@skill.method(input_schema=CUSTOM_HEADERS)
+def custom_headers(region: str, query: str = "") -> Rich:
+    """A tool whose region argument is mirrored in the Mcp-Param-Region header."""
+    return Rich(content=[Text(f"region={region} query={query}")])
+
+
+# -- the tasks extension's fixtures (served as tasks per ServeConfig.task_tools) ----------
+
+
+@skill.method
+def greet(name: str = "world") -> Rich:
+    """Greet someone (a plain, synchronous tool)."""
+    return Rich(content=[Text(f"Hello, {name}!")])
+
+
+@skill.method
+def slow_compute(seconds: float = 1.0, label: str = "") -> Rich:
+    """Work for ``seconds`` (stopping early when cancelled), then answer."""
+    end = time.monotonic() + max(0.0, seconds)
+    while time.monotonic() < end:
+        if mcp.cancelled():
+            raise SkillError("cancelled", "cancelled")
+        time.sleep(min(0.05, max(0.0, end - time.monotonic())))
+    return Rich(content=[Text(f"computed {label} after {seconds:g} s")])
+
+
+@skill.method
+def failing_job() -> None:
+    """Fail as a tool, after a second."""
+    time.sleep(1.0)
+    raise SkillError("unavailable", "the job failed (a tool execution error)")
+
+
+@skill.method
+def protocol_error_job() -> None:
+    """Crash (the guest panics): a protocol-level failure."""
+    raise RuntimeError("the job panicked")
+
+
+@skill.method
+def confirm_delete(filename: str = "example.txt") -> Rich:
+    """Ask before deleting (nothing is deleted)."""
+    result = mcp.elicit(
+        {
+            "message": f"Delete {filename}?",
+            "requestedSchema": {
+                "type": "object",
+                "properties": {"confirm": {"type": "boolean"}},
+                "required": ["confirm"],
+            },
+            "_meta": {KEY: "confirm"},
+        }
+    )
+    return Rich(content=[Text(f"confirmed={bool(_content(result).get('confirm'))}")])
+
+
+@skill.method
+def multi_input() -> Rich:
+    """Ask two questions at once."""
+    form = {
+        "type": "object",
+        "properties": {"value": {"type": "string"}},
+        "required": ["value"],
+    }
+    answers = mcp.ask(
+        {
+            "first": {
+                "method": "elicitation/create",
+                "params": {"message": "First value?", "requestedSchema": form},
+            },
+            "second": {
+                "method": "elicitation/create",
+                "params": {"message": "Second value?", "requestedSchema": form},
+            },
+        }
+    )
+    values = [_content(answers[k]).get("value") for k in ("first", "second")]
+    return Rich(content=[Text(f"values: {values}")])
+
+
+@skill.method
+def tool_with_task() -> Rich:
+    """Ask the user's name, then work on it as a task."""
+    name = _content(_ask_name("user_name", "What is your name?")).get("name")
+    time.sleep(0.2)
+    return Rich(content=[Text(f"Hello, {name}, from a task")])
