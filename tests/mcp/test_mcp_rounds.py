@@ -40,7 +40,8 @@ def conformance(
 ) -> tuple[Registry, MemorySink]:
     """The conformance skill under its policy (sample and elicit granted), auditing to memory."""
     policy = (ROOT / "tests" / "policies" / "conformance.yaml").read_text()
-    (tmp_path / "conformance.yaml").write_text(policy.replace("wall_time: 60s", "wall_time: 5s"))
+    assert "wall_time: 120s" in policy  # shortened below, for the deadline test
+    (tmp_path / "conformance.yaml").write_text(policy.replace("wall_time: 120s", "wall_time: 5s"))
     compiled = compile_policies(tmp_path, {"conformance": None})
     assert not compiled.problems, compiled.problems
     checker = SkillPermissions.from_tables(compiled.tables, "conformance")
