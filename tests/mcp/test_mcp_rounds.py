@@ -16,6 +16,8 @@ from typing import Any
 import anyio
 import httpx2 as httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from mcp import Client, types
 from mcp_fakes import running_http, text_of
 
@@ -285,3 +287,45 @@ async def test_a_parked_call_never_retried_ends_at_its_deadline_and_is_audited(
     [record] = [r for r in sink.records if r.get("skill") == "conformance"]
     assert record.get("outcome") != "ok", record
     assert late["error"]["code"] == types.INVALID_PARAMS, late
+
+
+async def test_a_retry_on_another_entry_node_is_told_where_its_call_is(
+    conformance: tuple[Registry, MemorySink],
+) -> None:
+    """Two entry nodes sharing the sealing key: the other node opens the state, finds the call
+    is not its own and says which node holds it (until the cluster forwards retries there)."""
+    registry, _sink = conformance
+    name = tool(registry, "ir_request_state")
+    key = (b"k" * 32,)
+    one_config = ServeConfig(transport="http", port=0, node_id="node-a", request_state_keys=key)
+    two_config = dataclasses.replace(one_config, node_id="node-b")
+    answer = {"confirm": {"action": "accept", "content": {"ok": True}}}
+    async with (
+        running_http(registry, one_config) as one,
+        running_http(registry, two_config) as two,
+        httpx.AsyncClient(timeout=30) as http,
+    ):
+        state = (await first_round(http, one.url, name))["requestState"]
+        retry = {"name": name, "arguments": {}, "inputResponses": answer, "requestState": state}
+        elsewhere = payload(await modern(http, two.url, "tools/call", retry))
+        done = payload(await modern(http, one.url, "tools/call", retry))
+    assert elsewhere["error"]["code"] == types.INVALID_PARAMS
+    assert "node-a" in elsewhere["error"]["message"], elsewhere
+    assert "state-ok" in done["result"]["content"][0]["text"], done
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(state=st.text(max_size=300) | st.binary(max_size=200).map(lambda b: "v1." + b.hex()))
+async def test_hostile_request_state_is_always_a_clean_refusal(
+    server: HttpServer, conformance: tuple[Registry, MemorySink], state: str
+) -> None:
+    """Any requestState a client makes up is refused with -32602, and no guest runs."""
+    registry, sink = conformance
+    before = len(sink.records)
+    retry = {"name": tool(registry, "ir_elicitation"), "arguments": {}, "requestState": state}
+    async with httpx.AsyncClient(timeout=30) as http:
+        refused = payload(await modern(http, server.url, "tools/call", retry))
+    assert refused["error"]["code"] == types.INVALID_PARAMS, refused
+    assert len(sink.records) == before

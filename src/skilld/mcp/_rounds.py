@@ -247,8 +247,10 @@ def skill_digest(tool: str, skill: str, definition: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-Forward = Callable[[str, Mapping[str, Any]], Awaitable[Any]]
-"""Routes a retry whose call lives on another node (node, state) — the cluster's hook."""
+Forward = Callable[[str, str, Mapping[str, Any]], Awaitable[Any]]
+"""The cluster's hook: ``forward(node, method, params)`` sends a retry whose call is parked
+on ``node`` there (params as received, ``requestState`` already verified and opened) and
+returns that node's result."""
 
 
 class ParkedCalls:
@@ -289,6 +291,17 @@ class ParkedCalls:
 
         task.add_done_callback(ended)
         return call
+
+    def elsewhere(self, state: str) -> str | None:
+        """The node a (verified) ``requestState`` names when that is not this one and a
+        ``forward`` hook can take the retry there; else None."""
+        if self.forward is None:
+            return None
+        try:
+            node = str(json.loads(state)["n"])
+        except (ValueError, KeyError, TypeError):
+            return None
+        return node if node != self.node else None
 
     def resume(self, state: str, target: str, digest: str) -> ParkedCall[Any]:
         """The parked call a (verified) ``requestState`` names.

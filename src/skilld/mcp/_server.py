@@ -645,6 +645,13 @@ class McpService:
             SkilldError: as :meth:`_guest_call`.
         """
         if params.request_state is not None:
+            node = self.parked.elsewhere(params.request_state)
+            if node is not None and self.parked.forward is not None:
+                # Another entry node holds the call: the cluster routes the retry there.
+                answer: T | types.InputRequiredResult = await self.parked.forward(
+                    node, ctx.method, dict(ctx.params or {})
+                )
+                return answer
             call = self.parked.resume(params.request_state, target, digest)
             call.channel.rebind(ctx.session, ctx.request_id, self._min_level(ctx))
             call.channel.answer(_plain(params.input_responses))
