@@ -329,3 +329,44 @@ async def test_hostile_request_state_is_always_a_clean_refusal(
         refused = payload(await modern(http, server.url, "tools/call", retry))
     assert refused["error"]["code"] == types.INVALID_PARAMS, refused
     assert len(sink.records) == before
+
+
+async def test_ask_is_refused_whole_when_one_question_is_not_granted(
+    sandbox: Sandbox, component_path: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """Under a policy without ``roots``, a guest asking three questions at once gets
+    not-permitted and the client is asked nothing (no question goes out before the check)."""
+    policy = (ROOT / "tests" / "policies" / "conformance.yaml").read_text()
+    (tmp_path / "conformance.yaml").write_text(
+        policy.replace("client: [sample, elicit, roots]", "client: [sample, elicit]")
+    )
+    compiled = compile_policies(tmp_path, {"conformance": None})
+    assert not compiled.problems, compiled.problems
+    checker = SkillPermissions.from_tables(compiled.tables, "conformance")
+    comp = sandbox.load(component_path("conformance").read_bytes(), name="conformance")
+    spec = comp.describe(CallContext("conformance", checker.limits, NullChannel()))
+    registry = Registry(audit=MemorySink())
+    registry.add(
+        SkillEntry(
+            spec=dataclasses.replace(spec, id="conformance"),
+            component=comp,
+            limits=checker.limits,
+            checker=checker,
+        )
+    )
+    registry.mark_ready()
+    asked: list[str] = []
+
+    async def note(context: Any, params: Any) -> types.ElicitResult:
+        asked.append("elicit")
+        return types.ElicitResult(action="decline")
+
+    with anyio.fail_after(60):
+        async with (
+            running_http(registry, ServeConfig(transport="http", port=0)) as srv,
+            Client(srv.url, mode=MODERN, elicitation_callback=note) as client,
+        ):
+            result = await client.call_tool(tool(registry, "ir_multiple_inputs"), {})
+    assert result.is_error
+    assert "not-permitted" in text_of(result) and "roots" in text_of(result)
+    assert asked == []
