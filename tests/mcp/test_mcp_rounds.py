@@ -37,33 +37,6 @@ META_CAPS = "io.modelcontextprotocol/clientCapabilities"
 
 
 @pytest.fixture
-def conformance(
-    sandbox: Sandbox, component_path: Callable[[str], Path], tmp_path: Path
-) -> tuple[Registry, MemorySink]:
-    """The conformance skill under its policy (sample and elicit granted), auditing to memory."""
-    policy = (ROOT / "tests" / "policies" / "conformance.yaml").read_text()
-    assert "wall_time: 120s" in policy  # shortened below, for the deadline test
-    (tmp_path / "conformance.yaml").write_text(policy.replace("wall_time: 120s", "wall_time: 5s"))
-    compiled = compile_policies(tmp_path, {"conformance": None})
-    assert not compiled.problems, compiled.problems
-    checker = SkillPermissions.from_tables(compiled.tables, "conformance")
-    comp = sandbox.load(component_path("conformance").read_bytes(), name="conformance")
-    spec = comp.describe(CallContext("conformance", checker.limits, NullChannel()))
-    sink = MemorySink()
-    registry = Registry(audit=sink)
-    registry.add(
-        SkillEntry(
-            spec=dataclasses.replace(spec, id="conformance"),
-            component=comp,
-            limits=checker.limits,
-            checker=checker,
-        )
-    )
-    registry.mark_ready()
-    return registry, sink
-
-
-@pytest.fixture
 async def server(conformance: tuple[Registry, MemorySink]) -> AsyncIterator[HttpServer]:
     """The registry over Streamable HTTP on a free port."""
     async with running_http(conformance[0], ServeConfig(transport="http", port=0)) as srv:

@@ -11,7 +11,7 @@ import httpx2 as httpx
 import pytest
 from mcp import types
 from mcp_fakes import running_http
-from test_mcp_rounds import conformance, modern, payload, tool  # noqa: F401  (a fixture)
+from test_mcp_rounds import modern, payload, tool
 
 from skilld.audit import MemorySink
 from skilld.mcp import HttpServer, ServeConfig
@@ -24,7 +24,7 @@ WITH_TASKS = {"elicitation": {}, "extensions": {TASKS: {}}}
 
 
 @pytest.fixture
-async def server(conformance: tuple[Registry, MemorySink]) -> AsyncIterator[HttpServer]:  # noqa: F811
+async def server(conformance: tuple[Registry, MemorySink]) -> AsyncIterator[HttpServer]:
     """The conformance skill with its long methods marked as tasks."""
     registry = conformance[0]
     config = ServeConfig(
@@ -61,7 +61,7 @@ async def until(http: httpx.AsyncClient, url: str, task_id: str, status: str) ->
 
 async def test_a_task_is_cancelled_through_the_call_and_audited(
     server: HttpServer,
-    conformance: tuple[Registry, MemorySink],  # noqa: F811
+    conformance: tuple[Registry, MemorySink],
 ) -> None:
     """A minute-long call becomes a task at once; tasks/cancel ends the guest (not a minute
     later), the task reads cancelled, and the call is audited once, as cancelled."""
@@ -90,7 +90,7 @@ async def test_a_task_is_cancelled_through_the_call_and_audited(
 
 async def test_tool_errors_complete_and_crashes_fail(
     server: HttpServer,
-    conformance: tuple[Registry, MemorySink],  # noqa: F811
+    conformance: tuple[Registry, MemorySink],
 ) -> None:
     """A guest's reported error is a completed task with isError; a guest that crashes is a
     failed task with a JSON-RPC error and no result."""
@@ -120,7 +120,7 @@ async def test_tool_errors_complete_and_crashes_fail(
 
 async def test_a_task_waiting_for_input_is_answered_with_tasks_update(
     server: HttpServer,
-    conformance: tuple[Registry, MemorySink],  # noqa: F811
+    conformance: tuple[Registry, MemorySink],
 ) -> None:
     """The guest's question shows on tasks/get (input_required); tasks/update answers it."""
     registry, _sink = conformance
@@ -144,7 +144,7 @@ async def test_a_task_waiting_for_input_is_answered_with_tasks_update(
 
 async def test_tasks_need_the_extension_and_a_known_id(
     server: HttpServer,
-    conformance: tuple[Registry, MemorySink],  # noqa: F811
+    conformance: tuple[Registry, MemorySink],
 ) -> None:
     """Without the extension: tasks/get and a required-task tool are -32021; an unknown task
     id is -32602; an optional-task tool runs synchronously."""

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import anyio
 import pytest
 from mcp_fakes import running_http
-from test_mcp_rounds import conformance, tool  # noqa: F401  (a fixture)
+from test_mcp_rounds import tool
 
 from skilld.audit import MemorySink
 from skilld.mcp import HttpServer, ServeConfig
@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 
 @pytest.fixture
-async def server(conformance: tuple[Registry, MemorySink]) -> AsyncIterator[HttpServer]:  # noqa: F811
+async def server(conformance: tuple[Registry, MemorySink]) -> AsyncIterator[HttpServer]:
     """The wasm conformance skill over Streamable HTTP."""
     async with running_http(conformance[0], ServeConfig(transport="http", port=0)) as srv:
         yield srv
@@ -32,7 +32,7 @@ async def server(conformance: tuple[Registry, MemorySink]) -> AsyncIterator[Http
 async def test_typescript_sdk_completes_a_guest_that_elicits_samples_and_lists_roots(
     server: HttpServer,
     conformance: tuple[Registry, MemorySink],
-    mode: str,  # noqa: F811
+    mode: str,
 ) -> None:
     """@modelcontextprotocol/client 2.4.0 pinned to 2026-07-28 (input-required rounds) and in
     legacy mode (2025-11-25 server requests) gets the same answers from the same guest."""
