@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mcp import Client, types
+from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp_fakes import running_http, text_of
 
 from skilld.audit import MemorySink
@@ -343,3 +345,22 @@ async def test_ask_is_refused_whole_when_one_question_is_not_granted(
     assert result.is_error
     assert "not-permitted" in text_of(result) and "roots" in text_of(result)
     assert asked == []
+
+
+@pytest.mark.parametrize("mode", [MODERN, "legacy"])
+async def test_stdio_serves_both_eras(mode: str) -> None:
+    """Over stdio too: a 2026-07-28 client answers the elicitation in a round, a 2025-11-25
+    one as a server request, and both get the same result."""
+
+    async def answer(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        return types.ElicitResult(action="accept", content={"username": "ada", "email": "a@b"})
+
+    server = StdioServerParameters(
+        command=sys.executable, args=["-m", "skilld.mcp.testing", "conformance"]
+    )
+    with anyio.fail_after(60):
+        async with Client(stdio_client(server), mode=mode, elicitation_callback=answer) as client:
+            result = await client.call_tool("test_elicitation", {"message": "hi"})
+    assert text_of(result) == (
+        'User response: action=accept, content={"username": "ada", "email": "a@b"}'
+    )
