@@ -182,3 +182,28 @@ def test_the_memory_store_keeps_a_task_for_its_ttl_only() -> None:
     assert store.get("t") == record
     now[0] = 101.0
     assert store.get("t") is None
+
+
+async def test_shutdown_stops_a_running_task_after_the_grace(
+    conformance: tuple[Registry, MemorySink],
+) -> None:
+    """A task has no request the transport could cancel: after the shutdown grace the server
+    tells its call to stop, and the guest ends cancelled (audited), not at its deadline."""
+    registry, sink = conformance
+    name = tool(registry, "slow_compute")
+    config = ServeConfig(
+        transport="http", port=0, shutdown_grace_s=0.5, task_tools=((name, "optional"),)
+    )
+    with anyio.fail_after(30):
+        async with (
+            running_http(registry, config) as srv,
+            httpx.AsyncClient(timeout=30) as http,
+        ):
+            created = (
+                await rpc(http, srv.url, "tools/call", {"name": name, "arguments": {"seconds": 60}})
+            )["result"]
+            assert created["resultType"] == "task", created
+        while not [r for r in sink.records if r.get("skill") == "conformance"]:
+            await anyio.sleep(0.05)  # the guest stops at its next epoch check
+    [record] = [r for r in sink.records if r.get("skill") == "conformance"]
+    assert record["outcome"] == "cancelled", record

@@ -360,6 +360,11 @@ class ParkedCalls:
                         await asyncio.shield(call.task)
                 raise
 
+    def cancel_all(self) -> None:
+        """Cancel every call still running here (shutdown, after the grace)."""
+        for call in list(self._calls.values()):
+            call.channel.cancel()
+
     def cancel_waiting(self) -> int:
         """Cancel the calls waiting on a client's answer (shutdown: no retry will come in
         time); each ends as cancelled and is audited. Returns how many."""

@@ -327,6 +327,11 @@ class McpService:
         self._log.info("draining", in_flight=self._in_flight, grace_s=timeout)
         with anyio.move_on_after(timeout):
             await self._idle.wait()
+        if self._in_flight:
+            # Calls running in the background (2026-07-28 requests, tasks) have no request
+            # for the transport to cancel at shutdown: tell each to stop, as a cancelled
+            # request's call is told (the guest stops at its next epoch check).
+            self.parked.cancel_all()
         return self._in_flight == 0
 
     def _dispatcher_changed(self) -> None:
