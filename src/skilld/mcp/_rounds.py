@@ -82,13 +82,14 @@ class _Abandoned:
 
 
 class RoundChannel(SessionChannel):
-    """A channel whose sampling and elicitation become input-required rounds.
+    """A channel whose questions to the client become input-required rounds.
 
-    Progress and logs ride the stream of the round the client is in now
-    (:meth:`rebind` follows each retry). ``sample`` and ``elicit`` post a
-    :class:`Question` to the event loop and block the guest until :meth:`answer`
-    brings the client's response, or the call is cancelled or runs out of time.
-    Answers the client sent before being asked (``prefilled``) are used at once.
+    Progress and logs ride the stream of the round the client is in now, and the
+    capabilities asked for are the ones that round's request declared (:meth:`rebind`
+    follows each retry). ``sample``, ``elicit``, ``roots`` and ``ask`` post their
+    :class:`Question` s to the event loop and block the guest until :meth:`answer` has
+    brought every response, or the call is cancelled or runs out of time. Answers the
+    client sent before being asked (``prefilled``) are used at once.
     """
 
     def __init__(
@@ -112,8 +113,9 @@ class RoundChannel(SessionChannel):
     # -- the event loop side ---------------------------------------------------
 
     def rebind(self, session: Any, request_id: types.RequestId | None, min_level: Any) -> None:
-        """Send progress and logs on the stream of the round now being answered."""
+        """Follow the round now being answered: its stream, log level and capabilities."""
         self._session, self._request_id, self._min_level = session, request_id, min_level
+        self._can = session.check_client_capability
 
     def answer(self, responses: Mapping[str, Any]) -> None:
         """Take the answers to the round's questions; the guest goes on once all are in.
