@@ -210,10 +210,26 @@ class Skill:
     @overload
     def method(self, fn: F) -> F: ...
     @overload
-    def method(self, fn: None = None, *, name: str | None = None) -> Callable[[F], F]: ...
+    def method(
+        self,
+        fn: None = None,
+        *,
+        name: str | None = None,
+        input_schema: dict[str, Any] | None = None,
+    ) -> Callable[[F], F]: ...
 
-    def method(self, fn: Any = None, *, name: str | None = None) -> Any:
+    def method(
+        self,
+        fn: Any = None,
+        *,
+        name: str | None = None,
+        input_schema: dict[str, Any] | None = None,
+    ) -> Any:
         """Export a function as a method; its schema comes from hints and docstring.
+
+        ``input_schema``, when given, is the schema clients see instead (JSON Schema
+        2020-12, e.g. with ``$defs``/``$ref``, conditionals, or ``x-mcp-header``
+        annotations); the hints still check the arguments the function gets.
 
         Raises:
             SchemaError: a parameter's type cannot be expressed (names the parameter).
@@ -225,9 +241,8 @@ class Skill:
             if mname in self.methods:
                 raise ValueError(f"method '{mname}' is defined twice")
             summary, _ = doc_parts(f)
-            self.methods[mname] = Method.of(
-                mname, f, summary, params_schema(f, mname), result_schema(f, mname)
-            )
+            params = input_schema if input_schema is not None else params_schema(f, mname)
+            self.methods[mname] = Method.of(mname, f, summary, params, result_schema(f, mname))
             return f
 
         return register(fn) if fn is not None else register

@@ -306,6 +306,18 @@ class _MCP:
         """Ask the user (``elicitation/create`` params)."""
         return cast("dict[str, Any]", json.loads(_call(_binding("mcp").elicit, json.dumps(params))))
 
+    def roots(self) -> dict[str, Any]:
+        """The client's roots (the ``roots/list`` result)."""
+        return cast("dict[str, Any]", json.loads(_call(_binding("mcp").roots)))
+
+    def ask(self, requests: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """Several questions at once: key -> ``{"method": ..., "params": ...}``; key -> result.
+
+        A 2026-07-28 client answers them in one input-required round.
+        """
+        answers = json.loads(_call(_binding("mcp").ask, json.dumps(requests)))
+        return cast("dict[str, dict[str, Any]]", answers)
+
     def cancelled(self) -> bool:
         """True once the client cancelled this call."""
         return bool(_binding("mcp").cancelled())

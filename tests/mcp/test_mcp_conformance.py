@@ -21,11 +21,14 @@ ACTIVE_SERVER_SCENARIOS = 30
 @pytest.mark.slow
 @pytest.mark.anyio
 async def test_conformance_suite_passes_every_server_scenario() -> None:
-    """Every active server scenario of @modelcontextprotocol/conformance passes over HTTP."""
+    """Every 2025-11-25 server scenario of @modelcontextprotocol/conformance passes over HTTP
+    (the 2026-07-28 set runs against the wasm skill: tests/cli/test_conformance_serve.py)."""
     assert SUITE.is_file(), f"no conformance runner at {SUITE} (SKILLD_MCP_CONFORMANCE)"
     with anyio.fail_after(900):
         async with running_http(conformance_dispatcher()) as server:
-            done = await anyio.run_process([str(SUITE), server.url], check=False)
+            done = await anyio.run_process(
+                [str(SUITE), server.url, "--requirements", "2025-11-25"], check=False
+            )
     output = done.stdout.decode(errors="replace")
     summary = output.strip().splitlines()[-1]
     assert re.fullmatch(r"scenarios: (\d+) passed, 0 failed", summary), output[-4000:]

@@ -262,7 +262,7 @@ def _serve(args: argparse.Namespace, text: bool, logger: _Logger) -> int:
 
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="skilld-load") as pool:
             loading = pool.submit(Node.open, node_config, prehash=prehash)
-            from skilld.mcp import ServeConfig, bind, serve
+            from skilld.mcp import CONFORMANCE_TASK_TOOLS, ServeConfig, bind, serve
 
             # Bound before anything says ready: a busy port is the error a user sees.
             try:
@@ -296,6 +296,8 @@ def _serve(args: argparse.Namespace, text: bool, logger: _Logger) -> int:
             max_connections=args.max_connections,
             idle_timeout_s=args.idle_timeout,
             header_timeout_s=args.header_timeout,
+            # the conformance suite's tasks fixtures run as tasks
+            task_tools=CONFORMANCE_TASK_TOOLS if args.with_conformance else (),
         )
         logger.get().info(
             "ready",

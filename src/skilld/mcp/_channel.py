@@ -45,6 +45,24 @@ def normalize_level(level: str) -> types.LoggingLevel:
     return _ALIASES.get(name, "info")
 
 
+KEY_META = "io.skilld/input-key"
+"""A guest may name its question under this ``_meta`` key: the key of its input-required
+round in the 2026-07-28 era (see ``_rounds``); dropped before a handshake-era request."""
+
+
+def without_key(params: Mapping[str, Any]) -> dict[str, Any]:
+    """``params`` without skilld's question key (and without an ``_meta`` left empty)."""
+    body = dict(params)
+    meta = body.pop("_meta", None)
+    if isinstance(meta, Mapping):
+        rest = {k: v for k, v in meta.items() if k != KEY_META}
+        if rest:
+            body["_meta"] = rest
+    elif meta is not None:
+        body["_meta"] = meta
+    return body
+
+
 class SessionChannel:
     """A :class:`skilld.types.ClientChannel` bound to one MCP request of one session.
 
@@ -52,7 +70,8 @@ class SessionChannel:
         session: the SDK's per-request session proxy.
         request_id: the JSON-RPC id of the call, so that messages ride its stream.
         skill: the skill id, reported as the logger name of guest logs.
-        min_level: returns the session's current ``logging/setLevel`` threshold.
+        min_level: returns the session's current ``logging/setLevel`` threshold, or
+            None when the request asked for no logs (2026-07-28, per request).
         request_timeout_s: how long sampling and elicitation wait for the client.
     """
 
@@ -62,7 +81,7 @@ class SessionChannel:
         request_id: types.RequestId | None,
         *,
         skill: str,
-        min_level: Callable[[], types.LoggingLevel],
+        min_level: Callable[[], types.LoggingLevel | None],
         request_timeout_s: float,
     ):
         self._session = session
@@ -121,7 +140,9 @@ class SessionChannel:
     def log(self, level: str, data: Any) -> None:
         """Send ``notifications/message`` at ``level`` unless the session filters it out."""
         lvl = normalize_level(level)
-        if LOG_LEVELS.index(lvl) < LOG_LEVELS.index(self._min_level()):
+        floor = self._min_level()
+        # None: this request did not opt in to logs (2026-07-28 asks for it per request).
+        if floor is None or LOG_LEVELS.index(lvl) < LOG_LEVELS.index(floor):
             return
         note = types.LoggingMessageNotification(
             params=types.LoggingMessageNotificationParams(level=lvl, data=data, logger=self._skill)
@@ -140,7 +161,7 @@ class SessionChannel:
             raise GuestError("unavailable", "the MCP client does not support sampling")
         try:
             request = types.CreateMessageRequest(
-                params=types.CreateMessageRequestParams.model_validate(dict(params))
+                params=types.CreateMessageRequestParams.model_validate(without_key(params))
             )
         except ValidationError as exc:
             raise GuestError("invalid-argument", f"bad sampling request: {exc}") from exc
@@ -155,7 +176,7 @@ class SessionChannel:
         wanted = types.ClientCapabilities(elicitation=types.ElicitationCapability())
         if not self._session.check_client_capability(wanted):
             raise GuestError("unavailable", "the MCP client does not support elicitation")
-        body = dict(params)
+        body = without_key(params)
         try:
             elicit_params: types.ElicitRequestFormParams | types.ElicitRequestURLParams
             if body.get("mode") == "url":
@@ -165,6 +186,33 @@ class SessionChannel:
         except ValidationError as exc:
             raise GuestError("invalid-argument", f"bad elicitation request: {exc}") from exc
         return self._request(types.ElicitRequest(params=elicit_params), types.ElicitResult)
+
+    def roots(self) -> Mapping[str, Any]:
+        """Send ``roots/list`` and return the client's result.
+
+        Raises:
+            GuestError: as for :meth:`sample`.
+        """
+        wanted = types.ClientCapabilities(roots=types.RootsCapability())
+        if not self._session.check_client_capability(wanted):
+            raise GuestError("unavailable", "the MCP client does not support roots")
+        return self._request(types.ListRootsRequest(), types.ListRootsResult)
+
+    def ask(self, requests: Mapping[str, tuple[str, Mapping[str, Any]]]) -> dict[str, Any]:
+        """Several questions, one after the other (a handshake-era client has no rounds).
+
+        Raises:
+            GuestError: as for :meth:`sample`, at the first that fails.
+        """
+        answers: dict[str, Any] = {}
+        for key, (method, params) in requests.items():
+            if method == "roots/list":
+                answers[key] = dict(self.roots())
+            elif method == "sampling/createMessage":
+                answers[key] = dict(self.sample(params))
+            else:
+                answers[key] = dict(self.elicit(params))
+        return answers
 
     # -- crossing to the loop -----------------------------------------------
 

@@ -12,6 +12,17 @@ from skilld.errors import UsageError
 # Host and Origin values a local client sends; always allowed, whatever the bind address.
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 
+# The tools the MCP conformance suite's tasks scenarios expect to run as tasks
+# (``serve --with-conformance``; the conformance skill serves them).
+CONFORMANCE_TASK_TOOLS: tuple[tuple[str, Literal["optional", "required"]], ...] = (
+    ("slow_compute", "optional"),
+    ("confirm_delete", "optional"),
+    ("multi_input", "optional"),
+    ("protocol_error_job", "optional"),
+    ("failing_job", "required"),
+    ("test_tool_with_task", "required"),
+)
+
 
 @dataclass(frozen=True, slots=True)
 class ServeConfig:
@@ -51,6 +62,17 @@ class ServeConfig:
             (``skilld: LEVEL: EVENT key=value``, for a person at a terminal).
         server_name: the name reported in ``serverInfo``.
         server_version: the version reported in ``serverInfo``.
+        node_id: names this node in the ``requestState`` of an input-required round
+            (a random id per process when empty).
+        request_state_keys: secrets (32 bytes or more) that seal ``requestState``; the
+            first seals, all unseal (rotation). A cluster's entry nodes share them;
+            empty: a random key held by this process only.
+        round_ttl_s: how long a ``requestState`` stays valid (its call ends at its own
+            deadline either way).
+        task_tools: tools that may run as tasks (``io.modelcontextprotocol/tasks``), each
+            ``optional`` (a task when the client declared the extension) or ``required``
+            (refused with -32021 otherwise; input is gathered in rounds first).
+        task_ttl_ms: how long a task's record and result are kept after it was created.
     """
 
     transport: Literal["stdio", "http"] = "stdio"
@@ -75,6 +97,11 @@ class ServeConfig:
     log_format: Literal["json", "text"] = "json"
     server_name: str = "skilld"
     server_version: str = "0.1.0"
+    node_id: str = ""
+    request_state_keys: tuple[bytes, ...] = ()
+    round_ttl_s: float = 600.0
+    task_tools: tuple[tuple[str, Literal["optional", "required"]], ...] = ()
+    task_ttl_ms: int = 600_000
 
     def __post_init__(self) -> None:
         if self.max_body_bytes <= 0:

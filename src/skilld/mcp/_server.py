@@ -13,18 +13,21 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import secrets
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import anyio
 import structlog
 from mcp import types
+from mcp.server.connection import allowed_log_levels
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions, Server
 from mcp.server.models import InitializationOptions
+from mcp.server.request_state import RequestStateBoundary, RequestStateSecurity
 from mcp.server.subscriptions import (
     InMemorySubscriptionBus,
     ListenHandler,
@@ -34,7 +37,8 @@ from mcp.server.subscriptions import (
 )
 from mcp.shared.exceptions import MCPError
 from mcp.shared.uri_template import InvalidUriTemplate, UriTemplate
-from pydantic import ValidationError
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import BaseModel, ValidationError
 
 from skilld.errors import (
     CallCancelled,
@@ -51,16 +55,21 @@ from skilld.errors import (
     UsageError,
 )
 from skilld.mcp import _skills_ext as skills_extension
-from skilld.mcp._channel import SessionChannel
+from skilld.mcp._channel import LOG_LEVELS, SessionChannel
 from skilld.mcp._config import ServeConfig
 from skilld.mcp._metrics import Metrics
+from skilld.mcp._rounds import ParkedCalls, RoundChannel, missing_capability, skill_digest
 from skilld.mcp._schema import ArgumentValidator
+from skilld.mcp._tasks import TASKS, MemoryTaskStore, Tasks, declares_tasks, tasks_required
 from skilld.mcp._workers import WorkerPool
 from skilld.registry import Dispatcher, Tool
 from skilld.types import CallOutput, ContentBlock, PromptSpec, ResourceSpec
 
 T = TypeVar("T")
 Ctx = ServerRequestContext[Any, Any]
+Rounds = (
+    types.CallToolRequestParams | types.GetPromptRequestParams | types.ReadResourceRequestParams
+)
 Logger = structlog.typing.FilteringBoundLogger
 
 RESOURCE_NOT_FOUND = -32002  # the MCP spec's code for an unknown resource URI
@@ -82,6 +91,60 @@ def _session_state(ctx: Ctx) -> dict[str, Any]:
     """
     state: dict[str, Any] = ctx.session._connection.state
     return state
+
+
+def _modern(ctx: Ctx) -> bool:
+    """True for a 2026-07-28 request (stateless; questions to the client go in rounds)."""
+    return ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+
+
+def _plain(responses: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``inputResponses`` as JSON values (the SDK parsed them into its result models)."""
+    return {
+        key: value.model_dump(by_alias=True, mode="json", exclude_none=True)
+        if isinstance(value, BaseModel)
+        else value
+        for key, value in (responses or {}).items()
+    }
+
+
+HEADER_MISMATCH = -32020  # SEP-2243: a routing header disagrees with the body
+_GATHER_S = 0.2  # how long a required-task tool's first request waits for a question
+
+
+class _TaskParams(types.RequestParams):
+    """``tasks/get``, ``tasks/update`` and ``tasks/cancel`` params."""
+
+    task_id: str
+    input_responses: dict[str, Any] | None = None
+
+
+def _client_capabilities(ctx: Ctx) -> Any:
+    connection = getattr(ctx.session, "_connection", None)
+    return getattr(connection, "client_capabilities", None)
+
+
+def _task_outcome(
+    exc: BaseException | None, value: Any
+) -> tuple[str, Mapping[str, Any] | None, Any]:
+    """A finished task call: (status, error, result) as ``tasks/get`` reports them.
+
+    A guest that reported an error ran: ``completed`` with ``isError``; a guest that
+    crashed, or a failure below the seam, is ``failed`` with a JSON-RPC error.
+    """
+    dump: Callable[[types.CallToolResult], Any] = lambda r: r.model_dump(  # noqa: E731
+        by_alias=True, mode="json", exclude_none=True
+    )
+    if exc is None:
+        return "completed", None, dump(value)
+    if isinstance(exc, SkilldError):
+        code, _rule, text = error_text(exc)
+        if code == "cancelled":
+            return "cancelled", None, None
+        if code not in ("internal", "fault"):
+            return "completed", None, dump(_error_result(text))
+        return "failed", {"code": types.INTERNAL_ERROR, "message": text}, None
+    return "failed", {"code": types.INTERNAL_ERROR, "message": "the call failed unexpectedly"}, None
 
 
 def error_text(exc: SkilldError) -> tuple[str, str | None, str]:
@@ -246,6 +309,11 @@ class McpService:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._notifying: set[asyncio.Task[None]] = set()
         self._bus = InMemorySubscriptionBus()
+        self.parked = ParkedCalls(
+            config.node_id or f"node-{secrets.token_hex(6)}", config.round_ttl_s
+        )
+        self.tasks = Tasks(MemoryTaskStore(), ttl_ms=config.task_ttl_ms)
+        self._task_tools = dict(config.task_tools)
         watch = getattr(dispatcher, "watch", None)
         self.server = self._build(changing=watch is not None)
         if watch is not None:
@@ -263,6 +331,8 @@ class McpService:
         Returns True when every call finished in time.
         """
         self.draining = True
+        # A call parked on a question would hold the drain until its deadline.
+        self.parked.cancel_waiting()
         if self._in_flight == 0:
             return True
         self._idle = anyio.Event()
@@ -273,6 +343,10 @@ class McpService:
             return True
         self._log.warning("drain_cut", in_flight=self._in_flight, grace_s=timeout)
         self._grace_s = timeout
+        # Calls running in the background (2026-07-28 requests, tasks) have no request
+        # for the transport to cancel at shutdown: tell each to stop, as a cancelled
+        # request's call is told (the guest stops at its next epoch check).
+        self.parked.cancel_all("shutdown")
         for channel in list(self._running):
             channel.cancel("shutdown")
         with anyio.move_on_after(_CUT_S):
@@ -317,7 +391,9 @@ class McpService:
             version=self.config.server_version,
             get_tool_input_schema=self._input_schema,
             on_list_tools=self._list_tools,
-            on_call_tool=self._call_tool,
+            # A task's CreateTaskResult is a plain dict (an extension's result type the
+            # SDK passes through on 2026-07-28), outside the handler's declared union.
+            on_call_tool=cast(Any, self._call_tool),
             on_list_resources=self._list_resources,
             on_list_resource_templates=self._list_templates,
             on_read_resource=self._read_resource,
@@ -334,7 +410,98 @@ class McpService:
         # revision drops logging, but the handshake revisions clients speak today have it.
         server.add_request_handler("logging/setLevel", types.SetLevelRequestParams, self._set_level)
         skills_extension.register(server, self.dispatcher)
+        # Seals the requestState of input-required rounds and refuses a tampered,
+        # expired or foreign one before any handler runs (see _rounds).
+        keys = self.config.request_state_keys
+        ttl = self.config.round_ttl_s
+        security = (
+            RequestStateSecurity(keys=list(keys), ttl=ttl)
+            if keys
+            else RequestStateSecurity.ephemeral(ttl=ttl)
+        )
+        server.middleware.append(
+            RequestStateBoundary(security, default_audience=self.config.server_name)
+        )
+        if self._task_tools:
+            server.extensions[TASKS] = {}
+            server.add_request_handler("tasks/get", _TaskParams, self._task_get)
+            server.add_request_handler("tasks/update", _TaskParams, self._task_update)
+            server.add_request_handler("tasks/cancel", _TaskParams, self._task_cancel)
         return server
+
+    # -- tasks ----------------------------------------------------------------------
+
+    def _gate_tasks(self, ctx: Ctx, params: _TaskParams) -> None:
+        """Refuse a tasks/* request of a client without the extension, or misrouted.
+
+        Raises:
+            MCPError: -32021 without the extension; -32020 (HTTP 400) when the
+                ``Mcp-Name`` header names another task than the body (SEP-2663 routes
+                tasks/* by it, so a mismatch could reach the wrong node).
+        """
+        if not declares_tasks(ctx.params, _client_capabilities(ctx)):
+            raise tasks_required()
+        headers = getattr(ctx.request, "headers", None)
+        named = headers.get("mcp-name") if headers is not None else None
+        if named is not None and named.strip() != params.task_id:
+            raise MCPError(
+                HEADER_MISMATCH,
+                "the Mcp-Name header does not match params.taskId",
+                data={"header": "Mcp-Name"},
+            )
+
+    async def _task_get(self, ctx: Ctx, params: _TaskParams) -> dict[str, Any]:
+        self._gate_tasks(ctx, params)
+        return self.tasks.get(params.task_id)
+
+    async def _task_update(self, ctx: Ctx, params: _TaskParams) -> dict[str, Any]:
+        self._gate_tasks(ctx, params)
+        return self.tasks.update(params.task_id, _plain(params.input_responses))
+
+    async def _task_cancel(self, ctx: Ctx, params: _TaskParams) -> dict[str, Any]:
+        self._gate_tasks(ctx, params)
+        return self.tasks.cancel(params.task_id)
+
+    async def _as_task(
+        self,
+        ctx: Ctx,
+        params: types.CallToolRequestParams,
+        name: str,
+        digest: str,
+        skill: str,
+        run: Callable[[SessionChannel], types.CallToolResult],
+        arguments: Mapping[str, Any],
+        required: bool,
+    ) -> types.CallToolResult | types.InputRequiredResult | dict[str, Any]:
+        """Start (or, after input rounds, escalate) a call as a task; ``CreateTaskResult``.
+
+        A ``required`` tool first gathers the input its guest asks for right away in
+        input-required rounds, and becomes a task on the round that brings the last
+        answer (SEP-2663's composition of the two); an ``optional`` one is a task at
+        once, its questions surfacing on ``tasks/get``.
+        """
+        if params.request_state is not None:
+            call = self.parked.resume(params.request_state, name, digest)
+            call.channel.rebind(ctx.session, ctx.request_id, self._min_level(ctx))
+            call.channel.answer(_plain(params.input_responses))
+        else:
+            channel = self._round_channel(ctx, skill, _plain(params.input_responses))
+
+            async def start() -> types.CallToolResult:
+                return await self._guest_call(
+                    ctx, skill, name, run, arguments=arguments, channel=channel
+                )
+
+            call = self.parked.start(name, digest, channel, start)
+            if required:
+                with anyio.move_on_after(_GATHER_S):
+                    while not call.channel.pending and not call.task.done():
+                        call.changed.clear()
+                        await call.changed.wait()
+                if call.channel.pending:
+                    return await self.parked.step(call)
+        record = self.tasks.create(name, call, _task_outcome)
+        return {"resultType": "task", **record.wire()}
 
     # -- tools ------------------------------------------------------------------
 
@@ -360,7 +527,9 @@ class McpService:
     ) -> types.ListToolsResult:
         self._seen(ctx)
         tools = []
-        for tool in self.dispatcher.tools():
+        # By name: the same list whatever order skills loaded in (or cluster nodes joined),
+        # so a client's cache and a round-robin over entry nodes see one list.
+        for tool in sorted(self.dispatcher.tools(), key=lambda t: t.name):
             output = None if tool.output_schema is None else _object_schema(tool.output_schema)[0]
             hints = tool.annotations
             tools.append(
@@ -370,6 +539,11 @@ class McpService:
                     description=tool.description,
                     input_schema=dict(tool.input_schema),
                     output_schema=output,
+                    execution=(
+                        types.ToolExecution(task_support=self._task_tools[tool.name])
+                        if tool.name in self._task_tools
+                        else None
+                    ),
                     annotations=types.ToolAnnotations(
                         title=tool.title,
                         read_only_hint=hints.read_only,
@@ -383,7 +557,7 @@ class McpService:
 
     async def _call_tool(
         self, ctx: Ctx, params: types.CallToolRequestParams
-    ) -> types.CallToolResult:
+    ) -> types.CallToolResult | types.InputRequiredResult | dict[str, Any]:
         self._seen(ctx)
         name = params.name
         tool = self._tool(name)
@@ -405,22 +579,119 @@ class McpService:
             output = self.dispatcher.call_inline(name, arguments, channel, budget_s)
             return self._result(tool, output)
 
+        inline = run_inline if budget_s > 0 else None
+        rounds: list[RoundChannel] = []
+        task_mode = self._task_tools.get(name)
+        tasked = (
+            task_mode is not None
+            and _modern(ctx)
+            and declares_tasks(ctx.params, _client_capabilities(ctx))
+        )
+        if task_mode == "required" and not tasked:
+            raise tasks_required()
         try:
-            return await self._guest_call(
+            if not _modern(ctx):
+                return await self._guest_call(
+                    ctx, tool.skill_id, name, run, inline=inline, arguments=arguments
+                )
+            definition = {"in": tool.input_schema, "out": tool.output_schema}
+            if tasked:
+                digest = self._digest(tool.skill_id, name, definition)
+                return await self._as_task(
+                    ctx,
+                    params,
+                    name,
+                    digest,
+                    tool.skill_id,
+                    run,
+                    arguments,
+                    required=task_mode == "required",
+                )
+            result = await self._in_rounds(
                 ctx,
+                params,
+                name,
+                self._digest(tool.skill_id, name, definition),
                 tool.skill_id,
                 name,
                 run,
-                inline=run_inline if budget_s > 0 else None,
-                arguments=arguments,
+                inline,
+                arguments,
+                rounds,
             )
         except RegistryError as exc:
             raise MCPError(types.INVALID_PARAMS, str(exc)) from exc
         except SkilldError as exc:
+            self._missing(rounds)
             return _error_result(error_text(exc)[2])
+        except MCPError:
+            raise
         # A bug below the seam costs this one call, never the session (_guest_call logged it).
         except Exception as exc:  # noqa: BLE001
             return _error_result(f"[internal] the call failed unexpectedly: {type(exc).__name__}")
+        if isinstance(result, types.CallToolResult) and result.is_error:
+            self._missing(rounds)
+        return result
+
+    def _digest(self, skill: str, target: str, definition: Mapping[str, Any]) -> str:
+        """What a round's ``requestState`` binds: the skill's bundle digest, when known."""
+        known = getattr(self.dispatcher, "skill_digest", None)
+        digest = known(skill) if callable(known) else None
+        return skill_digest(target, skill, {"bundle": digest, **definition})
+
+    @staticmethod
+    def _missing(rounds: list[RoundChannel]) -> None:
+        """A failed call that needed a client capability the request did not declare."""
+        if rounds and rounds[0].missing:
+            raise missing_capability(rounds[0].missing)
+
+    async def _in_rounds(
+        self,
+        ctx: Ctx,
+        params: Rounds,
+        target: str,
+        digest: str,
+        skill: str,
+        label: str,
+        run: Callable[[SessionChannel], T],
+        inline: Callable[[SessionChannel], T] | None,
+        arguments: Mapping[str, Any],
+        rounds: list[RoundChannel],
+    ) -> T | types.InputRequiredResult:
+        """Run (or resume) a 2026-07-28 request whose guest may ask the client things.
+
+        A first request starts the call in the background; a retry (its
+        ``requestState`` already verified by the SDK's boundary) answers the question
+        its call waits on. Either way the request ends with the call's result or with
+        the next ``input_required`` round.
+
+        Raises:
+            MCPError: ``-32602`` for a ``requestState`` naming no call of this tool here.
+            SkilldError: as :meth:`_guest_call`.
+        """
+        if params.request_state is not None:
+            node = self.parked.elsewhere(params.request_state)
+            if node is not None and self.parked.forward is not None:
+                # Another entry node holds the call: the cluster routes the retry there.
+                answer: T | types.InputRequiredResult = await self.parked.forward(
+                    node, ctx.method, dict(ctx.params or {})
+                )
+                return answer
+            call = self.parked.resume(params.request_state, target, digest)
+            call.channel.rebind(ctx.session, ctx.request_id, self._min_level(ctx))
+            call.channel.answer(_plain(params.input_responses))
+            rounds.append(call.channel)
+        else:
+            channel = self._round_channel(ctx, skill, _plain(params.input_responses))
+            rounds.append(channel)
+
+            async def start() -> T:
+                return await self._guest_call(
+                    ctx, skill, label, run, inline=inline, arguments=arguments, channel=channel
+                )
+
+            call = self.parked.start(target, digest, channel, start)
+        return await self.parked.step(call)
 
     def _result(self, tool: Tool, output: CallOutput) -> types.CallToolResult:
         value = output.value
@@ -448,6 +719,7 @@ class McpService:
         run: Callable[[SessionChannel], T],
         inline: Callable[[SessionChannel], T] | None = None,
         arguments: Mapping[str, Any] | None = None,
+        channel: SessionChannel | None = None,
     ) -> T:
         """Run guest code for one request: the one path tools, resources and prompts take.
 
@@ -483,7 +755,7 @@ class McpService:
             # Again: drain() may have seen nothing in flight and returned while this
             # call waited for its slot. No await between here and _enter().
             self._refuse_if_draining(skill, label, arguments)
-            channel = self._channel(ctx, skill)
+            channel = channel or self._channel(ctx, skill)
             outcome = "cancelled"
             rule: str | None = None
             started = time.perf_counter()
@@ -566,14 +838,37 @@ class McpService:
         if self._in_flight == 0 and self._idle is not None:
             self._idle.set()
 
-    def _channel(self, ctx: Ctx, skill: str) -> SessionChannel:
+    def _min_level(self, ctx: Ctx) -> Callable[[], types.LoggingLevel | None]:
+        """The lowest level of guest logs this request's client hears (None: no logs).
+
+        Handshake-era sessions set it with ``logging/setLevel``; a 2026-07-28 request
+        asks for logs in its own ``_meta``, and hears none without asking.
+        """
+        if _modern(ctx):
+            allowed = allowed_log_levels(ctx.protocol_version, ctx.meta)
+            floor = next((lvl for lvl in LOG_LEVELS if lvl in allowed), None)
+            return lambda: floor
         state = _session_state(ctx)
+        return lambda: state.get(_LEVEL_KEY, _DEFAULT_LEVEL)
+
+    def _channel(self, ctx: Ctx, skill: str) -> SessionChannel:
         return SessionChannel(
             ctx.session,
             ctx.request_id,
             skill=skill,
-            min_level=lambda: state.get(_LEVEL_KEY, _DEFAULT_LEVEL),
+            min_level=self._min_level(ctx),
             request_timeout_s=self.config.client_request_timeout_s,
+        )
+
+    def _round_channel(self, ctx: Ctx, skill: str, prefilled: Mapping[str, Any]) -> RoundChannel:
+        return RoundChannel(
+            ctx.session,
+            ctx.request_id,
+            skill=skill,
+            min_level=self._min_level(ctx),
+            request_timeout_s=self.config.client_request_timeout_s,
+            prefilled=prefilled,
+            capabilities=ctx.session.check_client_capability,
         )
 
     async def _inline_or_blocking(
@@ -646,24 +941,37 @@ class McpService:
 
     async def _read_resource(
         self, ctx: Ctx, params: types.ReadResourceRequestParams
-    ) -> types.ReadResourceResult:
+    ) -> types.ReadResourceResult | types.InputRequiredResult:
         uri = str(params.uri)
         spec = self._resource_spec(uri)
         if spec is None:
             raise MCPError(RESOURCE_NOT_FOUND, f"Resource not found: {uri}", data={"uri": uri})
-        try:
-            contents = await self._guest_call(
-                ctx,
-                self.dispatcher.resource_skill(uri),
-                f"resource:{spec.uri}",
-                lambda channel: resource_contents(
-                    uri, self.dispatcher.read_resource(uri, channel), spec.mime_type
-                ),
-                arguments={"uri": uri},
+
+        def read(
+            channel: SessionChannel,
+        ) -> list[types.TextResourceContents | types.BlobResourceContents]:
+            return resource_contents(
+                uri, self.dispatcher.read_resource(uri, channel), spec.mime_type
             )
+
+        rounds: list[RoundChannel] = []
+        try:
+            skill = self.dispatcher.resource_skill(uri)
+            label = f"resource:{spec.uri}"
+            if not _modern(ctx):
+                contents = await self._guest_call(ctx, skill, label, read, arguments={"uri": uri})
+            else:
+                digest = self._digest(skill, uri, {"template": spec.uri})
+                answer = await self._in_rounds(
+                    ctx, params, uri, digest, skill, label, read, None, {"uri": uri}, rounds
+                )
+                if isinstance(answer, types.InputRequiredResult):
+                    return answer
+                contents = answer
         except RegistryError as exc:
             raise MCPError(RESOURCE_NOT_FOUND, str(exc), data={"uri": uri}) from exc
         except SkilldError as exc:
+            self._missing(rounds)
             raise MCPError(types.INTERNAL_ERROR, error_text(exc)[2]) from exc
         return types.ReadResourceResult(contents=contents)
 
@@ -710,7 +1018,7 @@ class McpService:
 
     async def _get_prompt(
         self, ctx: Ctx, params: types.GetPromptRequestParams
-    ) -> types.GetPromptResult:
+    ) -> types.GetPromptResult | types.InputRequiredResult:
         spec = self._prompt_spec(params.name)
         if spec is None:
             raise MCPError(types.INVALID_PARAMS, f"Unknown prompt: {params.name}")
@@ -732,17 +1040,20 @@ class McpService:
                     "internal", f"prompt {spec.name} rendered malformed messages"
                 ) from exc
 
+        rounds: list[RoundChannel] = []
         try:
-            return await self._guest_call(
-                ctx,
-                self.dispatcher.prompt_skill(spec.name),
-                f"prompt:{spec.name}",
-                render,
-                arguments=arguments,
+            skill = self.dispatcher.prompt_skill(spec.name)
+            label = f"prompt:{spec.name}"
+            if not _modern(ctx):
+                return await self._guest_call(ctx, skill, label, render, arguments=arguments)
+            digest = self._digest(skill, spec.name, {"args": spec.arguments_schema})
+            return await self._in_rounds(
+                ctx, params, spec.name, digest, skill, label, render, None, arguments, rounds
             )
         except RegistryError as exc:
             raise MCPError(types.INVALID_PARAMS, str(exc)) from exc
         except SkilldError as exc:
+            self._missing(rounds)
             raise MCPError(types.INTERNAL_ERROR, error_text(exc)[2]) from exc
 
     async def _complete(

@@ -40,7 +40,7 @@ MAX_DEPTH = 64  # the sandbox's invoke ceiling (sandbox/abi/invoke.py) is the sa
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}\Z")
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_./-]{1,64}\Z")
 _NODE = re.compile(r"^[a-z0-9*][a-z0-9*._-]*\Z")
-_CLIENT_FEATURES = ("sample", "elicit")
+_CLIENT_FEATURES = ("sample", "elicit", "roots")
 
 CAPABILITY_SECTIONS = ("fs", "http", "tcp", "shell", "env", "invoke", "transfer", "kv")
 POLICY_KEYS = ("skill", "description", *CAPABILITY_SECTIONS, "limits", "mcp", "scripts")

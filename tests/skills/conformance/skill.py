@@ -323,3 +323,332 @@ def prompt_with_image() -> list[dict[str, Any]]:
         },
         {"role": "user", "content": {"type": "text", "text": "Please analyze the image above."}},
     ]
+
+
+# -- 2026-07-28: the diagnostic tools of the stateless and input-required scenarios --------
+#
+# Each question names its key in ``_meta`` (the suite looks for some by name); in the
+# 2026-07-28 era it becomes an input-required round, in the 2025-11-25 era a request
+# to the client as before. The guest is the same either way.
+
+KEY = "io.skilld/input-key"
+
+
+def _ask_name(key: str, message: str, field: str = "name") -> dict[str, Any]:
+    return mcp.elicit(
+        {
+            "message": message,
+            "requestedSchema": {
+                "type": "object",
+                "properties": {field: {"type": "string"}},
+                "required": [field],
+            },
+            "_meta": {KEY: key},
+        }
+    )
+
+
+def _content(result: dict[str, Any]) -> dict[str, Any]:
+    content = result.get("content")
+    return content if isinstance(content, dict) else {}
+
+
+@skill.method
+def missing_capability() -> Rich:
+    """Ask the client's model: refused (-32021) when the client did not declare sampling."""
+    result = mcp.sample(
+        {
+            "messages": [{"role": "user", "content": {"type": "text", "text": "ping"}}],
+            "maxTokens": 10,
+        }
+    )
+    return Rich(content=[Text(f"sampled: {_content(result).get('text')}")])
+
+
+@skill.method
+def ir_elicitation() -> Rich:
+    """Ask the user's name in one input-required round."""
+    name = _content(_ask_name("user_name", "What is your name?")).get("name")
+    return Rich(content=[Text(f"Hello, {name}!")])
+
+
+@skill.method
+def ir_sampling() -> Rich:
+    """Ask the client's model in one input-required round."""
+    result = mcp.sample(
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": {"type": "text", "text": "What is the capital of France?"},
+                }
+            ],
+            "maxTokens": 100,
+            "_meta": {KEY: "capital_question"},
+        }
+    )
+    return Rich(content=[Text(f"LLM response: {_content(result).get('text')}")])
+
+
+def _confirm() -> bool:
+    result = mcp.elicit(
+        {
+            "message": "Please confirm",
+            "requestedSchema": {
+                "type": "object",
+                "properties": {"ok": {"type": "boolean"}},
+                "required": ["ok"],
+            },
+            "_meta": {KEY: "confirm"},
+        }
+    )
+    return bool(_content(result).get("ok"))
+
+
+@skill.method
+def ir_request_state() -> Rich:
+    """Ask for a confirmation; the retry's requestState finds this very call again."""
+    return Rich(content=[Text(f"state-ok: confirmed={_confirm()}")])
+
+
+@skill.method
+def ir_tampered_state() -> Rich:
+    """Ask for a confirmation (a tampered requestState never reaches this guest)."""
+    return Rich(content=[Text(f"confirmed={_confirm()}")])
+
+
+@skill.method
+def ir_multi_round() -> Rich:
+    """Ask two questions, one round each."""
+    name = _content(_ask_name("step1", "Step 1: What is your name?")).get("name")
+    color = _content(_ask_name("step2", "Step 2: What is your favorite color?", field="color")).get(
+        "color"
+    )
+    return Rich(content=[Text(f"{name} likes {color}")])
+
+
+@skill.method
+def ir_capabilities() -> Rich:
+    """Ask only what the client declared: elicitation, else sampling."""
+    try:
+        answer = _content(_ask_name("user_name", "What is your name?")).get("name")
+    except SkillError:
+        result = mcp.sample(
+            {
+                "messages": [{"role": "user", "content": {"type": "text", "text": "A name?"}}],
+                "maxTokens": 20,
+                "_meta": {KEY: "name_sample"},
+            }
+        )
+        answer = _content(result).get("text")
+    return Rich(content=[Text(f"answer: {answer}")])
+
+
+@skill.prompt("test_input_required_result_prompt")
+def ir_prompt() -> list[dict[str, Any]]:
+    """A prompt that first asks the user for its context."""
+    result = mcp.elicit(
+        {
+            "message": "What context should the prompt use?",
+            "requestedSchema": {
+                "type": "object",
+                "properties": {"context": {"type": "string"}},
+                "required": ["context"],
+            },
+            "_meta": {KEY: "user_context"},
+        }
+    )
+    context = _content(result).get("context")
+    return [{"role": "user", "content": {"type": "text", "text": f"Context: {context}"}}]
+
+
+@skill.method
+def streaming_elicitation() -> Rich:
+    """Ask the user something: in 2026-07-28 a round, never a request on the call's stream."""
+    name = _content(_ask_name("user_name", "What is your name?")).get("name")
+    return Rich(content=[Text(f"Hello, {name}!")])
+
+
+@skill.method
+def logging_tool() -> Rich:
+    """Log at every level; a 2026-07-28 client hears only what its request asked for."""
+    for level in ("debug", "info", "warning", "error"):
+        mcp.log(level, f"a {level} message")
+    return Rich(content=[Text("logged")])
+
+
+@skill.method
+def ir_list_roots() -> Rich:
+    """Ask for the client's roots in one input-required round."""
+    roots = mcp.roots().get("roots") or []
+    return Rich(content=[Text("roots: " + ", ".join(str(r.get("uri")) for r in roots))])
+
+
+@skill.method
+def ir_multiple_inputs() -> Rich:
+    """Ask three questions of three kinds in one round."""
+    answers = mcp.ask(
+        {
+            "user_name": {
+                "method": "elicitation/create",
+                "params": {
+                    "message": "What is your name?",
+                    "requestedSchema": {
+                        "type": "object",
+                        "properties": {"name": {"type": "string"}},
+                        "required": ["name"],
+                    },
+                },
+            },
+            "greeting": {
+                "method": "sampling/createMessage",
+                "params": {
+                    "messages": [
+                        {"role": "user", "content": {"type": "text", "text": "Generate a greeting"}}
+                    ],
+                    "maxTokens": 50,
+                },
+            },
+            "client_roots": {"method": "roots/list", "params": {}},
+        }
+    )
+    name = _content(answers["user_name"]).get("name")
+    greeting = _content(answers["greeting"]).get("text")
+    count = len(answers["client_roots"].get("roots") or [])
+    return Rich(content=[Text(f"{greeting} {name} ({count} roots)")])
+
+
+JSON_SCHEMA_2020_12 = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "$defs": {
+        "address": {
+            "$anchor": "addressDef",
+            "type": "object",
+            "properties": {"street": {"type": "string"}, "city": {"type": "string"}},
+        }
+    },
+    "properties": {
+        "name": {"type": "string"},
+        "address": {"$ref": "#/$defs/address"},
+        "contactMethod": {"type": "string", "enum": ["phone", "email"]},
+        "phone": {"type": "string"},
+        "email": {"type": "string"},
+    },
+    "allOf": [{"anyOf": [{"required": ["phone"]}, {"required": ["email"]}]}],
+    "if": {"properties": {"contactMethod": {"const": "phone"}}, "required": ["contactMethod"]},
+    "then": {"required": ["phone"]},
+    "else": {"required": ["email"]},
+    "additionalProperties": False,
+}
+
+
+@skill.method(input_schema=JSON_SCHEMA_2020_12)
+def json_schema_2020_12_tool(
+    name: str = "",
+    address: dict[str, Any] | None = None,
+    contactMethod: str = "",
+    phone: str = "",
+    email: str = "",
+) -> Rich:
+    """Tool with JSON Schema 2020-12 features."""
+    city = (address or {}).get("city", "")
+    return Rich(content=[Text(f"contact {name} ({city}) by {contactMethod or 'any'}")])
+
+
+CUSTOM_HEADERS = {
+    "type": "object",
+    "properties": {
+        "region": {"type": "string", "description": "A region", "x-mcp-header": "Region"},
+        "query": {"type": "string", "description": "Not mirrored into a header"},
+    },
+    "required": ["region"],
+}
+
+
+@skill.method(input_schema=CUSTOM_HEADERS)
+def custom_headers(region: str, query: str = "") -> Rich:
+    """A tool whose region argument is mirrored in the Mcp-Param-Region header."""
+    return Rich(content=[Text(f"region={region} query={query}")])
+
+
+# -- the tasks extension's fixtures (served as tasks per ServeConfig.task_tools) ----------
+
+
+@skill.method
+def greet(name: str = "world") -> Rich:
+    """Greet someone (a plain, synchronous tool)."""
+    return Rich(content=[Text(f"Hello, {name}!")])
+
+
+@skill.method
+def slow_compute(seconds: float = 1.0, label: str = "") -> Rich:
+    """Work for ``seconds`` (stopping early when cancelled), then answer."""
+    end = time.monotonic() + max(0.0, seconds)
+    while time.monotonic() < end:
+        if mcp.cancelled():
+            raise SkillError("cancelled", "cancelled")
+        time.sleep(min(0.05, max(0.0, end - time.monotonic())))
+    return Rich(content=[Text(f"computed {label} after {seconds:g} s")])
+
+
+@skill.method
+def failing_job() -> None:
+    """Fail as a tool, after a second."""
+    time.sleep(1.0)
+    raise SkillError("unavailable", "the job failed (a tool execution error)")
+
+
+@skill.method
+def protocol_error_job() -> None:
+    """Crash (the guest panics): a protocol-level failure."""
+    raise RuntimeError("the job panicked")
+
+
+@skill.method
+def confirm_delete(filename: str = "example.txt") -> Rich:
+    """Ask before deleting (nothing is deleted)."""
+    result = mcp.elicit(
+        {
+            "message": f"Delete {filename}?",
+            "requestedSchema": {
+                "type": "object",
+                "properties": {"confirm": {"type": "boolean"}},
+                "required": ["confirm"],
+            },
+            "_meta": {KEY: "confirm"},
+        }
+    )
+    return Rich(content=[Text(f"confirmed={bool(_content(result).get('confirm'))}")])
+
+
+@skill.method
+def multi_input() -> Rich:
+    """Ask two questions at once."""
+    form = {
+        "type": "object",
+        "properties": {"value": {"type": "string"}},
+        "required": ["value"],
+    }
+    answers = mcp.ask(
+        {
+            "first": {
+                "method": "elicitation/create",
+                "params": {"message": "First value?", "requestedSchema": form},
+            },
+            "second": {
+                "method": "elicitation/create",
+                "params": {"message": "Second value?", "requestedSchema": form},
+            },
+        }
+    )
+    values = [_content(answers[k]).get("value") for k in ("first", "second")]
+    return Rich(content=[Text(f"values: {values}")])
+
+
+@skill.method
+def tool_with_task() -> Rich:
+    """Ask the user's name, then work on it as a task."""
+    name = _content(_ask_name("user_name", "What is your name?")).get("name")
+    time.sleep(0.2)
+    return Rich(content=[Text(f"Hello, {name}, from a task")])
