@@ -22,19 +22,22 @@ ALLOWED: dict[str, set[str]] = {
     "package": set(),
     # permissions, state and audit only through the protocols in types; shell.run's
     # commands run through confine/ (DESIGN.md's table lists it for sandbox/)
-    "sandbox": {"confine"},
+    "sandbox": {"call", "confine"},
     "state": set(),
     "audit": set(),
-    "registry": {"sandbox", "package", "policy"},
+    # the call contract below the sandbox: CallContext, the current call, outcomes
+    "call": {"audit"},
+    "registry": {"call", "sandbox", "package", "policy", "audit"},
     # Agent Skills directories are validated, packed and staged by the build.
-    "bundle": {"package", "policy", "sandbox", "agentskills"},
+    "bundle": {"call", "package", "policy", "sandbox", "agentskills"},
     "mcp": {"registry"},
-    "cluster": {"registry", "state", "package"},
+    "cluster": {"call", "registry", "state", "package"},
     "confine": {"policy"},
-    "agentskills": {"policy", "package", "sandbox", "confine"},
-    "delegate": {"registry", "policy", "sandbox"},
+    "agentskills": {"call", "policy", "package", "sandbox", "confine"},
+    "delegate": {"call", "registry", "policy", "sandbox"},
     # one running node from a bundle: everything below mcp/
     "node": {
+        "call",
         "sandbox",
         "registry",
         "state",
@@ -99,7 +102,7 @@ def _modules() -> list[Path]:
     return sorted(
         p
         for p in (SRC / "skilld").rglob("*.py")
-        if p.parent != SRC / "skilld" or p.stem in ("errors", "types", "digest", "paths")
+        if p.parent != SRC / "skilld" or p.stem in ("errors", "types", "digest", "paths", "call")
     )
 
 

@@ -27,8 +27,8 @@ from typing import Any, Protocol
 
 from skilld.agentskills._build import INSTRUCTIONS, RUN_SCRIPT, mime_type, resource_uri
 from skilld.agentskills._skillmd import SKILL_MD, split_frontmatter
+from skilld.call import CallContext
 from skilld.errors import GuestError, RunOnThread
-from skilld.sandbox import CallContext
 from skilld.types import CallOutput, ContentBlock, SkillSpec
 
 # Workspace files returned with a result: at most this many, each at most this large.

@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from skilld.agentskills._backend import ScriptRun
+from skilld.call import CallContext
 from skilld.confine import ProgramNotStarted, ResourceLimits, from_grants, run
 from skilld.errors import CallCancelled, DeadlineExceeded, GuestError
 from skilld.policy import _patterns as patterns
-from skilld.sandbox import CallContext
 from skilld.types import CallOutput, Decision, Limits
 
 # Each of stdout and stderr keeps this much; the rest is read and dropped.

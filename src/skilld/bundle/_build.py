@@ -42,10 +42,11 @@ from skilld.bundle._lock import (
     LockedSkill,
     canonical_json,
 )
+from skilld.call import CallContext
 from skilld.errors import AgentSkillError, BundleError, SkilldError, UsageError
 from skilld.package.build import build_component
 from skilld.policy import RUNNER, check_kit_methods, compile_policies
-from skilld.sandbox import CallContext, Sandbox, write_native
+from skilld.sandbox import Sandbox, write_native
 from skilld.types import Limits
 
 LOCK_SIGNING_CONTEXT = b"skilld bundle lock v1\n"

@@ -21,6 +21,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
+from skilld.call import CallContext
 from skilld.delegate._infer import InferenceConfig, infer, monotonic_budget, no_program
 from skilld.delegate._kits import Kit, load_kits
 from skilld.delegate._validate import check_program, validate
@@ -39,7 +40,6 @@ from skilld.errors import (
 )
 from skilld.policy import RUNNER_METHOD, Exposure, Tables
 from skilld.registry import Registry, SkillBackend, SkillEntry, ToolAnnotations
-from skilld.sandbox import CallContext
 from skilld.types import (
     CallOutput,
     ClientChannel,

@@ -20,6 +20,9 @@ One tool call, end to end:
 See ``_contract.py`` for the seam the MCP layer is built against.
 """
 
+# A backend's methods take the call's context: part of this package's contract, so that
+# backends outside the sandbox (a cluster's remote skills) need not reach into it.
+from skilld.call import CallContext
 from skilld.policy import Exposure
 from skilld.registry._contract import (
     Dispatcher,
@@ -29,10 +32,6 @@ from skilld.registry._contract import (
     ToolAnnotations,
 )
 from skilld.registry._registry import Registry, SkillEntry, annotations_for, per_skill_schema
-
-# A backend's methods take the call's context: part of this package's contract, so that
-# backends outside the sandbox (a cluster's remote skills) need not reach into it.
-from skilld.sandbox import CallContext
 from skilld.types import ClientChannel
 
 __all__ = [

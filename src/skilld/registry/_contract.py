@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from skilld.sandbox import CallContext
+from skilld.call import CallContext
 from skilld.types import CallOutput, ClientChannel, PromptSpec, ResourceSpec
 
 

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from skilld.call import CallContext
 from skilld.errors import (
     CallCancelled,
     DeadlineExceeded,
@@ -34,7 +35,6 @@ from skilld.errors import (
 )
 from skilld.policy import Exposure
 from skilld.registry._contract import NullChannel, SkillBackend, Tool, ToolAnnotations
-from skilld.sandbox import CallContext
 from skilld.types import (
     AuditSink,
     CallOutput,

@@ -1,7 +1,7 @@
 """The linker: WASI (sealed) plus every ``skilld:skill`` import, adapted to wasmtime.
 
 One linker serves every skill: host functions find the call they act for
-through the thread-local :func:`~skilld.sandbox._context.current`. Nothing a
+through the thread-local :func:`~skilld.call.current`. Nothing a
 host function raises may escape into wasmtime (its exception slot is a
 process global), so every adapter turns failures into the WIT ``error`` value,
 and a host bug into an ``internal`` error recorded on the call.
@@ -16,8 +16,8 @@ from typing import Any
 from wasmtime import component
 
 from skilld import ABI_VERSION
+from skilld.call import MAX_HOST_FAULTS, current
 from skilld.errors import HostCallError, PermissionDenied
-from skilld.sandbox._context import MAX_HOST_FAULTS, current
 from skilld.sandbox.abi import Functions, HostFn, Kind
 
 log = logging.getLogger("skilld.sandbox")

@@ -28,6 +28,7 @@ import wasmtime
 from wasmtime import _ffi as ffi
 from wasmtime import component
 
+from skilld.call import CallContext, entered
 from skilld.errors import (
     CallCancelled,
     CompileError,
@@ -40,7 +41,6 @@ from skilld.errors import (
     SandboxError,
     StackExhausted,
 )
-from skilld.sandbox._context import CallContext, entered
 from skilld.sandbox._engine import TICK_S, Engine
 from skilld.sandbox._gil import keep_gil_for_quick_calls
 from skilld.sandbox._host import INTERFACES, PACKAGE, build_linker, import_name, to_py

@@ -1,7 +1,7 @@
 """Host implementations of the ``skilld:skill`` imports, one module per capability.
 
 Each module exposes ``FUNCTIONS``: WIT function name → (implementation, kind),
-where an implementation takes the current :class:`~skilld.sandbox._context.CallContext`
+where an implementation takes the current :class:`~skilld.call.CallContext`
 and plain Python arguments (records arrive as dicts with snake_case keys) and
 returns plain Python values (records as dicts), raising
 :class:`~skilld.errors.HostCallError` to refuse. ``kind`` says how the WIT result
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from skilld.errors import HostCallError
 
 if TYPE_CHECKING:
-    from skilld.sandbox._context import CallContext
+    from skilld.call import CallContext
     from skilld.types import Decision
 
 Kind = Literal["plain", "result", "result-tagged"]

@@ -1,8 +1,8 @@
 """Shared by http and tcp: resolve once, check the address, use it; wait only in slices.
 
 Every wait here (the name lookup, the connect, each read and write) is cut into
-slices of :data:`~skilld.sandbox._context.WAIT_SLICE_S` by
-:meth:`CallContext.waits <skilld.sandbox._context.CallContext.waits>`, so it ends at
+slices of :data:`~skilld.call.WAIT_SLICE_S` by
+:meth:`CallContext.waits <skilld.call.CallContext.waits>`, so it ends at
 the smaller of the guest's own timeout and the call's deadline, and soon after the
 client cancels the call, whatever the peer does (trickles bytes, holds the line).
 """
@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from skilld.call import CallContext
 from skilld.errors import HostCallError
-from skilld.sandbox._context import CallContext
 from skilld.sandbox.abi import decide
 
 T = TypeVar("T")

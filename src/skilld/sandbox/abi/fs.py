@@ -42,8 +42,8 @@ import os
 import stat as stat_mod
 from collections.abc import Iterator
 
+from skilld.call import CallContext
 from skilld.errors import HostCallError
-from skilld.sandbox._context import CallContext
 from skilld.sandbox.abi import Functions, ask, decide
 from skilld.types import Decision
 

@@ -23,8 +23,8 @@ import time
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
+from skilld.call import CallContext
 from skilld.errors import HostCallError
-from skilld.sandbox._context import CallContext
 from skilld.sandbox.abi import Functions, decide, rule_settings
 from skilld.sandbox.abi._net import BoundedSSLSocket, bound_socket, connect, resolve_checked
 from skilld.types import Decision

@@ -10,8 +10,8 @@ hands the caller's deadline on), and none starts past it or after a cancel.
 
 from __future__ import annotations
 
+from skilld.call import CallContext
 from skilld.errors import HostCallError
-from skilld.sandbox._context import CallContext
 from skilld.sandbox.abi import Functions
 from skilld.types import Decision
 

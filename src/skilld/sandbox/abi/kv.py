@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
 
+from skilld.call import CallContext
 from skilld.errors import HostCallError, QuotaExceeded, StateError
-from skilld.sandbox._context import CallContext
 from skilld.sandbox.abi import Functions, decide
 from skilld.types import KeyValueStore
 

@@ -43,9 +43,9 @@ from dataclasses import replace
 from typing import Any
 
 from skilld import confine
+from skilld.call import CallContext
 from skilld.confine import Confinement, from_grants
 from skilld.errors import ConfinementUnavailable, HostCallError, ProgramNotStarted
-from skilld.sandbox._context import CallContext
 from skilld.sandbox.abi import Functions, decide, rule_settings
 from skilld.sandbox.abi.fs import canonical
 from skilld.types import Decision

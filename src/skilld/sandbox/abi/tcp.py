@@ -13,8 +13,8 @@ import itertools
 import socket
 import time
 
+from skilld.call import CallContext
 from skilld.errors import HostCallError
-from skilld.sandbox._context import CallContext
 from skilld.sandbox.abi import Functions, decide
 from skilld.sandbox.abi._net import bounded, resolve_checked
 from skilld.sandbox.abi._net import connect as open_socket

@@ -24,8 +24,8 @@ import os
 import secrets
 from typing import Protocol
 
+from skilld.call import CallContext
 from skilld.errors import HostCallError
-from skilld.sandbox._context import CallContext
 from skilld.sandbox.abi import Functions, decide
 from skilld.sandbox.abi.fs import _errno, _open, _parent, _Target, canonical, read_regular
 

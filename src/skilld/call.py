@@ -1,12 +1,20 @@
-"""The per-call context host functions act in.
+"""The call contract every backend shares, below the sandbox.
 
-A guest runs synchronously on the thread that called it, and host functions
-are called back on that same thread, so the current call is found through a
-thread-local stack (a stack, because ``invoke`` nests calls).
+:class:`CallContext` is everything one call of one skill acts in: its limits, its
+key-value namespace, its permission checker, the client channel, the orchestrator
+for ``invoke``, its deadline and the decisions it took. The registry builds one per
+call (``registry/_dispatch.py``); every backend (a wasm component, an Agent Skill, a
+delegate kit, a remote node) is handed it, and host functions find it again with
+:func:`current`.
+
+A guest runs synchronously on the thread that called it, and host functions are
+called back on that same thread, so the current call is kept in a context variable
+holding a stack (a stack, because ``invoke`` nests calls).
 """
 
 from __future__ import annotations
 
+import contextvars
 import math
 import queue
 import threading
@@ -191,16 +199,20 @@ class CallContext:
         self.dropped_output += max(0, len(data) - max(room, 0))
 
 
-_local = threading.local()
+# The calls running in this context, innermost last (a tuple: a copied context, such
+# as a worker thread's, never shares a mutable stack with the one it came from).
+_stack: contextvars.ContextVar[tuple[CallContext, ...]] = contextvars.ContextVar(
+    "skilld_call", default=()
+)
 
 
 def current() -> CallContext:
-    """The context of the call running on this thread.
+    """The context of the call running here (on this thread, in this context).
 
     Raises:
-        RuntimeError: no call is running on this thread (a host bug).
+        RuntimeError: no call is running here (a host bug).
     """
-    stack: list[CallContext] = getattr(_local, "stack", [])
+    stack = _stack.get()
     if not stack:
         raise RuntimeError("host function called outside of a guest call")
     return stack[-1]
@@ -209,10 +221,8 @@ def current() -> CallContext:
 @contextmanager
 def entered(ctx: CallContext) -> Iterator[CallContext]:
     """Make ``ctx`` the current context for the duration of a guest call."""
-    stack: list[CallContext] = getattr(_local, "stack", None) or []
-    _local.stack = stack
-    stack.append(ctx)
+    token = _stack.set((*_stack.get(), ctx))
     try:
         yield ctx
     finally:
-        stack.pop()
+        _stack.reset(token)
