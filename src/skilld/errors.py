@@ -41,6 +41,25 @@ into this tree at the one boundary that uses the library (``raise X(...) from ex
     ├── ConfinementUnavailable  the kernel lacks what a confined process needs (names it)
     └── ProgramNotStarted       a confined program could not be started (errno, path)
 
+Every error carries two names, once, on its class: ``code``, the WIT ``error-code`` a
+client or a guest sees (``[timeout] ...``), and ``outcome``, the word its call's audit
+record, metrics and delegate's results use (``deadline``). There is no other mapping::
+
+    class              code               outcome
+    SkilldError        internal           fault
+    UsageError         invalid-argument   error:invalid-argument
+    PermissionDenied   not-permitted      error:not-permitted
+    GuestFault         fault              fault
+    DeadlineExceeded   timeout            deadline
+    CallCancelled      cancelled          cancelled
+    MemoryExhausted    limit-exceeded     memory
+    StackExhausted     limit-exceeded     stack
+    GuestError         its own code       error:<code>
+    HostCallError      its own code       error:<code>
+
+``deadline``, ``memory`` and ``stack`` (and ``busy``, a call refused for want of a
+slot) are also the names of the limits a record lists under ``limits_hit``.
+
 Outside the tree, :class:`RunOnThread` is a signal between the sandbox and the MCP
 layer, never an error anyone reports.
 """
@@ -57,6 +76,12 @@ class SkilldError(Exception):
         hint: what the user can do about it.
     """
 
+    # The WIT error code a client sees, and the audit outcome (the module's table).
+    code: str = "internal"
+    outcome: str = "fault"
+    # The policy rule behind a denial, where there is one.
+    rule: str | None = None
+
     def __init__(self, message: str, *, location: str | None = None, hint: str | None = None):
         super().__init__(message)
         self.message = message
@@ -72,6 +97,9 @@ class SkilldError(Exception):
 
 class UsageError(SkilldError):
     """Bad command-line or configuration input."""
+
+    code = "invalid-argument"
+    outcome = "error:invalid-argument"
 
 
 class BuildError(SkilldError):
@@ -109,6 +137,9 @@ class PermissionDenied(SkilldError):
         rule: id of the rule that decided (``default-deny`` when none matched).
     """
 
+    code = "not-permitted"
+    outcome = "error:not-permitted"
+
     def __init__(
         self, message: str, *, rule: str, location: str | None = None, hint: str | None = None
     ):
@@ -131,6 +162,8 @@ class LinkError(SandboxError):
 class GuestFault(SandboxError):
     """The guest failed; the failure costs this one call, never the host."""
 
+    code = "fault"
+
 
 class GuestTrap(GuestFault):
     """The guest trapped (unreachable, out-of-bounds access, a host function fault)."""
@@ -139,17 +172,29 @@ class GuestTrap(GuestFault):
 class DeadlineExceeded(GuestFault):
     """The call ran past its wall-clock deadline."""
 
+    code = "timeout"
+    outcome = "deadline"
+
 
 class CallCancelled(GuestFault):
     """The client cancelled the call and the guest was stopped where it was."""
+
+    code = "cancelled"
+    outcome = "cancelled"
 
 
 class MemoryExhausted(GuestFault):
     """The guest tried to grow its memory past its cap."""
 
+    code = "limit-exceeded"
+    outcome = "memory"
+
 
 class StackExhausted(GuestFault):
     """The guest overflowed its stack."""
+
+    code = "limit-exceeded"
+    outcome = "stack"
 
 
 class GuestError(SkilldError):
@@ -165,6 +210,7 @@ class GuestError(SkilldError):
     ):
         super().__init__(message, location=location)
         self.code = code
+        self.outcome = f"error:{code}"
         self.rule = rule
 
     def __str__(self) -> str:
@@ -186,6 +232,7 @@ class HostCallError(SkilldError):
     ):
         super().__init__(message, location=location)
         self.code = code
+        self.outcome = f"error:{code}"
         self.rule = rule
 
 

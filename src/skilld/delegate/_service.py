@@ -26,16 +26,12 @@ from skilld.delegate._infer import InferenceConfig, infer, monotonic_budget, no_
 from skilld.delegate._kits import Kit, load_kits
 from skilld.delegate._validate import check_program, validate
 from skilld.errors import (
-    CallCancelled,
-    DeadlineExceeded,
     DelegateError,
     GuestError,
     GuestFault,
     HostCallError,
-    MemoryExhausted,
     ProgramRejected,
     RunOnThread,
-    StackExhausted,
     UsageError,
 )
 from skilld.policy import RUNNER_METHOD, Exposure, Tables
@@ -365,26 +361,13 @@ class DelegateService:
             result["error"] = value.get("error")
         except GuestFault as exc:
             # Deadline, memory, stack, cancellation: the program cost its own call only.
-            result["error"] = {"code": _fault_code(exc), "message": str(exc)}
+            result["error"] = {"code": exc.outcome, "message": str(exc)}
         except GuestError as exc:
             result["error"] = {"code": exc.code, "message": exc.message, "rule": exc.rule}
         finally:
             _CURRENT.reset(token)
         result["trace"] = [e.as_dict() for e in run.trace]
         return _timed(result, t0, t1)
-
-
-def _fault_code(exc: GuestFault) -> str:
-    """The result's error code for a fault (the audit record's outcome names)."""
-    for kind, code in (
-        (DeadlineExceeded, "deadline"),
-        (MemoryExhausted, "memory"),
-        (StackExhausted, "stack"),
-        (CallCancelled, "cancelled"),
-    ):
-        if isinstance(exc, kind):
-            return code
-    return "fault"
 
 
 def _timed(result: dict[str, Any], t0: float, t1: float | None) -> dict[str, Any]:

@@ -37,17 +37,10 @@ from mcp.shared.uri_template import InvalidUriTemplate, UriTemplate
 from pydantic import ValidationError
 
 from skilld.errors import (
-    CallCancelled,
-    DeadlineExceeded,
     GuestError,
-    GuestFault,
-    HostCallError,
-    MemoryExhausted,
-    PermissionDenied,
     RegistryError,
     RunOnThread,
     SkilldError,
-    StackExhausted,
     UsageError,
 )
 from skilld.mcp._channel import SessionChannel
@@ -81,23 +74,8 @@ def _session_state(ctx: Ctx) -> dict[str, Any]:
 
 def error_text(exc: SkilldError) -> tuple[str, str | None, str]:
     """The WIT error code, the rule id (if any) and the message a tool error shows."""
-    rule: str | None = None
-    if isinstance(exc, PermissionDenied):
-        code, rule = "not-permitted", exc.rule
-    elif isinstance(exc, GuestError | HostCallError):
-        code, rule = exc.code, exc.rule
-    elif isinstance(exc, DeadlineExceeded):
-        code = "timeout"
-    elif isinstance(exc, CallCancelled):
-        code = "cancelled"
-    elif isinstance(exc, MemoryExhausted | StackExhausted):
-        code = "limit-exceeded"
-    elif isinstance(exc, UsageError):
-        code = "invalid-argument"
-    elif isinstance(exc, GuestFault):
-        code = "fault"
-    else:
-        code = "internal"
+    # Each error class carries its code (skilld.errors' table).
+    code, rule = exc.code, exc.rule
     head = f"[{code}, rule {rule}]" if rule else f"[{code}]"
     return code, rule, f"{head} {SkilldError.__str__(exc)}"
 

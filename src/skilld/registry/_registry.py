@@ -26,11 +26,9 @@ from skilld.errors import (
     DeadlineExceeded,
     GuestError,
     HostCallError,
-    MemoryExhausted,
     RegistryError,
     RunOnThread,
     SkilldError,
-    StackExhausted,
     UsageError,
 )
 from skilld.policy import Exposure
@@ -471,7 +469,7 @@ class Registry:
             try:
                 out = guest(ctx)
             except SkilldError as exc:
-                outcome, error = _outcome(exc), exc
+                outcome, error = exc.outcome, exc
             finally:
                 entry.slots.release()
                 # The invoker and hook closures refer back to ctx; without them the
@@ -848,16 +846,3 @@ def _call_id() -> str:
     """A fresh id joining a call's ``started`` and ``call`` records (64 random bits)."""
     return os.urandom(8).hex()
 
-
-def _outcome(exc: SkilldError) -> str:
-    if isinstance(exc, DeadlineExceeded):
-        return "deadline"
-    if isinstance(exc, CallCancelled):
-        return "cancelled"
-    if isinstance(exc, MemoryExhausted):
-        return "memory"
-    if isinstance(exc, StackExhausted):
-        return "stack"
-    if isinstance(exc, GuestError):
-        return f"error:{exc.code}"
-    return "fault"
