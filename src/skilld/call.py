@@ -24,16 +24,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from skilld.audit import CallRecorder
 from skilld.errors import HostCallError
 from skilld.types import (
-    MAX_AUDITED_DECISIONS,
     ClientChannel,
     Decision,
     DecisionKey,
     KeyValueStore,
     Limits,
     PermissionChecker,
-    decision_key,
 )
 
 T = TypeVar("T")
@@ -43,8 +42,6 @@ Invoker = Callable[[str, str, str, int], str]
 
 MAX_LOG_LINES = 200
 MAX_CAPTURE = 64 * 1024
-# Host faults one call keeps for its audit record.
-MAX_HOST_FAULTS = 16
 # A host call that waits (on a socket, the client, another thread) looks at the
 # cancel flag this often, so a cancelled call lets go of its slot within it.
 WAIT_SLICE_S = 0.05
@@ -64,14 +61,13 @@ class CallContext:
     depth: int = 0
     # The skills that invoked this call, outermost first (for cycle checks).
     chain: tuple[str, ...] = ()
-    # The first MAX_AUDITED_DECISIONS decisions; the rest are only counted.
-    decisions: list[Decision] = field(default_factory=list)
-    decisions_beyond: dict[DecisionKey, int] = field(default_factory=dict)
+    # Builds the call's audit record: its decisions, host faults and a backend's facts.
+    # The registry makes one per call; a context made without one gets its own.
+    recorder: CallRecorder | None = None
     logs: list[tuple[str, str]] = field(default_factory=list)
     stdout: bytearray = field(default_factory=bytearray)
     stderr: bytearray = field(default_factory=bytearray)
     dropped_output: int = 0
-    host_faults: list[str] = field(default_factory=list)
     # Open host resources (tcp connections) by handle; closed when the call ends.
     handles: dict[int, Any] = field(default_factory=dict)
     # An inline attempt (on the server's event loop) gives up at this monotonic time,
@@ -89,9 +85,31 @@ class CallContext:
     # with preopens gets an instance of its own, never a pooled one (whose WASI
     # context was made without them). Agent Skills' wasm executor sets them.
     preopens: tuple[tuple[str, str, bool], ...] = ()
-    # Facts a backend adds to its call's audit record (a script's exit status, its
-    # executor); JSON values under names the record does not already use.
-    audit: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.recorder is None:
+            self.recorder = CallRecorder(self.skill_id, "", "", caller="local", input=b"")
+        self._recorder: CallRecorder = self.recorder
+
+    @property
+    def decisions(self) -> list[Decision]:
+        """The first MAX_AUDITED_DECISIONS decisions taken (the recorder's)."""
+        return self._recorder.decisions
+
+    @property
+    def decisions_beyond(self) -> dict[DecisionKey, int]:
+        """Decisions past the cap, counted per (capability, action, allowed, rule)."""
+        return self._recorder.decisions_beyond
+
+    @property
+    def host_faults(self) -> list[str]:
+        """Host functions' own failures during the call (the recorder's)."""
+        return self._recorder.host_faults
+
+    @property
+    def audit(self) -> dict[str, Any]:
+        """Facts a backend adds to its call's audit record (the recorder's ``facts``)."""
+        return self._recorder.facts
 
     def remaining(self) -> float:
         """Seconds left before the call's deadline (0 when past it; inf when unset)."""
@@ -174,12 +192,11 @@ class CallContext:
 
     def record(self, decision: Decision) -> Decision:
         """Keep a permission decision for the audit record (past the cap, count it); returns it."""
-        if len(self.decisions) < MAX_AUDITED_DECISIONS:
-            self.decisions.append(decision)
-        else:
-            key = decision_key(decision)
-            self.decisions_beyond[key] = self.decisions_beyond.get(key, 0) + 1
-        return decision
+        return self._recorder.record(decision)
+
+    def record_fault(self, text: str) -> None:
+        """Note a host function's own failure for the audit record (bounded)."""
+        self._recorder.host_fault(text)
 
     def will_write_state(self) -> None:
         """Say a state write is about to happen: the first runs ``before_first_write``.

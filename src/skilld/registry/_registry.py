@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import threading
 import time
@@ -20,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from skilld.audit import CallRecorder
 from skilld.call import CallContext
 from skilld.errors import (
     CallCancelled,
@@ -44,7 +44,6 @@ from skilld.types import (
     PromptSpec,
     ResourceSpec,
     SkillSpec,
-    decisions_beyond,
 )
 
 T = TypeVar("T")
@@ -415,8 +414,18 @@ class Registry:
             GuestFault: the guest trapped, ran out of time, memory or stack, or was cancelled.
         """
         skill_id = entry.spec.id
+        recorder = CallRecorder(
+            skill_id,
+            entry.spec.version,
+            method,
+            caller=caller,
+            input=input_text,
+            depth=depth,
+            target=target,
+        )
         ctx = CallContext(
             skill_id=skill_id,
+            recorder=recorder,
             limits=entry.limits,
             # The sandbox stops the guest once this channel says the client cancelled.
             channel=channel or NullChannel(),
@@ -433,14 +442,9 @@ class Registry:
             if deadline is None
             else min(deadline, time.monotonic() + entry.limits.timeout_ms / 1000),
         )
-        started = time.time()
-        t0 = time.perf_counter()
-        call_id = _call_id()
         # The started record goes out (flushed) before the first state write is made,
         # so a write that completed just before a crash names its call (docs/runtime.md).
-        ctx.before_first_write = lambda: self._emit_started(
-            entry, method, target, caller, input_text, started, ctx.depth, call_id
-        )
+        ctx.before_first_write = lambda: self._emit(recorder.started())
         outcome: str = "ok"
         out: T | None = None
         error: SkilldError | None = None
@@ -477,18 +481,9 @@ class Registry:
                 ctx.invoker = None
                 ctx.before_first_write = None
         self._emit(
-            entry,
-            method,
-            target,
-            caller,
-            input_text,
-            None if error is not None else _audited(out),
-            started,
-            time.perf_counter() - t0,
-            outcome,
-            error,
-            ctx,
-            call_id,
+            recorder.finish(
+                outcome, output=None if error is not None else _audited(out), error=error
+            )
         )
         if error is not None:
             raise error
@@ -546,84 +541,14 @@ class Registry:
             raise HostCallError("internal", f"'{callee}' failed: {exc}") from exc
         return json.dumps(out.value)
 
-    def _emit(
-        self,
-        entry: SkillEntry,
-        method: str,
-        target: str | None,
-        caller: str,
-        input_text: str,
-        output: Any,
-        started: float,
-        duration: float,
-        outcome: str,
-        error: SkilldError | None,
-        ctx: CallContext,
-        call_id: str,
-    ) -> None:
-        if self._audit is None:
-            return
-        record: dict[str, Any] = {
-            "event": "call",
-            "call_id": call_id,
-            "skill": entry.spec.id,
-            "version": entry.spec.version,
-            "method": method,
-            "caller": caller,
-            "depth": ctx.depth,
-            "input_sha256": _digest(input_text),
-            "output_sha256": None
-            if error is not None
-            else _digest(json.dumps(output, sort_keys=True)),
-            "start": started,
-            "duration_ms": round(duration * 1000, 3),
-            "outcome": outcome,
-            "limits_hit": [outcome] if outcome in ("deadline", "memory", "stack", "busy") else [],
-            "error": str(error) if error else None,
-            "decisions": [d.as_dict() for d in ctx.decisions],
-        }
-        if ctx.decisions_beyond:
-            record["decisions_beyond_cap"] = decisions_beyond(ctx.decisions_beyond)
-        if target is not None:
-            record["target"] = target
-        if ctx.host_faults:
-            record["host_faults"] = ctx.host_faults
-        for key, value in ctx.audit.items():
-            record.setdefault(key, value)
-        self._audit.emit(record)
-
-    def _emit_started(
-        self,
-        entry: SkillEntry,
-        method: str,
-        target: str | None,
-        caller: str,
-        input_text: str,
-        started: float,
-        depth: int,
-        call_id: str,
-    ) -> None:
-        """The ``started`` record of a call about to write state (its ``call`` record follows).
+    def _emit(self, record: dict[str, Any]) -> None:
+        """Send one record to the audit sink, if there is one.
 
         Raises:
-            AuditError: the sink could not record (the write is then not made).
+            AuditError: the sink could not record.
         """
-        if self._audit is None:
-            return
-        record: dict[str, Any] = {
-            "event": "started",
-            "call_id": call_id,
-            "skill": entry.spec.id,
-            "version": entry.spec.version,
-            "method": method,
-            "caller": caller,
-            "depth": depth,
-            "input_sha256": _digest(input_text),
-            "start": started,
-        }
-        if target is not None:
-            record["target"] = target
-        self._audit.emit(record)
+        if self._audit is not None:
+            self._audit.emit(record)
 
     def refused(
         self, skill: str, label: str, arguments: Mapping[str, Any], outcome: str, error: str
@@ -646,26 +571,14 @@ class Registry:
             method = found[2] if found[2] is not None else str(arguments.get("method", ""))
         entry = self._skills.get(skill)
         input_text = json.dumps(arguments, separators=(",", ":"), sort_keys=True, default=str)
-        self._audit.emit(
-            {
-                "event": "call",
-                "call_id": _call_id(),
-                "skill": skill,
-                "version": entry.spec.version if entry is not None else None,
-                "method": method,
-                "caller": "mcp",
-                "depth": 0,
-                "input_sha256": _digest(input_text),
-                "output_sha256": None,
-                "start": time.time(),
-                "duration_ms": 0.0,
-                "outcome": outcome,
-                "limits_hit": ["busy"] if outcome == "busy" else [],
-                "error": error,
-                "decisions": [],
-                "refused": True,
-            }
+        recorder = CallRecorder(
+            skill,
+            entry.spec.version if entry is not None else None,
+            method,
+            caller="mcp",
+            input=input_text,
         )
+        self._audit.emit(recorder.finish(outcome, error=error, refused=True))
 
     # -- resources and prompts ---------------------------------------------
 
@@ -840,9 +753,3 @@ def _consent(entry: SkillEntry, node: str, caller: str, ctx: CallContext) -> Non
             rule=decision.rule if decision else "default-deny",
             location=entry.spec.id,
         )
-
-
-def _call_id() -> str:
-    """A fresh id joining a call's ``started`` and ``call`` records (64 random bits)."""
-    return os.urandom(8).hex()
-

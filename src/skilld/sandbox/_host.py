@@ -16,7 +16,7 @@ from typing import Any
 from wasmtime import component
 
 from skilld import ABI_VERSION
-from skilld.call import MAX_HOST_FAULTS, current
+from skilld.call import current
 from skilld.errors import HostCallError, PermissionDenied
 from skilld.sandbox.abi import Functions, HostFn, Kind
 
@@ -91,9 +91,7 @@ def _adapt(interface: str, name: str, fn: HostFn, kind: Kind) -> Any:
             return None if kind == "plain" else err("not-permitted", exc.message, exc.rule)
         except Exception as exc:  # a host bug must cost one call, never the host
             log.exception("host function %s.%s failed", interface, name)
-            # Bounded like the decisions: a guest may retry a failing call in a loop.
-            if len(ctx.host_faults) < MAX_HOST_FAULTS:
-                ctx.host_faults.append(f"{interface}.{name}: {type(exc).__name__}: {exc}"[:500])
+            ctx.record_fault(f"{interface}.{name}: {type(exc).__name__}: {exc}")
             return (
                 None
                 if kind == "plain"
