@@ -22,10 +22,10 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from skilld.audit import CallRecorder
-from skilld.errors import HostCallError
+from skilld.errors import HostCallError, RunOnThread
 from skilld.types import (
     ClientChannel,
     Decision,
@@ -45,6 +45,51 @@ MAX_CAPTURE = 64 * 1024
 # A host call that waits (on a socket, the client, another thread) looks at the
 # cancel flag this often, so a cancelled call lets go of its slot within it.
 WAIT_SLICE_S = 0.05
+
+
+@dataclass(slots=True)
+class Inline:
+    """One inline attempt at a call: on a thread that must not block (the server's event loop).
+
+    The whole inline strategy of a call, in one place. The registry starts an attempt
+    (``registry/_dispatch.py``'s ``InlineStrategy``, which also backs off a method that
+    keeps giving up); the attempt goes on only while it can finish without blocking:
+
+    - it gives up before any guest code runs (:meth:`give_up`) when the skill has no
+      free slot, its instance would be slow to create, or the backend always blocks
+      (:meth:`CallContext.thread_only`: a script, a remote node, a delegate program);
+    - a host call that could block or act on the world is refused inline
+      (:meth:`refuse`) before it acts, and the guest is stopped at its next epoch check;
+    - the sandbox stops the guest once :meth:`over` (its time is up).
+
+    Either way it ends in :class:`~skilld.errors.RunOnThread` before anything anyone
+    can observe happened (no host call acted, output dropped, nothing audited), and
+    the caller runs the call once on a worker thread.
+    """
+
+    until: float  # monotonic time at which the attempt gives up
+    needs_thread: bool = False  # a host call was refused inline
+
+    @classmethod
+    def for_s(cls, budget_s: float) -> Inline:
+        """An attempt of about ``budget_s`` seconds from now."""
+        return cls(time.monotonic() + budget_s)
+
+    def over(self, now: float) -> bool:
+        """True once the attempt must stop: its time is up or a host call needs a thread."""
+        return self.needs_thread or now >= self.until
+
+    def refuse(self) -> None:
+        """A host call could block or act: refuse it; the attempt is over."""
+        self.needs_thread = True
+
+    def give_up(self, *, ran: bool = False) -> NoReturn:
+        """End the attempt; ``ran`` says guest code ran (the attempt cost something).
+
+        Raises:
+            RunOnThread: always.
+        """
+        raise RunOnThread(ran=ran)
 
 
 @dataclass
@@ -70,11 +115,8 @@ class CallContext:
     dropped_output: int = 0
     # Open host resources (tcp connections) by handle; closed when the call ends.
     handles: dict[int, Any] = field(default_factory=dict)
-    # An inline attempt (on the server's event loop) gives up at this monotonic time,
-    # or at the first host call that could block or act (``needs_thread``); None
-    # for a call on a worker thread. See ``Component.call``.
-    inline_until: float | None = None
-    needs_thread: bool = False
+    # An inline attempt (on the server's event loop); None for a call on a worker thread.
+    inline: Inline | None = None
     # Monotonic time at which the guest call's wall time ends; every host call is
     # bounded by what is left of it (``remaining``). Set when the call starts.
     deadline: float | None = None
@@ -110,6 +152,15 @@ class CallContext:
     def audit(self) -> dict[str, Any]:
         """Facts a backend adds to its call's audit record (the recorder's ``facts``)."""
         return self._recorder.facts
+
+    def thread_only(self) -> None:
+        """Say this call always blocks: an inline attempt gives up here, before it acts.
+
+        Raises:
+            RunOnThread: the call is an inline attempt.
+        """
+        if self.inline is not None:
+            self.inline.give_up()
 
     def remaining(self) -> float:
         """Seconds left before the call's deadline (0 when past it; inf when unset)."""

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 from skilld.agentskills._build import INSTRUCTIONS, RUN_SCRIPT, mime_type, resource_uri
 from skilld.agentskills._skillmd import SKILL_MD, split_frontmatter
 from skilld.call import CallContext
-from skilld.errors import GuestError, RunOnThread
+from skilld.errors import GuestError
 from skilld.types import CallOutput, ContentBlock, SkillSpec
 
 # Workspace files returned with a result: at most this many, each at most this large.
@@ -99,8 +99,7 @@ class AgentSkillBackend:
         if method == INSTRUCTIONS:
             return self._instructions()
         if method == RUN_SCRIPT and self.executor is not None:
-            if ctx.inline_until is not None:
-                raise RunOnThread
+            ctx.thread_only()
             return self._run_script(json.loads(args_json), ctx)
         raise GuestError("not-found", f"skill '{self.spec.id}' has no method '{method}'")
 

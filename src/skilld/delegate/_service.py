@@ -31,7 +31,6 @@ from skilld.errors import (
     GuestFault,
     HostCallError,
     ProgramRejected,
-    RunOnThread,
     UsageError,
 )
 from skilld.policy import RUNNER_METHOD, Exposure, Tables
@@ -112,8 +111,7 @@ class KitRunner:
             RunOnThread: on an inline attempt (a program always needs a thread).
             GuestError, GuestFault: the runner's failure.
         """
-        if ctx.inline_until is not None:
-            raise RunOnThread
+        ctx.thread_only()
         run = _CURRENT.get() or _Run()
         upstream = ctx.invoker
         if upstream is None:  # pragma: no cover - the registry always sets one
@@ -437,8 +435,8 @@ class DelegateBackend:
             raise GuestError("invalid-argument", f"arguments are not JSON: {exc}") from exc
         if not isinstance(args, dict):
             raise GuestError("invalid-argument", "arguments must be a JSON object")
-        if method in ("delegate", "run_program") and ctx.inline_until is not None:
-            raise RunOnThread
+        if method in ("delegate", "run_program"):
+            ctx.thread_only()
         if ctx.deadline is None:
             # The registry leaves the clock to the backend (the sandbox arms its own for a
             # guest); model tiers are bounded by what is left of this one.

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from skilld.audit import CallRecorder
-from skilld.call import CallContext
+from skilld.call import CallContext, Inline
 from skilld.errors import (
     CallCancelled,
     DeadlineExceeded,
@@ -103,9 +103,40 @@ class SkillEntry:
         self.slots = threading.BoundedSemaphore(max(1, self.limits.max_concurrency))
 
 
-# After an inline attempt gave up, this many calls of the method go straight to a thread:
-# a method that always needs one (it calls kv, say) wastes an attempt in 33, not each.
-_INLINE_BACKOFF = 32
+class InlineStrategy:
+    """When a call is tried inline, and how it gives up (see :class:`skilld.call.Inline`).
+
+    After an attempt at a method gave up having run guest code, the next ``backoff``
+    calls of that method go straight to a thread: a method that always needs one (it
+    calls kv, say) wastes an attempt in ``backoff + 1``, not each. One that gave up
+    before its guest ran is tried again at once.
+    """
+
+    def __init__(self, backoff: int = 32):
+        self._backoff = backoff
+        # (skill, method) -> inline attempts still to skip after one gave up
+        self._skipping: dict[tuple[str, str], int] = {}
+
+    def start(self, key: tuple[str, str], budget_s: float) -> Inline:
+        """An attempt at a call of ``key`` = (skill, method) of about ``budget_s``.
+
+        Raises:
+            RunOnThread: the method is backing off; nothing ran.
+        """
+        skip = self._skipping.get(key, 0)
+        if skip > 0:
+            self._skipping[key] = skip - 1
+            raise RunOnThread
+        return Inline.for_s(budget_s)
+
+    def gave_up(self, key: tuple[str, str], exc: RunOnThread) -> None:
+        """An attempt at ``key`` gave up: back off when its guest ran."""
+        if exc.ran:
+            self._skipping[key] = self._backoff
+
+    def forget(self, skill_id: str) -> None:
+        """A skill left: drop what was learnt about its methods."""
+        self._skipping = {k: v for k, v in self._skipping.items() if k[0] != skill_id}
 
 
 # A call waiting for a slot looks at its client's cancellation this often.
@@ -148,8 +179,7 @@ class Registry:
         self._changing = threading.Lock()
         self._watchers: list[Callable[[], None]] = []
         self._gauges: list[Callable[[], Mapping[str, tuple[str, float]]]] = []
-        # (skill, method) -> inline attempts still to skip after one gave up
-        self._inline_backoff: dict[tuple[str, str], int] = {}
+        self._inline = InlineStrategy()
 
     # -- registration ------------------------------------------------------
 
@@ -190,9 +220,7 @@ class Registry:
                 raise RegistryError(f"no skill named '{skill_id}'")
             self._skills = {k: v for k, v in self._skills.items() if k != skill_id}
             self._tools = {k: v for k, v in self._tools.items() if v[1] != skill_id}
-            self._inline_backoff = {
-                k: v for k, v in self._inline_backoff.items() if k[0] != skill_id
-            }
+            self._inline.forget(skill_id)
         self._changed()
         return entry
 
@@ -299,7 +327,7 @@ class Registry:
         free slot, its instance would be slow to create, or the guest runs too long
         or makes a host call that could block; the caller then runs :meth:`call` on
         a worker thread. A method that gave up is not tried inline for its next
-        ``_INLINE_BACKOFF`` calls (one that gave up before its guest ran is tried again).
+        calls (:class:`InlineStrategy`; one that gave up before its guest ran is tried again).
 
         Raises:
             RunOnThread: as above.
@@ -361,11 +389,7 @@ class Registry:
             raise RegistryError(f"no skill named '{skill_id}'")
         args_json = json.dumps(arguments, separators=(",", ":"), sort_keys=True)
         key = (skill_id, method)
-        if inline_s is not None:
-            backoff = self._inline_backoff.get(key, 0)
-            if backoff > 0:
-                self._inline_backoff[key] = backoff - 1
-                raise RunOnThread
+        inline = None if inline_s is None else self._inline.start(key, inline_s)
 
         def guest(ctx: CallContext) -> CallOutput:
             if remote_caller is not None:
@@ -382,12 +406,11 @@ class Registry:
                 caller=caller,
                 depth=depth,
                 chain=chain,
-                inline_s=inline_s,
+                inline=inline,
                 deadline=deadline,
             )
         except RunOnThread as exc:
-            if exc.ran:
-                self._inline_backoff[key] = _INLINE_BACKOFF
+            self._inline.gave_up(key, exc)
             raise
 
     def _run(
@@ -402,7 +425,7 @@ class Registry:
         depth: int = 0,
         chain: tuple[str, ...] = (),
         target: str | None = None,
-        inline_s: float | None = None,
+        inline: Inline | None = None,
         deadline: float | None = None,
     ) -> T:
         """The one way guest code runs: a slot of the skill, a fresh context, one audit record.
@@ -435,7 +458,7 @@ class Registry:
             services=entry.services,
             depth=depth,
             chain=chain,
-            inline_until=None if inline_s is None else time.monotonic() + inline_s,
+            inline=inline,
             # A nested call ends by its caller's deadline if that comes first; others
             # get theirs when the guest starts (instantiation included).
             deadline=None
@@ -451,10 +474,10 @@ class Registry:
         # A nested call (invoke) never waits for a slot: waiting inside a call chain
         # that already holds slots of the same skill could deadlock it. Nor does an
         # inline attempt: waiting is for a thread, not the event loop.
-        wait = entry.limits.timeout_ms / 1000 if depth == 0 and inline_s is None else 0
+        wait = entry.limits.timeout_ms / 1000 if depth == 0 and inline is None else 0
         if not _take_slot(entry.slots, wait, ctx.channel):
-            if inline_s is not None:
-                raise RunOnThread
+            if inline is not None:
+                inline.give_up()
             if ctx.channel.cancelled():
                 outcome, error = (
                     "cancelled",

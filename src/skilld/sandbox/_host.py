@@ -77,11 +77,11 @@ def _adapt(interface: str, name: str, fn: HostFn, kind: Kind) -> Any:
 
     def host_function(_store: Any, *args: Any) -> Any:
         ctx = current()
-        if ctx.inline_until is not None and not inline_safe:
+        if ctx.inline is not None and not inline_safe:
             # An inline attempt runs on the server's event loop: anything that could
             # block or act on the world waits for the call's rerun on a thread. The
             # guest's answer no longer counts; it is stopped at its next epoch check.
-            ctx.needs_thread = True
+            ctx.inline.refuse()
             return None if kind == "plain" else err("unavailable", "retried on a thread", None)
         try:
             value = fn(ctx, *[to_py(a) for a in args])
