@@ -124,10 +124,10 @@ class CallRecorder:
         if len(self.host_faults) < MAX_HOST_FAULTS:
             self.host_faults.append(text[:500])
 
-    def started(self) -> dict[str, Any]:
-        """The ``started`` record of a call about to write state (its ``call`` record follows)."""
-        record: dict[str, Any] = {
-            "event": "started",
+    def _head(self, event: str) -> dict[str, Any]:
+        """What every record of this call says first."""
+        return {
+            "event": event,
             "call_id": self.call_id,
             "skill": self.skill,
             "version": self.version,
@@ -137,6 +137,10 @@ class CallRecorder:
             "input_sha256": self.input_sha256,
             "start": self.start,
         }
+
+    def started(self) -> dict[str, Any]:
+        """The ``started`` record of a call about to write state (its ``call`` record follows)."""
+        record = self._head("started")
         if self.target is not None:
             record["target"] = self.target
         return record
@@ -158,17 +162,9 @@ class CallRecorder:
         """
         if outcome in _LIMIT_OUTCOMES:
             self.limit_hit(outcome)
-        record: dict[str, Any] = {
-            "event": "call",
-            "call_id": self.call_id,
-            "skill": self.skill,
-            "version": self.version,
-            "method": self.method,
-            "caller": self.caller,
-            "depth": self.depth,
-            "input_sha256": self.input_sha256,
+        record = self._head("call")
+        record |= {
             "output_sha256": None if output is None else digest(output),
-            "start": self.start,
             "duration_ms": round((self._timer() - self._t0) * 1000, 3),
             "outcome": outcome,
             "limits_hit": list(self.limits_hit),

@@ -1,22 +1,38 @@
-"""The registry: loaded skills, their tools, and the dispatch of one call.
+"""Dispatch: the path of one call, from the MCP layer (or a routed call, or ``invoke``)
+to a backend and back. Each stage is in one place:
 
-It implements :class:`~skilld.registry.Dispatcher` on top of the sandbox.
-``call`` resolves the tool, takes a slot of the skill's concurrency limit,
-builds a :class:`~skilld.sandbox.CallContext` (limits, key-value namespace,
-permission checker, the client channel, the orchestrator for ``invoke``), runs
-the guest, and writes one audit record whatever the outcome. Resource reads and
-prompts run guest code too, and take the same path (``Registry._run``).
+1. **Name** (``_catalogue.py``): :meth:`Registry.call` resolves the tool name to
+   (skill, method, arguments). The MCP layer has already checked the arguments against
+   the tool's input schema, refused while draining and queued the call for the
+   skill (``skilld.mcp``); a routed call from another node enters at
+   :meth:`Registry.call_method` (``skilld.cluster``), ``skilld call`` too.
+2. **Inline or thread** (:class:`InlineStrategy` here, :class:`skilld.call.Inline`): a
+   call from the event loop is first tried there; it gives up, before anything can be
+   observed, when it could block, and then runs once on a worker thread.
+3. **Slot** (:func:`_take_slot`): one of the skill's ``max_concurrency`` slots, waited
+   for up to its wall time (never by a nested call, never inline); none frees up:
+   ``limit-exceeded``, outcome ``busy``.
+4. **Context** (:meth:`Registry._run`): a :class:`skilld.call.CallContext` with the
+   skill's limits, key-value namespace, permission checker, the client channel, the
+   orchestrator for ``invoke`` (:meth:`Registry._invoke`, which comes back to step 3
+   for the callee) and a :class:`skilld.audit.CallRecorder`.
+5. **Backend** (``SkillBackend.call``, ``_contract.py``): the sandbox's wasm component
+   (a fresh or pooled instance, an epoch deadline; every host function asks the
+   permission checker and records the decision on the context), an Agent Skill, a
+   delegate kit, or a remote node.
+6. **Outcome** (``skilld.errors``): each error class carries its WIT code and its
+   audit outcome; nothing here maps them again.
+7. **Audit** (``_audit.py``): the recorder's one ``call`` record (a ``started`` record
+   first, before the call's first state write) goes to the sink; the result or the
+   error goes back to the caller.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from skilld.audit import CallRecorder
@@ -29,78 +45,13 @@ from skilld.errors import (
     RegistryError,
     RunOnThread,
     SkilldError,
-    UsageError,
 )
-from skilld.policy import Exposure
-from skilld.registry._contract import NullChannel, SkillBackend, Tool, ToolAnnotations
-from skilld.types import (
-    AuditSink,
-    CallOutput,
-    ClientChannel,
-    KeyValueStore,
-    Limits,
-    MethodSpec,
-    PermissionChecker,
-    PromptSpec,
-    ResourceSpec,
-    SkillSpec,
-)
+from skilld.registry._audit import AuditTrail, audited
+from skilld.registry._catalogue import Catalogue, SkillEntry
+from skilld.registry._contract import NullChannel
+from skilld.types import AuditSink, CallOutput, ClientChannel
 
 T = TypeVar("T")
-
-_READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
-# Keywords whose value maps names to subschemas (every other object value is one schema).
-_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions"})
-# Keywords whose value is data, never a schema: a "$ref" key inside is not a reference.
-_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
-
-
-def annotations_for(grants: Mapping[str, Any]) -> ToolAnnotations:
-    """MCP tool hints from a skill's *effective* grants (its policy table), never its claims.
-
-    Read-only: no rw files, no state, no shell, no non-GET HTTP, no TCP, no transfer, no invoke.
-    Destructive: it may change or delete (rw files, state, shell, transfer, invoke).
-    Open world: it reaches other systems (HTTP, TCP, transfer, invoke).
-
-    ``invoke`` counts as all of these: the skills it may call can hold any grant,
-    and the hints must not promise more than the whole call chain keeps.
-    """
-    rw_files = any(rule.get("mode") == "rw" for rule in grants.get("fs") or ())
-    writes_http = any(
-        set(rule.get("methods") or ("GET",)) - _READ_METHODS for rule in grants.get("http") or ()
-    )
-    invokes = bool((grants.get("invoke") or {}).get("calls"))
-    changes = bool(
-        rw_files or grants.get("kv") or grants.get("shell") or grants.get("transfer") or invokes
-    )
-    open_world = bool(grants.get("http") or grants.get("tcp") or grants.get("transfer") or invokes)
-    read_only = not (changes or writes_http or grants.get("tcp"))
-    return ToolAnnotations(
-        read_only=read_only, destructive=changes, idempotent=read_only, open_world=open_world
-    )
-
-
-@dataclass
-class SkillEntry:
-    """One loaded skill and everything its calls need."""
-
-    spec: SkillSpec
-    # A wasm Component in the sandbox, or any other backend (host-implemented, remote).
-    component: SkillBackend
-    limits: Limits = field(default_factory=Limits)
-    kv: KeyValueStore | None = None
-    checker: PermissionChecker | None = None
-    exposure: Exposure = field(default_factory=Exposure)
-    annotations: ToolAnnotations = field(
-        default_factory=lambda: ToolAnnotations(
-            read_only=False, destructive=True, idempotent=False, open_world=True
-        )
-    )
-    description: str | None = None  # from the signed manifest, when there is one
-    services: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.slots = threading.BoundedSemaphore(max(1, self.limits.max_concurrency))
 
 
 class InlineStrategy:
@@ -157,148 +108,27 @@ def _take_slot(slots: threading.BoundedSemaphore, wait_s: float, channel: Client
     return False
 
 
-def _digest(data: str) -> str:
-    return hashlib.sha256(data.encode()).hexdigest()
-
-
-class Registry:
-    """Skills by id, tools by name; implements the Dispatcher contract.
+class Registry(Catalogue):
+    """Skills by id, tools by name; implements the Dispatcher contract (see the module).
 
     Args:
         audit: where one record per call goes (``None``: nowhere).
     """
 
     def __init__(self, audit: AuditSink | None = None):
-        self._skills: dict[str, SkillEntry] = {}
-        self._tools: dict[str, tuple[Tool, str, str | None]] = {}
-        self._audit = audit
-        self._ready = False
-        # Skills come and go while serving (a cluster's remote skills): add and remove
-        # replace the two maps whole under this lock, so readers on other threads never
-        # see one half-changed and never need the lock.
-        self._changing = threading.Lock()
-        self._watchers: list[Callable[[], None]] = []
-        self._gauges: list[Callable[[], Mapping[str, tuple[str, float]]]] = []
+        super().__init__()
+        self._trail = AuditTrail(audit)
         self._inline = InlineStrategy()
 
-    # -- registration ------------------------------------------------------
-
-    def add(self, entry: SkillEntry) -> None:
-        """Register a loaded skill and its tools.
-
-        Raises:
-            RegistryError: the skill id or one of its tool names is taken.
-        """
-        sid = entry.spec.id
-        with self._changing:
-            if sid in self._skills:
-                raise RegistryError(f"skill '{sid}' is registered twice")
-            tools = list(self._tools_of(entry))
-            for tool, _method in tools:
-                if tool.name in self._tools:
-                    raise RegistryError(
-                        f"tool name '{tool.name}' of skill '{sid}' is already taken "
-                        f"by skill '{self._tools[tool.name][1]}'",
-                        hint="rename it in the policy's mcp.names",
-                    )
-            self._skills = {**self._skills, sid: entry}
-            self._tools = {**self._tools, **{t.name: (t, sid, m) for t, m in tools}}
-        if self._ready:
-            self._changed()
-
     def remove(self, skill_id: str) -> SkillEntry:
-        """Unregister a skill and its tools (a cluster node that left); returns its entry.
-
-        Calls already running keep their entry and finish; new calls find no such tool.
+        """Unregister a skill and its tools (see :meth:`Catalogue.remove`); returns its entry.
 
         Raises:
             RegistryError: no skill ``skill_id`` is registered.
         """
-        with self._changing:
-            entry = self._skills.get(skill_id)
-            if entry is None:
-                raise RegistryError(f"no skill named '{skill_id}'")
-            self._skills = {k: v for k, v in self._skills.items() if k != skill_id}
-            self._tools = {k: v for k, v in self._tools.items() if v[1] != skill_id}
-            self._inline.forget(skill_id)
-        self._changed()
+        entry = super().remove(skill_id)
+        self._inline.forget(skill_id)
         return entry
-
-    def watch(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` (on the changing thread) whenever skills are added or removed
-        after the registry is ready: the MCP layer sends ``list_changed`` notifications."""
-        self._watchers.append(callback)
-
-    def add_gauges(self, source: Callable[[], Mapping[str, tuple[str, float]]]) -> None:
-        """Report ``source()``'s gauges (name -> (help, value)) with :meth:`gauges`: the
-        cluster's membership shows in /metrics this way."""
-        self._gauges.append(source)
-
-    def gauges(self) -> dict[str, tuple[str, float]]:
-        """The gauges of every source added, by name."""
-        return {name: value for source in self._gauges for name, value in source().items()}
-
-    def _changed(self) -> None:
-        for callback in list(self._watchers):
-            callback()
-
-    def mark_ready(self) -> None:
-        """Every skill is loaded: /readyz may say so."""
-        self._ready = True
-
-    def _tools_of(self, entry: SkillEntry) -> Sequence[tuple[Tool, str | None]]:
-        spec, exp = entry.spec, entry.exposure
-        methods = [m for m in spec.methods if m.name not in exp.hidden]
-        if exp.per_skill:
-            if not methods:  # every method hidden: a tool that can do nothing is not listed
-                return []
-            listing = "; ".join(f"{m.name}: {m.description}" for m in methods)
-            desc = exp.descriptions.get(spec.id, entry.description or spec.description)
-            return [
-                (
-                    Tool(
-                        exp.names.get(spec.id, spec.id),
-                        f"{desc}\nMethods: {listing}",
-                        per_skill_schema(methods),
-                        None,
-                        entry.annotations,
-                        spec.id,
-                        None,
-                        exp.titles.get(spec.id),
-                    ),
-                    None,
-                )
-            ]
-        return [
-            (
-                Tool(
-                    name=exp.names.get(m.name, f"{spec.id}/{m.name}"),
-                    description=exp.descriptions.get(m.name, m.description or spec.description),
-                    input_schema=m.params_schema,
-                    output_schema=m.result_schema,
-                    annotations=entry.annotations,
-                    skill_id=spec.id,
-                    method=m.name,
-                    title=exp.titles.get(m.name),
-                ),
-                m.name,
-            )
-            for m in methods
-        ]
-
-    # -- the Dispatcher contract -------------------------------------------
-
-    def tools(self) -> Sequence[Tool]:
-        """Every exposed tool, in registration order."""
-        return [t for t, _, _ in self._tools.values()]
-
-    def skills(self) -> Sequence[SkillEntry]:
-        """Every registered skill."""
-        return list(self._skills.values())
-
-    def ready(self) -> bool:
-        """True once every skill is loaded."""
-        return self._ready
 
     def call(self, tool: str, arguments: Mapping[str, Any], channel: ClientChannel) -> CallOutput:
         """Run one tool call to the end (see the module docstring).
@@ -312,7 +142,7 @@ class Registry:
             UsageError: a per-skill tool's ``args`` is not an object.
             GuestError, GuestFault: the guest's failure, audited.
         """
-        sid, method, args = self._resolve(tool, arguments)
+        sid, method, args = self.resolve(tool, arguments)
         return self.call_method(sid, method, args, channel, caller="mcp")
 
     def call_inline(
@@ -333,28 +163,8 @@ class Registry:
             RunOnThread: as above.
             RegistryError, UsageError, GuestError, GuestFault: as for :meth:`call`.
         """
-        sid, method, args = self._resolve(tool, arguments)
+        sid, method, args = self.resolve(tool, arguments)
         return self.call_method(sid, method, args, channel, caller="mcp", inline_s=budget_s)
-
-    def _resolve(
-        self, tool: str, arguments: Mapping[str, Any]
-    ) -> tuple[str, str, Mapping[str, Any]]:
-        found = self._tools.get(tool)
-        if found is None:
-            raise RegistryError(f"no tool named '{tool}'")
-        _tool, sid, method = found
-        args: Mapping[str, Any] = arguments
-        if method is None:  # a per-skill tool names its method in the arguments
-            method = str(arguments.get("method", ""))
-            args = arguments.get("args") or {}
-            if (
-                method not in {m.name for m in self._skills[sid].spec.methods}
-                or method in self._skills[sid].exposure.hidden
-            ):
-                raise GuestError("not-found", f"skill '{sid}' has no method '{method}'")
-            if not isinstance(args, Mapping):
-                raise UsageError(f"'args' of tool '{tool}' must be an object", location=tool)
-        return sid, method, args
 
     def call_method(
         self,
@@ -467,7 +277,7 @@ class Registry:
         )
         # The started record goes out (flushed) before the first state write is made,
         # so a write that completed just before a crash names its call (docs/runtime.md).
-        ctx.before_first_write = lambda: self._emit(recorder.started())
+        ctx.before_first_write = lambda: self._trail.emit(recorder.started())
         outcome: str = "ok"
         out: T | None = None
         error: SkilldError | None = None
@@ -503,9 +313,9 @@ class Registry:
                 # context is freed at once rather than by the garbage collector.
                 ctx.invoker = None
                 ctx.before_first_write = None
-        self._emit(
+        self._trail.emit(
             recorder.finish(
-                outcome, output=None if error is not None else _audited(out), error=error
+                outcome, output=None if error is not None else audited(out), error=error
             )
         )
         if error is not None:
@@ -564,15 +374,6 @@ class Registry:
             raise HostCallError("internal", f"'{callee}' failed: {exc}") from exc
         return json.dumps(out.value)
 
-    def _emit(self, record: dict[str, Any]) -> None:
-        """Send one record to the audit sink, if there is one.
-
-        Raises:
-            AuditError: the sink could not record.
-        """
-        if self._audit is not None:
-            self._audit.emit(record)
-
     def refused(
         self, skill: str, label: str, arguments: Mapping[str, Any], outcome: str, error: str
     ) -> None:
@@ -586,43 +387,13 @@ class Registry:
         Raises:
             AuditError: the sink could not record.
         """
-        if self._audit is None:
-            return
         method = label
         found = self._tools.get(label)
         if found is not None:
             method = found[2] if found[2] is not None else str(arguments.get("method", ""))
         entry = self._skills.get(skill)
-        input_text = json.dumps(arguments, separators=(",", ":"), sort_keys=True, default=str)
-        recorder = CallRecorder(
-            skill,
-            entry.spec.version if entry is not None else None,
-            method,
-            caller="mcp",
-            input=input_text,
-        )
-        self._audit.emit(recorder.finish(outcome, error=error, refused=True))
-
-    # -- resources and prompts ---------------------------------------------
-
-    def resources(self) -> Sequence[ResourceSpec]:
-        """Every resource and template the skills serve."""
-        return [r for e in self._skills.values() for r in e.spec.resources]
-
-    def _resource_owner(self, uri: str) -> SkillEntry:
-        for entry in self._skills.values():
-            for res in entry.spec.resources:
-                if res.uri == uri or (res.template and _template_match(res.uri, uri)):
-                    return entry
-        raise RegistryError(f"no resource '{uri}'")
-
-    def resource_skill(self, uri: str) -> str:
-        """The id of the skill serving ``uri``.
-
-        Raises:
-            RegistryError: no skill serves ``uri``.
-        """
-        return self._resource_owner(uri).spec.id
+        version = entry.spec.version if entry is not None else None
+        self._trail.refused(skill, version, method, arguments, outcome, error)
 
     def read_resource(self, uri: str, channel: ClientChannel) -> Sequence[CallOutput]:
         """Read a resource from the skill that serves it, as a call: slot, context, audit.
@@ -641,24 +412,6 @@ class Registry:
             caller="mcp",
             target=uri,
         )
-
-    def prompts(self) -> Sequence[PromptSpec]:
-        """Every prompt the skills serve."""
-        return [p for e in self._skills.values() for p in e.spec.prompts]
-
-    def _prompt_owner(self, name: str) -> SkillEntry:
-        for entry in self._skills.values():
-            if any(p.name == name for p in entry.spec.prompts):
-                return entry
-        raise RegistryError(f"no prompt named '{name}'")
-
-    def prompt_skill(self, name: str) -> str:
-        """The id of the skill serving the prompt ``name``.
-
-        Raises:
-            RegistryError: no skill serves it.
-        """
-        return self._prompt_owner(name).spec.id
 
     def get_prompt(
         self, name: str, arguments: Mapping[str, Any], channel: ClientChannel
@@ -680,82 +433,6 @@ class Registry:
             caller="mcp",
             target=name,
         )
-
-
-def per_skill_schema(methods: Sequence[MethodSpec]) -> dict[str, Any]:
-    """The input schema of a per-skill tool: ``method`` names one, ``args`` fits its parameters.
-
-    One ``oneOf`` branch per method, told apart by a ``const`` on ``method``, so a
-    client sees each method's own parameter schema and the MCP layer checks the
-    arguments against it before the guest runs. A method's local ``$ref``s are
-    rebased to where its schema now sits.
-    """
-    branches: list[dict[str, Any]] = []
-    for index, method in enumerate(methods):
-        params = _rebased(method.params_schema, f"#/oneOf/{index}/properties/args")
-        branch: dict[str, Any] = {
-            "title": method.name,
-            "properties": {"method": {"const": method.name}, "args": params},
-            # Without arguments a method gets {}: ask for them when that cannot do.
-            "required": ["method", "args"] if params.get("required") else ["method"],
-        }
-        if method.description:
-            branch["description"] = method.description
-        branches.append(branch)
-    return {
-        "type": "object",
-        "properties": {
-            "method": {"enum": [m.name for m in methods]},
-            "args": {"type": "object"},
-        },
-        "required": ["method"],
-        "additionalProperties": False,
-        "oneOf": branches,
-    }
-
-
-def _rebased(schema: Mapping[str, Any], base: str) -> dict[str, Any]:
-    """``schema`` moved to the JSON pointer ``base`` of a larger schema; its local refs follow.
-
-    ``$schema`` goes: it is only meaningful at the root of a document.
-    """
-
-    def walk(node: Any) -> Any:
-        if isinstance(node, list):
-            return [walk(item) for item in node]
-        if not isinstance(node, Mapping):
-            return node
-        out: dict[str, Any] = {}
-        for key, value in node.items():
-            if key == "$ref" and isinstance(value, str) and value.startswith("#"):
-                out[key] = base + value[1:]
-            elif key in _DATA_KEYWORDS:
-                out[key] = value
-            elif key in _SCHEMA_MAPS and isinstance(value, Mapping):
-                out[key] = {name: walk(sub) for name, sub in value.items()}
-            else:
-                out[key] = walk(value)
-        return out
-
-    rebased: dict[str, Any] = walk({k: v for k, v in schema.items() if k != "$schema"})
-    return rebased
-
-
-def _audited(out: object) -> Any:
-    """The JSON value an audit record digests: a call's value, or each output's in turn."""
-    if isinstance(out, CallOutput):
-        return out.value
-    if isinstance(out, list | tuple):
-        return [_audited(item) for item in out]
-    return out
-
-
-def _template_match(template: str, uri: str) -> bool:
-    pattern = "".join(
-        "[^/]+" if part.startswith("{") else re.escape(part)
-        for part in re.split(r"(\{\w+\})", template)
-    )
-    return re.fullmatch(pattern, uri) is not None
 
 
 def _consent(entry: SkillEntry, node: str, caller: str, ctx: CallContext) -> None:
