@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn, TypeVar
 
 from skilld.audit import CallRecorder
-from skilld.errors import HostCallError, RunOnThread
+from skilld.errors import GuestError, HostCallError, RunOnThread
 from skilld.types import (
     ClientChannel,
     Decision,
@@ -45,6 +45,17 @@ MAX_CAPTURE = 64 * 1024
 # A host call that waits (on a socket, the client, another thread) looks at the
 # cancel flag this often, so a cancelled call lets go of its slot within it.
 WAIT_SLICE_S = 0.05
+
+
+def busy(skill: str, limit: int) -> GuestError:
+    """The one refusal of a call for want of a slot of its skill (audit outcome ``busy``).
+
+    The same words whichever gate refused: the MCP layer's queue or the skill's own
+    ``max_concurrency`` (``registry/_dispatch.py``).
+    """
+    return GuestError(
+        "limit-exceeded", f"skill {skill} is busy ({limit} calls running); retry later"
+    )
 
 
 @dataclass(slots=True)

@@ -49,6 +49,7 @@ from skilld.mcp._metrics import Metrics
 from skilld.mcp._schema import ArgumentValidator
 from skilld.mcp._workers import WorkerPool
 from skilld.registry import Dispatcher, Tool
+from skilld.registry import busy as busy_error
 from skilld.types import CallOutput, ContentBlock, PromptSpec, ResourceSpec
 
 T = TypeVar("T")
@@ -429,11 +430,7 @@ class McpService:
                 await slots.acquire()
         except TimeoutError:
             self._log.warning("busy", tool=label, skill=skill, limit=self.config.skill_concurrency)
-            busy = GuestError(
-                "limit-exceeded",
-                f"skill {skill} is busy ({self.config.skill_concurrency} calls running); "
-                "retry later",
-            )
+            busy = busy_error(skill, self.config.skill_concurrency)
             self._refused(skill, label, "busy", error_text(busy)[2], arguments)
             raise busy from None
         try:

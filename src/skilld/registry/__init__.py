@@ -10,7 +10,7 @@
 
 # A backend's methods take the call's context: part of this package's contract, so that
 # backends outside the sandbox (a cluster's remote skills) need not reach into it.
-from skilld.call import CallContext
+from skilld.call import CallContext, busy
 from skilld.policy import Exposure
 from skilld.registry._catalogue import Catalogue, SkillEntry, annotations_for, per_skill_schema
 from skilld.registry._contract import (
@@ -37,5 +37,6 @@ __all__ = [
     "Tool",
     "ToolAnnotations",
     "annotations_for",
+    "busy",
     "per_skill_schema",
 ]

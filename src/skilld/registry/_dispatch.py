@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from skilld.audit import CallRecorder
-from skilld.call import CallContext, Inline
+from skilld.call import CallContext, Inline, busy
 from skilld.errors import (
     CallCancelled,
     DeadlineExceeded,
@@ -297,11 +297,7 @@ class Registry(Catalogue):
                 )
             else:
                 outcome = "busy"
-                error = GuestError(
-                    "limit-exceeded",
-                    f"skill '{skill_id}' is at its limit of "
-                    f"{entry.limits.max_concurrency} concurrent calls",
-                )
+                error = busy(skill_id, entry.limits.max_concurrency)
         else:
             try:
                 out = guest(ctx)
