@@ -81,6 +81,8 @@ class SkilldError(Exception):
     outcome: str = "fault"
     # The policy rule behind a denial, where there is one.
     rule: str | None = None
+    # What only the operator may see (the audit record's ``error_detail``), never a client.
+    detail: str | None = None
 
     def __init__(self, message: str, *, location: str | None = None, hint: str | None = None):
         super().__init__(message)
@@ -166,7 +168,17 @@ class GuestFault(SandboxError):
 
 
 class GuestTrap(GuestFault):
-    """The guest trapped (unreachable, out-of-bounds access, a host function fault)."""
+    """The guest trapped (unreachable, out-of-bounds access, a host function fault).
+
+    Args:
+        detail: the trap's own text and the guest's stderr (a Rust panic message, a
+            Python traceback): kept for the audit record, never shown to a client,
+            since it can carry the guest's data or the host's internals.
+    """
+
+    def __init__(self, message: str, *, detail: str | None = None, location: str | None = None):
+        super().__init__(message, location=location)
+        self.detail = detail
 
 
 class DeadlineExceeded(GuestFault):

@@ -175,6 +175,9 @@ class CallRecorder:
             record["decisions_beyond_cap"] = decisions_beyond(self.decisions_beyond)
         if self.target is not None:
             record["target"] = self.target
+        detail = getattr(error, "detail", None)
+        if detail:
+            record["error_detail"] = detail
         if self.host_faults:
             record["host_faults"] = list(self.host_faults)
         if refused:

@@ -563,7 +563,11 @@ class Component:
                 f"{where} exceeded its memory cap of {ctx.limits.memory_bytes // (1 << 20)} MiB"
             )
         tail = f"; guest stderr: {stderr.strip()[-500:]}" if stderr.strip() else ""
-        return GuestTrap(f"{where} trapped: {cause}{tail}")
+        # The trap's text goes to the audit record only: a panic message or a traceback
+        # can quote the guest's data or the host's internals.
+        return GuestTrap(
+            f"{where} trapped (the audit record has the trap's text)", detail=f"{cause}{tail}"
+        )
 
     def _guest_error(self, rec: Any, ctx: CallContext) -> SandboxError | GuestError:
         err = to_py(rec)
