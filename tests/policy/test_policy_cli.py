@@ -82,8 +82,27 @@ def test_strict_makes_problems_fatal(tmp_path: Path, capsys: pytest.CaptureFixtu
     (tmp_path / "p" / "notes.yaml").write_text("kv: {}\n")
     args = ["policy", "compile", str(tmp_path / "p"), "--skills", str(tmp_path / "skills")]
     assert main([*args, "-o", str(tmp_path / "t")]) == 0
-    assert "skill.yaml:3: env need SECRET is not granted" in capsys.readouterr().err
+    assert (
+        "skill.yaml:3: 'notes' needs env SECRET, which its policy has not granted"
+        in capsys.readouterr().err
+    )
     assert main([*args, "--strict", "-o", str(tmp_path / "t")]) == 1
+
+
+def test_a_kv_need_without_a_grant_reads_as_a_sentence(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A kv need nothing grants is reported in English, naming the skill and what it needs."""
+    skills = tmp_path / "skills" / "fresh"
+    skills.mkdir(parents=True)
+    (skills / "skill.yaml").write_text("id: fresh\nneeds:\n  kv: {}\n")
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "fresh.yaml").write_text("limits:\n  wall_time: 5s\n")
+    args = ["policy", "compile", str(tmp_path / "p"), "--skills", str(tmp_path / "skills")]
+    assert main([*args, "-o", str(tmp_path / "t")]) == 0
+    err = capsys.readouterr().err
+    assert "'fresh' needs kv (its key-value namespace), which its policy has not granted" in err
+    assert "kv need a key-value namespace" not in err
 
 
 def test_explain_unknown_skill(capsys: pytest.CaptureFixture[str]) -> None:
