@@ -106,8 +106,8 @@ def test_a_kv_need_without_a_grant_reads_as_a_sentence(
 
 
 def test_explain_unknown_skill(capsys: pytest.CaptureFixture[str]) -> None:
-    """Explaining for a skill without a policy is an error naming the known skills."""
-    assert main(["policy", "explain", "nope", "fs.read", "/x", "--policies", POLICIES]) == 1
+    """Explaining for a skill without a policy is a usage error (2, not a denial) naming it."""
+    assert main(["policy", "explain", "nope", "fs.read", "/x", "--policies", POLICIES]) == 2
     assert "no policy for skill 'nope'" in capsys.readouterr().err
 
 
