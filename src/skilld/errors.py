@@ -66,6 +66,22 @@ layer, never an error anyone reports.
 
 from __future__ import annotations
 
+import enum
+
+
+class ErrorCode(enum.StrEnum):
+    """The WIT ``error-code`` enum, spelled as on the wire: the one place its words live."""
+
+    NOT_PERMITTED = "not-permitted"
+    NOT_FOUND = "not-found"
+    INVALID_ARGUMENT = "invalid-argument"
+    LIMIT_EXCEEDED = "limit-exceeded"
+    TIMEOUT = "timeout"
+    UNAVAILABLE = "unavailable"
+    IO = "io"
+    CANCELLED = "cancelled"
+    INTERNAL = "internal"
+
 
 class SkilldError(Exception):
     """Root of every error skilld raises on purpose.
@@ -139,8 +155,8 @@ class PermissionDenied(SkilldError):
         rule: id of the rule that decided (``default-deny`` when none matched).
     """
 
-    code = "not-permitted"
-    outcome = "error:not-permitted"
+    code: str = ErrorCode.NOT_PERMITTED
+    outcome = f"error:{ErrorCode.NOT_PERMITTED}"
 
     def __init__(
         self, message: str, *, rule: str, location: str | None = None, hint: str | None = None

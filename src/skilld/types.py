@@ -7,39 +7,9 @@ permission checks, state and audit only through them.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
-
-
-class ErrorCode(enum.Enum):
-    """The WIT ``error-code`` enum, spelled as on the wire."""
-
-    NOT_PERMITTED = "not-permitted"
-    NOT_FOUND = "not-found"
-    INVALID_ARGUMENT = "invalid-argument"
-    LIMIT_EXCEEDED = "limit-exceeded"
-    TIMEOUT = "timeout"
-    UNAVAILABLE = "unavailable"
-    IO = "io"
-    CANCELLED = "cancelled"
-    INTERNAL = "internal"
-
-
-class Capability(enum.Enum):
-    """The host capabilities a policy can grant, one per WIT import."""
-
-    LOG = "log"
-    KV = "kv"
-    FS = "fs"
-    HTTP = "http"
-    TCP = "tcp"
-    SHELL = "shell"
-    INVOKE = "invoke"
-    TRANSFER = "transfer"
-    ENV = "env"
-    MCP = "mcp"
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 from skilld.agentskills._backend import ScriptRun
 from skilld.call import CallContext
 from skilld.confine import ProgramNotStarted, ResourceLimits, from_grants, run
-from skilld.errors import CallCancelled, DeadlineExceeded, GuestError
+from skilld.errors import CallCancelled, DeadlineExceeded, ErrorCode, GuestError
 from skilld.policy import _patterns as patterns
 from skilld.types import CallOutput, Decision, Limits
 
@@ -238,7 +238,7 @@ class NativeExecutor:
         if name is None or name not in self.interpreters:
             granted = ", ".join(self.interpreters) or "none"
             raise GuestError(
-                "not-permitted",
+                ErrorCode.NOT_PERMITTED,
                 f"no interpreter for '{script}' is granted to '{self.skill_id}' "
                 f"(granted: {granted})",
                 rule=f"{self.skill_id}.scripts",

@@ -27,6 +27,7 @@ from skilld.delegate._kits import Kit, load_kits
 from skilld.delegate._validate import check_program, validate
 from skilld.errors import (
     DelegateError,
+    ErrorCode,
     GuestError,
     GuestFault,
     HostCallError,
@@ -123,7 +124,7 @@ class KitRunner:
             if name is None:
                 reason = f"{skill}/{target} is not a tool of kit '{self.kit.name}'"
                 ctx.record(Decision(False, "invoke", "call", f"{skill}/{target}", rule, reason))
-                raise HostCallError("not-permitted", reason, rule=rule)
+                raise HostCallError(ErrorCode.NOT_PERMITTED, reason, rule=rule)
             if len(run.trace) >= self.kit.max_calls:
                 reason = f"more than {self.kit.max_calls} tool calls"
                 ctx.record(Decision(False, "invoke", "call", f"{skill}/{target}", rule, reason))

@@ -37,6 +37,7 @@ from mcp.shared.uri_template import InvalidUriTemplate, UriTemplate
 from pydantic import ValidationError
 
 from skilld.errors import (
+    ErrorCode,
     GuestError,
     RegistryError,
     RunOnThread,
@@ -449,7 +450,7 @@ class McpService:
                 raise
             except SkilldError as exc:
                 outcome, rule, _text = error_text(exc)
-                if outcome == "not-permitted":
+                if outcome == ErrorCode.NOT_PERMITTED:
                     self.metrics.denied(skill, rule or "default-deny")
                 raise
             except Exception:

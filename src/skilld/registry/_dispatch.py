@@ -40,6 +40,7 @@ from skilld.call import CallContext, Inline, busy
 from skilld.errors import (
     CallCancelled,
     DeadlineExceeded,
+    ErrorCode,
     GuestError,
     HostCallError,
     RegistryError,
@@ -335,7 +336,9 @@ class Registry(Catalogue):
             rule = decision.rule if decision else "default-deny"
             reason = decision.reason if decision else "no policy allows invoke"
             raise HostCallError(
-                "not-permitted", f"'{caller}' may not invoke '{callee}': {reason}", rule=rule
+                ErrorCode.NOT_PERMITTED,
+                f"'{caller}' may not invoke '{callee}': {reason}",
+                rule=rule,
             )
         try:
             args = json.loads(args_json)
@@ -444,7 +447,7 @@ def _consent(entry: SkillEntry, node: str, caller: str, ctx: CallContext) -> Non
     if decision is None or not decision.allowed:
         reason = decision.reason if decision else "no policy allows invoke"
         raise GuestError(
-            "not-permitted",
+            ErrorCode.NOT_PERMITTED,
             f"'{caller}' of node {node} may not invoke '{entry.spec.id}': {reason}",
             rule=decision.rule if decision else "default-deny",
             location=entry.spec.id,

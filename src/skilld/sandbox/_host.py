@@ -17,7 +17,7 @@ from wasmtime import component
 
 from skilld import ABI_VERSION
 from skilld.call import current
-from skilld.errors import HostCallError, PermissionDenied
+from skilld.errors import ErrorCode, HostCallError, PermissionDenied
 from skilld.sandbox.abi import Functions, HostFn, Kind
 
 log = logging.getLogger("skilld.sandbox")
@@ -59,7 +59,7 @@ def to_wit(value: Any) -> Any:
 
 def error_record(code: str, message: str, rule: str | None) -> component.Record:
     """The WIT ``error`` record."""
-    rec: component.Record = to_wit({"code": code, "message": message, "rule": rule})
+    rec: component.Record = to_wit({"code": str(code), "message": message, "rule": rule})
     return rec
 
 
@@ -88,7 +88,7 @@ def _adapt(interface: str, name: str, fn: HostFn, kind: Kind) -> Any:
         except HostCallError as exc:
             return None if kind == "plain" else err(exc.code, exc.message, exc.rule)
         except PermissionDenied as exc:
-            return None if kind == "plain" else err("not-permitted", exc.message, exc.rule)
+            return None if kind == "plain" else err(ErrorCode.NOT_PERMITTED, exc.message, exc.rule)
         except Exception as exc:  # a host bug must cost one call, never the host
             log.exception("host function %s.%s failed", interface, name)
             ctx.record_fault(f"{interface}.{name}: {type(exc).__name__}: {exc}")

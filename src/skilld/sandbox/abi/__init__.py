@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-from skilld.errors import HostCallError
+from skilld.errors import ErrorCode, HostCallError
 
 if TYPE_CHECKING:
     from skilld.call import CallContext
@@ -53,7 +53,7 @@ def decide(
     decision = ask(ctx, capability, action, target)
     if not decision.allowed:
         raise HostCallError(
-            "not-permitted",
+            ErrorCode.NOT_PERMITTED,
             f"{capability}.{action} {shown or target} denied: {decision.reason}",
             rule=decision.rule,
         )

@@ -24,7 +24,7 @@ from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 from skilld.call import CallContext
-from skilld.errors import HostCallError
+from skilld.errors import ErrorCode, HostCallError
 from skilld.sandbox.abi import Functions, decide, rule_settings
 from skilld.sandbox.abi._net import BoundedSSLSocket, bound_socket, connect, resolve_checked
 from skilld.types import Decision
@@ -91,7 +91,9 @@ def _split(url: str) -> tuple[str, str, int, str]:
         raise HostCallError("invalid-argument", f"URL scheme must be http or https: {url!r}")
     if parts.username is not None or parts.password is not None or "@" in parts.netloc:
         raise HostCallError(
-            "not-permitted", f"URLs with userinfo are refused: {url!r}", rule="http.userinfo"
+            ErrorCode.NOT_PERMITTED,
+            f"URLs with userinfo are refused: {url!r}",
+            rule="http.userinfo",
         )
     host = parts.hostname or ""
     if not host:

@@ -45,7 +45,7 @@ from typing import Any
 from skilld import confine
 from skilld.call import CallContext
 from skilld.confine import Confinement, from_grants
-from skilld.errors import ConfinementUnavailable, HostCallError, ProgramNotStarted
+from skilld.errors import ConfinementUnavailable, ErrorCode, HostCallError, ProgramNotStarted
 from skilld.sandbox.abi import Functions, decide, rule_settings
 from skilld.sandbox.abi.fs import canonical
 from skilld.types import Decision
@@ -76,7 +76,7 @@ def _working_dir(
         reason = f"{decision.rule} allows running in {listed}, not {cwd}"
         ctx.record(Decision(False, "shell", "cwd", cwd, decision.rule, reason))
         raise HostCallError(
-            "not-permitted", f"shell.cwd {cwd} denied: {reason}", rule=decision.rule
+            ErrorCode.NOT_PERMITTED, f"shell.cwd {cwd} denied: {reason}", rule=decision.rule
         )
     return cwd
 
@@ -120,7 +120,9 @@ def _check_path_args(
         reason = "a path argument changed while it was resolved"
         ctx.record(Decision(False, "shell", "run", shlex.join(argv), decision.rule, reason))
         raise HostCallError(
-            "not-permitted", f"shell.run {shlex.join(argv)} denied: {reason}", rule=decision.rule
+            ErrorCode.NOT_PERMITTED,
+            f"shell.run {shlex.join(argv)} denied: {reason}",
+            rule=decision.rule,
         ) from None
     if canon != argv:
         # The refusal names the argv as the guest wrote it, never where its paths lead
