@@ -16,9 +16,10 @@ from skilld.registry import NullChannel, Registry, SkillEntry
 from skilld.sandbox import CallContext, Sandbox
 from skilld.state import SqliteState
 from skilld.types import MAX_AUDITED_DECISIONS, Decision, Limits
+from support.checkers import TextQuestions
 
 
-class AllowKv:
+class AllowKv(TextQuestions):
     """A checker allowing the kv capability, deciding (and so recording) every access."""
 
     def check(self, capability: str, action: str, target: str) -> Decision:

@@ -25,10 +25,11 @@ from skilld.registry import (
 from skilld.sandbox import CallContext, Sandbox
 from skilld.state import SqliteState
 from skilld.types import Decision, Limits, MethodSpec
+from support.checkers import TextQuestions
 from tests_env import SKILLS, cache_dir
 
 
-class InvokeOnly:
+class InvokeOnly(TextQuestions):
     """A checker that allows invoking the named skills and nothing else."""
 
     def __init__(self, callees: set[str]):

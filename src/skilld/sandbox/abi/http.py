@@ -2,7 +2,7 @@
 
 Each hop (the first request and every redirect) is checked as
 ``check("http", METHOD, URL)``; the host name is resolved once, the address is
-checked (``check("http", "address", "IP:PORT HOST")``) and the connection goes to
+checked (``check_address(ip, port, "http", host)``) and the connection goes to
 that address, with the name kept for the Host header, SNI and certificate checks.
 URLs with userinfo and schemes other than http and https are refused outright.
 The body is capped by the deciding rule's ``max_response_bytes`` (host cap: 8 MiB);
