@@ -32,7 +32,7 @@ def test_build_then_call_persists_state(
     tmp_path: Path, component_path: Callable[[str], Path]
 ) -> None:
     """A note added in one process is returned by get in the next one."""
-    from tests_env import cache_env
+    from support.env import cache_env
 
     component_path("notes")  # warm the build cache
     out = tmp_path / "notes.wasm"
@@ -67,7 +67,7 @@ def test_build_error_shows_traceback(tmp_path: Path) -> None:
     assert main(new) == 0
     src = tmp_path / "broken" / "skill.py"
     src.write_text(src.read_text() + "\nraise RuntimeError('boom at import')\n")
-    from tests_env import cache_env
+    from support.env import cache_env
 
     proc = skilld(
         "skill", "build", str(tmp_path / "broken"), "-o", str(tmp_path / "b.wasm"), env=cache_env()
@@ -111,7 +111,7 @@ def test_claimed_id_does_not_reach_that_skills_keys(
     notes' keys; only --skill-id notes reaches them."""
     from skilld.cli._call import default_skill_id
     from skilld.state import SqliteState
-    from tests_env import cache_env
+    from support.env import cache_env
 
     monkeypatch.setenv("SKILLD_CACHE", cache_env()["SKILLD_CACHE"])
     wasm = component_path("notes")

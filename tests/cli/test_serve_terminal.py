@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests_env import cache_env
+from support.env import cache_env
 
 
 def _argv(bundle: Path, *extra: str) -> list[str]:

@@ -16,7 +16,7 @@ from skilld.delegate import BUILTINS
 from skilld.errors import PolicyError
 from skilld.permissions import SkillPermissions
 from skilld.policy import compile_policies, grade_of
-from tests_env import ROOT, cache_dir
+from support.env import ROOT, cache_dir
 
 SKILLS = {
     "notes": {"kv": {}},

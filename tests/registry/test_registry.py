@@ -26,7 +26,7 @@ from skilld.sandbox import CallContext, Sandbox
 from skilld.state import SqliteState
 from skilld.types import Decision, Limits, MethodSpec
 from support.checkers import TextQuestions
-from tests_env import SKILLS, cache_dir
+from support.env import SKILLS, cache_dir
 
 
 class InvokeOnly(TextQuestions):

@@ -17,7 +17,7 @@ from skilld.package.build import build_component
 from skilld.registry import NullChannel
 from skilld.sandbox import Component, Sandbox
 from skilld.types import Limits
-from tests_env import SKILLS
+from support.env import SKILLS
 
 
 @pytest.fixture(scope="module")

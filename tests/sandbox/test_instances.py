@@ -19,7 +19,7 @@ from skilld.registry import NullChannel
 from skilld.sandbox import Component, Sandbox, _sandbox
 from skilld.sandbox._sandbox import _MAX_UNFREED
 from skilld.types import Limits
-from tests_env import SKILLS, cache_dir
+from support.env import SKILLS, cache_dir
 
 
 def _load(sandbox: Sandbox, component_path: Callable[[str], Path], name: str) -> Component:
