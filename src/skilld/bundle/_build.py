@@ -2,10 +2,10 @@
 
 Steps, each timed and reported through ``progress``:
 
-1. collect skills: ``.skill`` files are used as they are; source directories
-   (``skill.yaml``) are built and packed, and Agent Skills directories (``SKILL.md``)
-   validated and packed, signed with the given skill key or an ephemeral build key
-   whose public half joins the bundle's trust set;
+1. collect skills: ``.skill`` files are used as they are; each kind of skill
+   (``_kinds.py``: wasm components from ``skill.yaml``, delegate kits' runner, Agent
+   Skills from ``SKILL.md``) finds its sources and packs them, signed with the given
+   skill key or an ephemeral build key whose public half joins the bundle's trust set;
 2. verify every package against the trust directory (scopes, thresholds);
 3. compile the policy with each skill's declared needs;
 4. AOT-compile every component for this engine (cached by digest);
@@ -27,11 +27,12 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from skilld import ABI_VERSION, __version__, agentskills, package, paths
+from skilld.bundle._kinds import KINDS, BuildOptions
 from skilld.bundle._lock import (
     FORMAT,
     LOCK,
@@ -53,6 +54,7 @@ LOCK_SIGNING_CONTEXT = b"skilld bundle lock v1\n"
 EPHEMERAL_TRUST = "ephemeral-build.pub.json"
 
 Progress = Callable[[str], None]
+_DEFAULTS = BuildOptions()
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,39 +138,23 @@ class _Collected:
 
 
 def _collect(
-    skills_dir: Path,
-    stage: Path,
-    trust_src: Path,
-    skill_key: Path | None,
-    cache_dir: Path | None,
-    epoch: int,
-    progress: Progress,
-    lenient: bool = False,
-    with_runner: bool = False,
+    skills_dir: Path, policies_dir: Path, stage: Path, epoch: int, options: BuildOptions
 ) -> list[_Collected]:
-    """Copy pre-signed packages and build+sign source skills into ``stage/packages``."""
+    """Copy pre-signed packages, and build, pack and sign every kind's sources, into
+    ``stage/packages``."""
+    progress = options.progress
     pkg_dir = stage / "packages"
     pkg_dir.mkdir(parents=True)
     trust_dir = stage / "trust"
     trust_dir.mkdir()
+    trust_src = policies_dir / "trust"
     if trust_src.is_dir():
         for f in sorted(trust_src.iterdir()):
             if f.is_file() and f.name.endswith(".pub.json"):
                 shutil.copyfile(f, trust_dir / f.name)
-    sources = [d for d in sorted(skills_dir.iterdir()) if (d / "skill.yaml").is_file()]
-    if with_runner:
-        # delegate's kits run their programs in the CPython runner, built like a source skill.
-        sources.append(paths.runner_dir())
-    agents = [
-        agentskills.read_source(d, lenient=lenient)
-        for d in sorted(skills_dir.iterdir())
-        if d.is_dir() and agentskills.is_agent_skill(d)
-    ]
-    for a in agents:
-        for warning in a.md.warnings:
-            progress(f"warning: {warning}")
+    sources = [s for kind in KINDS for s in kind.find(skills_dir, policies_dir, options)]
     prebuilt = sorted(skills_dir.glob("*.skill"))
-    if not sources and not prebuilt and not agents:
+    if not sources and not prebuilt:
         raise BundleError(
             "no skills found (expected *.skill files, directories with skill.yaml, "
             "or Agent Skills directories with SKILL.md)",
@@ -180,40 +166,23 @@ def _collect(
         target = pkg_dir / f.name
         shutil.copyfile(f, target)
         out.append(_Collected(target, f, None))
-    if sources or agents:
-        if skill_key is not None:
-            key = package.load_private_key(skill_key)
+    if sources:
+        if options.skill_key is not None:
+            key = package.load_private_key(options.skill_key)
             progress(f"signing source skills with key {key.key_id}")
         else:
             key = package.SigningKey.generate()
-            metas = [package.read_skill_meta(d) for d in sources]
             trusted = package.trusted_key(
-                "ephemeral-build",
-                key.public_raw,
-                sorted([m.id for m in metas] + [a.md.id for a in agents]),
+                "ephemeral-build", key.public_raw, sorted(s.id for s in sources)
             )
             (trust_dir / EPHEMERAL_TRUST).write_bytes(package.trust_file_bytes(trusted))
             progress(f"signing source skills with ephemeral build key {key.key_id}")
-        for d in sources:
-            meta = package.read_skill_meta(d)
-            progress(f"building {meta.id} {meta.version} from {d}")
-            component = build_component(d, cache_dir=cache_dir).read_bytes()
-            data = package.pack_directory(d, component, keys=[key], epoch=epoch)
-            target = pkg_dir / f"{meta.id}-{meta.version}.skill"
+        for source in sources:
+            data, version = source.pack(key, epoch)
+            target = pkg_dir / f"{source.id}-{version}.skill"
             target.write_bytes(data)
-            out.append(_Collected(target, d, (meta.id, meta.version)))
-        for a in agents:
-            progress(f"packing Agent Skill {a.md.id} from {a.origin}")
-            data, version = agentskills.pack(a, keys=[key], epoch=epoch)
-            target = pkg_dir / f"{a.md.id}-{version}.skill"
-            target.write_bytes(data)
-            out.append(_Collected(target, a.origin, (a.md.id, version)))
+            out.append(_Collected(target, source.origin, (source.id, version)))
     return out
-
-
-def _has_kits(policies_dir: Path) -> bool:
-    kits = policies_dir / "kits"
-    return kits.is_dir() and any(p.suffix in (".yaml", ".yml") for p in kits.iterdir())
 
 
 def sign_lock(key_path: Path, lock_bytes: bytes) -> bytes:
@@ -274,58 +243,35 @@ def build_bundle(
     out: Path,
     *,
     sandbox: Sandbox,
-    skill_key: Path | None = None,
-    bundle_key: Path | None = None,
-    previous: Path | None = None,
-    allow_downgrade: bool = False,
-    strict: bool = True,
-    cache_dir: Path | None = None,
-    lenient: bool = False,
-    wheelhouse: Path | None = None,
-    progress: Progress = lambda _msg: None,
+    options: BuildOptions = _DEFAULTS,
+    **changes: Any,
 ) -> BuildResult:
     """Build a bundle from ``skills_dir`` and ``policies_dir`` into ``out``.
 
     Args:
-        skill_key: signs skills built from source; without it an ephemeral key does,
-            and its public half (scoped to exactly those skills) joins the trust set.
-        bundle_key: signs ``bundle.lock`` (``bundle.lock.sig``).
-        previous: an earlier ``bundle.lock``; lower skill versions are refused
-            unless ``allow_downgrade``.
-        strict: needs that no grant covers are errors (otherwise warnings).
-        lenient: load Agent Skills the way the specification's client guide allows
-            (a name that differs from its directory, over-long name or description:
-            warnings).
-        wheelhouse: where Agent Skills' Python requirements are installed from
-            (offline; a missing wheel is an error naming the skill and package).
+        options: how (:class:`BuildOptions`); ``changes`` replace some of its fields
+            (``build_bundle(..., strict=False)``).
 
     Raises:
         BundleError: a skill, package, policy or downgrade problem (names the file).
         PackageError, PolicyError: from verification and compilation.
         UsageError: missing input directories.
+        TypeError: ``changes`` names no field of :class:`BuildOptions`.
     """
+    opts = replace(options, **changes) if changes else options
+    progress = opts.progress
     if not skills_dir.is_dir():
         raise UsageError(f"no skills directory: {skills_dir}")
     if not policies_dir.is_dir():
         raise UsageError(f"no policies directory: {policies_dir}")
     epoch = package.source_date_epoch()
-    previous_lock = Lock.read(previous) if previous else None
+    previous_lock = Lock.read(opts.previous) if opts.previous else None
 
     with tempfile.TemporaryDirectory(prefix="skilld-bundle-") as tmp:
         stage = Path(tmp) / "bundle"
         stage.mkdir()
         progress(f"collecting skills from {skills_dir}")
-        collected = _collect(
-            skills_dir,
-            stage,
-            policies_dir / "trust",
-            skill_key,
-            cache_dir,
-            epoch,
-            progress,
-            lenient,
-            with_runner=_has_kits(policies_dir),
-        )
+        collected = _collect(skills_dir, policies_dir, stage, epoch, opts)
         trust = package.load_trust(stage / "trust")
         verified: list[tuple[_Collected, package.VerifiedPackage]] = []
         seen: dict[str, Path] = {}
@@ -356,12 +302,12 @@ def build_bundle(
         _check_downgrades(
             previous_lock,
             [(v.manifest.id, v.manifest.version) for _, v in verified],
-            allow_downgrade,
+            opts.allow_downgrade,
         )
         agents = [(c, v) for c, v in verified if v.manifest.kind == package.KIND_AGENT_SKILL]
         verified = [(c, v) for c, v in verified if v.manifest.kind != package.KIND_AGENT_SKILL]
         mds = {
-            v.manifest.id: agentskills.reparse(v.manifest.id, v.files, lenient=lenient)
+            v.manifest.id: agentskills.reparse(v.manifest.id, v.files, lenient=opts.lenient)
             for _, v in agents
         }
         progress("compiling policies")
@@ -385,7 +331,7 @@ def build_bundle(
         compiled = compile_policies(policies_dir, needs, needs_sources=sources)
         for finding in compiled.warnings:
             progress(f"warning: {finding}")
-        if strict:
+        if opts.strict:
             compiled.raise_for_problems()
         _write(stage / "policy" / "tables.json", compiled.tables_bytes)
         locked: list[LockedSkill] = []
@@ -439,8 +385,8 @@ def build_bundle(
             compiled.tables,
             stage,
             sandbox,
-            cache_dir,
-            wheelhouse,
+            opts.cache_dir,
+            opts.wheelhouse,
             progress,
             built_runner,
         )
@@ -479,8 +425,8 @@ def build_bundle(
         )
         lock_bytes = lock.to_json()
         _write(stage / LOCK, lock_bytes)
-        if bundle_key is not None:
-            _write(stage / LOCK_SIG, sign_lock(bundle_key, lock_bytes))
+        if opts.bundle_key is not None:
+            _write(stage / LOCK_SIG, sign_lock(opts.bundle_key, lock_bytes))
         for path in stage.rglob("*"):
             if path.is_file():
                 path.chmod(0o444)
