@@ -93,7 +93,7 @@ class SkilldError(Exception):
     """
 
     # The WIT error code a client sees, and the audit outcome (the module's table).
-    code: str = "internal"
+    code: str = ErrorCode.INTERNAL
     outcome: str = "fault"
     # The policy rule behind a denial, where there is one.
     rule: str | None = None
@@ -116,8 +116,8 @@ class SkilldError(Exception):
 class UsageError(SkilldError):
     """Bad command-line or configuration input."""
 
-    code = "invalid-argument"
-    outcome = "error:invalid-argument"
+    code = ErrorCode.INVALID_ARGUMENT
+    outcome = f"error:{ErrorCode.INVALID_ARGUMENT}"
 
 
 class BuildError(SkilldError):
@@ -200,28 +200,28 @@ class GuestTrap(GuestFault):
 class DeadlineExceeded(GuestFault):
     """The call ran past its wall-clock deadline."""
 
-    code = "timeout"
+    code = ErrorCode.TIMEOUT
     outcome = "deadline"
 
 
 class CallCancelled(GuestFault):
     """The client cancelled the call and the guest was stopped where it was."""
 
-    code = "cancelled"
+    code = ErrorCode.CANCELLED
     outcome = "cancelled"
 
 
 class MemoryExhausted(GuestFault):
     """The guest tried to grow its memory past its cap."""
 
-    code = "limit-exceeded"
+    code = ErrorCode.LIMIT_EXCEEDED
     outcome = "memory"
 
 
 class StackExhausted(GuestFault):
     """The guest overflowed its stack."""
 
-    code = "limit-exceeded"
+    code = ErrorCode.LIMIT_EXCEEDED
     outcome = "stack"
 
 
