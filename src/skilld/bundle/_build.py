@@ -22,7 +22,6 @@ runner component is compiled once when a skill uses the ``wasm`` executor.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import tempfile
@@ -31,42 +30,32 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from skilld import ABI_VERSION, __version__, agentskills, package, paths
-from skilld.bundle._kinds import KINDS, BuildOptions
+from skilld import ABI_VERSION, __version__, agentskills, package
+from skilld.bundle._kinds import (
+    KINDS,
+    BuildOptions,
+    BuildSummaryRow,
+    Staged,
+    Staging,
+    _sha256,
+    _write,
+)
 from skilld.bundle._lock import (
     FORMAT,
     LOCK,
     LOCK_SIG,
     Lock,
-    LockedAgentSkill,
-    LockedRunner,
-    LockedSkill,
     canonical_json,
 )
-from skilld.call import CallContext
-from skilld.errors import AgentSkillError, BundleError, SkilldError, UsageError
-from skilld.package.build import build_component
-from skilld.policy import RUNNER, check_kit_methods, compile_policies
-from skilld.sandbox import Sandbox, write_native
-from skilld.types import Limits
+from skilld.errors import BundleError, SkilldError, UsageError
+from skilld.policy import RUNNER, compile_policies
+from skilld.sandbox import Sandbox
 
 LOCK_SIGNING_CONTEXT = b"skilld bundle lock v1\n"
 EPHEMERAL_TRUST = "ephemeral-build.pub.json"
 
 Progress = Callable[[str], None]
 _DEFAULTS = BuildOptions()
-
-
-@dataclass(frozen=True, slots=True)
-class BuildSummaryRow:
-    """One line of the build's summary table."""
-
-    id: str
-    version: str
-    methods: int
-    grants: str
-    package_bytes: int
-    native_bytes: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,23 +66,6 @@ class BuildResult:
     lock: Lock
     rows: tuple[BuildSummaryRow, ...]
     warnings: tuple[str, ...]
-
-
-class _NoChannel:
-    def progress(self, progress: float, total: float | None, message: str | None) -> None: ...
-    def log(self, level: str, data: Any) -> None: ...
-    def sample(self, params: Any) -> Any:
-        raise BundleError("describe may not sample")
-
-    def elicit(self, params: Any) -> Any:
-        raise BundleError("describe may not elicit")
-
-    def cancelled(self) -> bool:
-        return False
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def _versions_key(version: str) -> tuple[Any, ...]:
@@ -122,12 +94,6 @@ def _check_downgrades(
                 location="--previous",
                 hint="pass --allow-downgrade if this is intended",
             )
-
-
-def _write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-    path.chmod(0o444)
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,7 +271,7 @@ def build_bundle(
             opts.allow_downgrade,
         )
         agents = [(c, v) for c, v in verified if v.manifest.kind == package.KIND_AGENT_SKILL]
-        verified = [(c, v) for c, v in verified if v.manifest.kind != package.KIND_AGENT_SKILL]
+        components = [(c, v) for c, v in verified if v.manifest.kind != package.KIND_AGENT_SKILL]
         mds = {
             v.manifest.id: agentskills.reparse(v.manifest.id, v.files, lenient=opts.lenient)
             for _, v in agents
@@ -313,7 +279,7 @@ def build_bundle(
         progress("compiling policies")
         # The runner's grants come from the kits (skilld.policy._kits), not from a policy.
         needs: dict[str, dict[str, Any] | None] = {
-            v.manifest.id: dict(v.manifest.needs) for _, v in verified if v.manifest.id != RUNNER
+            v.manifest.id: dict(v.manifest.needs) for _, v in components if v.manifest.id != RUNNER
         }
         sources: dict[str, str] = {}
         if agents:
@@ -334,77 +300,10 @@ def build_bundle(
         if opts.strict:
             compiled.raise_for_problems()
         _write(stage / "policy" / "tables.json", compiled.tables_bytes)
-        locked: list[LockedSkill] = []
-        rows: list[BuildSummaryRow] = []
-        for c, v in verified:
-            sid, version = v.manifest.id, v.manifest.version
-            progress(f"compiling {sid} {version} to native code")
-            granted = compiled.grants_of(sid)
-            comp = sandbox.load(v.component, name=sid, granted=granted)
-            native_rel = f"native/{sid}.cwasm"
-            native_sha = write_native(comp.native, stage / native_rel)
-            (stage / native_rel).chmod(0o444)
-            spec = comp.describe(CallContext(sid, Limits(), _NoChannel()))
-            if (spec.id, spec.version) != (sid, version):
-                raise BundleError(
-                    f"the component describes itself as {spec.id} {spec.version}, but its "
-                    f"signed manifest says {sid} {version}",
-                    location=str(c.origin),
-                )
-            spec_json = spec.as_dict()
-            rel = c.path.relative_to(stage).as_posix()
-            locked.append(
-                LockedSkill(
-                    id=sid,
-                    version=version,
-                    package=rel,
-                    component_sha256=_sha256(v.component),
-                    native=native_rel,
-                    native_sha256=native_sha,
-                    signers=tuple(v.signers),
-                    description=v.manifest.description or spec.description,
-                    imports=tuple(sorted(comp.imports)),
-                    spec=spec_json,
-                )
-            )
-            rows.append(
-                BuildSummaryRow(
-                    sid,
-                    version,
-                    len(spec.methods),
-                    ", ".join(sorted(granted - {"log", "mcp"})) or "-",
-                    c.path.stat().st_size,
-                    (stage / native_rel).stat().st_size,
-                )
-            )
-        # A bundle that already holds the runner as a skill (delegate's kits) shares it.
-        built_runner = next((s for s in locked if s.id == RUNNER), None)
-        locked_agents, runner = _stage_agent_skills(
-            agents,
-            mds,
-            compiled.tables,
-            stage,
-            sandbox,
-            opts.cache_dir,
-            opts.wheelhouse,
-            progress,
-            built_runner,
-        )
-        for c, v in agents:
-            rows.append(
-                BuildSummaryRow(
-                    v.manifest.id,
-                    v.manifest.version,
-                    len(mds[v.manifest.id].allowed_tools),
-                    next(a.executor for a in locked_agents if a.id == v.manifest.id),
-                    c.path.stat().st_size,
-                    0,
-                )
-            )
-        check_kit_methods(
-            compiled.tables.kits,
-            {s.id: {m["name"] for m in s.spec.get("methods", ())} for s in locked},
-        )
+        staging = Staging(stage, sandbox, opts, compiled, verified, mds)
+        staged = Staged()
+        for kind in KINDS:
+            kind.stage(staging, staged)
         files = {}
         for path in sorted(stage.rglob("*")):
             if path.is_file():
@@ -417,11 +316,11 @@ def build_bundle(
             engine_description=sandbox.engine.description,
             policy_path="policy/tables.json",
             policy_digest=compiled.digest,
-            skills=tuple(sorted(locked, key=lambda s: s.id)),
+            skills=tuple(sorted(staged.locked, key=lambda s: s.id)),
             files=files,
             source_date_epoch=epoch,
-            agent_skills=tuple(sorted(locked_agents, key=lambda a: a.id)),
-            runner=runner,
+            agent_skills=tuple(sorted(staged.agents, key=lambda a: a.id)),
+            runner=staged.runner,
         )
         lock_bytes = lock.to_json()
         _write(stage / LOCK, lock_bytes)
@@ -433,86 +332,7 @@ def build_bundle(
             os.utime(path, (epoch, epoch), follow_symlinks=False)
         _replace(out, stage)
         progress(f"wrote {out} (bundle digest {lock.bundle_digest[:16]})")
-        return BuildResult(out, lock, tuple(rows), tuple(str(w) for w in compiled.warnings))
-
-
-def _stage_agent_skills(
-    agents: list[tuple[_Collected, package.VerifiedPackage]],
-    mds: dict[str, agentskills.SkillMd],
-    tables: Any,
-    stage: Path,
-    sandbox: Sandbox,
-    cache_dir: Path | None,
-    wheelhouse: Path | None,
-    progress: Progress,
-    built_runner: LockedSkill | None = None,
-) -> tuple[list[LockedAgentSkill], LockedRunner | None]:
-    """Unpack each Agent Skill, bake its requirements, and compile the runner if needed
-    (once: ``built_runner`` is the runner already compiled as a skill of the bundle).
-
-    Raises:
-        AgentSkillError: a wasm script imports beyond the standard library, a wasm
-            skill has requirements, or a requirement has no wheel.
-    """
-    locked: list[LockedAgentSkill] = []
-    wants_runner = False
-    for c, v in agents:
-        sid, version = v.manifest.id, v.manifest.version
-        scripts = tables.scripts(sid)
-        executor = scripts["executor"]
-        _trees, globs = agentskills.tree_grants(tables.skill(sid).get("fs") or ())
-        if globs and agentskills.scripts_of(v.files):
-            progress(
-                f"warning: {sid}: scripts do not get the glob fs grant(s) {', '.join(globs)} "
-                "(the kernel names directories); grant a directory tree instead"
-            )
-        root = f"agentskills/{sid}/files"
-        for name, data in v.files.items():
-            _write(stage / root / name, data)
-        requirements = agentskills.requirements_of(sid, v.files, scripts["requirements"])
-        has_scripts = bool(agentskills.scripts_of(v.files))
-        env = ""
-        if has_scripts and executor == "wasm":
-            if requirements:
-                raise AgentSkillError(
-                    f"skill '{sid}' needs {', '.join(requirements)}, but the wasm executor "
-                    "has the standard library only",
-                    location=str(c.origin),
-                    hint=f"give it 'scripts: {{executor: native}}' in policies/{sid}.yaml",
-                )
-            agentskills.check_stdlib_only(sid, v.files)
-            wants_runner = True
-        elif requirements:
-            env = f"agentskills/{sid}/env"
-            progress(f"installing {', '.join(requirements)} for {sid} from {wheelhouse}")
-            agentskills.install_requirements(sid, requirements, wheelhouse, stage / env)
-        spec = agentskills.describe(mds[sid], version, v.files)
-        locked.append(
-            LockedAgentSkill(
-                id=sid,
-                version=version,
-                package=c.path.relative_to(stage).as_posix(),
-                root=root,
-                env=env,
-                executor=executor if has_scripts else "none",
-                signers=tuple(v.signers),
-                description=mds[sid].description,
-                spec=spec.as_dict(),
-            )
-        )
-    runner = None
-    if wants_runner and built_runner is not None:
-        runner = LockedRunner(
-            built_runner.component_sha256, built_runner.native, built_runner.native_sha256
-        )
-    elif wants_runner:
-        progress("building the CPython runner component for the wasm executor")
-        wasm = build_component(paths.runner_dir(), cache_dir=cache_dir).read_bytes()
-        comp = sandbox.load(wasm, name="pyrunner")
-        native_rel = "native/_pyrunner.cwasm"
-        native_sha = write_native(comp.native, stage / native_rel)
-        runner = LockedRunner(_sha256(wasm), native_rel, native_sha)
-    return locked, runner
+        return BuildResult(out, lock, tuple(staged.rows), tuple(str(w) for w in compiled.warnings))
 
 
 def _replace(out: Path, stage: Path) -> None:

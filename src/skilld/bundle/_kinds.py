@@ -1,8 +1,11 @@
-"""The kinds of skill a build takes from source, one seam each.
+"""The kinds of skill a build takes, one seam each.
 
 A kind finds its sources in the skills directory (:meth:`SkillKind.find`) and packs
-each into a signed ``.skill`` (:attr:`Source.pack`); ``_build.py`` loops over
-:data:`KINDS` instead of branching on them. A new kind of skill is one class here.
+each into a signed ``.skill`` (:attr:`Source.pack`); once every package is verified and
+the policy compiled, it stages its skills into the bundle (:meth:`SkillKind.stage`).
+``_build.py`` loops over :data:`KINDS` instead of branching on them (in this order: the
+Agent Skills' runner may be a component the first kind staged). A new kind of skill is
+one class here.
 
 - :class:`WasmComponents`: ``NAME/skill.yaml`` (+ ``skill.py`` or ``skill.wat``),
   compiled to a component;
@@ -13,13 +16,20 @@ each into a signed ``.skill`` (:attr:`Source.pack`); ``_build.py`` loops over
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from skilld import agentskills, package, paths
+from skilld.bundle._lock import LockedAgentSkill, LockedRunner, LockedSkill
+from skilld.call import CallContext
+from skilld.errors import AgentSkillError, BundleError
 from skilld.package.build import build_component
+from skilld.policy import RUNNER, CompileResult, check_kit_methods
+from skilld.sandbox import Sandbox, write_native
+from skilld.types import Limits
 
 Progress = Callable[[str], None]
 
@@ -57,6 +67,65 @@ class BuildOptions:
 
 
 @dataclass(frozen=True, slots=True)
+class BuildSummaryRow:
+    """One line of the build's summary table."""
+
+    id: str
+    version: str
+    methods: int
+    grants: str
+    package_bytes: int
+    native_bytes: int
+
+
+class _NoChannel:
+    def progress(self, progress: float, total: float | None, message: str | None) -> None: ...
+    def log(self, level: str, data: Any) -> None: ...
+    def sample(self, params: Any) -> Any:
+        raise BundleError("describe may not sample")
+
+    def elicit(self, params: Any) -> Any:
+        raise BundleError("describe may not elicit")
+
+    def cancelled(self) -> bool:
+        return False
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    path.chmod(0o444)
+
+
+@dataclass(frozen=True, slots=True)
+class Staging:
+    """What every kind stages from: the stage directory, the sandbox, the options, the
+    compiled policy, every verified package (``(collected, verified)``) and the Agent
+    Skills' parsed SKILL.md by id."""
+
+    stage: Path
+    sandbox: Sandbox
+    options: BuildOptions
+    compiled: CompileResult
+    packages: list[tuple[Any, package.VerifiedPackage]]
+    mds: dict[str, agentskills.SkillMd]
+
+
+@dataclass(slots=True)
+class Staged:
+    """What the kinds staged, for ``bundle.lock`` and the summary."""
+
+    locked: list[LockedSkill] = field(default_factory=list)
+    agents: list[LockedAgentSkill] = field(default_factory=list)
+    runner: LockedRunner | None = None
+    rows: list[BuildSummaryRow] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
 class Source:
     """One skill a kind builds from source: its id, where it comes from, how to pack it.
 
@@ -69,9 +138,18 @@ class Source:
 
 
 class SkillKind(Protocol):
-    """What a kind of skill does at build time: find its sources (then pack each)."""
+    """What a kind of skill does at build time: find its sources (then pack each), and
+    stage its verified packages into the bundle."""
 
     name: str
+
+    def stage(self, staging: Staging, staged: Staged) -> None:
+        """Stage this kind's packages of ``staging`` into the bundle; record them in ``staged``.
+
+        Raises:
+            SkilldError: a package cannot be staged (names its origin).
+        """
+        ...
 
     def find(self, skills_dir: Path, policies_dir: Path, options: BuildOptions) -> Sequence[Source]:
         """The sources of this kind under ``skills_dir`` (announced through ``progress``).
@@ -103,6 +181,51 @@ class WasmComponents:
         dirs = [d for d in sorted(skills_dir.iterdir()) if (d / "skill.yaml").is_file()]
         return [_component_source(d, options) for d in dirs]
 
+    def stage(self, staging: Staging, staged: Staged) -> None:
+        """AOT-compile each component, ask it to describe itself, lock both."""
+        stage, compiled, progress = staging.stage, staging.compiled, staging.options.progress
+        for c, v in staging.packages:
+            if v.manifest.kind == package.KIND_AGENT_SKILL:
+                continue
+            sid, version = v.manifest.id, v.manifest.version
+            progress(f"compiling {sid} {version} to native code")
+            granted = compiled.grants_of(sid)
+            comp = staging.sandbox.load(v.component, name=sid, granted=granted)
+            native_rel = f"native/{sid}.cwasm"
+            native_sha = write_native(comp.native, stage / native_rel)
+            (stage / native_rel).chmod(0o444)
+            spec = comp.describe(CallContext(sid, Limits(), _NoChannel()))
+            if (spec.id, spec.version) != (sid, version):
+                raise BundleError(
+                    f"the component describes itself as {spec.id} {spec.version}, but its "
+                    f"signed manifest says {sid} {version}",
+                    location=str(c.origin),
+                )
+            staged.locked.append(
+                LockedSkill(
+                    id=sid,
+                    version=version,
+                    package=c.path.relative_to(stage).as_posix(),
+                    component_sha256=_sha256(v.component),
+                    native=native_rel,
+                    native_sha256=native_sha,
+                    signers=tuple(v.signers),
+                    description=v.manifest.description or spec.description,
+                    imports=tuple(sorted(comp.imports)),
+                    spec=spec.as_dict(),
+                )
+            )
+            staged.rows.append(
+                BuildSummaryRow(
+                    sid,
+                    version,
+                    len(spec.methods),
+                    ", ".join(sorted(granted - {"log", "mcp"})) or "-",
+                    c.path.stat().st_size,
+                    (stage / native_rel).stat().st_size,
+                )
+            )
+
 
 class DelegateKits:
     """delegate's kits: their programs run in the CPython runner, built like a source skill."""
@@ -115,6 +238,13 @@ class DelegateKits:
         if kits.is_dir() and any(p.suffix in (".yaml", ".yml") for p in kits.iterdir()):
             return [_component_source(paths.runner_dir(), options)]
         return []
+
+    def stage(self, staging: Staging, staged: Staged) -> None:
+        """Check that every kit's tools are methods the staged components describe."""
+        check_kit_methods(
+            staging.compiled.tables.kits,
+            {s.id: {m["name"] for m in s.spec.get("methods", ())} for s in staged.locked},
+        )
 
 
 class AgentSkills:
@@ -140,6 +270,94 @@ class AgentSkills:
 
             out.append(Source(source.md.id, source.origin, pack))
         return out
+
+    def stage(self, staging: Staging, staged: Staged) -> None:
+        """Unpack each Agent Skill, bake its requirements, and compile the CPython runner
+        if a wasm-executor skill needs it (once: delegate's kits may have staged it).
+
+        Raises:
+            AgentSkillError: a wasm script imports beyond the standard library, a wasm
+                skill has requirements, or a requirement has no wheel.
+        """
+        agents = [
+            (c, v) for c, v in staging.packages if v.manifest.kind == package.KIND_AGENT_SKILL
+        ]
+        if not agents:
+            return
+        stage, sandbox, mds = staging.stage, staging.sandbox, staging.mds
+        tables, progress = staging.compiled.tables, staging.options.progress
+        cache_dir, wheelhouse = staging.options.cache_dir, staging.options.wheelhouse
+        # A bundle that already holds the runner as a skill (delegate's kits) shares it.
+        built_runner = next((s for s in staged.locked if s.id == RUNNER), None)
+        wants_runner = False
+        for c, v in agents:
+            sid, version = v.manifest.id, v.manifest.version
+            scripts = tables.scripts(sid)
+            executor = scripts["executor"]
+            _trees, globs = agentskills.tree_grants(tables.skill(sid).get("fs") or ())
+            if globs and agentskills.scripts_of(v.files):
+                progress(
+                    f"warning: {sid}: scripts do not get the glob fs grant(s) {', '.join(globs)} "
+                    "(the kernel names directories); grant a directory tree instead"
+                )
+            root = f"agentskills/{sid}/files"
+            for name, data in v.files.items():
+                _write(stage / root / name, data)
+            requirements = agentskills.requirements_of(sid, v.files, scripts["requirements"])
+            has_scripts = bool(agentskills.scripts_of(v.files))
+            env = ""
+            if has_scripts and executor == "wasm":
+                if requirements:
+                    raise AgentSkillError(
+                        f"skill '{sid}' needs {', '.join(requirements)}, but the wasm executor "
+                        "has the standard library only",
+                        location=str(c.origin),
+                        hint=f"give it 'scripts: {{executor: native}}' in policies/{sid}.yaml",
+                    )
+                agentskills.check_stdlib_only(sid, v.files)
+                wants_runner = True
+            elif requirements:
+                env = f"agentskills/{sid}/env"
+                progress(f"installing {', '.join(requirements)} for {sid} from {wheelhouse}")
+                agentskills.install_requirements(sid, requirements, wheelhouse, stage / env)
+            spec = agentskills.describe(mds[sid], version, v.files)
+            staged.agents.append(
+                LockedAgentSkill(
+                    id=sid,
+                    version=version,
+                    package=c.path.relative_to(stage).as_posix(),
+                    root=root,
+                    env=env,
+                    executor=executor if has_scripts else "none",
+                    signers=tuple(v.signers),
+                    description=mds[sid].description,
+                    spec=spec.as_dict(),
+                )
+            )
+        runner = None
+        if wants_runner and built_runner is not None:
+            runner = LockedRunner(
+                built_runner.component_sha256, built_runner.native, built_runner.native_sha256
+            )
+        elif wants_runner:
+            progress("building the CPython runner component for the wasm executor")
+            wasm = build_component(paths.runner_dir(), cache_dir=cache_dir).read_bytes()
+            comp = sandbox.load(wasm, name="pyrunner")
+            native_rel = "native/_pyrunner.cwasm"
+            native_sha = write_native(comp.native, stage / native_rel)
+            runner = LockedRunner(_sha256(wasm), native_rel, native_sha)
+        staged.runner = runner
+        for c, v in agents:
+            staged.rows.append(
+                BuildSummaryRow(
+                    v.manifest.id,
+                    v.manifest.version,
+                    len(mds[v.manifest.id].allowed_tools),
+                    next(a.executor for a in staged.agents if a.id == v.manifest.id),
+                    c.path.stat().st_size,
+                    0,
+                )
+            )
 
 
 KINDS: tuple[SkillKind, ...] = (WasmComponents(), DelegateKits(), AgentSkills())
