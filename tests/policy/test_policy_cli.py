@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from skilld.bundle import BuildResult
 from skilld.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -161,10 +162,10 @@ def test_explain_uses_the_skills_beside_the_policies(
 
 
 def test_explain_reads_a_bundles_tables(
-    demo_bundle: object, capsys: pytest.CaptureFixture[str]
+    demo_bundle: BuildResult, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """--bundle answers from the tables a built bundle carries."""
-    bundle = str(demo_bundle.out)  # type: ignore[attr-defined]
+    bundle = str(demo_bundle.out)
     assert main(["policy", "explain", "notes", "kv.set", "k", "--bundle", bundle]) == 0
     assert main(["policy", "explain", "notes", "fs.read", "/etc/passwd", "--bundle", bundle]) == 1
 
