@@ -2,9 +2,10 @@
 
 Run: python bench/bench_checks.py [--iterations N] [--pool N] [--rounds N]
 
-Each check is made exactly as the sandbox makes it (``check(capability, action,
-target)`` with the sandbox's target strings: ``"IP:PORT HOST"`` for addresses,
-``shlex.join(argv)`` for commands), and each is timed over a pool of distinct
+Each check is made exactly as the sandbox makes it: typed for a command
+(``check_argv(argv)``), an address (``check_address(ip, port, capability, host)``) and a
+connection (``check_tcp(host, port)``), ``check(capability, action, target)`` for a path
+or a URL; each is timed over a pool of distinct
 targets spread across the rules. The default pool (8,192) is twice the size of
 the checks' 4,096-entry caches (host names, addresses), so cycling through it
 misses them: the numbers are for targets the checker has not just seen. Where a
@@ -20,13 +21,13 @@ from __future__ import annotations
 
 import argparse
 import platform
-import shlex
 import statistics
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from skilld.permissions import SkillPermissions
 from skilld.policy import compile_policies
@@ -63,8 +64,10 @@ def public_ip(j: int) -> str:
     return f"93.{(j >> 16) & 255}.{(j >> 8) & 255}.{j & 255}"
 
 
-# (name, capability, action, target for (rule index i, variation j), expected decision)
-Target = Callable[[int, int], str]
+# (name, capability, action, target for (rule index i, variation j), expected decision);
+# a target is a string, or the typed question's arguments: (ip, port, host), (host, port)
+# or an argv tuple.
+Target = Callable[[int, int], Any]
 CHECKS: list[tuple[str, str, str, Target, bool]] = [
     (
         "fs read, tree hit",
@@ -101,69 +104,80 @@ CHECKS: list[tuple[str, str, str, Target, bool]] = [
         "http address, host rule",
         "http",
         "address",
-        lambda i, j: f"{public_ip(j)}:443 api{i & ~1}.example.com",
+        lambda i, j: (public_ip(j), 443, f"api{i & ~1}.example.com"),
         True,
     ),
     (
         "http address, suffix rule",
         "http",
         "address",
-        lambda i, j: f"{public_ip(j)}:443 n{j}.svc{i | 1}.example.com",
+        lambda i, j: (public_ip(j), 443, f"n{j}.svc{i | 1}.example.com"),
         True,
     ),
     (
         "http address, private refused",
         "http",
         "address",
-        lambda i, j: f"10.{j >> 8 & 255}.{j & 255}.7:443 api{i & ~1}.example.com",
+        lambda i, j: (f"10.{j >> 8 & 255}.{j & 255}.7", 443, f"api{i & ~1}.example.com"),
         False,
     ),
     (
         "tcp connect, name hit",
         "tcp",
         "connect",
-        lambda i, j: f"db{i & ~1}.internal:{5000 + (i & ~1) + j % 11}",
+        lambda i, j: (f"db{i & ~1}.internal", 5000 + (i & ~1) + j % 11),
         True,
     ),
     (
         "tcp connect, CIDR hit",
         "tcp",
         "connect",
-        lambda i, j: f"10.0.{i | 1}.{j % 254 + 1}:{5000 + (i | 1)}",
+        lambda i, j: (f"10.0.{i | 1}.{j % 254 + 1}", 5000 + (i | 1)),
         True,
     ),
     (
         "tcp address, name rule",
         "tcp",
         "address",
-        lambda i, j: f"{public_ip(j)}:{5000 + (i & ~1)} db{i & ~1}.internal",
+        lambda i, j: (public_ip(j), 5000 + (i & ~1), f"db{i & ~1}.internal"),
         True,
     ),
     (
         "tcp address, CIDR rule",
         "tcp",
         "address",
-        lambda i, j: f"10.0.{i | 1}.{j % 254 + 1}:{5000 + (i | 1)} 10.0.{i | 1}.{j % 254 + 1}",
+        lambda i, j: (f"10.0.{i | 1}.{j % 254 + 1}", 5000 + (i | 1), f"10.0.{i | 1}.{j % 254 + 1}"),
         True,
     ),
     (
         "shell run",
         "shell",
         "run",
-        lambda i, j: shlex.join([f"/usr/bin/tool{i}", "run", f"--id={j}", "x y"]),
+        lambda i, j: (f"/usr/bin/tool{i}", "run", f"--id={j}", "x y"),
         True,
     ),
 ]
 
 
-def pool(target: Target, size: int) -> list[str]:
+def pool(target: Target, size: int) -> list[Any]:
     """``size`` distinct targets, spread over the rules (i) and varied within them (j)."""
     # i < 250 for the fs and tcp octets; j varies the rest of the target.
     return [target((j * 7) % RULES_PER_KIND, j) for j in range(size)]
 
 
+def question(c: SkillPermissions, capability: str, action: str) -> Callable[[Any], Decision]:
+    """The question the sandbox asks for ``capability.action``, taking a pool's target."""
+    if action == "address":
+        return lambda t: c.check_address(t[0], t[1], capability, t[2])
+    if capability == "tcp" and action == "connect":
+        return lambda t: c.check_tcp(t[0], t[1])
+    if capability == "shell" and action == "run":
+        return c.check_argv
+    return lambda t: c.check(capability, action, t)
+
+
 def measure(
-    fn: Callable[[str], Decision], targets: Sequence[str], iterations: int
+    fn: Callable[[Any], Decision], targets: Sequence[Any], iterations: int
 ) -> tuple[float, float]:
     """(p50, p99) in microseconds of ``fn(target)``, cycling through ``targets`` once warm."""
     for t in targets:
@@ -206,8 +220,9 @@ def main() -> int:
     pools = []
     for name, capability, action, target, expect in CHECKS:
         targets = pool(target, args.pool)
+        ask = question(c, capability, action)
         for t in targets:
-            decision = c.check(capability, action, t)
+            decision = ask(t)
             if decision.allowed != expect:
                 print(f"unexpected decision for {name}: {decision}", file=sys.stderr)
                 return 1
@@ -217,11 +232,9 @@ def main() -> int:
         for (name, capability, action, _target, _expect), targets in zip(
             CHECKS, pools, strict=True
         ):
-
-            def check(t: str, capability: str = capability, action: str = action) -> Decision:
-                return c.check(capability, action, t)
-
-            result = measure(check, targets, args.iterations // args.rounds)
+            result = measure(
+                question(c, capability, action), targets, args.iterations // args.rounds
+            )
             best[name] = min(best.get(name, result), result)
     print("| check | distinct targets | p50 µs | p99 µs |")
     print("|---|---|---|---|")

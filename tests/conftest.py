@@ -7,14 +7,15 @@ import shutil
 import socket
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from skilld.bundle import BuildResult
 from skilld.package.build import build_component
 from skilld.sandbox import Sandbox
-from tests_env import SKILLS, cache_dir
+from support.env import SKILLS, cache_dir
 
 _STATE_HOME = pytest.StashKey[str]()
 
@@ -44,8 +45,21 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         raise pytest.UsageError("no tests were collected: check the paths and -k/-m filters")
 
 
+# Fixtures that build or load wasm (the first use of each builds it, cached by digest).
+# A test that uses none of them, directly or through another fixture, is marked ``pure``:
+# ``pytest tests/<area> -m pure`` runs a pure-Python area in seconds, no bundle built.
+_BUILDING_FIXTURES = frozenset({"component_path", "sandbox", "demo_bundle"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark ``pure`` every test whose fixtures build nothing (see _BUILDING_FIXTURES)."""
+    for item in items:
+        if _BUILDING_FIXTURES.isdisjoint(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.pure)
+
+
 @pytest.fixture(scope="session")
-def component_path() -> object:
+def component_path() -> Callable[[str], Path]:
     """Build a test skill (cached by source digest) and return its .wasm path."""
     built: dict[str, Path] = {}
 
@@ -65,9 +79,9 @@ def sandbox() -> Iterator[Sandbox]:
 
 
 @pytest.fixture(scope="session")
-def demo_bundle(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> object:
+def demo_bundle(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> BuildResult:
     """The demo bundle built once per run from skills/ and policies/ (read-only)."""
-    from tests_bundle_util import build
+    from support.bundle import build
 
     return build(sandbox, tmp_path_factory.mktemp("demo") / "bundle")
 

@@ -22,19 +22,23 @@ ALLOWED: dict[str, set[str]] = {
     "package": set(),
     # permissions, state and audit only through the protocols in types; shell.run's
     # commands run through confine/ (DESIGN.md's table lists it for sandbox/)
-    "sandbox": {"confine"},
+    "sandbox": {"call", "confine"},
     "state": set(),
     "audit": set(),
-    "registry": {"sandbox", "package", "policy"},
+    # the call contract below the sandbox: CallContext, the current call, outcomes
+    "call": {"audit"},
+    # the registry reaches every backend through SkillBackend: it imports no sandbox
+    "registry": {"call", "audit", "policy"},
     # Agent Skills directories are validated, packed and staged by the build.
-    "bundle": {"package", "policy", "sandbox", "agentskills"},
+    "bundle": {"call", "package", "policy", "sandbox", "agentskills"},
     "mcp": {"registry"},
-    "cluster": {"registry", "state", "package"},
+    "cluster": {"call", "registry", "state", "package"},
     "confine": {"policy"},
-    "agentskills": {"policy", "package", "sandbox", "confine"},
-    "delegate": {"registry", "policy", "sandbox"},
+    "agentskills": {"call", "policy", "package", "sandbox", "confine"},
+    "delegate": {"call", "registry", "policy", "sandbox"},
     # one running node from a bundle: everything below mcp/
     "node": {
+        "call",
         "sandbox",
         "registry",
         "state",
@@ -79,14 +83,32 @@ def _names_from(path: Path, line: int) -> set[str]:
     }
 
 
+def _module_of(path: Path) -> list[str]:
+    """``path``'s dotted package parts (``src/skilld/registry/_dispatch.py``: skilld.registry)."""
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    return parts if parts[-1] == "__init__" and parts.pop() else parts[:-1]
+
+
 def _imports(path: Path) -> list[tuple[str, int]]:
+    """Every module ``path`` imports, absolute: ``from skilld import X`` counts as
+    ``skilld.X`` when X is a module of skilld, and a relative import is resolved."""
     tree = ast.parse(path.read_text(), filename=str(path))
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             found += [(alias.name, node.lineno) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.append((node.module, node.lineno))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                package = _module_of(path)
+                base = package[: len(package) - (node.level - 1)]
+                module = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            found.append((module, node.lineno))
+            for alias in node.names:
+                sub = SRC.joinpath(*module.split("."), alias.name)
+                if sub.with_suffix(".py").is_file() or (sub / "__init__.py").is_file():
+                    found.append((f"{module}.{alias.name}", node.lineno))
     return found
 
 
@@ -99,7 +121,7 @@ def _modules() -> list[Path]:
     return sorted(
         p
         for p in (SRC / "skilld").rglob("*.py")
-        if p.parent != SRC / "skilld" or p.stem in ("errors", "types", "digest", "paths")
+        if p.parent != SRC / "skilld" or p.stem in ("errors", "types", "digest", "paths", "call")
     )
 
 
@@ -124,6 +146,29 @@ def test_imports_point_one_way(path: Path) -> None:
             assert pkg in BOUNDARIES[top], (
                 f"{where}: {top} may only be imported in {sorted(BOUNDARIES[top])}/"
             )
+
+
+@pytest.mark.parametrize(
+    ("source", "where", "imported"),
+    [
+        ("from skilld import sandbox\n", "skilld/registry/_x.py", "skilld.sandbox"),
+        ("from skilld import ABI_VERSION\n", "skilld/registry/_x.py", None),
+        ("from ..sandbox import Sandbox\n", "skilld/registry/_x.py", "skilld.sandbox"),
+        ("from . import _catalogue\n", "skilld/registry/__init__.py", "skilld.registry._catalogue"),
+        ("from .abi import shell\n", "skilld/sandbox/_x.py", "skilld.sandbox.abi.shell"),
+    ],
+)
+def test_every_import_form_is_seen(
+    source: str, where: str, imported: str | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``from skilld import X`` and relative imports are resolved to the module they name."""
+    fake = SRC / where
+    monkeypatch.setattr(Path, "read_text", lambda self, *a, **k: source)
+    names = {name for name, _line in _imports(fake)}
+    if imported is None:
+        assert names == {"skilld"}
+    else:
+        assert imported in names
 
 
 def test_sdk_is_self_contained() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 
-from tests_env import ROOT
+from support.env import ROOT
 
 
 def _tracked() -> dict[str, bytes]:

@@ -1,16 +1,8 @@
-"""Helpers for bundle tests: the demo bundle built from the repository's skills/ and policies/."""
+"""Moved to ``support.bundle``; kept so that branches written against the old name still run.
 
-from __future__ import annotations
+Import from ``support.bundle`` (the lead deletes this module once every branch is merged).
+"""
 
-from pathlib import Path
+from support.bundle import build
 
-from skilld.bundle import BuildResult, build_bundle
-from skilld.sandbox import Sandbox
-from tests_env import ROOT, cache_dir
-
-
-def build(sandbox: Sandbox, out: Path, **kw: object) -> BuildResult:
-    """Build the repository's demo bundle into ``out``."""
-    return build_bundle(
-        ROOT / "skills", ROOT / "policies", out, sandbox=sandbox, cache_dir=cache_dir(), **kw
-    )  # type: ignore[arg-type]
+__all__ = ["build"]

@@ -1,32 +1,8 @@
-"""Paths, caches and environment shared by the tests and the processes they start.
+"""Moved to ``support.env``; kept so that branches written against the old name still run.
 
-A plain module (not conftest.py): several test directories have a conftest of their
-own, so ``from conftest import ...`` would be ambiguous.
+Import from ``support.env`` (the lead deletes this module once every branch is merged).
 """
 
-from __future__ import annotations
+from support.env import ROOT, SKILLS, cache_dir, cache_env
 
-import os
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parent.parent
-SKILLS = {
-    "echo": ROOT / "skills" / "echo",
-    "echo-wat": ROOT / "skills" / "echo-wat",
-    "notes": ROOT / "skills" / "notes",
-    "hostile": ROOT / "tests" / "skills" / "hostile",
-    "prober": ROOT / "tests" / "skills" / "prober",
-    "conformance": ROOT / "tests" / "skills" / "conformance",
-}
-
-
-def cache_dir() -> Path:
-    """The build and native-code cache shared by every test (and CI run)."""
-    path = Path(os.environ.get("SKILLD_CACHE") or ROOT / ".cache" / "skilld")
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    return path
-
-
-def cache_env() -> dict[str, str]:
-    """SKILLD_CACHE pointing at this run's build and native-code cache."""
-    return {"SKILLD_CACHE": str(cache_dir())}
+__all__ = ["ROOT", "SKILLS", "cache_dir", "cache_env"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TypedDict
 
-from skilld_sdk import Skill, SkillError, kv
+from skilld_sdk import Skill, SkillError, kv, u32
 
 skill = Skill()
 
@@ -44,7 +44,7 @@ def get(title: str) -> Note:
 
 
 @skill.method(name="list")
-def list_notes(prefix: str = "", limit: int = 100) -> list[str]:
+def list_notes(prefix: str = "", limit: u32 = 100) -> list[str]:
     """List note titles, in order.
 
     Args:

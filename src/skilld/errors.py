@@ -41,11 +41,46 @@ into this tree at the one boundary that uses the library (``raise X(...) from ex
     ├── ConfinementUnavailable  the kernel lacks what a confined process needs (names it)
     └── ProgramNotStarted       a confined program could not be started (errno, path)
 
+Every error carries two names, once, on its class: ``code``, the WIT ``error-code`` a
+client or a guest sees (``[timeout] ...``), and ``outcome``, the word its call's audit
+record, metrics and delegate's results use (``deadline``). There is no other mapping::
+
+    class              code               outcome
+    SkilldError        internal           fault
+    UsageError         invalid-argument   error:invalid-argument
+    PermissionDenied   not-permitted      error:not-permitted
+    GuestFault         fault              fault
+    DeadlineExceeded   timeout            deadline
+    CallCancelled      cancelled          cancelled
+    MemoryExhausted    limit-exceeded     memory
+    StackExhausted     limit-exceeded     stack
+    GuestError         its own code       error:<code>
+    HostCallError      its own code       error:<code>
+
+``deadline``, ``memory`` and ``stack`` (and ``busy``, a call refused for want of a
+slot) are also the names of the limits a record lists under ``limits_hit``.
+
 Outside the tree, :class:`RunOnThread` is a signal between the sandbox and the MCP
 layer, never an error anyone reports.
 """
 
 from __future__ import annotations
+
+import enum
+
+
+class ErrorCode(enum.StrEnum):
+    """The WIT ``error-code`` enum, spelled as on the wire: the one place its words live."""
+
+    NOT_PERMITTED = "not-permitted"
+    NOT_FOUND = "not-found"
+    INVALID_ARGUMENT = "invalid-argument"
+    LIMIT_EXCEEDED = "limit-exceeded"
+    TIMEOUT = "timeout"
+    UNAVAILABLE = "unavailable"
+    IO = "io"
+    CANCELLED = "cancelled"
+    INTERNAL = "internal"
 
 
 class SkilldError(Exception):
@@ -56,6 +91,14 @@ class SkilldError(Exception):
         location: where: ``file:line``, a skill id, a rule id, a path.
         hint: what the user can do about it.
     """
+
+    # The WIT error code a client sees, and the audit outcome (the module's table).
+    code: str = ErrorCode.INTERNAL
+    outcome: str = "fault"
+    # The policy rule behind a denial, where there is one.
+    rule: str | None = None
+    # What only the operator may see (the audit record's ``error_detail``), never a client.
+    detail: str | None = None
 
     def __init__(self, message: str, *, location: str | None = None, hint: str | None = None):
         super().__init__(message)
@@ -72,6 +115,9 @@ class SkilldError(Exception):
 
 class UsageError(SkilldError):
     """Bad command-line or configuration input."""
+
+    code = ErrorCode.INVALID_ARGUMENT
+    outcome = f"error:{ErrorCode.INVALID_ARGUMENT}"
 
 
 class BuildError(SkilldError):
@@ -109,6 +155,9 @@ class PermissionDenied(SkilldError):
         rule: id of the rule that decided (``default-deny`` when none matched).
     """
 
+    code: str = ErrorCode.NOT_PERMITTED
+    outcome = f"error:{ErrorCode.NOT_PERMITTED}"
+
     def __init__(
         self, message: str, *, rule: str, location: str | None = None, hint: str | None = None
     ):
@@ -131,25 +180,49 @@ class LinkError(SandboxError):
 class GuestFault(SandboxError):
     """The guest failed; the failure costs this one call, never the host."""
 
+    code = "fault"
+
 
 class GuestTrap(GuestFault):
-    """The guest trapped (unreachable, out-of-bounds access, a host function fault)."""
+    """The guest trapped (unreachable, out-of-bounds access, a host function fault).
+
+    Args:
+        detail: the trap's own text and the guest's stderr (a Rust panic message, a
+            Python traceback): kept for the audit record, never shown to a client,
+            since it can carry the guest's data or the host's internals.
+    """
+
+    def __init__(self, message: str, *, detail: str | None = None, location: str | None = None):
+        super().__init__(message, location=location)
+        self.detail = detail
 
 
 class DeadlineExceeded(GuestFault):
     """The call ran past its wall-clock deadline."""
 
+    code = ErrorCode.TIMEOUT
+    outcome = "deadline"
+
 
 class CallCancelled(GuestFault):
     """The client cancelled the call and the guest was stopped where it was."""
+
+    code = ErrorCode.CANCELLED
+    outcome = "cancelled"
 
 
 class MemoryExhausted(GuestFault):
     """The guest tried to grow its memory past its cap."""
 
+    code = ErrorCode.LIMIT_EXCEEDED
+    outcome = "memory"
+
 
 class StackExhausted(GuestFault):
     """The guest overflowed its stack."""
+
+    code = ErrorCode.LIMIT_EXCEEDED
+    outcome = "stack"
 
 
 class GuestError(SkilldError):
@@ -165,6 +238,7 @@ class GuestError(SkilldError):
     ):
         super().__init__(message, location=location)
         self.code = code
+        self.outcome = f"error:{code}"
         self.rule = rule
 
     def __str__(self) -> str:
@@ -186,6 +260,7 @@ class HostCallError(SkilldError):
     ):
         super().__init__(message, location=location)
         self.code = code
+        self.outcome = f"error:{code}"
         self.rule = rule
 
 

@@ -7,39 +7,9 @@ permission checks, state and audit only through them.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
-
-
-class ErrorCode(enum.Enum):
-    """The WIT ``error-code`` enum, spelled as on the wire."""
-
-    NOT_PERMITTED = "not-permitted"
-    NOT_FOUND = "not-found"
-    INVALID_ARGUMENT = "invalid-argument"
-    LIMIT_EXCEEDED = "limit-exceeded"
-    TIMEOUT = "timeout"
-    UNAVAILABLE = "unavailable"
-    IO = "io"
-    CANCELLED = "cancelled"
-    INTERNAL = "internal"
-
-
-class Capability(enum.Enum):
-    """The host capabilities a policy can grant, one per WIT import."""
-
-    LOG = "log"
-    KV = "kv"
-    FS = "fs"
-    HTTP = "http"
-    TCP = "tcp"
-    SHELL = "shell"
-    INVOKE = "invoke"
-    TRANSFER = "transfer"
-    ENV = "env"
-    MCP = "mcp"
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,12 +86,30 @@ class Limits:
 class PermissionChecker(Protocol):
     """Answers whether one skill may perform one action on one target.
 
-    Implementations must be cheap (microseconds) and must never raise for a
-    well-formed question: a refusal is a :class:`Decision` with ``allowed=False``.
+    Structured questions are asked typed, never formatted into text and parsed back:
+    a command as its argv, an address as (ip, port, host), a connection as (host,
+    port). :meth:`check` asks the questions whose target is one plain string (a kv
+    key, an env name, a skill to invoke, a file path, a URL). Implementations must be
+    cheap (microseconds) and must never raise for a well-formed question: a refusal
+    is a :class:`Decision` with ``allowed=False``.
     """
 
     def check(self, capability: str, action: str, target: str) -> Decision:
         """Decide ``action`` (e.g. ``read``) on ``target`` (e.g. a path) for ``capability``."""
+        ...
+
+    def check_argv(self, argv: Sequence[str], cwd: str | None = None) -> Decision:
+        """May the skill run ``argv`` (``shell.run``)? Every argument is data."""
+        ...
+
+    def check_address(
+        self, ip: str, port: int, capability: str = "http", host: str | None = None
+    ) -> Decision:
+        """May ``capability`` (http or tcp) connect to ``ip``, which ``host`` resolved to?"""
+        ...
+
+    def check_tcp(self, host: str, port: int) -> Decision:
+        """May the skill open a TCP connection to ``host`` on ``port`` (before resolution)?"""
         ...
 
 

@@ -40,7 +40,7 @@ from skilld_sdk._skill import (
     SkillError,
     Text,
 )
-from skilld_sdk.schema import SchemaError
+from skilld_sdk.schema import SchemaError, u8, u16, u32, u64
 
 __all__ = [
     "Audio",
@@ -55,6 +55,10 @@ __all__ = [
     "Skill",
     "SkillError",
     "Text",
+    "u8",
+    "u16",
+    "u32",
+    "u64",
 ]
 
 from skilld_sdk import host as _host

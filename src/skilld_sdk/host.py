@@ -106,7 +106,14 @@ class _KV:
         return cast("bool", _call(_binding("kv").delete, key))
 
     def keys(self, prefix: str = "", limit: int = 1000) -> list[str]:
-        """Keys starting with ``prefix``, in order."""
+        """Keys starting with ``prefix``, in order.
+
+        Raises:
+            HostError: ``invalid-argument`` for a ``limit`` outside a u32 (the host call
+                would trap on it).
+        """
+        if not 0 <= limit <= 0xFFFFFFFF:
+            raise HostError("invalid-argument", f"kv.keys: limit {limit} is not in 0..2**32-1")
         return _call(_binding("kv").keys, prefix, limit)
 
     def get_json(self, key: str) -> Any:

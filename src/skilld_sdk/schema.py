@@ -3,7 +3,9 @@
 Pure Python with no dependencies: it runs on the host (tests, ``skilld skill``)
 and inside componentize-py guests alike.
 
-Supported: ``str``, ``int``, ``float``, ``bool``, ``None``, ``list[T]``,
+Supported: ``str``, ``int``, the unsigned :data:`u8` / :data:`u16` / :data:`u32` /
+:data:`u64` (``minimum: 0`` and the type's ``maximum`` in the schema, so a negative
+number is refused before the guest runs), ``float``, ``bool``, ``None``, ``list[T]``,
 ``tuple[T, ...]``, ``set[T]``, ``dict[str, T]``, ``Optional[T]`` / ``T | None``,
 unions, ``Literal[...]``, ``TypedDict``, dataclasses, and ``Any``. Anything else
 raises :class:`SchemaError` naming the parameter. :func:`coerce` is never looser
@@ -18,9 +20,27 @@ import inspect
 import re
 import types
 from collections.abc import Callable
-from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Any, Literal, NewType, Union, get_args, get_origin, get_type_hints
 
-__all__ = ["SchemaError", "coerce", "params_schema", "result_schema", "to_jsonable"]
+__all__ = [
+    "SchemaError",
+    "coerce",
+    "params_schema",
+    "result_schema",
+    "to_jsonable",
+    "u8",
+    "u16",
+    "u32",
+    "u64",
+]
+
+# Unsigned integers, as the WIT types a host call takes (``kv.keys``'s ``limit`` is a
+# u32): a plain ``int`` passed on to such a call would trap on a negative value.
+u8 = NewType("u8", int)
+u16 = NewType("u16", int)
+u32 = NewType("u32", int)
+u64 = NewType("u64", int)
+_UNSIGNED: dict[Any, int] = {u8: 8, u16: 16, u32: 32, u64: 64}
 
 
 class SchemaError(TypeError):
@@ -48,6 +68,8 @@ def type_schema(tp: Any, where: str) -> dict[str, Any]:
         return {"type": "boolean"}
     if tp is int:
         return {"type": "integer"}
+    if tp in _UNSIGNED:
+        return {"type": "integer", "minimum": 0, "maximum": (1 << _UNSIGNED[tp]) - 1}
     if tp is float:
         return {"type": "number"}
     if tp is None or tp is _NoneType:
@@ -229,9 +251,11 @@ def coerce(value: Any, tp: Any, where: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TypeError(f"{where}: expected a number, got {type(value).__name__}")
         return float(value)
-    if tp is int:
+    if tp is int or tp in _UNSIGNED:
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"{where}: expected an integer, got {type(value).__name__}")
+        if tp in _UNSIGNED and not 0 <= value < (1 << _UNSIGNED[tp]):
+            raise TypeError(f"{where}: must be between 0 and {(1 << _UNSIGNED[tp]) - 1}")
         return value
     if tp in (str, bool):
         if type(value) is not tp:

@@ -10,10 +10,10 @@ import pytest
 from adversarial_harness import compile_dir
 
 from skilld import confine
+from skilld.call import CallContext
 from skilld.errors import HostCallError
 from skilld.permissions import SkillPermissions
 from skilld.registry import NullChannel
-from skilld.sandbox import CallContext
 from skilld.sandbox.abi import shell
 
 

@@ -151,7 +151,7 @@ def test_ungranted_allowed_tools_fail_strict_and_warn_lenient(
     a warning otherwise; an unknown tool grants nothing and is reported."""
     extra = "allowed-tools: Bash(git:*) Frobnicate\n"
     root = tree(tmp_path, {"gitty": {"SKILL.md": skill_md("gitty", extra)}}, {})
-    with pytest.raises(PolicyError, match="shell need git") as err:
+    with pytest.raises(PolicyError, match="needs shell git") as err:
         build(root, sandbox)
     assert err.value.location == "gitty/SKILL.md:4"
     seen: list[str] = []

@@ -25,7 +25,7 @@ from skilld.cli import main
 from skilld.errors import BundleError
 from skilld.package import SigningKey, trust_file_bytes, trusted_key, write_private_key
 from skilld.sandbox import Sandbox
-from tests_bundle_util import build
+from support.bundle import build
 
 
 @pytest.fixture(scope="module")
@@ -230,7 +230,7 @@ def test_same_digest_with_native_code_compiled_anew(
     inputs" of a bundle are its components (or packages), its policy and the engine.
     """
     from skilld.bundle import build_bundle
-    from tests_env import ROOT, cache_dir
+    from support.env import ROOT, cache_dir
 
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "315532800")
     cold = tmp_path / "cold-native"
@@ -370,7 +370,7 @@ def test_downgrade_uses_semver_precedence(before: str, after: str, down: bool) -
 
 def test_build_cli_summary(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """skilld build prints a summary table with skills, methods, sizes and the digest."""
-    from tests_env import ROOT
+    from support.env import ROOT
 
     code = main(
         [
@@ -393,7 +393,7 @@ def test_build_cli_quiet_still_shows_warnings(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """-q drops the progress lines, not the warnings (named by the policies path as given)."""
-    from tests_env import ROOT
+    from support.env import ROOT
 
     policies = ROOT / "docs" / "examples" / "policies"
     args = ["build", "--skills", str(ROOT / "skills"), "--policies", str(policies)]

@@ -22,7 +22,7 @@ from typing import Any
 
 from skilld.bundle import build_bundle
 from skilld.sandbox import Sandbox
-from tests_env import SKILLS, cache_dir
+from support.env import SKILLS, cache_dir
 
 # conformance: its elicitation tool holds a call open until the test's client answers.
 # hostile: writes keys, spins to its deadline.

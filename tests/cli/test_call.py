@@ -32,7 +32,7 @@ def test_build_then_call_persists_state(
     tmp_path: Path, component_path: Callable[[str], Path]
 ) -> None:
     """A note added in one process is returned by get in the next one."""
-    from tests_env import cache_env
+    from support.env import cache_env
 
     component_path("notes")  # warm the build cache
     out = tmp_path / "notes.wasm"
@@ -63,10 +63,11 @@ def test_call_error_exit_code(
 
 def test_build_error_shows_traceback(tmp_path: Path) -> None:
     """A skill whose module raises at import fails to build with the Python traceback shown."""
-    assert main(["skill", "new", "broken", "--dir", str(tmp_path)]) == 0
+    new = ["skill", "new", "broken", "--dir", str(tmp_path), "--policies", str(tmp_path / "p")]
+    assert main(new) == 0
     src = tmp_path / "broken" / "skill.py"
     src.write_text(src.read_text() + "\nraise RuntimeError('boom at import')\n")
-    from tests_env import cache_env
+    from support.env import cache_env
 
     proc = skilld(
         "skill", "build", str(tmp_path / "broken"), "-o", str(tmp_path / "b.wasm"), env=cache_env()
@@ -78,10 +79,26 @@ def test_build_error_shows_traceback(tmp_path: Path) -> None:
 
 def test_skill_new_refuses_overwrite(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """skill new scaffolds once and then refuses to overwrite."""
-    assert main(["skill", "new", "fresh", "--dir", str(tmp_path)]) == 0
+    policies = ["--policies", str(tmp_path / "policies")]
+    assert main(["skill", "new", "fresh", "--dir", str(tmp_path), *policies]) == 0
     assert (tmp_path / "fresh" / "skill.yaml").is_file()
-    assert main(["skill", "new", "fresh", "--dir", str(tmp_path)]) == 2
+    assert main(["skill", "new", "fresh", "--dir", str(tmp_path), *policies]) == 2
     assert "already exists" in capsys.readouterr().err
+
+
+def test_skill_new_writes_the_policy_its_needs_want(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """skill new writes a policy granting the template's needs: a strict compile finds nothing."""
+    skills, policies = tmp_path / "skills", tmp_path / "policies"
+    assert main(["skill", "new", "fresh", "--dir", str(skills), "--policies", str(policies)]) == 0
+    out = capsys.readouterr().out
+    assert f"created {policies}/fresh.yaml" in out and "skilld serve bundle" in out
+    tables = tmp_path / "tables.json"
+    compile_args = ["policy", "compile", str(policies), "--skills", str(skills), "--strict"]
+    assert main([*compile_args, "-o", str(tables)]) == 0, capsys.readouterr().err
+    assert "needs" not in capsys.readouterr().err
+    assert main(["policy", "explain", "fresh", "kv.get", "count", "--tables", str(tables)]) == 0
 
 
 def test_claimed_id_does_not_reach_that_skills_keys(
@@ -94,7 +111,7 @@ def test_claimed_id_does_not_reach_that_skills_keys(
     notes' keys; only --skill-id notes reaches them."""
     from skilld.cli._call import default_skill_id
     from skilld.state import SqliteState
-    from tests_env import cache_env
+    from support.env import cache_env
 
     monkeypatch.setenv("SKILLD_CACHE", cache_env()["SKILLD_CACHE"])
     wasm = component_path("notes")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests_env import ROOT, cache_env
+from support.env import ROOT, cache_env
 
 SUITE = Path(os.environ.get("SKILLD_MCP_CONFORMANCE") or ROOT / "tools" / "mcp-conformance")
 

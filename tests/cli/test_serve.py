@@ -18,7 +18,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from skilld.bundle import build_bundle
 from skilld.sandbox import Sandbox
-from tests_env import ROOT, SKILLS, cache_dir
+from support.env import ROOT, SKILLS, cache_dir
 
 POLICIES = {
     "echo.yaml": "skill: echo\ninvoke:\n  called_by: [hostile]\n",

@@ -20,7 +20,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from serve_process import ServeProcess, serve_argv
 
-from tests_env import cache_dir
+from support.env import cache_dir
 
 pytestmark = pytest.mark.anyio
 

@@ -16,7 +16,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests_env import cache_env
+from skilld.bundle import BuildResult
+from support.env import cache_env
 
 
 def _argv(bundle: Path, *extra: str) -> list[str]:
@@ -60,10 +61,10 @@ def _read_until(fd: int, needle: bytes, proc: subprocess.Popen[bytes]) -> bytes:
 
 
 def test_terminal_gets_a_plain_banner_with_url_and_how_to_stop(
-    demo_bundle: object, tmp_path: Path
+    demo_bundle: BuildResult, tmp_path: Path
 ) -> None:
     """On a terminal, stderr carries a plain banner (URL, state, Ctrl-C) and no JSON at all."""
-    bundle = demo_bundle.out  # type: ignore[attr-defined]
+    bundle = demo_bundle.out
     master, slave = pty.openpty()
     proc = subprocess.Popen(
         _argv(bundle, "--transport", "http", "--port", "0"),
@@ -87,9 +88,9 @@ def test_terminal_gets_a_plain_banner_with_url_and_how_to_stop(
     assert not [line for line in lines if line.lstrip().startswith("{")]
 
 
-def test_pipe_gets_json_lines_only(demo_bundle: object, tmp_path: Path) -> None:
+def test_pipe_gets_json_lines_only(demo_bundle: BuildResult, tmp_path: Path) -> None:
     """Not on a terminal, every stderr line is one JSON object: ready (with state), serving."""
-    bundle = demo_bundle.out  # type: ignore[attr-defined]
+    bundle = demo_bundle.out
     proc = subprocess.Popen(
         _argv(bundle, "--transport", "http", "--port", "0"),
         stdin=subprocess.DEVNULL,
@@ -113,9 +114,9 @@ def test_pipe_gets_json_lines_only(demo_bundle: object, tmp_path: Path) -> None:
     assert (state / "audit.jsonl").is_file()
 
 
-def test_busy_port_is_a_clear_error_before_ready(demo_bundle: object, tmp_path: Path) -> None:
+def test_busy_port_is_a_clear_error_before_ready(demo_bundle: BuildResult, tmp_path: Path) -> None:
     """A port in use fails with host:port named (exit 2); nothing says ready; JSON to the end."""
-    bundle = demo_bundle.out  # type: ignore[attr-defined]
+    bundle = demo_bundle.out
     with socket.create_server(("127.0.0.1", 0)) as busy:
         port = busy.getsockname()[1]
         done = subprocess.run(
@@ -135,9 +136,9 @@ def test_busy_port_is_a_clear_error_before_ready(demo_bundle: object, tmp_path: 
     assert f"cannot listen on 127.0.0.1:{port}" in failed["error"]
 
 
-def test_with_conformance_goes_with_the_demo_only(demo_bundle: object, tmp_path: Path) -> None:
+def test_with_conformance_goes_with_the_demo_only(demo_bundle: BuildResult, tmp_path: Path) -> None:
     """--with-conformance beside --bundle is a usage error (exit 2), said in a JSON line."""
-    bundle = demo_bundle.out  # type: ignore[attr-defined]
+    bundle = demo_bundle.out
     done = subprocess.run(
         _argv(bundle, "--with-conformance"),
         stdin=subprocess.DEVNULL,

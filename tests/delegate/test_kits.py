@@ -16,7 +16,7 @@ from skilld.delegate import BUILTINS
 from skilld.errors import PolicyError
 from skilld.permissions import SkillPermissions
 from skilld.policy import compile_policies, grade_of
-from tests_env import ROOT, cache_dir
+from support.env import ROOT, cache_dir
 
 SKILLS = {
     "notes": {"kv": {}},
@@ -213,6 +213,29 @@ def test_cli_delegate_and_validate(demo_bundle: BuildResult, tmp_path: Path) -> 
     assert json.loads(param.stdout)["output"] == "hi"
     unknown = _skilld("delegate", "x", "--kit", "nope", *bundle, state=tmp_path)
     assert unknown.returncode == 1 and "no kit named 'nope'" in unknown.stderr
+
+
+def test_cli_delegate_run_is_run_program(demo_bundle: BuildResult, tmp_path: Path) -> None:
+    """delegate run FILE --args JSON is run_program from the shell; a refused program exits 1."""
+    bundle = ["--bundle", str(demo_bundle.out)]
+    program = tmp_path / "shout.py"
+    program.write_text("result = [echo(word), echo(other)]\n")
+    args = ["--args", '{"word": "hi", "other": "there"}']
+    ran = _skilld("delegate", "run", str(program), "--kit", "text", *args, *bundle, state=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    out = json.loads(ran.stdout)
+    assert out["output"] == ["hi", "there"] and [t["tool"] for t in out["trace"]] == ["echo"] * 2
+    shadow = ["--args", '{"len": 5}']
+    refused = _skilld(
+        "delegate", "run", str(program), "--kit", "text", *shadow, *bundle, state=tmp_path
+    )
+    assert (
+        refused.returncode == 1 and json.loads(refused.stdout)["error"]["code"] == "invalid-program"
+    )
+    bad = _skilld(
+        "delegate", "run", str(program), "--kit", "text", "--args", "[1]", *bundle, state=tmp_path
+    )
+    assert bad.returncode == 2 and "--args must be a JSON object" in bad.stderr
 
 
 def test_refused_template_program_stops_the_node(tmp_path: Path, sandbox: Any) -> None:

@@ -383,3 +383,29 @@ def test_generated_valid_programs_run_contained(service: DelegateService, progra
     result = service.run_program(program, "notes")
     assert result["success"] or result["error"]["code"]
     assert len(result["trace"]) <= service.kit("notes").max_calls
+
+
+@pytest.mark.parametrize(
+    ("name", "rule"),
+    [
+        ("__builtins__", "delegate.underscore"),
+        ("_x", "delegate.underscore"),
+        ("len", "delegate.name"),
+        ("print", "delegate.name"),
+        ("getattr", "delegate.builtin"),
+        ("echo", "delegate.name"),
+        ("not a name", "delegate.name"),
+        ("for", "delegate.name"),
+    ],
+)
+def test_parameters_follow_the_name_rules(name: str, rule: str) -> None:
+    """A parameter may not bind __builtins__, a builtin, a kit tool or a non-name."""
+    problems = validate("result = 1", NOTES, {name: 5})
+    assert [p.rule for p in problems] == [rule], problems
+
+
+def test_a_builtin_parameter_is_refused_before_the_program_runs(service: DelegateService) -> None:
+    """run_program with {"len": 5} is refused by the validator, never run with len shadowed."""
+    result = service.run_program("result = len('abc')", "text", {"len": 5})
+    assert not result["success"] and result["error"]["code"] == "invalid-program"
+    assert "builtin" in result["error"]["message"] and result["trace"] == []

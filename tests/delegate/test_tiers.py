@@ -23,7 +23,7 @@ from skilld.delegate import InferenceConfig, parse_params
 from skilld.delegate._infer import infer, system_prompt
 from skilld.delegate._kits import Kit
 from skilld.errors import CallCancelled, DeadlineExceeded, DelegateError, UsageError
-from tests_env import cache_dir
+from support.env import cache_dir
 
 BAD = "Here it is:\n```python\nimport os\nresult = echo('hi')\n```"
 GOOD = "```python\nresult = echo('hi') + ' ' + echo('there')\n```"

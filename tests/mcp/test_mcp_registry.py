@@ -52,6 +52,8 @@ def notes(
         ({"method": "add", "args": {"title": "t"}}, "'body' is a required property"),
         ({"method": "add"}, "'args' is a required property"),
         ({"method": "drop_all"}, "invalid arguments at method: 'drop_all' is not one of"),
+        # A u32 parameter: the schema says minimum 0, so -1 never reaches kv.keys (a trap).
+        ({"method": "list", "args": {"limit": -1}}, "-1 is less than the minimum of 0"),
     ],
 )
 async def test_bad_per_skill_arguments_never_reach_the_guest(

@@ -7,14 +7,15 @@ from pathlib import Path
 
 import pytest
 
+from skilld.bundle import BuildResult
 from skilld.errors import UsageError
 from skilld.node import Node, NodeConfig
 from skilld.registry import NullChannel
 
 
-def test_opens_the_demo_bundle_and_calls_a_tool(demo_bundle: object, tmp_path: Path) -> None:
+def test_opens_the_demo_bundle_and_calls_a_tool(demo_bundle: BuildResult, tmp_path: Path) -> None:
     """A node opened from a bundle serves its tools and audits each call to the state dir."""
-    bundle = demo_bundle.out  # type: ignore[attr-defined]
+    bundle = demo_bundle.out
     with Node.open(NodeConfig(bundle=bundle, state_dir=tmp_path / "state")) as node:
         assert node.registry.ready()
         assert "echo/echo" in {t.name for t in node.registry.tools()}
@@ -26,9 +27,9 @@ def test_opens_the_demo_bundle_and_calls_a_tool(demo_bundle: object, tmp_path: P
     assert (tmp_path / "state" / "state.sqlite3").exists()
 
 
-def test_close_is_idempotent(demo_bundle: object, tmp_path: Path) -> None:
+def test_close_is_idempotent(demo_bundle: BuildResult, tmp_path: Path) -> None:
     """Closing a node twice is harmless (the context manager and an explicit close)."""
-    bundle = demo_bundle.out  # type: ignore[attr-defined]
+    bundle = demo_bundle.out
     node = Node.open(NodeConfig(bundle=bundle, state_dir=tmp_path, audit_log=tmp_path / "a.jsonl"))
     node.close()
     node.close()

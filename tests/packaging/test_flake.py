@@ -10,7 +10,7 @@ import tomllib
 
 import pytest
 
-from tests_env import ROOT
+from support.env import ROOT
 
 NIX = shutil.which("nix-instantiate")
 NIX_FILES = ["flake.nix", *sorted(p.relative_to(ROOT).as_posix() for p in ROOT.glob("nix/*.nix"))]

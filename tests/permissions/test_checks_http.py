@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from skilld.permissions import SkillPermissions, UrlRefused, normalize_url
+from skilld.permissions import SkillPermissions, UrlRefused, check_text, normalize_url
 from skilld.policy import compile_policies
 from skilld.policy._patterns import (
     _V4_STARTS,
@@ -161,7 +161,7 @@ def test_resolved_addresses(
     c: SkillPermissions, target: str, allowed: bool, rule: str | None
 ) -> None:
     """The address check refuses private and metadata addresses unless a rule names them."""
-    d = c.check("http", "address", target)
+    d = check_text(c, "http", "address", target)
     assert d.allowed == allowed, d.reason
     if rule:
         assert d.rule == rule

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from skilld.permissions import SkillPermissions, explain
-from skilld.permissions._checker import _split_argv
+from skilld.permissions import SkillPermissions, check_text, explain
+from skilld.permissions._text import _split_argv
 from skilld.policy import Tables, compile_policies
 
 TCP = """
@@ -62,11 +62,12 @@ def test_tcp(make: Make, host: str, port: int, allowed: bool, rule: str) -> None
 def test_tcp_resolved_address(make: Make) -> None:
     """A name that resolves privately passes only through a rule with allow_private."""
     c = make(TCP)
-    assert c.check("tcp", "address", "10.0.0.7:5432 db.internal").rule == "s.tcp[0]"
-    assert not c.check("tcp", "address", "10.0.0.7:443 example.com").allowed
-    assert c.check("tcp", "address", "10.20.0.7:22").rule == "s.lan"
-    assert c.check("tcp", "connect", "db.internal:5432").allowed
-    assert c.check("tcp", "connect", "db.internal:x").rule == "bad-request"
+    assert c.check_address("10.0.0.7", 5432, "tcp", "db.internal").rule == "s.tcp[0]"
+    assert not c.check_address("10.0.0.7", 443, "tcp", "example.com").allowed
+    assert c.check_address("10.20.0.7", 22, "tcp").rule == "s.lan"
+    assert check_text(c, "tcp", "address", "10.0.0.7:5432 db.internal").rule == "s.tcp[0]"
+    assert check_text(c, "tcp", "connect", "db.internal:5432").allowed
+    assert check_text(c, "tcp", "connect", "db.internal:x").rule == "bad-request"
 
 
 SHELL = """
@@ -109,12 +110,15 @@ def test_argv(make: Make, argv: list[str], allowed: bool, rule: str) -> None:
     assert (d.allowed, d.rule) == (allowed, rule), d.reason
 
 
-def test_shell_string_protocol_splits_like_the_sandbox_joins(make: Make) -> None:
-    """check("shell", "run", shlex.join(argv)) decides exactly what check_argv decides."""
+def test_a_command_written_as_text_is_split_like_a_shell_then_asked_as_argv(make: Make) -> None:
+    """check_text's shell.run decides what check_argv decides; the plain check() refuses it."""
     c = make(SHELL)
     argv = ["git", "log", "--format=a b;c", "-n", "$(id)"]
-    assert c.check("shell", "run", shlex.join(argv)) == c.check_argv(argv)
-    assert c.check("shell", "run", "git 'unclosed").rule == "bad-request"
+    assert check_text(c, "shell", "run", shlex.join(argv)) == c.check_argv(argv)
+    assert check_text(c, "shell", "run", "git 'unclosed").rule == "bad-request"
+    refused = c.check("shell", "run", shlex.join(argv))
+    assert (refused.allowed, refused.rule) == (False, "bad-request")
+    assert "ask it typed, with check_argv" in refused.reason
 
 
 def test_shell_cwd(make: Make) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from skilld.bundle import BuildResult
 from skilld.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,13 +83,32 @@ def test_strict_makes_problems_fatal(tmp_path: Path, capsys: pytest.CaptureFixtu
     (tmp_path / "p" / "notes.yaml").write_text("kv: {}\n")
     args = ["policy", "compile", str(tmp_path / "p"), "--skills", str(tmp_path / "skills")]
     assert main([*args, "-o", str(tmp_path / "t")]) == 0
-    assert "skill.yaml:3: env need SECRET is not granted" in capsys.readouterr().err
+    assert (
+        "skill.yaml:3: 'notes' needs env SECRET, which its policy has not granted"
+        in capsys.readouterr().err
+    )
     assert main([*args, "--strict", "-o", str(tmp_path / "t")]) == 1
 
 
+def test_a_kv_need_without_a_grant_reads_as_a_sentence(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A kv need nothing grants is reported in English, naming the skill and what it needs."""
+    skills = tmp_path / "skills" / "fresh"
+    skills.mkdir(parents=True)
+    (skills / "skill.yaml").write_text("id: fresh\nneeds:\n  kv: {}\n")
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / "fresh.yaml").write_text("limits:\n  wall_time: 5s\n")
+    args = ["policy", "compile", str(tmp_path / "p"), "--skills", str(tmp_path / "skills")]
+    assert main([*args, "-o", str(tmp_path / "t")]) == 0
+    err = capsys.readouterr().err
+    assert "'fresh' needs kv (its key-value namespace), which its policy has not granted" in err
+    assert "kv need a key-value namespace" not in err
+
+
 def test_explain_unknown_skill(capsys: pytest.CaptureFixture[str]) -> None:
-    """Explaining for a skill without a policy is an error naming the known skills."""
-    assert main(["policy", "explain", "nope", "fs.read", "/x", "--policies", POLICIES]) == 1
+    """Explaining for a skill without a policy is a usage error (2, not a denial) naming it."""
+    assert main(["policy", "explain", "nope", "fs.read", "/x", "--policies", POLICIES]) == 2
     assert "no policy for skill 'nope'" in capsys.readouterr().err
 
 
@@ -142,10 +162,10 @@ def test_explain_uses_the_skills_beside_the_policies(
 
 
 def test_explain_reads_a_bundles_tables(
-    demo_bundle: object, capsys: pytest.CaptureFixture[str]
+    demo_bundle: BuildResult, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """--bundle answers from the tables a built bundle carries."""
-    bundle = str(demo_bundle.out)  # type: ignore[attr-defined]
+    bundle = str(demo_bundle.out)
     assert main(["policy", "explain", "notes", "kv.set", "k", "--bundle", bundle]) == 0
     assert main(["policy", "explain", "notes", "fs.read", "/etc/passwd", "--bundle", bundle]) == 1
 

@@ -11,14 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from skilld.audit import CallRecorder, MemorySink
-from skilld.errors import AuditError, DeadlineExceeded, GuestError
+from skilld.errors import AuditError, DeadlineExceeded, GuestError, GuestTrap
 from skilld.registry import NullChannel, Registry, SkillEntry
 from skilld.sandbox import CallContext, Sandbox
 from skilld.state import SqliteState
 from skilld.types import MAX_AUDITED_DECISIONS, Decision, Limits
+from support.checkers import TextQuestions
 
 
-class AllowKv:
+class AllowKv(TextQuestions):
     """A checker allowing the kv capability, deciding (and so recording) every access."""
 
     def check(self, capability: str, action: str, target: str) -> Decision:
@@ -176,3 +177,17 @@ def test_recorders_keep_the_cap_and_lose_no_count(
     assert sum(r["count"] for r in beyond["by_rule"]) == beyond["count"]
     assert len(ctx.decisions) == len(record["decisions"])
     assert sum(ctx.decisions_beyond.values()) == beyond["count"]
+
+
+def test_a_traps_text_goes_to_the_audit_record_never_to_the_caller(
+    sandbox: Sandbox, component_path: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """A trap's own text (a panic message, stderr) is in error_detail, not in the caller's error."""
+    sink = MemorySink()
+    reg, _state = _registry(sandbox, component_path, tmp_path, sink)
+    with pytest.raises(GuestTrap) as trapped:
+        reg.call("hostile/trap", {}, NullChannel())
+    assert "unreachable" not in str(trapped.value)
+    record = sink.records[-1]
+    assert record["outcome"] == "fault" and "unreachable" not in record["error"]
+    assert "unreachable" in record["error_detail"]

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from skilld.audit import MemorySink
+from skilld.call import Inline
 from skilld.errors import DeadlineExceeded, RunOnThread
 from skilld.registry import NullChannel, Registry, SkillEntry
 from skilld.sandbox import CallContext, Component, Sandbox, _sandbox
@@ -80,12 +81,12 @@ def test_a_component_never_instantiated_is_not_instantiated_inline(
 ) -> None:
     """How long its instantiation takes is unknown: the attempt gives up before it starts."""
     comp = sandbox.load(component_path("echo-wat").read_bytes(), name="echo-wat")
-    ctx = CallContext("echo-wat", LIMITS, NullChannel(), inline_until=time.monotonic() + 0.05)
+    ctx = CallContext("echo-wat", LIMITS, NullChannel(), inline=Inline.for_s(0.05))
     with pytest.raises(RunOnThread) as gave_up:
         comp.call("echo", '{"text":"hi"}', ctx)
     assert not gave_up.value.ran
     on_thread = comp.call("echo", '{"text":"hi"}', CallContext("echo-wat", LIMITS, NullChannel()))
-    ctx = CallContext("echo-wat", LIMITS, NullChannel(), inline_until=time.monotonic() + 0.05)
+    ctx = CallContext("echo-wat", LIMITS, NullChannel(), inline=Inline.for_s(0.05))
     # Measured now: instantiated inline only if that took under the threshold.
     if comp._instantiate_s < _sandbox._WARM_WORTH_S:
         assert comp.call("echo", '{"text":"hi"}', ctx) == on_thread

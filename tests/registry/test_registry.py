@@ -25,10 +25,11 @@ from skilld.registry import (
 from skilld.sandbox import CallContext, Sandbox
 from skilld.state import SqliteState
 from skilld.types import Decision, Limits, MethodSpec
-from tests_env import SKILLS, cache_dir
+from support.checkers import TextQuestions
+from support.env import SKILLS, cache_dir
 
 
-class InvokeOnly:
+class InvokeOnly(TextQuestions):
     """A checker that allows invoking the named skills and nothing else."""
 
     def __init__(self, callees: set[str]):
@@ -181,7 +182,7 @@ def test_invoke_cycle_is_stopped(registry: tuple[Registry, MemorySink]) -> None:
     text = json.dumps(out)
     # The plain checker knows no depth and the host's ceiling is far off: a nested
     # call takes a slot without waiting, so the chain stops when the slots run out.
-    assert "limit-exceeded" in text and "8 concurrent calls" in text
+    assert "limit-exceeded" in text and "(8 calls running)" in text
 
 
 # -- annotations -------------------------------------------------------------------
@@ -358,7 +359,7 @@ def test_resource_reads_take_a_slot(
     reg, sink, entry = conformance
     assert entry.slots.acquire(timeout=0)  # the skill's only slot, held by "another call"
     try:
-        with pytest.raises(GuestError, match="limit of 1 concurrent"):
+        with pytest.raises(GuestError, match=r"busy \(1 calls running\)"):
             reg.read_resource("test://static-text", NullChannel())
     finally:
         entry.slots.release()

@@ -16,9 +16,10 @@ import pytest
 from skilld.registry import NullChannel
 from skilld.sandbox import CallContext, Component, Sandbox
 from skilld.types import Decision, Limits
+from support.checkers import TextQuestions
 
 
-class SetChecker:
+class SetChecker(TextQuestions):
     """Allows exactly the (capability, action, target) triples it was given."""
 
     def __init__(self, allowed: set[tuple[str, str, str]]):

@@ -10,14 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from skilld.call import CallContext
 from skilld.errors import BuildError, GuestError
 from skilld.package import read_skill_meta
 from skilld.package.build import build_component
 from skilld.registry import NullChannel
 from skilld.sandbox import Component, Sandbox
-from skilld.sandbox._context import CallContext
 from skilld.types import Limits
-from tests_env import SKILLS
+from support.env import SKILLS
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from tests_env import cache_env
+from support.env import cache_env
 
 Loader = Callable[[str], Path]
 

@@ -15,9 +15,10 @@ from skilld.registry import NullChannel
 from skilld.sandbox import CallContext, Component, Sandbox
 from skilld.sandbox.abi import fs
 from skilld.types import Decision, Limits
+from support.checkers import TextQuestions
 
 
-class PrefixChecker:
+class PrefixChecker(TextQuestions):
     """Allows fs reads under ``ro`` and ``rw`` roots and writes under ``rw`` only."""
 
     def __init__(self, ro: Path, rw: Path):

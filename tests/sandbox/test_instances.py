@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 from wasmtime import _bindings
 
+from skilld.call import CallContext
 from skilld.errors import CallCancelled, DeadlineExceeded
 from skilld.package.build import build_component
 from skilld.registry import NullChannel
 from skilld.sandbox import Component, Sandbox, _sandbox
-from skilld.sandbox._context import CallContext
 from skilld.sandbox._sandbox import _MAX_UNFREED
 from skilld.types import Limits
-from tests_env import SKILLS, cache_dir
+from support.env import SKILLS, cache_dir
 
 
 def _load(sandbox: Sandbox, component_path: Callable[[str], Path], name: str) -> Component:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from skilld.package import build
-from tests_env import SKILLS
+from support.env import SKILLS
 
 
 def test_builder_source_is_in_the_key(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

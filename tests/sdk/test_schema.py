@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 
 from skilld_sdk import SchemaError, Skill, SkillError
-from skilld_sdk.schema import coerce, params_schema, result_schema, type_schema
+from skilld_sdk.schema import coerce, params_schema, result_schema, type_schema, u8, u32
 
 
 class Movie(TypedDict):
@@ -283,3 +283,27 @@ def test_call_refuses_missing_typeddict_keys_and_bool_for_int_literal() -> None:
     with pytest.raises(SkillError, match="stars: must be one of") as info:
         skill.call("rate", json.dumps({"movie": {"title": "a", "year": 1}, "stars": True}))
     assert info.value.code == "invalid-argument"
+
+
+def test_unsigned_types_have_a_minimum_and_a_maximum() -> None:
+    """u8 and u32 give minimum 0 and the type's maximum; coerce refuses what the schema does."""
+    assert type_schema(u32, "x") == {"type": "integer", "minimum": 0, "maximum": 2**32 - 1}
+    assert type_schema(u8, "x")["maximum"] == 255
+    assert coerce(7, u32, "limit") == 7
+    for bad in (-1, 2**32):
+        with pytest.raises(TypeError, match="limit: must be between 0 and 4294967295"):
+            coerce(bad, u32, "limit")
+    with pytest.raises(TypeError, match="expected an integer"):
+        coerce(True, u8, "x")
+
+
+def test_a_negative_limit_is_refused_by_the_generated_schema() -> None:
+    """A method taking a u32 publishes a schema that jsonschema refuses -1 against."""
+
+    def list_notes(limit: u32 = 100) -> list[str]:
+        return []
+
+    schema = params_schema(list_notes, "list")
+    with pytest.raises(jsonschema.ValidationError, match="less than the minimum of 0"):
+        jsonschema.validate({"limit": -1}, schema)
+    jsonschema.validate({"limit": 0}, schema)

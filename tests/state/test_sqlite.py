@@ -189,7 +189,7 @@ _WRITER = textwrap.dedent("""
     import sys
     from pathlib import Path
     sys.path.insert(0, {tests!r})
-    from tests_env import SKILLS, cache_dir
+    from support.env import SKILLS, cache_dir
     from skilld.package.build import build_component
     from skilld.registry import NullChannel
     from skilld.sandbox import CallContext, Sandbox

@@ -42,9 +42,9 @@ from urllib.parse import quote
 from skilld.agentskills._build import INSTRUCTIONS, RUN_SCRIPT, mime_type, resource_uri
 from skilld.agentskills._quota import Quota, mount_tmpfs
 from skilld.agentskills._skillmd import SKILL_MD, jsonable, split_frontmatter
-from skilld.errors import CallCancelled, GuestError, RunOnThread
+from skilld.call import CallContext
+from skilld.errors import CallCancelled, GuestError
 from skilld.paths import remove_tree, scratch_prefix
-from skilld.sandbox import CallContext
 from skilld.types import CallOutput, ContentBlock, SkillSpec
 
 # Workspace files returned with a result: at most this many, each at most this large
@@ -143,8 +143,7 @@ class AgentSkillBackend:
         if method == INSTRUCTIONS:
             return self._instructions()
         if method == RUN_SCRIPT and self.executor is not None:
-            if ctx.inline_until is not None:
-                raise RunOnThread
+            ctx.thread_only()
             return self._run_script(json.loads(args_json), ctx)
         raise GuestError("not-found", f"skill '{self.spec.id}' has no method '{method}'")
 

@@ -35,11 +35,12 @@ from typing import Any, Protocol
 from skilld.agentskills._backend import ScriptRun
 from skilld.agentskills._build import INTERPRETERS
 from skilld.agentskills._plan import SYSTEM_FILES
+from skilld.call import CallContext
 from skilld.confine import ProgramNotStarted, ResourceLimits, from_grants, run
-from skilld.errors import CallCancelled, DeadlineExceeded, GuestError
+from skilld.errors import CallCancelled, DeadlineExceeded, ErrorCode, GuestError
 from skilld.paths import scratch_prefix
 from skilld.policy import _patterns as patterns
-from skilld.sandbox import CallContext, egress_route
+from skilld.sandbox import egress_route
 from skilld.types import CallOutput, Decision, Limits
 
 # Each of stdout and stderr keeps this much; the rest is read and dropped.
@@ -254,7 +255,7 @@ class NativeExecutor:
         if name is None or name not in self.interpreters:
             granted = ", ".join(self.interpreters) or "none"
             raise GuestError(
-                "not-permitted",
+                ErrorCode.NOT_PERMITTED,
                 f"no interpreter for '{script}' is granted to '{self.skill_id}' "
                 f"(granted: {granted})",
                 rule=f"{self.skill_id}.scripts",

@@ -9,7 +9,14 @@ private structlog pipeline; :class:`MemorySink` keeps it for tests.
 
 from __future__ import annotations
 
-from skilld.audit._record import RECORD_KEYS, CallRecorder, digest
+from skilld.audit._record import MAX_HOST_FAULTS, RECORD_KEYS, CallRecorder, digest
 from skilld.audit._sinks import JsonLinesSink, MemorySink
 
-__all__ = ["RECORD_KEYS", "CallRecorder", "JsonLinesSink", "MemorySink", "digest"]
+__all__ = [
+    "MAX_HOST_FAULTS",
+    "RECORD_KEYS",
+    "CallRecorder",
+    "JsonLinesSink",
+    "MemorySink",
+    "digest",
+]

@@ -1,9 +1,15 @@
-"""One audit record per call, built while the call runs."""
+"""One audit record per call, built while the call runs.
+
+:class:`CallRecorder` is the one builder of every record skilld writes about a call:
+the ``call`` record (a guest ran, or a request was refused before it could), and the
+``started`` record that goes out before a call's first state write.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -17,9 +23,10 @@ from skilld.types import (
     decisions_beyond,
 )
 
-# Keys every call record has (the registry writes the same shape).
+# Keys every call record has.
 RECORD_KEYS = (
     "event",
+    "call_id",
     "skill",
     "version",
     "method",
@@ -34,6 +41,11 @@ RECORD_KEYS = (
     "error",
     "decisions",
 )
+
+# Outcomes that name the limit the call reached (listed under ``limits_hit``).
+_LIMIT_OUTCOMES = frozenset({"deadline", "memory", "stack", "busy"})
+# Host faults one call keeps for its record: a guest may retry a failing call in a loop.
+MAX_HOST_FAULTS = 16
 
 
 def digest(value: Any) -> str:
@@ -60,22 +72,32 @@ class CallRecorder:
     def __init__(
         self,
         skill: str,
-        version: str,
+        version: str | None,
         method: str,
         *,
         caller: str,
         input: Any,  # noqa: A002 - the record's field is called input
         depth: int = 0,
+        target: str | None = None,
         clock: Callable[[], float] = time.time,
         timer: Callable[[], float] = time.perf_counter,
     ):
-        """Start the call now; ``input`` is hashed, never stored."""
+        """Start the call now; ``input`` is hashed, never stored.
+
+        ``target`` names what a resource read or a prompt was about (its URI or name).
+        """
         self.skill, self.version, self.method = skill, version, method
-        self.caller, self.depth = caller, depth
+        self.caller, self.depth, self.target = caller, depth, target
+        # Joins a call's ``started`` and ``call`` records (64 random bits).
+        self.call_id = os.urandom(8).hex()
         self.input_sha256 = digest(input)
         self.decisions: list[Decision] = []
         self.decisions_beyond: dict[DecisionKey, int] = {}
         self.limits_hit: list[str] = []
+        self.host_faults: list[str] = []
+        # Facts a backend adds (a script's exit status, its executor); JSON values under
+        # names the record does not already use.
+        self.facts: dict[str, Any] = {}
         self._timer = timer
         self.start = clock()
         self._t0 = timer()
@@ -97,24 +119,52 @@ class CallRecorder:
         if name not in self.limits_hit:
             self.limits_hit.append(name)
 
-    def finish(
-        self, outcome: str, *, output: Any = None, error: BaseException | str | None = None
-    ) -> dict[str, Any]:
-        """The finished record (``outcome``: ``ok``, ``error``, ``denied``, ``deadline``...).
+    def host_fault(self, text: str) -> None:
+        """Note a host function's own failure (a host bug), up to :data:`MAX_HOST_FAULTS`."""
+        if len(self.host_faults) < MAX_HOST_FAULTS:
+            self.host_faults.append(text[:500])
 
-        Past :data:`~skilld.types.MAX_AUDITED_DECISIONS` decisions, the rest are
-        summarised under ``decisions_beyond_cap`` (a count per rule).
-        """
-        record = {
-            "event": "call",
+    def _head(self, event: str) -> dict[str, Any]:
+        """What every record of this call says first."""
+        return {
+            "event": event,
+            "call_id": self.call_id,
             "skill": self.skill,
             "version": self.version,
             "method": self.method,
             "caller": self.caller,
             "depth": self.depth,
             "input_sha256": self.input_sha256,
-            "output_sha256": None if output is None else digest(output),
             "start": self.start,
+        }
+
+    def started(self) -> dict[str, Any]:
+        """The ``started`` record of a call about to write state (its ``call`` record follows)."""
+        record = self._head("started")
+        if self.target is not None:
+            record["target"] = self.target
+        return record
+
+    def finish(
+        self,
+        outcome: str,
+        *,
+        output: Any = None,
+        error: BaseException | str | None = None,
+        refused: bool = False,
+    ) -> dict[str, Any]:
+        """The finished record (``outcome``: ``ok``, ``error:<code>``, ``deadline``...).
+
+        An outcome that names a limit (``deadline``, ``memory``, ``stack``, ``busy``) is
+        listed under ``limits_hit``. Past :data:`~skilld.types.MAX_AUDITED_DECISIONS`
+        decisions, the rest are summarised under ``decisions_beyond_cap`` (a count per
+        rule). ``refused`` marks a request refused before any guest code ran.
+        """
+        if outcome in _LIMIT_OUTCOMES:
+            self.limit_hit(outcome)
+        record = self._head("call")
+        record |= {
+            "output_sha256": None if output is None else digest(output),
             "duration_ms": round((self._timer() - self._t0) * 1000, 3),
             "outcome": outcome,
             "limits_hit": list(self.limits_hit),
@@ -123,6 +173,17 @@ class CallRecorder:
         }
         if self.decisions_beyond:
             record["decisions_beyond_cap"] = decisions_beyond(self.decisions_beyond)
+        if self.target is not None:
+            record["target"] = self.target
+        detail = getattr(error, "detail", None)
+        if detail:
+            record["error_detail"] = detail
+        if self.host_faults:
+            record["host_faults"] = list(self.host_faults)
+        if refused:
+            record["refused"] = True
+        for key, value in self.facts.items():
+            record.setdefault(key, value)
         return record
 
     def emit(

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         sign_lock,
         verify_lock_signature,
     )
+    from skilld.bundle._kinds import BuildOptions
     from skilld.bundle._load import LoadedBundle, open_bundle
 
 _BUILD = ("BuildResult", "build_bundle", "sign_lock", "verify_lock_signature")
@@ -41,6 +42,10 @@ def __getattr__(name: str) -> Any:
         from skilld.bundle import _build
 
         return getattr(_build, name)
+    if name == "BuildOptions":
+        from skilld.bundle import _kinds
+
+        return _kinds.BuildOptions
     if name in _LOAD:
         from skilld.bundle import _load
 
@@ -52,6 +57,7 @@ __all__ = [
     "FORMAT",
     "LOCK",
     "LOCK_SIG",
+    "BuildOptions",
     "BuildResult",
     "LoadedBundle",
     "Lock",

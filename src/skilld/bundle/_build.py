@@ -2,10 +2,10 @@
 
 Steps, each timed and reported through ``progress``:
 
-1. collect skills: ``.skill`` files are used as they are; source directories
-   (``skill.yaml``) are built and packed, and Agent Skills directories (``SKILL.md``)
-   validated and packed, signed with the given skill key or an ephemeral build key
-   whose public half joins the bundle's trust set;
+1. collect skills: ``.skill`` files are used as they are; each kind of skill
+   (``_kinds.py``: wasm components from ``skill.yaml``, delegate kits' runner, Agent
+   Skills from ``SKILL.md``) finds its sources and packs them, signed with the given
+   skill key or an ephemeral build key whose public half joins the bundle's trust set;
 2. verify every package against the trust directory (scopes, thresholds);
 3. compile the policy with each skill's declared needs;
 4. AOT-compile every component for this engine (cached by digest);
@@ -22,7 +22,6 @@ runner component is compiled once when a skill uses the ``wasm`` executor.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import tempfile
@@ -31,39 +30,32 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from skilld import ABI_VERSION, __version__, agentskills, package, paths
+from skilld import ABI_VERSION, __version__, agentskills, package
+from skilld.bundle._kinds import (
+    KINDS,
+    BuildOptions,
+    BuildSummaryRow,
+    Staged,
+    Staging,
+    _sha256,
+    _write,
+)
 from skilld.bundle._lock import (
     FORMAT,
     LOCK,
     LOCK_SIG,
     Lock,
-    LockedAgentSkill,
-    LockedRunner,
-    LockedSkill,
     canonical_json,
 )
-from skilld.errors import AgentSkillError, BundleError, SkilldError, UsageError
-from skilld.package.build import build_component
-from skilld.policy import RUNNER, check_kit_methods, compile_policies
-from skilld.sandbox import CallContext, Sandbox, write_native
-from skilld.types import Limits
+from skilld.errors import BundleError, SkilldError, UsageError
+from skilld.policy import RUNNER, compile_policies
+from skilld.sandbox import Sandbox
 
 LOCK_SIGNING_CONTEXT = b"skilld bundle lock v1\n"
 EPHEMERAL_TRUST = "ephemeral-build.pub.json"
 
 Progress = Callable[[str], None]
-
-
-@dataclass(frozen=True, slots=True)
-class BuildSummaryRow:
-    """One line of the build's summary table."""
-
-    id: str
-    version: str
-    methods: int
-    grants: str
-    package_bytes: int
-    native_bytes: int
+_DEFAULTS = BuildOptions()
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,23 +66,6 @@ class BuildResult:
     lock: Lock
     rows: tuple[BuildSummaryRow, ...]
     warnings: tuple[str, ...]
-
-
-class _NoChannel:
-    def progress(self, progress: float, total: float | None, message: str | None) -> None: ...
-    def log(self, level: str, data: Any) -> None: ...
-    def sample(self, params: Any) -> Any:
-        raise BundleError("describe may not sample")
-
-    def elicit(self, params: Any) -> Any:
-        raise BundleError("describe may not elicit")
-
-    def cancelled(self) -> bool:
-        return False
-
-
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 def _versions_key(version: str) -> tuple[Any, ...]:
@@ -121,12 +96,6 @@ def _check_downgrades(
             )
 
 
-def _write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data)
-    path.chmod(0o444)
-
-
 @dataclass(frozen=True, slots=True)
 class _Collected:
     path: Path  # where the package sits in the stage
@@ -135,39 +104,23 @@ class _Collected:
 
 
 def _collect(
-    skills_dir: Path,
-    stage: Path,
-    trust_src: Path,
-    skill_key: Path | None,
-    cache_dir: Path | None,
-    epoch: int,
-    progress: Progress,
-    lenient: bool = False,
-    with_runner: bool = False,
+    skills_dir: Path, policies_dir: Path, stage: Path, epoch: int, options: BuildOptions
 ) -> list[_Collected]:
-    """Copy pre-signed packages and build+sign source skills into ``stage/packages``."""
+    """Copy pre-signed packages, and build, pack and sign every kind's sources, into
+    ``stage/packages``."""
+    progress = options.progress
     pkg_dir = stage / "packages"
     pkg_dir.mkdir(parents=True)
     trust_dir = stage / "trust"
     trust_dir.mkdir()
+    trust_src = policies_dir / "trust"
     if trust_src.is_dir():
         for f in sorted(trust_src.iterdir()):
             if f.is_file() and f.name.endswith(".pub.json"):
                 shutil.copyfile(f, trust_dir / f.name)
-    sources = [d for d in sorted(skills_dir.iterdir()) if (d / "skill.yaml").is_file()]
-    if with_runner:
-        # delegate's kits run their programs in the CPython runner, built like a source skill.
-        sources.append(paths.runner_dir())
-    agents = [
-        agentskills.read_source(d, lenient=lenient)
-        for d in sorted(skills_dir.iterdir())
-        if d.is_dir() and agentskills.is_agent_skill(d)
-    ]
-    for a in agents:
-        for warning in a.md.warnings:
-            progress(f"warning: {warning}")
+    sources = [s for kind in KINDS for s in kind.find(skills_dir, policies_dir, options)]
     prebuilt = sorted(skills_dir.glob("*.skill"))
-    if not sources and not prebuilt and not agents:
+    if not sources and not prebuilt:
         raise BundleError(
             "no skills found (expected *.skill files, directories with skill.yaml, "
             "or Agent Skills directories with SKILL.md)",
@@ -179,40 +132,23 @@ def _collect(
         target = pkg_dir / f.name
         shutil.copyfile(f, target)
         out.append(_Collected(target, f, None))
-    if sources or agents:
-        if skill_key is not None:
-            key = package.load_private_key(skill_key)
+    if sources:
+        if options.skill_key is not None:
+            key = package.load_private_key(options.skill_key)
             progress(f"signing source skills with key {key.key_id}")
         else:
             key = package.SigningKey.generate()
-            metas = [package.read_skill_meta(d) for d in sources]
             trusted = package.trusted_key(
-                "ephemeral-build",
-                key.public_raw,
-                sorted([m.id for m in metas] + [a.md.id for a in agents]),
+                "ephemeral-build", key.public_raw, sorted(s.id for s in sources)
             )
             (trust_dir / EPHEMERAL_TRUST).write_bytes(package.trust_file_bytes(trusted))
             progress(f"signing source skills with ephemeral build key {key.key_id}")
-        for d in sources:
-            meta = package.read_skill_meta(d)
-            progress(f"building {meta.id} {meta.version} from {d}")
-            component = build_component(d, cache_dir=cache_dir).read_bytes()
-            data = package.pack_directory(d, component, keys=[key], epoch=epoch)
-            target = pkg_dir / f"{meta.id}-{meta.version}.skill"
+        for source in sources:
+            data, version = source.pack(key, epoch)
+            target = pkg_dir / f"{source.id}-{version}.skill"
             target.write_bytes(data)
-            out.append(_Collected(target, d, (meta.id, meta.version)))
-        for a in agents:
-            progress(f"packing Agent Skill {a.md.id} from {a.origin}")
-            data, version = agentskills.pack(a, keys=[key], epoch=epoch)
-            target = pkg_dir / f"{a.md.id}-{version}.skill"
-            target.write_bytes(data)
-            out.append(_Collected(target, a.origin, (a.md.id, version)))
+            out.append(_Collected(target, source.origin, (source.id, version)))
     return out
-
-
-def _has_kits(policies_dir: Path) -> bool:
-    kits = policies_dir / "kits"
-    return kits.is_dir() and any(p.suffix in (".yaml", ".yml") for p in kits.iterdir())
 
 
 def sign_lock(key_path: Path, lock_bytes: bytes) -> bytes:
@@ -273,58 +209,35 @@ def build_bundle(
     out: Path,
     *,
     sandbox: Sandbox,
-    skill_key: Path | None = None,
-    bundle_key: Path | None = None,
-    previous: Path | None = None,
-    allow_downgrade: bool = False,
-    strict: bool = True,
-    cache_dir: Path | None = None,
-    lenient: bool = False,
-    wheelhouse: Path | None = None,
-    progress: Progress = lambda _msg: None,
+    options: BuildOptions = _DEFAULTS,
+    **changes: Any,
 ) -> BuildResult:
     """Build a bundle from ``skills_dir`` and ``policies_dir`` into ``out``.
 
     Args:
-        skill_key: signs skills built from source; without it an ephemeral key does,
-            and its public half (scoped to exactly those skills) joins the trust set.
-        bundle_key: signs ``bundle.lock`` (``bundle.lock.sig``).
-        previous: an earlier ``bundle.lock``; lower skill versions are refused
-            unless ``allow_downgrade``.
-        strict: needs that no grant covers are errors (otherwise warnings).
-        lenient: load Agent Skills the way the specification's client guide allows
-            (a name that differs from its directory, over-long name or description:
-            warnings).
-        wheelhouse: where Agent Skills' Python requirements are installed from
-            (offline; a missing wheel is an error naming the skill and package).
+        options: how (:class:`BuildOptions`); ``changes`` replace some of its fields
+            (``build_bundle(..., strict=False)``).
 
     Raises:
         BundleError: a skill, package, policy or downgrade problem (names the file).
         PackageError, PolicyError: from verification and compilation.
         UsageError: missing input directories.
+        TypeError: ``changes`` names no field of :class:`BuildOptions`.
     """
+    opts = replace(options, **changes) if changes else options
+    progress = opts.progress
     if not skills_dir.is_dir():
         raise UsageError(f"no skills directory: {skills_dir}")
     if not policies_dir.is_dir():
         raise UsageError(f"no policies directory: {policies_dir}")
     epoch = package.source_date_epoch()
-    previous_lock = Lock.read(previous) if previous else None
+    previous_lock = Lock.read(opts.previous) if opts.previous else None
 
     with tempfile.TemporaryDirectory(prefix="skilld-bundle-") as tmp:
         stage = Path(tmp) / "bundle"
         stage.mkdir()
         progress(f"collecting skills from {skills_dir}")
-        collected = _collect(
-            skills_dir,
-            stage,
-            policies_dir / "trust",
-            skill_key,
-            cache_dir,
-            epoch,
-            progress,
-            lenient,
-            with_runner=_has_kits(policies_dir),
-        )
+        collected = _collect(skills_dir, policies_dir, stage, epoch, opts)
         trust = package.load_trust(stage / "trust")
         verified: list[tuple[_Collected, package.VerifiedPackage]] = []
         seen: dict[str, Path] = {}
@@ -355,18 +268,18 @@ def build_bundle(
         _check_downgrades(
             previous_lock,
             [(v.manifest.id, v.manifest.version) for _, v in verified],
-            allow_downgrade,
+            opts.allow_downgrade,
         )
         agents = [(c, v) for c, v in verified if v.manifest.kind == package.KIND_AGENT_SKILL]
-        verified = [(c, v) for c, v in verified if v.manifest.kind != package.KIND_AGENT_SKILL]
+        components = [(c, v) for c, v in verified if v.manifest.kind != package.KIND_AGENT_SKILL]
         mds = {
-            v.manifest.id: agentskills.reparse(v.manifest.id, v.files, lenient=lenient)
+            v.manifest.id: agentskills.reparse(v.manifest.id, v.files, lenient=opts.lenient)
             for _, v in agents
         }
         progress("compiling policies")
         # The runner's grants come from the kits (skilld.policy._kits), not from a policy.
         needs: dict[str, dict[str, Any] | None] = {
-            v.manifest.id: dict(v.manifest.needs) for _, v in verified if v.manifest.id != RUNNER
+            v.manifest.id: dict(v.manifest.needs) for _, v in components if v.manifest.id != RUNNER
         }
         sources: dict[str, str] = {}
         if agents:
@@ -384,85 +297,13 @@ def build_bundle(
         compiled = compile_policies(policies_dir, needs, needs_sources=sources)
         for finding in compiled.warnings:
             progress(f"warning: {finding}")
-        if strict:
+        if opts.strict:
             compiled.raise_for_problems()
         _write(stage / "policy" / "tables.json", compiled.tables_bytes)
-        locked: list[LockedSkill] = []
-        rows: list[BuildSummaryRow] = []
-        for c, v in verified:
-            sid, version = v.manifest.id, v.manifest.version
-            progress(f"compiling {sid} {version} to native code")
-            granted = compiled.grants_of(sid)
-            comp = sandbox.load(v.component, name=sid, granted=granted)
-            native_rel = f"native/{sid}.cwasm"
-            native_sha = write_native(comp.native, stage / native_rel)
-            (stage / native_rel).chmod(0o444)
-            spec = comp.describe(CallContext(sid, Limits(), _NoChannel()))
-            if (spec.id, spec.version) != (sid, version):
-                raise BundleError(
-                    f"the component describes itself as {spec.id} {spec.version}, but its "
-                    f"signed manifest says {sid} {version}",
-                    location=str(c.origin),
-                )
-            spec_json = spec.as_dict()
-            rel = c.path.relative_to(stage).as_posix()
-            locked.append(
-                LockedSkill(
-                    id=sid,
-                    version=version,
-                    package=rel,
-                    component_sha256=_sha256(v.component),
-                    native=native_rel,
-                    native_sha256=native_sha,
-                    signers=tuple(v.signers),
-                    description=v.manifest.description or spec.description,
-                    imports=tuple(sorted(comp.imports)),
-                    spec=spec_json,
-                )
-            )
-            rows.append(
-                BuildSummaryRow(
-                    sid,
-                    version,
-                    len(spec.methods),
-                    ", ".join(sorted(granted - {"log", "mcp"})) or "-",
-                    c.path.stat().st_size,
-                    (stage / native_rel).stat().st_size,
-                )
-            )
-        # A bundle that already holds the runner as a skill (delegate's kits) shares it.
-        built_runner = next((s for s in locked if s.id == RUNNER), None)
-        locked_agents, runner = _stage_agent_skills(
-            agents,
-            mds,
-            compiled.tables,
-            stage,
-            sandbox,
-            cache_dir,
-            wheelhouse,
-            progress,
-            built_runner,
-            lenient,
-        )
-        for c, v in agents:
-            # The grants column says, for an Agent Skill, which executor and why.
-            a = next(a for a in locked_agents if a.id == v.manifest.id)
-            gaps = len(a.scripts.get("unavailable", ()))
-            rows.append(
-                BuildSummaryRow(
-                    v.manifest.id,
-                    v.manifest.version,
-                    len(mds[v.manifest.id].allowed_tools),
-                    f"{a.executor} ({a.scripts.get('reason', 'no scripts')})"
-                    + (f"; {gaps} script(s) unavailable" if gaps else ""),
-                    c.path.stat().st_size,
-                    0,
-                )
-            )
-        check_kit_methods(
-            compiled.tables.kits,
-            {s.id: {m["name"] for m in s.spec.get("methods", ())} for s in locked},
-        )
+        staging = Staging(stage, sandbox, opts, compiled, verified, mds)
+        staged = Staged()
+        for kind in KINDS:
+            kind.stage(staging, staged)
         files = {}
         for path in sorted(stage.rglob("*")):
             if path.is_file():
@@ -475,142 +316,23 @@ def build_bundle(
             engine_description=sandbox.engine.description,
             policy_path="policy/tables.json",
             policy_digest=compiled.digest,
-            skills=tuple(sorted(locked, key=lambda s: s.id)),
+            skills=tuple(sorted(staged.locked, key=lambda s: s.id)),
             files=files,
             source_date_epoch=epoch,
-            agent_skills=tuple(sorted(locked_agents, key=lambda a: a.id)),
-            runner=runner,
+            agent_skills=tuple(sorted(staged.agents, key=lambda a: a.id)),
+            runner=staged.runner,
         )
         lock_bytes = lock.to_json()
         _write(stage / LOCK, lock_bytes)
-        if bundle_key is not None:
-            _write(stage / LOCK_SIG, sign_lock(bundle_key, lock_bytes))
+        if opts.bundle_key is not None:
+            _write(stage / LOCK_SIG, sign_lock(opts.bundle_key, lock_bytes))
         for path in stage.rglob("*"):
             if path.is_file():
                 path.chmod(0o444)
             os.utime(path, (epoch, epoch), follow_symlinks=False)
         _replace(out, stage)
         progress(f"wrote {out} (bundle digest {lock.bundle_digest[:16]})")
-        return BuildResult(out, lock, tuple(rows), tuple(str(w) for w in compiled.warnings))
-
-
-def _stage_agent_skills(
-    agents: list[tuple[_Collected, package.VerifiedPackage]],
-    mds: dict[str, agentskills.SkillMd],
-    tables: Any,
-    stage: Path,
-    sandbox: Sandbox,
-    cache_dir: Path | None,
-    wheelhouse: Path | None,
-    progress: Progress,
-    built_runner: LockedSkill | None = None,
-    lenient: bool = False,
-) -> tuple[list[LockedAgentSkill], LockedRunner | None]:
-    """Unpack each Agent Skill, bake its requirements, and compile the runner if needed
-    (once: ``built_runner`` is the runner already compiled as a skill of the bundle).
-
-    Raises:
-        AgentSkillError: a system program the policy names is missing; or, unless
-            ``lenient``, any script cannot run under its executor (every finding at once,
-            each at ``SKILL/path:line``: a package without a wheel, a shell script or a
-            process under wasm, a program the host lacks).
-    """
-    locked: list[LockedAgentSkill] = []
-    wants_runner = False
-    findings: list[str] = []
-    for c, v in agents:
-        sid, version = v.manifest.id, v.manifest.version
-        scripts = tables.scripts(sid)
-        _trees, globs = agentskills.tree_grants(tables.skill(sid).get("fs") or ())
-        runnable = agentskills.runnable_scripts(v.files)
-        if globs and runnable:
-            progress(
-                f"warning: {sid}: scripts do not get the glob fs grant(s) {', '.join(globs)} "
-                "(the kernel names directories); grant a directory tree instead"
-            )
-        root = f"agentskills/{sid}/files"
-        for name, data in v.files.items():
-            _write(stage / root / name, data)
-        requirements = agentskills.requirements_of(sid, v.files, scripts["requirements"])
-        # Programs the operator named must be here, whatever the mode: the policy is
-        # the operator's word. Those the skill names alone make its scripts unavailable.
-        missing = [p for p in scripts["programs"] if shutil.which(p) is None]
-        if missing:
-            raise AgentSkillError(
-                f"skill '{sid}' needs the system program(s) "
-                f"{agentskills.missing_program_message(missing)}, which this image lacks",
-                location=f"policies/{sid}.yaml",
-                hint="install them in the image (docs/agent-skills.md, 'System programs')",
-            )
-        planned = agentskills.plan(
-            sid,
-            v.files,
-            policy_executor=scripts["executor"],
-            requirements=requirements,
-            programs=agentskills.declared_programs(mds[sid].metadata, scripts["programs"]),
-            policy_interpreters=scripts["interpreters"],
-            wheelhouse=wheelhouse,
-        )
-        findings += planned.findings
-        env = ""
-        if planned.executor == "wasm":
-            wants_runner = True
-        elif planned.executor == "native" and planned.distributions:
-            env = f"agentskills/{sid}/env"
-            progress(f"installing {', '.join(planned.distributions)} for {sid} from {wheelhouse}")
-            try:
-                agentskills.install_requirements(
-                    sid, planned.distributions, wheelhouse, stage / env
-                )
-            except AgentSkillError as exc:
-                findings.append(f"{sid}: {exc.message}")
-                planned = replace(
-                    planned,
-                    unavailable=dict.fromkeys(runnable, exc.message) | dict(planned.unavailable),
-                )
-                env = ""
-        if runnable:
-            progress(f"{sid}: scripts run {planned.executor}: {planned.reason}")
-        if runnable and planned.programs:
-            # The operator sees what a skill's own metadata made executable for it.
-            progress(f"{sid}: scripts may start {', '.join(planned.programs)}")
-        for script, why in sorted(planned.unavailable.items()):
-            progress(f"warning: {sid}/{script}: unavailable: {why}")
-        spec = agentskills.describe(mds[sid], version, v.files)
-        locked.append(
-            LockedAgentSkill(
-                id=sid,
-                version=version,
-                package=c.path.relative_to(stage).as_posix(),
-                root=root,
-                env=env,
-                executor=planned.executor,
-                signers=tuple(v.signers),
-                description=mds[sid].description,
-                spec=spec.as_dict(),
-                scripts=planned.as_lock() if runnable else {},
-            )
-        )
-    if findings and not lenient:
-        raise AgentSkillError(
-            "scripts that cannot run here:\n  " + "\n  ".join(findings),
-            location=findings[0].split(": ", 1)[0],
-            hint="give them what they need (a wheel, a program, 'scripts: {executor: native}'), "
-            "or build with --lenient to serve the skills with those scripts unavailable",
-        )
-    runner = None
-    if wants_runner and built_runner is not None:
-        runner = LockedRunner(
-            built_runner.component_sha256, built_runner.native, built_runner.native_sha256
-        )
-    elif wants_runner:
-        progress("building the CPython runner component for the wasm executor")
-        wasm = build_component(paths.runner_dir(), cache_dir=cache_dir).read_bytes()
-        comp = sandbox.load(wasm, name="pyrunner")
-        native_rel = "native/_pyrunner.cwasm"
-        native_sha = write_native(comp.native, stage / native_rel)
-        runner = LockedRunner(_sha256(wasm), native_rel, native_sha)
-    return locked, runner
+        return BuildResult(out, lock, tuple(staged.rows), tuple(str(w) for w in compiled.warnings))
 
 
 def _replace(out: Path, stage: Path) -> None:

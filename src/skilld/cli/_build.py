@@ -79,7 +79,7 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Handle ``skilld build``."""
-    from skilld.bundle import build_bundle
+    from skilld.bundle import BuildOptions, build_bundle
     from skilld.sandbox import Sandbox
 
     start = time.monotonic()
@@ -89,21 +89,20 @@ def run(args: argparse.Namespace) -> int:
             print(f"[{time.monotonic() - start:6.1f}s] {message}", file=sys.stderr, flush=True)
 
     cache = paths.cache_dir()
+    options = BuildOptions(
+        skill_key=args.skill_key,
+        bundle_key=args.bundle_key,
+        previous=args.previous,
+        allow_downgrade=args.allow_downgrade,
+        strict=not args.lenient,
+        lenient=args.lenient,
+        wheelhouse=args.wheelhouse,
+        cache_dir=cache,
+        progress=progress,
+    )
     with Sandbox(cache) as sandbox:
         result = build_bundle(
-            args.skills,
-            args.policies,
-            args.output,
-            sandbox=sandbox,
-            skill_key=args.skill_key,
-            bundle_key=args.bundle_key,
-            previous=args.previous,
-            allow_downgrade=args.allow_downgrade,
-            strict=not args.lenient,
-            lenient=args.lenient,
-            wheelhouse=args.wheelhouse,
-            cache_dir=cache,
-            progress=progress,
+            args.skills, args.policies, args.output, sandbox=sandbox, options=options
         )
     if args.quiet:  # progress carried them otherwise; quiet drops progress, never warnings
         for warning in result.warnings:

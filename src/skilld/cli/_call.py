@@ -76,8 +76,9 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Handle ``skilld call``."""
+    from skilld.call import CallContext
     from skilld.registry import NullChannel
-    from skilld.sandbox import CallContext, Sandbox
+    from skilld.sandbox import Sandbox
     from skilld.state import SqliteState
     from skilld.types import Limits
 

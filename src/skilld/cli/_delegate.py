@@ -1,4 +1,4 @@
-"""``skilld delegate``: an intent (or a program file to validate) over a kit, from the shell.
+"""``skilld delegate``: an intent (or a program file to run or validate) over a kit, from the shell.
 
 It opens the bundle as a node like ``skilld serve`` and calls the ``delegate`` skill through the
 registry, so a CLI run is the same code as an MCP call: slots, audit, the sandbox.
@@ -24,12 +24,20 @@ def register(sub: Any) -> None:
         "rules, then any configured model) write a program over the kit's tools; it is "
         "validated and run in the sandbox, and the result with its trace is printed as JSON. "
         "skilld delegate validate FILE --kit NAME: check a program without running it "
-        "(exit 1 when refused). See docs/delegate.md.",
+        "(exit 1 when refused). skilld delegate run FILE --kit NAME [--args JSON]: validate "
+        "and run a program you wrote, as the run_program tool does. See docs/delegate.md.",
     )
-    p.add_argument("words", nargs="+", metavar="INTENT", help="the intent (or: validate FILE)")
+    p.add_argument(
+        "words", nargs="+", metavar="INTENT", help="the intent (or: validate FILE, run FILE)"
+    )
     p.add_argument("--kit", required=True, help="the kit's name")
     p.add_argument(
         "--param", action="append", default=[], metavar="NAME=VALUE", help="bind a parameter"
+    )
+    p.add_argument(
+        "--args",
+        metavar="JSON",
+        help="with run FILE: the program's parameters as one JSON object",
     )
     p.add_argument("--bundle", type=Path, help="bundle directory (default: the demo bundle)")
     p.add_argument(
@@ -58,13 +66,18 @@ def run(args: argparse.Namespace) -> int:
     from skilld.delegate import SKILL_ID, InferenceConfig, parse_params
     from skilld.node import Node, NodeConfig, demo_bundle
 
-    if args.words[0] == "validate" and len(args.words) == 2:
+    if args.words[0] in ("validate", "run") and len(args.words) == 2:
         source = Path(args.words[1])
         try:
             program = source.read_text(encoding="utf-8")
         except OSError as exc:
             raise UsageError(f"cannot read {source}: {exc.strerror}") from exc
-        method, call_args = "validate_program", {"program": program, "kit": args.kit}
+        if args.words[0] == "validate":
+            method, call_args = "validate_program", {"program": program, "kit": args.kit}
+        else:
+            params = {**_json_object(args.args), **parse_params(args.param)}
+            call_args = {"program": program, "kit": args.kit, "params": params}
+            method = "run_program"
     else:
         intent = " ".join(args.words)
         params = parse_params(args.param)
@@ -95,3 +108,20 @@ def run(args: argparse.Namespace) -> int:
     if method == "validate_program":
         return 0 if out.value["valid"] else 1
     return 0 if out.value["success"] else 1
+
+
+def _json_object(text: str | None) -> dict[str, Any]:
+    """``--args``: one JSON object (none: no parameters).
+
+    Raises:
+        UsageError: it is not JSON, or not an object.
+    """
+    if text is None:
+        return {}
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--args is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise UsageError('--args must be a JSON object, e.g. \'{"text": "hi"}\'')
+    return value

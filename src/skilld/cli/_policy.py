@@ -179,8 +179,12 @@ def _explain(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         tables = compile_policies(policies, needs, needs_sources=sources).tables
+    try:
+        table = tables.skill(args.skill)
+    except PolicyError as exc:
+        # An unknown skill is a question that cannot be asked (2), not a denial (1).
+        raise UsageError(exc.message, location=exc.location, hint=exc.hint) from exc
     decision = explain(tables, args.skill, args.action, args.target)
-    table = tables.skill(args.skill)
     source = ""
     for section in table.values():
         rules = section if isinstance(section, tuple) else (section,)

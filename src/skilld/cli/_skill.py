@@ -46,6 +46,18 @@ def hello(name: str = "world") -> str:
 '''
 
 
+# The policy `skill new` writes beside the skill: exactly what the template needs.
+_TEMPLATE_POLICY = """\
+# {id}: what the operator grants the skill (docs/policy.md); deny by default.
+# The skill's needs (skills/{id}/skill.yaml) must each be granted here.
+skill: {id}
+kv: {{}}
+limits:
+  memory: 96MiB
+  wall_time: 5s
+"""
+
+
 def register(sub: Any) -> None:
     """Add ``skilld skill new`` and ``skilld skill build``."""
     p: argparse.ArgumentParser = sub.add_parser("skill", help="write and build Python skills")
@@ -53,11 +65,19 @@ def register(sub: Any) -> None:
     new = ssub.add_parser(
         "new",
         help="scaffold a new skill directory",
-        description="Create NAME/ with skill.yaml and skill.py to start from.",
+        description="Create NAME/ with skill.yaml and skill.py to start from, and the "
+        "policy granting what it needs (POLICIES/NAME.yaml), so that the next build serves it.",
     )
     new.add_argument("name", help="the skill id (lowercase letters, digits, dashes)")
     new.add_argument(
         "--dir", type=Path, default=Path("skills"), help="parent directory (default: skills/)"
+    )
+    new.add_argument(
+        "--policies",
+        type=Path,
+        default=Path("policies"),
+        metavar="POLICIES",
+        help="where the skill's policy goes (default: policies/)",
     )
     new.set_defaults(handler=run_new)
     build = ssub.add_parser(
@@ -97,12 +117,23 @@ def run_new(args: argparse.Namespace) -> int:
     target = args.dir / args.name
     if target.exists():
         raise UsageError(f"{target} already exists; not overwriting it")
+    policy = args.policies / f"{args.name}.yaml"
     target.mkdir(parents=True)
     title = args.name.replace("-", " ").title()
     (target / "skill.yaml").write_text(_TEMPLATE_YAML.format(id=args.name, title=title))
     (target / "skill.py").write_text(_TEMPLATE_PY.format(title=title))
     print(f"created {target}/skill.yaml and {target}/skill.py")
-    print(f"build it: skilld skill build {target} -o {args.name}.wasm")
+    if policy.exists():
+        print(f"kept {policy}: it must grant what {target}/skill.yaml needs (kv)")
+    else:
+        args.policies.mkdir(parents=True, exist_ok=True)
+        policy.write_text(_TEMPLATE_POLICY.format(id=args.name))
+        print(f"created {policy} (grants kv, the template's one need)")
+    print(f"try it: skilld skill build {target} -o {args.name}.wasm")
+    print(
+        f"serve it: skilld build --skills {args.dir} --policies {args.policies} -o bundle "
+        "&& skilld serve bundle"
+    )
     return 0
 
 

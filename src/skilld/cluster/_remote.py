@@ -37,7 +37,7 @@ from skilld.cluster._wire import (
     error_from_json,
     output_from_json,
 )
-from skilld.errors import GuestError, RunOnThread, SkilldError
+from skilld.errors import GuestError, SkilldError
 from skilld.registry import CallContext
 from skilld.types import CallOutput
 
@@ -93,8 +93,7 @@ class Router:
                 or no answer came by the deadline; the holder's typed error otherwise.
             GuestFault: the holder's deadline, cancellation, trap or memory fault.
         """
-        if ctx.inline_until is not None:
-            raise RunOnThread
+        ctx.thread_only()
         if ctx.deadline is None:
             ctx.deadline = time.monotonic() + ctx.limits.timeout_ms / 1000
         deadline = ctx.deadline

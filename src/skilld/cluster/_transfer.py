@@ -29,7 +29,7 @@ from nats.aio.msg import Msg
 from skilld.cluster import _announce
 from skilld.cluster._link import NatsLink
 from skilld.cluster._wire import PART_HEADROOM, dumps
-from skilld.errors import ClusterError, HostCallError, SkilldError
+from skilld.errors import ClusterError, ErrorCode, HostCallError, SkilldError
 from skilld.package import SigningKey, TrustStore
 from skilld.registry import CallContext, Registry
 
@@ -281,16 +281,16 @@ class Transfers:
             # Once only: a recorded request replayed would move the file again.
             self._fresh.accept(str(doc["node"]), _announce.parse_stamp(headers))
         except ClusterError as exc:
-            raise HostCallError("not-permitted", exc.message, rule="cluster.trust") from exc
+            raise HostCallError(ErrorCode.NOT_PERMITTED, exc.message, rule="cluster.trust") from exc
         if doc["node"] not in self._members():
-            raise HostCallError("not-permitted", f"node {doc['node']!r} is not a member")
+            raise HostCallError(ErrorCode.NOT_PERMITTED, f"node {doc['node']!r} is not a member")
         return doc
 
     def _check(self, doc: Mapping[str, Any], receiving: bool) -> str:
         entry = next((e for e in self._registry.skills() if e.spec.id == doc["skill"]), None)
         if entry is None or entry.checker is None:
             raise HostCallError(
-                "not-permitted",
+                ErrorCode.NOT_PERMITTED,
                 f"node {self._node} has no policy for skill {doc['skill']!r}, so no transfer grant",
                 rule="default-deny",
             )
@@ -314,7 +314,7 @@ class Transfers:
                 }
             )
             raise HostCallError(
-                "not-permitted",
+                ErrorCode.NOT_PERMITTED,
                 f"{doc['path']} on node {self._node}: {decision.reason}",
                 rule=decision.rule,
             )

@@ -21,25 +21,21 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
+from skilld.call import CallContext
 from skilld.delegate._infer import InferenceConfig, infer, monotonic_budget, no_program
 from skilld.delegate._kits import Kit, load_kits
 from skilld.delegate._validate import check_program, validate
 from skilld.errors import (
-    CallCancelled,
-    DeadlineExceeded,
     DelegateError,
+    ErrorCode,
     GuestError,
     GuestFault,
     HostCallError,
-    MemoryExhausted,
     ProgramRejected,
-    RunOnThread,
-    StackExhausted,
     UsageError,
 )
 from skilld.policy import RUNNER_METHOD, Exposure, Tables
 from skilld.registry import Registry, SkillBackend, SkillEntry, ToolAnnotations
-from skilld.sandbox import CallContext
 from skilld.types import (
     CallOutput,
     ClientChannel,
@@ -116,8 +112,7 @@ class KitRunner:
             RunOnThread: on an inline attempt (a program always needs a thread).
             GuestError, GuestFault: the runner's failure.
         """
-        if ctx.inline_until is not None:
-            raise RunOnThread
+        ctx.thread_only()
         run = _CURRENT.get() or _Run()
         upstream = ctx.invoker
         if upstream is None:  # pragma: no cover - the registry always sets one
@@ -129,7 +124,7 @@ class KitRunner:
             if name is None:
                 reason = f"{skill}/{target} is not a tool of kit '{self.kit.name}'"
                 ctx.record(Decision(False, "invoke", "call", f"{skill}/{target}", rule, reason))
-                raise HostCallError("not-permitted", reason, rule=rule)
+                raise HostCallError(ErrorCode.NOT_PERMITTED, reason, rule=rule)
             if len(run.trace) >= self.kit.max_calls:
                 reason = f"more than {self.kit.max_calls} tool calls"
                 ctx.record(Decision(False, "invoke", "call", f"{skill}/{target}", rule, reason))
@@ -365,26 +360,13 @@ class DelegateService:
             result["error"] = value.get("error")
         except GuestFault as exc:
             # Deadline, memory, stack, cancellation: the program cost its own call only.
-            result["error"] = {"code": _fault_code(exc), "message": str(exc)}
+            result["error"] = {"code": exc.outcome, "message": str(exc)}
         except GuestError as exc:
             result["error"] = {"code": exc.code, "message": exc.message, "rule": exc.rule}
         finally:
             _CURRENT.reset(token)
         result["trace"] = [e.as_dict() for e in run.trace]
         return _timed(result, t0, t1)
-
-
-def _fault_code(exc: GuestFault) -> str:
-    """The result's error code for a fault (the audit record's outcome names)."""
-    for kind, code in (
-        (DeadlineExceeded, "deadline"),
-        (MemoryExhausted, "memory"),
-        (StackExhausted, "stack"),
-        (CallCancelled, "cancelled"),
-    ):
-        if isinstance(exc, kind):
-            return code
-    return "fault"
 
 
 def _timed(result: dict[str, Any], t0: float, t1: float | None) -> dict[str, Any]:
@@ -454,8 +436,8 @@ class DelegateBackend:
             raise GuestError("invalid-argument", f"arguments are not JSON: {exc}") from exc
         if not isinstance(args, dict):
             raise GuestError("invalid-argument", "arguments must be a JSON object")
-        if method in ("delegate", "run_program") and ctx.inline_until is not None:
-            raise RunOnThread
+        if method in ("delegate", "run_program"):
+            ctx.thread_only()
         if ctx.deadline is None:
             # The registry leaves the clock to the backend (the sandbox arms its own for a
             # guest); model tiers are bounded by what is left of this one.

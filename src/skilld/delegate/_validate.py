@@ -14,6 +14,7 @@ would otherwise have to contain, and to say why in words a model can act on.
 from __future__ import annotations
 
 import ast
+import keyword
 from collections.abc import Collection
 from dataclasses import dataclass
 
@@ -168,8 +169,8 @@ class _Checker:
         self.problems.append(Problem(line, col, f"delegate.{rule}", message))
 
     def run(self, tree: ast.Module) -> list[Problem]:
-        for clash in sorted(self.params & self.tools):
-            self.add(tree, "name", f"parameter '{clash}' has the name of a kit tool")
+        for param in sorted(self.params):
+            self.param(tree, param)
         # (node, depth, parent)
         stack: list[tuple[ast.AST, int, ast.AST | None]] = [(tree, 0, None)]
         count = 0
@@ -221,6 +222,22 @@ class _Checker:
             if node.is_async:
                 self.add(node, "async", "'async for' is not allowed")
         return True
+
+    def param(self, tree: ast.Module, name: str) -> None:
+        """A parameter is bound as a name before the program runs: the rules of an
+        assignment apply to it (no ``__builtins__``, no builtin or kit tool shadowed)."""
+        if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+            self.add(tree, "name", f"parameter {name!r} is not a plain name")
+        elif name.startswith("_"):
+            self.add(
+                tree, "underscore", f"parameter names starting with '_' are not allowed: '{name}'"
+            )
+        elif name in DENIED_NAMES:
+            self.add(tree, "builtin", f"parameter '{name}' has the name of a refused builtin")
+        elif name in self.tools:
+            self.add(tree, "name", f"parameter '{name}' has the name of a kit tool")
+        elif name in BUILTINS:
+            self.add(tree, "name", f"parameter '{name}' has the name of a builtin")
 
     def name(self, node: ast.Name) -> None:
         if node.id.startswith("_"):

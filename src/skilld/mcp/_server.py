@@ -41,17 +41,11 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ValidationError
 
 from skilld.errors import (
-    CallCancelled,
-    DeadlineExceeded,
+    ErrorCode,
     GuestError,
-    GuestFault,
-    HostCallError,
-    MemoryExhausted,
-    PermissionDenied,
     RegistryError,
     RunOnThread,
     SkilldError,
-    StackExhausted,
     UsageError,
 )
 from skilld.mcp import _skills_ext as skills_extension
@@ -63,6 +57,7 @@ from skilld.mcp._schema import ArgumentValidator
 from skilld.mcp._tasks import TASKS, MemoryTaskStore, Tasks, declares_tasks, tasks_required
 from skilld.mcp._workers import WorkerPool
 from skilld.registry import Dispatcher, Tool
+from skilld.registry import busy as busy_error
 from skilld.types import CallOutput, ContentBlock, PromptSpec, ResourceSpec
 
 T = TypeVar("T")
@@ -149,23 +144,8 @@ def _task_outcome(
 
 def error_text(exc: SkilldError) -> tuple[str, str | None, str]:
     """The WIT error code, the rule id (if any) and the message a tool error shows."""
-    rule: str | None = None
-    if isinstance(exc, PermissionDenied):
-        code, rule = "not-permitted", exc.rule
-    elif isinstance(exc, GuestError | HostCallError):
-        code, rule = exc.code, exc.rule
-    elif isinstance(exc, DeadlineExceeded):
-        code = "timeout"
-    elif isinstance(exc, CallCancelled):
-        code = "cancelled"
-    elif isinstance(exc, MemoryExhausted | StackExhausted):
-        code = "limit-exceeded"
-    elif isinstance(exc, UsageError):
-        code = "invalid-argument"
-    elif isinstance(exc, GuestFault):
-        code = "fault"
-    else:
-        code = "internal"
+    # Each error class carries its code (skilld.errors' table).
+    code, rule = exc.code, exc.rule
     head = f"[{code}, rule {rule}]" if rule else f"[{code}]"
     return code, rule, f"{head} {SkilldError.__str__(exc)}"
 
@@ -744,11 +724,7 @@ class McpService:
                 await slots.acquire()
         except TimeoutError:
             self._log.warning("busy", tool=label, skill=skill, limit=self.config.skill_concurrency)
-            busy = GuestError(
-                "limit-exceeded",
-                f"skill {skill} is busy ({self.config.skill_concurrency} calls running); "
-                "retry later",
-            )
+            busy = busy_error(skill, self.config.skill_concurrency)
             self._refused(skill, label, "busy", error_text(busy)[2], arguments)
             raise busy from None
         try:
@@ -768,7 +744,7 @@ class McpService:
                 raise
             except SkilldError as exc:
                 outcome, rule, _text = error_text(exc)
-                if outcome == "not-permitted":
+                if outcome == ErrorCode.NOT_PERMITTED:
                     self.metrics.denied(skill, rule or "default-deny")
                 if outcome == "cancelled" and channel.cancel_reason == "shutdown":
                     outcome = "shutdown"

@@ -68,88 +68,6 @@ def _stage(timings: dict[str, float], name: str, since: float) -> float:
     return now
 
 
-def _register_agent_skills(
-    registry: Any, loaded: Any, sandbox: Any, tables: Any, state_dir: Path
-) -> None:
-    """Register the bundle's Agent Skills: the tool ``NAME`` (tiers 1 and 2), its
-    ``NAME/run_script``, every file as a resource and the body as a prompt. Their
-    workspaces go to the work directory (``skilld.paths.make_work_dir``)."""
-    from dataclasses import replace
-
-    from skilld import agentskills
-    from skilld.permissions import SkillPermissions
-    from skilld.policy import Exposure
-    from skilld.registry import SkillEntry, annotations_for
-    from skilld.types import SkillSpec
-
-    lock = loaded.lock
-    runner = None
-    if lock.runner is not None:
-        # One runner component per bundle: delegate's kits may hold it as a skill already.
-        shared = next((s.id for s in lock.skills if s.native == lock.runner.native), None)
-        runner = (
-            loaded.components[shared]
-            if shared is not None
-            else sandbox.load_native(
-                loaded.root / lock.runner.native, lock.runner.native_sha256, name="pyrunner"
-            )
-        )
-    work = paths.make_work_dir(state_dir) if lock.agent_skills else state_dir / "work"
-    # Many skills: one activation tool (a name enum) instead of a tool each (the guide's).
-    ids = {a.id for a in lock.agent_skills}
-    many = len(ids) > agentskills.ACTIVATION_THRESHOLD and agentskills.ACTIVATION_ID not in ids
-    backends: dict[str, Any] = {}
-    for locked in lock.agent_skills:
-        spec = SkillSpec.from_dict({**locked.spec, "id": locked.id, "version": locked.version})
-        limits = tables.limits(locked.id)
-        grants = tables.skill(locked.id)
-        backend = agentskills.open_backend(
-            spec,
-            loaded.root / locked.root,
-            loaded.root / locked.env if locked.env else None,
-            locked.executor,
-            tables.scripts(locked.id),
-            grants,
-            limits,
-            runner,
-            work=work,
-            plan=locked.scripts,
-            digests={
-                path.removeprefix(f"{locked.root}/"): sha
-                for path, sha in lock.files.items()
-                if path.startswith(f"{locked.root}/")
-            },
-        )
-        backends[locked.id] = backend
-        exposure = tables.exposure(locked.id)
-        if many:
-            exposure = replace(exposure, hidden=(*exposure.hidden, agentskills.INSTRUCTIONS))
-        # Tier 1 is a tool named as the skill, unless the operator named it otherwise.
-        names = {agentskills.INSTRUCTIONS: locked.id, **exposure.names}
-        registry.add(
-            SkillEntry(
-                spec=spec,
-                component=backend,
-                limits=limits,
-                checker=SkillPermissions.from_tables(tables, locked.id),
-                exposure=replace(exposure, names=names),
-                annotations=annotations_for(grants),
-                description=locked.description,
-            )
-        )
-    if many:
-        activation = agentskills.ActivationBackend(backends)
-        registry.add(
-            SkillEntry(
-                spec=activation.spec,
-                component=activation,
-                exposure=Exposure(names={agentskills.ACTIVATE: agentskills.ACTIVATION_TOOL}),
-                annotations=annotations_for({}),
-                description=activation.spec.description,
-            )
-        )
-
-
 class Node:
     """A running node: the verified bundle's skills registered and ready to call.
 
@@ -204,9 +122,8 @@ class Node:
         """
         from skilld.audit import JsonLinesSink
         from skilld.bundle import open_bundle
-        from skilld.permissions import SkillPermissions
-        from skilld.policy import RUNNER
-        from skilld.registry import Registry, SkillEntry, annotations_for
+        from skilld.node._kinds import KINDS, Loading
+        from skilld.registry import Registry
         from skilld.sandbox import Sandbox
         from skilld.state import SqliteState
         from skilld.types import SkillSpec
@@ -239,7 +156,6 @@ class Node:
                 prehash=prehash,
             )
             timings.update({k: round(v, 2) for k, v in loaded.timings_ms.items()})
-            tables = loaded.tables
             t = time.perf_counter()
             # describe: what each skill's describe export returned at build time, from the
             # lock (verified above), so serving never runs guest code before the first call.
@@ -252,43 +168,10 @@ class Node:
             t = _stage(timings, "describe", t)
             state = SqliteState(config.state_dir / "state.sqlite3")
             registry = Registry(audit=audit)
-            for locked in loaded.lock.skills if config.serve_skills else ():
-                if locked.id == RUNNER:  # delegate's runner: registered once per kit below
-                    continue
-                limits = tables.limits(locked.id)
-                loaded.components[locked.id].prewarm(limits)
-                grants = tables.skill(locked.id)
-                registry.add(
-                    SkillEntry(
-                        spec=specs[locked.id],
-                        component=loaded.components[locked.id],
-                        limits=limits,
-                        kv=state.store(
-                            locked.id,
-                            value_limit=limits.kv_value_bytes,
-                            total_limit=limits.kv_total_bytes,
-                        )
-                        if grants.get("kv")
-                        else None,
-                        checker=SkillPermissions.from_tables(tables, locked.id),
-                        exposure=tables.exposure(locked.id),
-                        annotations=annotations_for(grants),
-                        description=locked.description,
-                    )
-                )
             if config.serve_skills:
-                _register_agent_skills(registry, loaded, sandbox, tables, config.state_dir)
-            if tables.kits and config.serve_skills:
-                from skilld.delegate import InferenceConfig
-                from skilld.delegate import register as register_kits
-
-                register_kits(
-                    registry,
-                    tables,
-                    loaded.components[RUNNER],
-                    lambda sid: SkillPermissions.from_tables(tables, sid),
-                    config.delegate or InferenceConfig.from_env(),
-                )
+                loading = Loading(config, loaded, sandbox, state, specs)
+                for kind in KINDS:
+                    kind.register(loading, registry)
             _stage(timings, "register", t)
         except BaseException:
             if state is not None:

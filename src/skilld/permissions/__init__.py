@@ -7,6 +7,8 @@ The sandbox's host functions ask one :class:`SkillPermissions` per skill::
     checker.check("fs", "read", "/data/notes/a.txt")     # Decision
     checker.check_url("https://api.example.com/v1/x", "GET")
     checker.check_address("10.0.0.5", 5432, "tcp")       # after resolution
+    checker.check_argv(("git", "status"))                # a command, as its argv
+    check_text(checker, "shell", "run", "git status")    # the same, written by a person
 
 Every answer is a :class:`~skilld.types.Decision` naming the rule that decided
 (``default-deny`` when none matched) and why. :func:`explain` answers the
@@ -15,8 +17,6 @@ questions ``skilld policy explain`` asks.
 
 from __future__ import annotations
 
-import shlex
-
 from skilld.errors import UsageError
 from skilld.permissions._checker import (
     DEFAULT_DENY,
@@ -24,6 +24,7 @@ from skilld.permissions._checker import (
     FS_WRITE_ACTIONS,
     SkillPermissions,
 )
+from skilld.permissions._text import check_text
 from skilld.permissions._url import NormalUrl, UrlRefused, normalize_url
 from skilld.policy import HTTP_METHODS, Tables
 from skilld.types import Decision
@@ -58,6 +59,7 @@ __all__ = [
     "NormalUrl",
     "SkillPermissions",
     "UrlRefused",
+    "check_text",
     "explain",
     "explain_action",
     "normalize_url",
@@ -96,9 +98,4 @@ def explain(tables: Tables, skill_id: str, action: str, target: str) -> Decision
     checker = SkillPermissions.from_tables(tables, skill_id)
     if capability == "http" and act != "address":
         return checker.check_url(target, act.upper())
-    if capability == "shell" and act == "run":
-        try:
-            return checker.check_argv(shlex.split(target))
-        except ValueError as exc:
-            return Decision(False, "shell", "run", target, "bad-request", str(exc))
-    return checker.check(capability, act, target)
+    return check_text(checker, capability, act, target)

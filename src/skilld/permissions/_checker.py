@@ -211,41 +211,6 @@ class _Addresses:
         return _scope_of(sorted((e for g in groups for e in g.entries), key=_order))
 
 
-# One shell word: runs of anything but whitespace and quotes, and '...' pairs.
-_SHELL_WORD = re.compile(r"(?:[^ \t\r\n']+|'[^']*')+")
-
-
-def _split_argv(target: str) -> list[str]:
-    """``shlex.split(target)``, without shlex's cost for what ``shlex.join`` writes.
-
-    Without double quotes or backslashes, and with single quotes in pairs, shlex
-    splits on its four whitespace characters and drops the quotes; so does this.
-
-    Raises:
-        ValueError: an unclosed quote (from shlex).
-    """
-    if '"' in target or "\\" in target or target.count("'") % 2:
-        return shlex.split(target)
-    return [word.replace("'", "") for word in _SHELL_WORD.findall(target)]
-
-
-def _split_hostport(target: str) -> tuple[str, int]:
-    if target.startswith("["):
-        end = target.find("]")
-        host, rest = target[1:end], target[end + 1 :]
-    else:
-        host, sep, port_text = target.rpartition(":")
-        rest = sep + port_text
-        if ":" in host:
-            raise ValueError(f"an IPv6 address needs brackets: {target!r}")
-    if not rest.startswith(":") or not rest[1:].isdigit() or not host:
-        raise ValueError(f"expected HOST:PORT, got {target!r}")
-    port = int(rest[1:])
-    if not 1 <= port <= 65535:
-        raise ValueError(f"port out of range in {target!r}")
-    return host, port
-
-
 class SkillPermissions:
     """The :class:`~skilld.types.PermissionChecker` of one skill.
 
@@ -454,13 +419,14 @@ class SkillPermissions:
         return Decision(False, cap, action, target, rule, reason)
 
     def check(self, capability: str, action: str, target: str) -> Decision:
-        """Decide one string-shaped question (the :class:`PermissionChecker` protocol).
+        """Decide one question whose target is one plain string (:class:`PermissionChecker`).
 
-        ``fs``: read|write PATH; ``http``: METHOD URL, or address IP:PORT; ``tcp``:
-        connect HOST:PORT, or address IP:PORT; ``shell``: run ARGV (``shlex.join``),
-        or cwd DIR; ``env``: read NAME; ``invoke``: call SKILL, or called-by NODE/SKILL
-        (a cluster node's skill); ``transfer``:
-        send|fetch NODE:PATH; ``kv``: any action; ``mcp``: sample|elicit.
+        ``fs``: read|write PATH; ``http``: METHOD URL; ``shell``: cwd DIR; ``env``: read
+        NAME; ``invoke``: call SKILL, or called-by NODE/SKILL (a cluster node's skill);
+        ``transfer``: send|fetch NODE:PATH; ``kv``: any action; ``mcp``: sample|elicit.
+        A command, an address and a connection are asked typed (:meth:`check_argv`,
+        :meth:`check_address`, :meth:`check_tcp`); their text forms are
+        ``skilld.permissions.check_text``'s, for people.
         """
         try:
             return self._check(capability, action, target)
@@ -473,25 +439,10 @@ class SkillPermissions:
         if capability == "fs":
             if action in FS_READ_ACTIONS or action in FS_WRITE_ACTIONS:
                 return self.check_path(target, write=action in FS_WRITE_ACTIONS, action=action)
-        elif capability == "http":
-            if action == "address":
-                addr, _, host = target.partition(" ")
-                ip, port = _split_hostport(addr)
-                return self._address(ip, port, "http", host or None, target)
+        elif capability == "http" and action != "address":
             return self.check_url(target, action)
-        elif capability == "tcp":
-            if action == "connect":
-                host, port = _split_hostport(target)
-                return self.check_tcp(host, port)
-            if action == "address":
-                addr, _, host = target.partition(" ")
-                ip, port = _split_hostport(addr)
-                return self._address(ip, port, "tcp", host or None, target)
-        elif capability == "shell":
-            if action == "run":
-                return self._argv(_split_argv(target), None, target)
-            if action == "cwd":
-                return self.check_cwd(target)
+        elif capability == "shell" and action == "cwd":
+            return self.check_cwd(target)
         elif capability == "env" and action == "read":
             return self.check_env(target)
         elif capability == "invoke" and action == "call":
@@ -516,9 +467,11 @@ class SkillPermissions:
             if action in self._client:
                 return self._allow("mcp", action, target, f"{self.skill_id}.mcp", "mcp.client")
             return self._deny("mcp", action, target, f"add '{action}' to mcp.client to allow")
-        return self._deny(
-            capability, action, target, f"unknown question {capability}.{action}", "bad-request"
-        )
+        typed = {"shell.run": "check_argv", "http.address": "check_address"}
+        typed |= {"tcp.connect": "check_tcp", "tcp.address": "check_address"}
+        ask = typed.get(f"{capability}.{action}")
+        reason = f"ask it typed, with {ask}" if ask else f"unknown question {capability}.{action}"
+        return self._deny(capability, action, target, reason, "bad-request")
 
     def check_path(self, path: str, write: bool = False, *, action: str | None = None) -> Decision:
         """May the skill read (or write) the canonical absolute ``path``?
@@ -614,11 +567,11 @@ class SkillPermissions:
         cannot help another host that resolves to a private address.
         """
         target = f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
-        return self._address(ip, port, capability, host, f"{target} {host}" if host else target)
-
-    def _address(
-        self, ip: str, port: int, capability: str, host: str | None, target: str
-    ) -> Decision:
+        if host:
+            target = f"{target} {host}"
+        if not 1 <= port <= 65535:
+            reason = f"port out of range in {target!r}"
+            return self._deny(capability, "address", target, reason, "bad-request")
         addresses = self._http_addr if capability == "http" else self._tcp_addr
         # A literal host naming the address itself narrows nothing (saves a parse).
         only, private, every = addresses.scope(None if host == ip else host)
@@ -660,6 +613,10 @@ class SkillPermissions:
     def check_tcp(self, host: str, port: int) -> Decision:
         """May the skill open a TCP connection to ``host:port`` (before resolution)?"""
         target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        if not 1 <= port <= 65535:
+            return self._deny(
+                "tcp", "connect", target, f"port out of range in {target!r}", "bad-request"
+            )
         try:
             norm = p.normalize_host(host)
         except ValueError as exc:
@@ -694,10 +651,11 @@ class SkillPermissions:
         )
 
     def check_argv(self, argv: Sequence[str], cwd: str | None = None) -> Decision:
-        """May the skill run ``argv`` (in ``cwd``, when given)? Every argument is data."""
-        return self._argv(argv, cwd, shlex.join(argv))
+        """May the skill run ``argv`` (in ``cwd``, when given)? Every argument is data.
 
-    def _argv(self, argv: Sequence[str], cwd: str | None, target: str) -> Decision:
+        The decision names the command quoted (``shlex.join``), for people only.
+        """
+        target = shlex.join(argv)
         if not argv or not argv[0] or any("\x00" in a for a in argv):
             return self._deny(
                 "shell", "run", target, "argv must name a program, no NUL", "bad-request"

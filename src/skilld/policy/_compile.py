@@ -100,7 +100,7 @@ def _describe(rule: Rule) -> str:
             return f"{t[key]}{extra}"
     if isinstance(rule, InvokeRule):
         return f"calls {', '.join((*rule.calls, *rule.remote_calls)) or 'nothing'}"
-    return "a key-value namespace"
+    return "(its key-value namespace)"
 
 
 def _intersect(
@@ -134,12 +134,17 @@ def _intersect(
         for g in part:
             out.append(g.meet(need, g))  # type: ignore[arg-type]
             used.add(g.id)
-        what = f"{section} need {_describe(need)}"
+        # "'notes' needs env SECRET, which its policy has not granted"
+        what = f"'{skill}' needs {section} {_describe(need)}"
         if part:
             by = ", ".join(g.id for g in part)
-            problems.append(Finding(need.source, skill, f"{what} is only partly granted (by {by})"))
+            problems.append(
+                Finding(need.source, skill, f"{what}, which is only partly granted (by {by})")
+            )
         else:
-            problems.append(Finding(need.source, skill, f"{what} is not granted to '{skill}'"))
+            problems.append(
+                Finding(need.source, skill, f"{what}, which its policy has not granted")
+            )
     unique: dict[str, Rule] = {}
     for rule in out:
         unique.setdefault(repr(rule.table()), rule)

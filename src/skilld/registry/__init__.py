@@ -1,26 +1,18 @@
-"""Skills, methods, schemas and tool names; local and remote dispatch.
+"""Skills, methods, schemas and tool names; the dispatch of one call to its backend.
 
-One tool call, end to end:
-
-1. An MCP client sends ``tools/call`` for ``notes/add`` (stdio, Streamable HTTP or SSE);
-   ``skilld.mcp`` validates the arguments against the tool's input schema.
-2. :meth:`Registry.call` resolves the tool name to (skill, method) and takes a slot
-   of the skill's concurrency limit.
-3. It builds a ``CallContext``: the skill's limits, its key-value namespace, its
-   permission checker (compiled policy tables), the client channel and the
-   orchestrator for ``invoke``.
-4. ``skilld.sandbox`` creates a fresh store (memory cap, epoch deadline),
-   instantiates the pre-compiled component and calls its ``call`` export.
-5. Every host function the guest calls checks the tables first; a denial
-   returns to the guest as a typed ``not-permitted`` error with the rule id, and
-   the decision is kept on the context.
-6. One audit record (digests of input and output, timing, outcome, every
-   decision) goes to the audit sink; the result goes back to the client.
-
-See ``_contract.py`` for the seam the MCP layer is built against.
+- ``_dispatch.py``: the path of one call, stage by stage, in its docstring (start there);
+  :class:`Registry` implements the :class:`Dispatcher` contract.
+- ``_catalogue.py``: what is loaded, and what a tool name means (:class:`Catalogue`).
+- ``_audit.py``: where the records go (built by :class:`skilld.audit.CallRecorder`).
+- ``_contract.py``: the seams: :class:`Dispatcher` (what the MCP layer is built
+  against) and :class:`SkillBackend` (what every kind of skill implements).
 """
 
+# A backend's methods take the call's context: part of this package's contract, so that
+# backends outside the sandbox (a cluster's remote skills) need not reach into it.
+from skilld.call import CallContext, busy
 from skilld.policy import Exposure
+from skilld.registry._catalogue import Catalogue, SkillEntry, annotations_for, per_skill_schema
 from skilld.registry._contract import (
     Dispatcher,
     NullChannel,
@@ -28,18 +20,16 @@ from skilld.registry._contract import (
     Tool,
     ToolAnnotations,
 )
-from skilld.registry._registry import Registry, SkillEntry, annotations_for, per_skill_schema
-
-# A backend's methods take the call's context: part of this package's contract, so that
-# backends outside the sandbox (a cluster's remote skills) need not reach into it.
-from skilld.sandbox import CallContext
+from skilld.registry._dispatch import InlineStrategy, Registry
 from skilld.types import ClientChannel
 
 __all__ = [
     "CallContext",
+    "Catalogue",
     "ClientChannel",
     "Dispatcher",
     "Exposure",
+    "InlineStrategy",
     "NullChannel",
     "Registry",
     "SkillBackend",
@@ -47,5 +37,6 @@ __all__ = [
     "Tool",
     "ToolAnnotations",
     "annotations_for",
+    "busy",
     "per_skill_schema",
 ]

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from skilld.sandbox import CallContext
+from skilld.call import CallContext
 from skilld.types import CallOutput, ClientChannel, PromptSpec, ResourceSpec
 
 
@@ -48,14 +48,14 @@ class SkillBackend(Protocol):
     The sandbox's :class:`~skilld.sandbox.Component` is one (a wasm guest per call);
     skills implemented by the host (Agent Skills' tiers, delegate's tools) and skills
     held by another node of a cluster are others. The registry takes the slot, builds
-    the :class:`~skilld.sandbox.CallContext` and writes the audit record; a backend
+    the :class:`~skilld.call.CallContext` and writes the audit record; a backend
     runs the call in that context and:
 
     - ends by ``ctx.deadline`` (``ctx.remaining()``) and stops early once
       ``ctx.channel.cancelled()``;
     - records every permission decision it takes with ``ctx.record``;
-    - raises :class:`~skilld.errors.RunOnThread` at once when ``ctx.inline_until`` is
-      set and it cannot finish without blocking (anything but a quick pure answer);
+    - calls ``ctx.thread_only()`` first when it cannot finish without blocking
+      (anything but a quick pure answer): an inline attempt gives up there;
     - raises only :class:`~skilld.errors.SkilldError` subclasses (``GuestError`` for a
       typed refusal, a ``GuestFault`` for deadline, cancellation or a crash).
     """

@@ -3,7 +3,7 @@
 Only this package imports ``wasmtime``; its errors become skilld's here.
 """
 
-from skilld.sandbox._context import CallContext
+from skilld.call import CallContext
 from skilld.sandbox._egress import route as egress_route
 from skilld.sandbox._engine import Engine, engine_fingerprint
 from skilld.sandbox._host import INTERFACES

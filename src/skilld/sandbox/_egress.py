@@ -57,9 +57,9 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass, replace
 from typing import Any
 
+from skilld.call import CallContext
 from skilld.confine import Confinement
-from skilld.errors import HostCallError
-from skilld.sandbox._context import MAX_HOST_FAULTS, CallContext
+from skilld.errors import ErrorCode, HostCallError
 from skilld.sandbox.abi import decide
 from skilld.sandbox.abi._net import BoundedSocket, bound_socket, connect, resolve_checked
 from skilld.sandbox.abi.http import _METHODS, MAX_BODY, _cap, _split
@@ -121,12 +121,12 @@ def _refusal(exc: HostCallError) -> _Answer:
     """A host function's refusal as the proxy's answer, with the same text."""
     text = f"{exc.message} ({exc.rule})" if exc.rule else exc.message
     status = {
-        "not-permitted": (403, "Forbidden"),
-        "invalid-argument": (400, "Bad Request"),
-        "limit-exceeded": (502, "Bad Gateway"),
-        "timeout": (504, "Gateway Timeout"),
-        "cancelled": (503, "Service Unavailable"),
-    }.get(exc.code, (502, "Bad Gateway"))
+        ErrorCode.NOT_PERMITTED: (403, "Forbidden"),
+        ErrorCode.INVALID_ARGUMENT: (400, "Bad Request"),
+        ErrorCode.LIMIT_EXCEEDED: (502, "Bad Gateway"),
+        ErrorCode.TIMEOUT: (504, "Gateway Timeout"),
+        ErrorCode.CANCELLED: (503, "Service Unavailable"),
+    }.get(ErrorCode(exc.code), (502, "Bad Gateway"))
     return _Answer(*status, text)
 
 
@@ -437,8 +437,7 @@ class EgressProxy:
         except (OSError, http.client.HTTPException, ValueError) as exc:
             self._answer(sock, _Answer(502, "Bad Gateway", f"upstream failed: {exc}"), sent)
         except Exception as exc:  # noqa: BLE001 - a connection's fault must never escape its thread
-            if len(ctx.host_faults) < MAX_HOST_FAULTS:
-                ctx.host_faults.append(f"egress: {type(exc).__name__}: {exc}"[:500])
+            ctx.record_fault(f"egress: {type(exc).__name__}: {exc}")
             self._answer(sock, _Answer(500, "Internal Server Error", "the proxy failed"), sent)
         finally:
             with self._lock:

@@ -1,7 +1,7 @@
 """The linker: WASI (sealed) plus every ``skilld:skill`` import, adapted to wasmtime.
 
 One linker serves every skill: host functions find the call they act for
-through the thread-local :func:`~skilld.sandbox._context.current`. Nothing a
+through the thread-local :func:`~skilld.call.current`. Nothing a
 host function raises may escape into wasmtime (its exception slot is a
 process global), so every adapter turns failures into the WIT ``error`` value,
 and a host bug into an ``internal`` error recorded on the call.
@@ -16,8 +16,8 @@ from typing import Any
 from wasmtime import component
 
 from skilld import ABI_VERSION
-from skilld.errors import HostCallError, PermissionDenied
-from skilld.sandbox._context import MAX_HOST_FAULTS, current
+from skilld.call import current
+from skilld.errors import ErrorCode, HostCallError, PermissionDenied
 from skilld.sandbox.abi import Functions, HostFn, Kind
 
 log = logging.getLogger("skilld.sandbox")
@@ -59,7 +59,7 @@ def to_wit(value: Any) -> Any:
 
 def error_record(code: str, message: str, rule: str | None) -> component.Record:
     """The WIT ``error`` record."""
-    rec: component.Record = to_wit({"code": code, "message": message, "rule": rule})
+    rec: component.Record = to_wit({"code": str(code), "message": message, "rule": rule})
     return rec
 
 
@@ -77,23 +77,21 @@ def _adapt(interface: str, name: str, fn: HostFn, kind: Kind) -> Any:
 
     def host_function(_store: Any, *args: Any) -> Any:
         ctx = current()
-        if ctx.inline_until is not None and not inline_safe:
+        if ctx.inline is not None and not inline_safe:
             # An inline attempt runs on the server's event loop: anything that could
             # block or act on the world waits for the call's rerun on a thread. The
             # guest's answer no longer counts; it is stopped at its next epoch check.
-            ctx.needs_thread = True
+            ctx.inline.refuse()
             return None if kind == "plain" else err("unavailable", "retried on a thread", None)
         try:
             value = fn(ctx, *[to_py(a) for a in args])
         except HostCallError as exc:
             return None if kind == "plain" else err(exc.code, exc.message, exc.rule)
         except PermissionDenied as exc:
-            return None if kind == "plain" else err("not-permitted", exc.message, exc.rule)
+            return None if kind == "plain" else err(ErrorCode.NOT_PERMITTED, exc.message, exc.rule)
         except Exception as exc:  # a host bug must cost one call, never the host
             log.exception("host function %s.%s failed", interface, name)
-            # Bounded like the decisions: a guest may retry a failing call in a loop.
-            if len(ctx.host_faults) < MAX_HOST_FAULTS:
-                ctx.host_faults.append(f"{interface}.{name}: {type(exc).__name__}: {exc}"[:500])
+            ctx.record_fault(f"{interface}.{name}: {type(exc).__name__}: {exc}")
             return (
                 None
                 if kind == "plain"

@@ -28,6 +28,7 @@ import wasmtime
 from wasmtime import _ffi as ffi
 from wasmtime import component
 
+from skilld.call import CallContext, Inline, entered
 from skilld.errors import (
     CallCancelled,
     CompileError,
@@ -36,11 +37,9 @@ from skilld.errors import (
     GuestTrap,
     LinkError,
     MemoryExhausted,
-    RunOnThread,
     SandboxError,
     StackExhausted,
 )
-from skilld.sandbox._context import CallContext, entered
 from skilld.sandbox._engine import TICK_S, Engine
 from skilld.sandbox._gil import keep_gil_for_quick_calls
 from skilld.sandbox._host import INTERFACES, PACKAGE, build_linker, import_name, to_py
@@ -184,16 +183,16 @@ class _Interrupt:
     lets it run to the next check. A store is only ever touched from the thread
     running it, which a cancel from another thread could not do safely.
 
-    An inline attempt (``inline_until`` set) is stopped, as ``inline``, once its
-    time is up or a host call said it needs a thread.
+    An inline attempt (``ctx.inline``) is stopped, as ``inline``, once it is over
+    (its time is up or a host call said it needs a thread).
     """
 
-    __slots__ = ("at", "callback", "ctx", "inline_until", "reason")
+    __slots__ = ("at", "callback", "ctx", "inline", "reason")
 
-    def __init__(self, store: wasmtime.Store, budget_s: float, inline_until: float | None = None):
+    def __init__(self, store: wasmtime.Store, budget_s: float, inline: Inline | None = None):
         self.at = time.monotonic() + budget_s
         self.ctx: CallContext | None = None
-        self.inline_until = inline_until
+        self.inline = inline
         self.reason: str | None = None
         # kept alive with the store (None once it is freed)
         self.callback: Any = _EpochCallback(self._on_deadline)
@@ -204,12 +203,12 @@ class _Interrupt:
         """Start the clock for one call (or warm-up) of ``budget_s`` seconds."""
         self.at = time.monotonic() + budget_s
         self.ctx = ctx
-        self.inline_until = None if ctx is None else ctx.inline_until
+        self.inline = None if ctx is None else ctx.inline
         self.reason = None
         store.set_epoch_deadline(self._next_check())
 
     def _next_check(self) -> int:
-        at = self.at if self.inline_until is None else min(self.at, self.inline_until)
+        at = self.at if self.inline is None else min(self.at, self.inline.until)
         remaining = math.ceil((at - time.monotonic()) / TICK_S)
         return max(1, min(remaining, _CHECK_TICKS))
 
@@ -218,9 +217,7 @@ class _Interrupt:
             now = time.monotonic()
             if self.ctx is not None and self.ctx.channel.cancelled():
                 self.reason = "cancelled"
-            elif self.inline_until is not None and (
-                now >= self.inline_until or (self.ctx is not None and self.ctx.needs_thread)
-            ):
+            elif self.inline is not None and self.inline.over(now):
                 self.reason = "inline"
             elif now >= self.at:
                 self.reason = "deadline"
@@ -361,7 +358,7 @@ class Component:
     def _fresh(
         self,
         memory_bytes: int,
-        inline_until: float | None = None,
+        inline: Inline | None = None,
         preopens: tuple[tuple[str, str, bool], ...] = (),
         *,
         ctx: CallContext | None = None,
@@ -385,7 +382,7 @@ class Component:
         # Instantiation runs guest start code, which the epoch interrupts too; the
         # deadline of the call proper is armed again right before the call.
         budget = _INSTANTIATE_BUDGET_S if ctx is None else ctx.remaining()
-        interrupt = _Interrupt(store, budget, inline_until)
+        interrupt = _Interrupt(store, budget, inline)
         interrupt.ctx = ctx
         started = time.perf_counter()
         instance = self.sandbox.linker.instantiate(store, self.native)
@@ -426,8 +423,7 @@ class Component:
 
     def _take(self, ctx: CallContext) -> _Instance:
         if ctx.preopens:
-            if ctx.inline_until is not None:
-                raise RunOnThread
+            ctx.thread_only()
             return self._fresh(ctx.limits.memory_bytes, None, ctx.preopens, ctx=ctx)
         limits = self._pool_limits
         if limits is not None and ctx.limits.memory_bytes == limits.memory_bytes:
@@ -437,11 +433,11 @@ class Component:
                 pass
             else:
                 return inst
-        if ctx.inline_until is not None and self._instantiate_s >= _WARM_WORTH_S:
+        if ctx.inline is not None and self._instantiate_s >= _WARM_WORTH_S:
             # Instantiating a large component (or one never instantiated yet) costs
             # more than an inline attempt may hold up the event loop.
-            raise RunOnThread
-        return self._fresh(ctx.limits.memory_bytes, ctx.inline_until, ctx=ctx)
+            ctx.inline.give_up()
+        return self._fresh(ctx.limits.memory_bytes, ctx.inline, ctx=ctx)
 
     def _retire(self, inst: _Instance) -> None:
         """Hand a used instance to the background worker, which frees it.
@@ -521,8 +517,8 @@ class Component:
                 func.post_return(inst.store)
         except wasmtime.WasmtimeError as exc:
             stopped = inst.interrupt.reason if inst else _stop_reason(str(exc))
-            if stopped == "inline" or ctx.needs_thread:
-                raise RunOnThread(ran=True) from None
+            if ctx.inline is not None and (stopped == "inline" or ctx.inline.needs_thread):
+                ctx.inline.give_up(ran=True)
             raise self._fault(exc, ctx, stopped) from None
         finally:
             engine.ticker.leave()
@@ -530,9 +526,9 @@ class Component:
             if inst is not None:
                 inst.streams.ctx = None
                 self._retire(inst)
-        if ctx.needs_thread:
+        if ctx.inline is not None and ctx.inline.needs_thread:
             # The guest went on after a host call refused inline: its answer does not count.
-            raise RunOnThread(ran=True)
+            ctx.inline.give_up(ran=True)
         return result
 
     def _fault(
@@ -567,7 +563,11 @@ class Component:
                 f"{where} exceeded its memory cap of {ctx.limits.memory_bytes // (1 << 20)} MiB"
             )
         tail = f"; guest stderr: {stderr.strip()[-500:]}" if stderr.strip() else ""
-        return GuestTrap(f"{where} trapped: {cause}{tail}")
+        # The trap's text goes to the audit record only: a panic message or a traceback
+        # can quote the guest's data or the host's internals.
+        return GuestTrap(
+            f"{where} trapped (the audit record has the trap's text)", detail=f"{cause}{tail}"
+        )
 
     def _guest_error(self, rec: Any, ctx: CallContext) -> SandboxError | GuestError:
         err = to_py(rec)
@@ -618,7 +618,7 @@ class Component:
     def call(self, method: str, args_json: str, ctx: CallContext) -> CallOutput:
         """Run ``method`` with JSON arguments in a fresh instance.
 
-        With ``ctx.inline_until`` set the call is an inline attempt on a thread that
+        With ``ctx.inline`` set the call is an inline attempt on a thread that
         must not block (the server's event loop): it runs only while it needs no
         more time than that, no instantiation of a large component and no host call
         outside ``INLINE_SAFE``; otherwise it stops and raises :class:`RunOnThread`,

@@ -1,7 +1,7 @@
 """Host implementations of the ``skilld:skill`` imports, one module per capability.
 
 Each module exposes ``FUNCTIONS``: WIT function name → (implementation, kind),
-where an implementation takes the current :class:`~skilld.sandbox._context.CallContext`
+where an implementation takes the current :class:`~skilld.call.CallContext`
 and plain Python arguments (records arrive as dicts with snake_case keys) and
 returns plain Python values (records as dicts), raising
 :class:`~skilld.errors.HostCallError` to refuse. ``kind`` says how the WIT result
@@ -14,19 +14,32 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-from skilld.errors import HostCallError
+from skilld.errors import ErrorCode, HostCallError
 
 if TYPE_CHECKING:
-    from skilld.sandbox._context import CallContext
-    from skilld.types import Decision
+    from skilld.call import CallContext
+    from skilld.types import Decision, PermissionChecker
+
+# A typed permission question: ``lambda c: c.check_argv(argv)``.
+Question = Callable[["PermissionChecker"], "Decision"]
 
 Kind = Literal["plain", "result", "result-tagged"]
 HostFn = Callable[..., Any]
 Functions = dict[str, tuple[HostFn, Kind]]
 
 
-def ask(ctx: CallContext, capability: str, action: str, target: str) -> Decision:
+def ask(
+    ctx: CallContext,
+    capability: str,
+    action: str,
+    target: str,
+    question: Question | None = None,
+) -> Decision:
     """Ask the skill's tables and record the decision for the audit, allowed or not.
+
+    ``question`` asks it typed (``check_argv``, ``check_address``, ``check_tcp``);
+    without it the plain ``check(capability, action, target)`` is asked. ``target``
+    names the question where no policy applies to the skill at all.
 
     For host functions that act on a denial themselves (``fs.glob`` leaves refused
     matches out); the others use :func:`decide`.
@@ -37,23 +50,31 @@ def ask(ctx: CallContext, capability: str, action: str, target: str) -> Decision
         decision = Decision(
             False, capability, action, target, "default-deny", "no policy applies to this skill"
         )
+    elif question is not None:
+        decision = question(ctx.checker)
     else:
         decision = ctx.checker.check(capability, action, target)
     return ctx.record(decision)
 
 
 def decide(
-    ctx: CallContext, capability: str, action: str, target: str, shown: str | None = None
+    ctx: CallContext,
+    capability: str,
+    action: str,
+    target: str,
+    shown: str | None = None,
+    question: Question | None = None,
 ) -> Decision:
-    """Ask the skill's tables; record the decision; refuse with its rule when denied.
+    """Ask the skill's tables (typed with ``question``, see :func:`ask`); record the
+    decision; refuse with its rule when denied.
 
     Raises:
         HostCallError: ``not-permitted`` naming the rule and the reason.
     """
-    decision = ask(ctx, capability, action, target)
+    decision = ask(ctx, capability, action, target, question)
     if not decision.allowed:
         raise HostCallError(
-            "not-permitted",
+            ErrorCode.NOT_PERMITTED,
             f"{capability}.{action} {shown or target} denied: {decision.reason}",
             rule=decision.rule,
         )

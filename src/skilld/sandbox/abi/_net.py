@@ -1,8 +1,8 @@
 """Shared by http and tcp: resolve once, check the address, use it; wait only in slices.
 
 Every wait here (the name lookup, the connect, each read and write) is cut into
-slices of :data:`~skilld.sandbox._context.WAIT_SLICE_S` by
-:meth:`CallContext.waits <skilld.sandbox._context.CallContext.waits>`, so it ends at
+slices of :data:`~skilld.call.WAIT_SLICE_S` by
+:meth:`CallContext.waits <skilld.call.CallContext.waits>`, so it ends at
 the smaller of the guest's own timeout and the call's deadline, and soon after the
 client cancels the call, whatever the peer does (trickles bytes, holds the line).
 """
@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from skilld.call import CallContext
 from skilld.errors import HostCallError
-from skilld.sandbox._context import CallContext
 from skilld.sandbox.abi import decide
 
 T = TypeVar("T")
@@ -29,8 +29,8 @@ T = TypeVar("T")
 def resolve_checked(ctx: CallContext, capability: str, host: str, port: int) -> str:
     """Resolve ``host`` once and return the first address the tables allow.
 
-    Every candidate is checked as ``check(capability, "address", "IP:PORT HOST")`` (IPv6
-    in brackets), where private, loopback, link-local and metadata addresses are refused
+    Every candidate is checked as ``check_address(ip, port, capability, host)``, where
+    private, loopback, link-local and metadata addresses are refused
     unless a rule names them; the host name narrows the check to the rules for that
     host, so one host's ``allow_private`` cannot let another name reach a private address.
     The caller connects to the returned address, never to the name, so a second lookup
@@ -57,7 +57,14 @@ def resolve_checked(ctx: CallContext, capability: str, host: str, port: int) -> 
             addr = addr.ipv4_mapped
         target = f"[{ip}]:{port}" if addr.version == 6 else f"{ip}:{port}"
         try:
-            decide(ctx, capability, "address", f"{target} {host}", shown=f"{host} ({target})")
+            decide(
+                ctx,
+                capability,
+                "address",
+                f"{target} {host}",
+                f"{host} ({target})",
+                lambda c: c.check_address(ip, port, capability, host),  # noqa: B023 - asked at once
+            )
         except HostCallError as exc:
             last = exc
             continue

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
+from skilld.call import CallContext
 from skilld.errors import HostCallError
-from skilld.sandbox._context import CallContext
 from skilld.sandbox.abi import Functions, decide
 
 

@@ -42,8 +42,8 @@ import os
 import stat as stat_mod
 from collections.abc import Iterator
 
-from skilld.errors import HostCallError
-from skilld.sandbox._context import CallContext
+from skilld.call import CallContext
+from skilld.errors import ErrorCode, HostCallError
 from skilld.sandbox.abi import Functions, ask, decide
 from skilld.types import Decision
 
@@ -212,13 +212,15 @@ def _errno(exc: OSError, path: str) -> HostCallError:
         return HostCallError("not-found", f"{path} does not exist")
     if code in (errno.ELOOP, errno.EXDEV):
         return HostCallError(
-            "not-permitted",
+            ErrorCode.NOT_PERMITTED,
             f"{path}: a symlink is on the way, and fs calls do not follow symlinks",
             rule=NO_FOLLOW_RULE,
         )
     if code in (errno.EACCES, errno.EPERM):
         return HostCallError(
-            "not-permitted", f"{path}: the host refused access ({exc.strerror})", rule="host"
+            ErrorCode.NOT_PERMITTED,
+            f"{path}: the host refused access ({exc.strerror})",
+            rule="host",
         )
     if code in (errno.EISDIR, errno.ENXIO):
         return HostCallError("invalid-argument", f"{path} is not a regular file")
@@ -361,7 +363,7 @@ def write(ctx: CallContext, path: str, data: bytes, append: bool) -> None:
                 raise HostCallError("invalid-argument", f"{path} is not a regular file")
             if info.st_nlink > 1:
                 raise HostCallError(
-                    "not-permitted",
+                    ErrorCode.NOT_PERMITTED,
                     f"{path} has {info.st_nlink} hard links; fs writes only files with one",
                     rule=HARDLINK_RULE,
                 )

@@ -2,7 +2,7 @@
 
 Each hop (the first request and every redirect) is checked as
 ``check("http", METHOD, URL)``; the host name is resolved once, the address is
-checked (``check("http", "address", "IP:PORT HOST")``) and the connection goes to
+checked (``check_address(ip, port, "http", host)``) and the connection goes to
 that address, with the name kept for the Host header, SNI and certificate checks.
 URLs with userinfo and schemes other than http and https are refused outright.
 The body is capped by the deciding rule's ``max_response_bytes`` (host cap: 8 MiB);
@@ -23,8 +23,8 @@ import time
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-from skilld.errors import HostCallError
-from skilld.sandbox._context import CallContext
+from skilld.call import CallContext
+from skilld.errors import ErrorCode, HostCallError
 from skilld.sandbox.abi import Functions, decide, rule_settings
 from skilld.sandbox.abi._net import BoundedSSLSocket, bound_socket, connect, resolve_checked
 from skilld.types import Decision
@@ -91,7 +91,9 @@ def _split(url: str) -> tuple[str, str, int, str]:
         raise HostCallError("invalid-argument", f"URL scheme must be http or https: {url!r}")
     if parts.username is not None or parts.password is not None or "@" in parts.netloc:
         raise HostCallError(
-            "not-permitted", f"URLs with userinfo are refused: {url!r}", rule="http.userinfo"
+            ErrorCode.NOT_PERMITTED,
+            f"URLs with userinfo are refused: {url!r}",
+            rule="http.userinfo",
         )
     host = parts.hostname or ""
     if not host:

@@ -10,8 +10,8 @@ hands the caller's deadline on), and none starts past it or after a cancel.
 
 from __future__ import annotations
 
-from skilld.errors import HostCallError
-from skilld.sandbox._context import CallContext
+from skilld.call import CallContext
+from skilld.errors import ErrorCode, HostCallError
 from skilld.sandbox.abi import Functions
 from skilld.types import Decision
 
@@ -29,14 +29,14 @@ def call(ctx: CallContext, skill: str, method: str, args: str) -> str:
     """
     if ctx.invoker is None:
         raise HostCallError(
-            "not-permitted", "this host has no orchestrator for invoke", rule="default-deny"
+            ErrorCode.NOT_PERMITTED, "this host has no orchestrator for invoke", rule="default-deny"
         )
     depth = ctx.depth + 1
     if depth > MAX_DEPTH:
         reason = f"depth {depth} exceeds the host's ceiling of {MAX_DEPTH}"
         ctx.record(Decision(False, "invoke", "call", skill, DEPTH_RULE, reason))
         raise HostCallError(
-            "not-permitted", f"invoke.call {skill} denied: {reason}", rule=DEPTH_RULE
+            ErrorCode.NOT_PERMITTED, f"invoke.call {skill} denied: {reason}", rule=DEPTH_RULE
         )
     ctx.live("invoke.call")
     return ctx.invoker(skill, method, args, depth)

@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
 
-from skilld.errors import HostCallError, QuotaExceeded, StateError
-from skilld.sandbox._context import CallContext
+from skilld.call import CallContext
+from skilld.errors import ErrorCode, HostCallError, QuotaExceeded, StateError
 from skilld.sandbox.abi import Functions, decide
 from skilld.types import KeyValueStore
 
@@ -31,7 +31,7 @@ def _store(ctx: CallContext, action: str, key: str | None = None) -> KeyValueSto
     if ctx.checker is not None:
         decide(ctx, "kv", action, key or "*")
     if ctx.kv is None:
-        raise HostCallError("not-permitted", "no key-value state for this skill", rule="kv")
+        raise HostCallError(ErrorCode.NOT_PERMITTED, "no key-value state for this skill", rule="kv")
     return ctx.kv
 
 

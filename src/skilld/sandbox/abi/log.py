@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from skilld.sandbox._context import MAX_LOG_LINES, CallContext
+from skilld.call import MAX_LOG_LINES, CallContext
 from skilld.sandbox.abi import Functions
 
 

@@ -22,8 +22,8 @@ import json
 import math
 from typing import Any
 
+from skilld.call import CallContext
 from skilld.errors import GuestError, HostCallError
-from skilld.sandbox._context import CallContext
 from skilld.sandbox.abi import Functions, decide
 from skilld.types import LOG_LEVEL_ALIASES, LOG_LEVELS, Decision
 

@@ -1,7 +1,7 @@
 """``shell``: allowlisted commands run as argv, never through a shell.
 
-The check is ``check("shell", "run", shlex.join(argv))`` (an unambiguous quoting
-of the argv, so metacharacters are data) plus ``check("shell", "cwd", DIR)`` for
+The check is ``check_argv(argv)``, asked as the argv itself (every argument is data;
+``shlex.join`` only names the command in a refusal) plus ``check("shell", "cwd", DIR)`` for
 the working directory, which must also lie under the deciding rule's ``cwd``
 list (a rule with a list runs in its first directory when no cwd is given).
 An argument whose pattern holds a path (``/data/out/*``,
@@ -45,10 +45,10 @@ from dataclasses import replace
 from typing import Any
 
 from skilld import confine
+from skilld.call import CallContext
 from skilld.confine import Confinement, from_grants
-from skilld.errors import ConfinementUnavailable, HostCallError, ProgramNotStarted
+from skilld.errors import ConfinementUnavailable, ErrorCode, HostCallError, ProgramNotStarted
 from skilld.sandbox import _egress as egress
-from skilld.sandbox._context import CallContext
 from skilld.sandbox.abi import Functions, decide, rule_settings
 from skilld.sandbox.abi.fs import canonical
 from skilld.types import Decision
@@ -79,7 +79,7 @@ def _working_dir(
         reason = f"{decision.rule} allows running in {listed}, not {cwd}"
         ctx.record(Decision(False, "shell", "cwd", cwd, decision.rule, reason))
         raise HostCallError(
-            "not-permitted", f"shell.cwd {cwd} denied: {reason}", rule=decision.rule
+            ErrorCode.NOT_PERMITTED, f"shell.cwd {cwd} denied: {reason}", rule=decision.rule
         )
     return cwd
 
@@ -123,13 +123,15 @@ def _check_path_args(
         reason = "a path argument changed while it was resolved"
         ctx.record(Decision(False, "shell", "run", shlex.join(argv), decision.rule, reason))
         raise HostCallError(
-            "not-permitted", f"shell.run {shlex.join(argv)} denied: {reason}", rule=decision.rule
+            ErrorCode.NOT_PERMITTED,
+            f"shell.run {shlex.join(argv)} denied: {reason}",
+            rule=decision.rule,
         ) from None
     if canon != argv:
         # The refusal names the argv as the guest wrote it, never where its paths lead
         # (a planted link's target is the host's business); the audit keeps both.
         shown = f"{shlex.join(argv)} (a path argument, resolved, is outside the pattern)"
-        decide(ctx, "shell", "run", shlex.join(canon), shown=shown)
+        decide(ctx, "shell", "run", shlex.join(canon), shown, lambda c: c.check_argv(tuple(canon)))
 
 
 def _environment(rule: Mapping[str, Any]) -> dict[str, str]:
@@ -170,7 +172,10 @@ def run(ctx: CallContext, cmd: dict[str, object]) -> dict[str, object]:
         raise HostCallError("invalid-argument", "argv must name a program")
     if any("\x00" in a for a in argv):
         raise HostCallError("invalid-argument", "argv must not contain NUL bytes")
-    decision = decide(ctx, "shell", "run", shlex.join(argv))
+    # Asked as the argv itself; the quoted text only names it in a refusal or the audit.
+    decision = decide(
+        ctx, "shell", "run", shlex.join(argv), question=lambda c: c.check_argv(tuple(argv))
+    )
     rule = rule_settings(ctx, decision)
     _check_path_args(ctx, argv, rule, decision)
     cwd = _working_dir(ctx, cmd.get("cwd"), decision, rule)

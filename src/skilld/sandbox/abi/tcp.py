@@ -1,6 +1,6 @@
 """``tcp``: connections to allowlisted ``host:port`` pairs, on the checked address.
 
-``connect`` checks ``check("tcp", "connect", "HOST:PORT")``, resolves once and
+``connect`` checks ``check_tcp(host, port)``, resolves once and
 checks the address; connections are handles that live for one call. Connect,
 send and receive each wait no longer than the guest's ``timeout_ms`` (send: the
 call's time) and never past the call's deadline; they look at the cancel flag
@@ -13,8 +13,8 @@ import itertools
 import socket
 import time
 
+from skilld.call import CallContext
 from skilld.errors import HostCallError
-from skilld.sandbox._context import CallContext
 from skilld.sandbox.abi import Functions, decide
 from skilld.sandbox.abi._net import bounded, resolve_checked
 from skilld.sandbox.abi._net import connect as open_socket
@@ -36,7 +36,7 @@ def connect(ctx: CallContext, host: str, port: int, timeout_ms: int) -> int:
             "limit-exceeded", f"at most {MAX_CONNECTIONS} open connections per call"
         )
     shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    decide(ctx, "tcp", "connect", shown)
+    decide(ctx, "tcp", "connect", shown, question=lambda c: c.check_tcp(host, port))
     ip = resolve_checked(ctx, "tcp", host, port)
     sock = open_socket(ctx, ip, port, max(timeout_ms, 1) / 1000)
     handle = next(_ids) & 0xFFFFFFFF

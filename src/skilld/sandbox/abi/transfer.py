@@ -24,8 +24,8 @@ import os
 import secrets
 from typing import Protocol
 
-from skilld.errors import HostCallError
-from skilld.sandbox._context import CallContext
+from skilld.call import CallContext
+from skilld.errors import ErrorCode, HostCallError
 from skilld.sandbox.abi import Functions, decide
 from skilld.sandbox.abi.fs import _errno, _open, _parent, _Target, canonical, read_regular
 
@@ -157,7 +157,7 @@ def _service(ctx: CallContext) -> TransferService:
 def _local(ctx: CallContext, path: str) -> str:
     if ":" in path.split("/", 1)[0]:
         raise HostCallError(
-            "not-permitted",
+            ErrorCode.NOT_PERMITTED,
             f"{path!r} names a file on another node: remote-to-remote transfers are refused; "
             "transfer to or from this node",
             rule="transfer.remote-to-remote",

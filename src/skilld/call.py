@@ -1,12 +1,20 @@
-"""The per-call context host functions act in.
+"""The call contract every backend shares, below the sandbox.
 
-A guest runs synchronously on the thread that called it, and host functions
-are called back on that same thread, so the current call is found through a
-thread-local stack (a stack, because ``invoke`` nests calls).
+:class:`CallContext` is everything one call of one skill acts in: its limits, its
+key-value namespace, its permission checker, the client channel, the orchestrator
+for ``invoke``, its deadline and the decisions it took. The registry builds one per
+call (``registry/_dispatch.py``); every backend (a wasm component, an Agent Skill, a
+delegate kit, a remote node) is handed it, and host functions find it again with
+:func:`current`.
+
+A guest runs synchronously on the thread that called it, and host functions are
+called back on that same thread, so the current call is kept in a context variable
+holding a stack (a stack, because ``invoke`` nests calls).
 """
 
 from __future__ import annotations
 
+import contextvars
 import math
 import queue
 import threading
@@ -14,18 +22,17 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
-from skilld.errors import HostCallError
+from skilld.audit import CallRecorder
+from skilld.errors import GuestError, HostCallError, RunOnThread
 from skilld.types import (
-    MAX_AUDITED_DECISIONS,
     ClientChannel,
     Decision,
     DecisionKey,
     KeyValueStore,
     Limits,
     PermissionChecker,
-    decision_key,
 )
 
 T = TypeVar("T")
@@ -35,11 +42,65 @@ Invoker = Callable[[str, str, str, int], str]
 
 MAX_LOG_LINES = 200
 MAX_CAPTURE = 64 * 1024
-# Host faults one call keeps for its audit record.
-MAX_HOST_FAULTS = 16
 # A host call that waits (on a socket, the client, another thread) looks at the
 # cancel flag this often, so a cancelled call lets go of its slot within it.
 WAIT_SLICE_S = 0.05
+
+
+def busy(skill: str, limit: int) -> GuestError:
+    """The one refusal of a call for want of a slot of its skill (audit outcome ``busy``).
+
+    The same words whichever gate refused: the MCP layer's queue or the skill's own
+    ``max_concurrency`` (``registry/_dispatch.py``).
+    """
+    return GuestError(
+        "limit-exceeded", f"skill {skill} is busy ({limit} calls running); retry later"
+    )
+
+
+@dataclass(slots=True)
+class Inline:
+    """One inline attempt at a call: on a thread that must not block (the server's event loop).
+
+    The whole inline strategy of a call, in one place. The registry starts an attempt
+    (``registry/_dispatch.py``'s ``InlineStrategy``, which also backs off a method that
+    keeps giving up); the attempt goes on only while it can finish without blocking:
+
+    - it gives up before any guest code runs (:meth:`give_up`) when the skill has no
+      free slot, its instance would be slow to create, or the backend always blocks
+      (:meth:`CallContext.thread_only`: a script, a remote node, a delegate program);
+    - a host call that could block or act on the world is refused inline
+      (:meth:`refuse`) before it acts, and the guest is stopped at its next epoch check;
+    - the sandbox stops the guest once :meth:`over` (its time is up).
+
+    Either way it ends in :class:`~skilld.errors.RunOnThread` before anything anyone
+    can observe happened (no host call acted, output dropped, nothing audited), and
+    the caller runs the call once on a worker thread.
+    """
+
+    until: float  # monotonic time at which the attempt gives up
+    needs_thread: bool = False  # a host call was refused inline
+
+    @classmethod
+    def for_s(cls, budget_s: float) -> Inline:
+        """An attempt of about ``budget_s`` seconds from now."""
+        return cls(time.monotonic() + budget_s)
+
+    def over(self, now: float) -> bool:
+        """True once the attempt must stop: its time is up or a host call needs a thread."""
+        return self.needs_thread or now >= self.until
+
+    def refuse(self) -> None:
+        """A host call could block or act: refuse it; the attempt is over."""
+        self.needs_thread = True
+
+    def give_up(self, *, ran: bool = False) -> NoReturn:
+        """End the attempt; ``ran`` says guest code ran (the attempt cost something).
+
+        Raises:
+            RunOnThread: always.
+        """
+        raise RunOnThread(ran=ran)
 
 
 @dataclass
@@ -56,21 +117,17 @@ class CallContext:
     depth: int = 0
     # The skills that invoked this call, outermost first (for cycle checks).
     chain: tuple[str, ...] = ()
-    # The first MAX_AUDITED_DECISIONS decisions; the rest are only counted.
-    decisions: list[Decision] = field(default_factory=list)
-    decisions_beyond: dict[DecisionKey, int] = field(default_factory=dict)
+    # Builds the call's audit record: its decisions, host faults and a backend's facts.
+    # The registry makes one per call; a context made without one gets its own.
+    recorder: CallRecorder | None = None
     logs: list[tuple[str, str]] = field(default_factory=list)
     stdout: bytearray = field(default_factory=bytearray)
     stderr: bytearray = field(default_factory=bytearray)
     dropped_output: int = 0
-    host_faults: list[str] = field(default_factory=list)
     # Open host resources (tcp connections) by handle; closed when the call ends.
     handles: dict[int, Any] = field(default_factory=dict)
-    # An inline attempt (on the server's event loop) gives up at this monotonic time,
-    # or at the first host call that could block or act (``needs_thread``); None
-    # for a call on a worker thread. See ``Component.call``.
-    inline_until: float | None = None
-    needs_thread: bool = False
+    # An inline attempt (on the server's event loop); None for a call on a worker thread.
+    inline: Inline | None = None
     # Monotonic time at which the guest call's wall time ends; every host call is
     # bounded by what is left of it (``remaining``). Set when the call starts.
     deadline: float | None = None
@@ -81,9 +138,40 @@ class CallContext:
     # with preopens gets an instance of its own, never a pooled one (whose WASI
     # context was made without them). Agent Skills' wasm executor sets them.
     preopens: tuple[tuple[str, str, bool], ...] = ()
-    # Facts a backend adds to its call's audit record (a script's exit status, its
-    # executor); JSON values under names the record does not already use.
-    audit: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.recorder is None:
+            self.recorder = CallRecorder(self.skill_id, "", "", caller="local", input=b"")
+        self._recorder: CallRecorder = self.recorder
+
+    @property
+    def decisions(self) -> list[Decision]:
+        """The first MAX_AUDITED_DECISIONS decisions taken (the recorder's)."""
+        return self._recorder.decisions
+
+    @property
+    def decisions_beyond(self) -> dict[DecisionKey, int]:
+        """Decisions past the cap, counted per (capability, action, allowed, rule)."""
+        return self._recorder.decisions_beyond
+
+    @property
+    def host_faults(self) -> list[str]:
+        """Host functions' own failures during the call (the recorder's)."""
+        return self._recorder.host_faults
+
+    @property
+    def audit(self) -> dict[str, Any]:
+        """Facts a backend adds to its call's audit record (the recorder's ``facts``)."""
+        return self._recorder.facts
+
+    def thread_only(self) -> None:
+        """Say this call always blocks: an inline attempt gives up here, before it acts.
+
+        Raises:
+            RunOnThread: the call is an inline attempt.
+        """
+        if self.inline is not None:
+            self.inline.give_up()
 
     def remaining(self) -> float:
         """Seconds left before the call's deadline (0 when past it; inf when unset)."""
@@ -166,12 +254,11 @@ class CallContext:
 
     def record(self, decision: Decision) -> Decision:
         """Keep a permission decision for the audit record (past the cap, count it); returns it."""
-        if len(self.decisions) < MAX_AUDITED_DECISIONS:
-            self.decisions.append(decision)
-        else:
-            key = decision_key(decision)
-            self.decisions_beyond[key] = self.decisions_beyond.get(key, 0) + 1
-        return decision
+        return self._recorder.record(decision)
+
+    def record_fault(self, text: str) -> None:
+        """Note a host function's own failure for the audit record (bounded)."""
+        self._recorder.host_fault(text)
 
     def will_write_state(self) -> None:
         """Say a state write is about to happen: the first runs ``before_first_write``.
@@ -191,16 +278,20 @@ class CallContext:
         self.dropped_output += max(0, len(data) - max(room, 0))
 
 
-_local = threading.local()
+# The calls running in this context, innermost last (a tuple: a copied context, such
+# as a worker thread's, never shares a mutable stack with the one it came from).
+_stack: contextvars.ContextVar[tuple[CallContext, ...]] = contextvars.ContextVar(
+    "skilld_call", default=()
+)
 
 
 def current() -> CallContext:
-    """The context of the call running on this thread.
+    """The context of the call running here (on this thread, in this context).
 
     Raises:
-        RuntimeError: no call is running on this thread (a host bug).
+        RuntimeError: no call is running here (a host bug).
     """
-    stack: list[CallContext] = getattr(_local, "stack", [])
+    stack = _stack.get()
     if not stack:
         raise RuntimeError("host function called outside of a guest call")
     return stack[-1]
@@ -209,10 +300,8 @@ def current() -> CallContext:
 @contextmanager
 def entered(ctx: CallContext) -> Iterator[CallContext]:
     """Make ``ctx`` the current context for the duration of a guest call."""
-    stack: list[CallContext] = getattr(_local, "stack", None) or []
-    _local.stack = stack
-    stack.append(ctx)
+    token = _stack.set((*_stack.get(), ctx))
     try:
         yield ctx
     finally:
-        stack.pop()
+        _stack.reset(token)

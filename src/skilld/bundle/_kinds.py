@@ -1,0 +1,411 @@
+"""The kinds of skill a build takes, one seam each.
+
+A kind finds its sources in the skills directory (:meth:`SkillKind.find`) and packs
+each into a signed ``.skill`` (:attr:`Source.pack`); once every package is verified and
+the policy compiled, it stages its skills into the bundle (:meth:`SkillKind.stage`).
+``_build.py`` loops over :data:`KINDS` instead of branching on them (in this order: the
+Agent Skills' runner may be a component the first kind staged). A new kind of skill is
+one class here.
+
+- :class:`WasmComponents`: ``NAME/skill.yaml`` (+ ``skill.py`` or ``skill.wat``),
+  compiled to a component;
+- :class:`AgentSkills`: ``NAME/SKILL.md`` directories, validated and packed;
+- :class:`DelegateKits`: with kits in ``policies/kits/``, the CPython runner their
+  programs run in, built like a source skill.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from skilld import agentskills, package, paths
+from skilld.bundle._lock import LockedAgentSkill, LockedRunner, LockedSkill
+from skilld.call import CallContext
+from skilld.errors import AgentSkillError, BundleError
+from skilld.package.build import build_component
+from skilld.policy import RUNNER, CompileResult, check_kit_methods
+from skilld.sandbox import Sandbox, write_native
+from skilld.types import Limits
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class BuildOptions:
+    """How ``skilld build`` builds a bundle (everything but its inputs and the sandbox).
+
+    Attributes:
+        skill_key: signs skills built from source; without it an ephemeral key does,
+            and its public half (scoped to exactly those skills) joins the trust set.
+        bundle_key: signs ``bundle.lock`` (``bundle.lock.sig``).
+        previous: an earlier ``bundle.lock``; lower skill versions are refused
+            unless ``allow_downgrade``.
+        allow_downgrade: accept lower versions than ``previous``'s.
+        strict: needs that no grant covers are errors (otherwise warnings).
+        cache_dir: the build and native-code cache (default: ``skilld.paths.cache_dir()``).
+        lenient: load Agent Skills the way the specification's client guide allows
+            (a name that differs from its directory, over-long name or description:
+            warnings).
+        wheelhouse: where Agent Skills' Python requirements are installed from
+            (offline; a missing wheel is an error naming the skill and package).
+        progress: told each step, one line at a time.
+    """
+
+    skill_key: Path | None = None
+    bundle_key: Path | None = None
+    previous: Path | None = None
+    allow_downgrade: bool = False
+    strict: bool = True
+    cache_dir: Path | None = None
+    lenient: bool = False
+    wheelhouse: Path | None = None
+    progress: Progress = field(default=lambda _msg: None, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class BuildSummaryRow:
+    """One line of the build's summary table."""
+
+    id: str
+    version: str
+    methods: int
+    grants: str
+    package_bytes: int
+    native_bytes: int
+
+
+class _NoChannel:
+    def progress(self, progress: float, total: float | None, message: str | None) -> None: ...
+    def log(self, level: str, data: Any) -> None: ...
+    def sample(self, params: Any) -> Any:
+        raise BundleError("describe may not sample")
+
+    def elicit(self, params: Any) -> Any:
+        raise BundleError("describe may not elicit")
+
+    def cancelled(self) -> bool:
+        return False
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    path.chmod(0o444)
+
+
+@dataclass(frozen=True, slots=True)
+class Staging:
+    """What every kind stages from: the stage directory, the sandbox, the options, the
+    compiled policy, every verified package (``(collected, verified)``) and the Agent
+    Skills' parsed SKILL.md by id."""
+
+    stage: Path
+    sandbox: Sandbox
+    options: BuildOptions
+    compiled: CompileResult
+    packages: list[tuple[Any, package.VerifiedPackage]]
+    mds: dict[str, agentskills.SkillMd]
+
+
+@dataclass(slots=True)
+class Staged:
+    """What the kinds staged, for ``bundle.lock`` and the summary."""
+
+    locked: list[LockedSkill] = field(default_factory=list)
+    agents: list[LockedAgentSkill] = field(default_factory=list)
+    runner: LockedRunner | None = None
+    rows: list[BuildSummaryRow] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """One skill a kind builds from source: its id, where it comes from, how to pack it.
+
+    ``pack(key, epoch)`` returns the signed package's bytes and its version.
+    """
+
+    id: str
+    origin: Path
+    pack: Callable[[package.SigningKey, int], tuple[bytes, str]]
+
+
+class SkillKind(Protocol):
+    """What a kind of skill does at build time: find its sources (then pack each), and
+    stage its verified packages into the bundle."""
+
+    name: str
+
+    def stage(self, staging: Staging, staged: Staged) -> None:
+        """Stage this kind's packages of ``staging`` into the bundle; record them in ``staged``.
+
+        Raises:
+            SkilldError: a package cannot be staged (names its origin).
+        """
+        ...
+
+    def find(self, skills_dir: Path, policies_dir: Path, options: BuildOptions) -> Sequence[Source]:
+        """The sources of this kind under ``skills_dir`` (announced through ``progress``).
+
+        Raises:
+            SkilldError: a source is invalid (names its file and line).
+        """
+        ...
+
+
+def _component_source(d: Path, options: BuildOptions) -> Source:
+    meta = package.read_skill_meta(d)
+
+    def pack(key: package.SigningKey, epoch: int) -> tuple[bytes, str]:
+        options.progress(f"building {meta.id} {meta.version} from {d}")
+        component = build_component(d, cache_dir=options.cache_dir).read_bytes()
+        return package.pack_directory(d, component, keys=[key], epoch=epoch), meta.version
+
+    return Source(meta.id, d, pack)
+
+
+class WasmComponents:
+    """Source skills (``skill.yaml``): built with componentize-py or from WebAssembly text."""
+
+    name = "wasm component"
+
+    def find(self, skills_dir: Path, policies_dir: Path, options: BuildOptions) -> Sequence[Source]:
+        """Every ``NAME/skill.yaml`` directory."""
+        dirs = [d for d in sorted(skills_dir.iterdir()) if (d / "skill.yaml").is_file()]
+        return [_component_source(d, options) for d in dirs]
+
+    def stage(self, staging: Staging, staged: Staged) -> None:
+        """AOT-compile each component, ask it to describe itself, lock both."""
+        stage, compiled, progress = staging.stage, staging.compiled, staging.options.progress
+        for c, v in staging.packages:
+            if v.manifest.kind == package.KIND_AGENT_SKILL:
+                continue
+            sid, version = v.manifest.id, v.manifest.version
+            progress(f"compiling {sid} {version} to native code")
+            granted = compiled.grants_of(sid)
+            comp = staging.sandbox.load(v.component, name=sid, granted=granted)
+            native_rel = f"native/{sid}.cwasm"
+            native_sha = write_native(comp.native, stage / native_rel)
+            (stage / native_rel).chmod(0o444)
+            spec = comp.describe(CallContext(sid, Limits(), _NoChannel()))
+            if (spec.id, spec.version) != (sid, version):
+                raise BundleError(
+                    f"the component describes itself as {spec.id} {spec.version}, but its "
+                    f"signed manifest says {sid} {version}",
+                    location=str(c.origin),
+                )
+            staged.locked.append(
+                LockedSkill(
+                    id=sid,
+                    version=version,
+                    package=c.path.relative_to(stage).as_posix(),
+                    component_sha256=_sha256(v.component),
+                    native=native_rel,
+                    native_sha256=native_sha,
+                    signers=tuple(v.signers),
+                    description=v.manifest.description or spec.description,
+                    imports=tuple(sorted(comp.imports)),
+                    spec=spec.as_dict(),
+                )
+            )
+            staged.rows.append(
+                BuildSummaryRow(
+                    sid,
+                    version,
+                    len(spec.methods),
+                    ", ".join(sorted(granted - {"log", "mcp"})) or "-",
+                    c.path.stat().st_size,
+                    (stage / native_rel).stat().st_size,
+                )
+            )
+
+
+class DelegateKits:
+    """delegate's kits: their programs run in the CPython runner, built like a source skill."""
+
+    name = "delegate kit"
+
+    def find(self, skills_dir: Path, policies_dir: Path, options: BuildOptions) -> Sequence[Source]:
+        """The runner, when ``policies/kits/`` holds a kit."""
+        kits = policies_dir / "kits"
+        if kits.is_dir() and any(p.suffix in (".yaml", ".yml") for p in kits.iterdir()):
+            return [_component_source(paths.runner_dir(), options)]
+        return []
+
+    def stage(self, staging: Staging, staged: Staged) -> None:
+        """Check that every kit's tools are methods the staged components describe."""
+        check_kit_methods(
+            staging.compiled.tables.kits,
+            {s.id: {m["name"] for m in s.spec.get("methods", ())} for s in staged.locked},
+        )
+
+
+class AgentSkills:
+    """Agent Skills (``SKILL.md``): validated, then packed with their files."""
+
+    name = "Agent Skill"
+
+    def find(self, skills_dir: Path, policies_dir: Path, options: BuildOptions) -> Sequence[Source]:
+        """Every Agent Skills directory; its SKILL.md warnings go to ``progress``."""
+        out = []
+        for d in sorted(skills_dir.iterdir()):
+            if not (d.is_dir() and agentskills.is_agent_skill(d)):
+                continue
+            source = agentskills.read_source(d, lenient=options.lenient)
+            for warning in source.md.warnings:
+                options.progress(f"warning: {warning}")
+
+            def pack(
+                key: package.SigningKey, epoch: int, a: agentskills.AgentSkillSource = source
+            ) -> tuple[bytes, str]:
+                options.progress(f"packing Agent Skill {a.md.id} from {a.origin}")
+                return agentskills.pack(a, keys=[key], epoch=epoch)
+
+            out.append(Source(source.md.id, source.origin, pack))
+        return out
+
+    def stage(self, staging: Staging, staged: Staged) -> None:
+        """Unpack each Agent Skill, bake its requirements, and compile the CPython runner
+        if a wasm-executor skill needs it (once: delegate's kits may have staged it).
+
+        Raises:
+            AgentSkillError: a system program the policy names is missing; or, unless
+                ``lenient``, any script cannot run under its executor (every finding at
+                once, each at ``SKILL/path:line``: a package without a wheel, a shell
+                script or a process under wasm, a program the host lacks).
+        """
+        agents = [
+            (c, v) for c, v in staging.packages if v.manifest.kind == package.KIND_AGENT_SKILL
+        ]
+        if not agents:
+            return
+        stage, sandbox, mds = staging.stage, staging.sandbox, staging.mds
+        tables, progress = staging.compiled.tables, staging.options.progress
+        cache_dir, wheelhouse = staging.options.cache_dir, staging.options.wheelhouse
+        # A bundle that already holds the runner as a skill (delegate's kits) shares it.
+        built_runner = next((s for s in staged.locked if s.id == RUNNER), None)
+        wants_runner = False
+        findings: list[str] = []
+        for c, v in agents:
+            sid, version = v.manifest.id, v.manifest.version
+            scripts = tables.scripts(sid)
+            _trees, globs = agentskills.tree_grants(tables.skill(sid).get("fs") or ())
+            runnable = agentskills.runnable_scripts(v.files)
+            if globs and runnable:
+                progress(
+                    f"warning: {sid}: scripts do not get the glob fs grant(s) {', '.join(globs)} "
+                    "(the kernel names directories); grant a directory tree instead"
+                )
+            root = f"agentskills/{sid}/files"
+            for name, data in v.files.items():
+                _write(stage / root / name, data)
+            requirements = agentskills.requirements_of(sid, v.files, scripts["requirements"])
+            # Programs the operator named must be here, whatever the mode: the policy is
+            # the operator's word. Those the skill names alone make its scripts unavailable.
+            missing = [p for p in scripts["programs"] if shutil.which(p) is None]
+            if missing:
+                raise AgentSkillError(
+                    f"skill '{sid}' needs the system program(s) "
+                    f"{agentskills.missing_program_message(missing)}, which this image lacks",
+                    location=f"policies/{sid}.yaml",
+                    hint="install them in the image (docs/agent-skills.md, 'System programs')",
+                )
+            planned = agentskills.plan(
+                sid,
+                v.files,
+                policy_executor=scripts["executor"],
+                requirements=requirements,
+                programs=agentskills.declared_programs(mds[sid].metadata, scripts["programs"]),
+                policy_interpreters=scripts["interpreters"],
+                wheelhouse=wheelhouse,
+            )
+            findings += planned.findings
+            env = ""
+            if planned.executor == "wasm":
+                wants_runner = True
+            elif planned.executor == "native" and planned.distributions:
+                env = f"agentskills/{sid}/env"
+                progress(
+                    f"installing {', '.join(planned.distributions)} for {sid} from {wheelhouse}"
+                )
+                try:
+                    agentskills.install_requirements(
+                        sid, planned.distributions, wheelhouse, stage / env
+                    )
+                except AgentSkillError as exc:
+                    findings.append(f"{sid}: {exc.message}")
+                    planned = replace(
+                        planned,
+                        unavailable=dict.fromkeys(runnable, exc.message)
+                        | dict(planned.unavailable),
+                    )
+                    env = ""
+            if runnable:
+                progress(f"{sid}: scripts run {planned.executor}: {planned.reason}")
+            if runnable and planned.programs:
+                # The operator sees what a skill's own metadata made executable for it.
+                progress(f"{sid}: scripts may start {', '.join(planned.programs)}")
+            for script, why in sorted(planned.unavailable.items()):
+                progress(f"warning: {sid}/{script}: unavailable: {why}")
+            spec = agentskills.describe(mds[sid], version, v.files)
+            staged.agents.append(
+                LockedAgentSkill(
+                    id=sid,
+                    version=version,
+                    package=c.path.relative_to(stage).as_posix(),
+                    root=root,
+                    env=env,
+                    executor=planned.executor,
+                    signers=tuple(v.signers),
+                    description=mds[sid].description,
+                    spec=spec.as_dict(),
+                    scripts=planned.as_lock() if runnable else {},
+                )
+            )
+        if findings and not staging.options.lenient:
+            raise AgentSkillError(
+                "scripts that cannot run here:\n  " + "\n  ".join(findings),
+                location=findings[0].split(": ", 1)[0],
+                hint="give them what they need (a wheel, a program, "
+                "'scripts: {executor: native}'), or build with --lenient to serve the skills "
+                "with those scripts unavailable",
+            )
+        runner = None
+        if wants_runner and built_runner is not None:
+            runner = LockedRunner(
+                built_runner.component_sha256, built_runner.native, built_runner.native_sha256
+            )
+        elif wants_runner:
+            progress("building the CPython runner component for the wasm executor")
+            wasm = build_component(paths.runner_dir(), cache_dir=cache_dir).read_bytes()
+            comp = sandbox.load(wasm, name="pyrunner")
+            native_rel = "native/_pyrunner.cwasm"
+            native_sha = write_native(comp.native, stage / native_rel)
+            runner = LockedRunner(_sha256(wasm), native_rel, native_sha)
+        staged.runner = runner
+        for c, v in agents:
+            # The grants column says, for an Agent Skill, which executor and why.
+            a = next(a for a in staged.agents if a.id == v.manifest.id)
+            gaps = len(a.scripts.get("unavailable", ()))
+            staged.rows.append(
+                BuildSummaryRow(
+                    v.manifest.id,
+                    v.manifest.version,
+                    len(mds[v.manifest.id].allowed_tools),
+                    f"{a.executor} ({a.scripts.get('reason', 'no scripts')})"
+                    + (f"; {gaps} script(s) unavailable" if gaps else ""),
+                    c.path.stat().st_size,
+                    0,
+                )
+            )
+
+
+KINDS: tuple[SkillKind, ...] = (WasmComponents(), DelegateKits(), AgentSkills())

@@ -1,0 +1,461 @@
+"""Dispatch: the path of one call, from the MCP layer (or a routed call, or ``invoke``)
+to a backend and back. Each stage is in one place:
+
+1. **Name** (``_catalogue.py``): :meth:`Registry.call` resolves the tool name to
+   (skill, method, arguments). The MCP layer has already checked the arguments against
+   the tool's input schema, refused while draining and queued the call for the
+   skill (``skilld.mcp``); a routed call from another node enters at
+   :meth:`Registry.call_method` (``skilld.cluster``), ``skilld call`` too.
+2. **Inline or thread** (:class:`InlineStrategy` here, :class:`skilld.call.Inline`): a
+   call from the event loop is first tried there; it gives up, before anything can be
+   observed, when it could block, and then runs once on a worker thread.
+3. **Slot** (:func:`_take_slot`): one of the skill's ``max_concurrency`` slots, waited
+   for up to its wall time (never by a nested call, never inline); none frees up:
+   ``limit-exceeded``, outcome ``busy``.
+4. **Context** (:meth:`Registry._run`): a :class:`skilld.call.CallContext` with the
+   skill's limits, key-value namespace, permission checker, the client channel, the
+   orchestrator for ``invoke`` (:meth:`Registry._invoke`, which comes back to step 3
+   for the callee) and a :class:`skilld.audit.CallRecorder`.
+5. **Backend** (``SkillBackend.call``, ``_contract.py``): the sandbox's wasm component
+   (a fresh or pooled instance, an epoch deadline; every host function asks the
+   permission checker and records the decision on the context), an Agent Skill, a
+   delegate kit, or a remote node.
+6. **Outcome** (``skilld.errors``): each error class carries its WIT code and its
+   audit outcome; nothing here maps them again.
+7. **Audit** (``_audit.py``): the recorder's one ``call`` record (a ``started`` record
+   first, before the call's first state write) goes to the sink; the result or the
+   error goes back to the caller.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from skilld.audit import CallRecorder
+from skilld.call import CallContext, Inline, busy
+from skilld.errors import (
+    CallCancelled,
+    DeadlineExceeded,
+    ErrorCode,
+    GuestError,
+    HostCallError,
+    RegistryError,
+    RunOnThread,
+    SkilldError,
+)
+from skilld.registry._audit import AuditTrail, audited
+from skilld.registry._catalogue import Catalogue, SkillEntry
+from skilld.registry._contract import NullChannel
+from skilld.types import AuditSink, CallOutput, ClientChannel
+
+T = TypeVar("T")
+
+
+class InlineStrategy:
+    """When a call is tried inline, and how it gives up (see :class:`skilld.call.Inline`).
+
+    After an attempt at a method gave up having run guest code, the next ``backoff``
+    calls of that method go straight to a thread: a method that always needs one (it
+    calls kv, say) wastes an attempt in ``backoff + 1``, not each. One that gave up
+    before its guest ran is tried again at once.
+    """
+
+    def __init__(self, backoff: int = 32):
+        self._backoff = backoff
+        # (skill, method) -> inline attempts still to skip after one gave up
+        self._skipping: dict[tuple[str, str], int] = {}
+
+    def start(self, key: tuple[str, str], budget_s: float) -> Inline:
+        """An attempt at a call of ``key`` = (skill, method) of about ``budget_s``.
+
+        Raises:
+            RunOnThread: the method is backing off; nothing ran.
+        """
+        skip = self._skipping.get(key, 0)
+        if skip > 0:
+            self._skipping[key] = skip - 1
+            raise RunOnThread
+        return Inline.for_s(budget_s)
+
+    def gave_up(self, key: tuple[str, str], exc: RunOnThread) -> None:
+        """An attempt at ``key`` gave up: back off when its guest ran."""
+        if exc.ran:
+            self._skipping[key] = self._backoff
+
+    def forget(self, skill_id: str) -> None:
+        """A skill left: drop what was learnt about its methods."""
+        self._skipping = {k: v for k, v in self._skipping.items() if k[0] != skill_id}
+
+
+# A call waiting for a slot looks at its client's cancellation this often.
+_SLOT_SLICE_S = 0.05
+
+
+def _take_slot(slots: threading.BoundedSemaphore, wait_s: float, channel: ClientChannel) -> bool:
+    """A slot within ``wait_s``, given up as soon as the client cancels the call."""
+    if slots.acquire(blocking=False):
+        return True
+    end = time.monotonic() + wait_s
+    while not channel.cancelled():
+        left = end - time.monotonic()
+        if left <= 0:
+            return False
+        if slots.acquire(timeout=min(left, _SLOT_SLICE_S)):
+            return True
+    return False
+
+
+class Registry(Catalogue):
+    """Skills by id, tools by name; implements the Dispatcher contract (see the module).
+
+    Args:
+        audit: where one record per call goes (``None``: nowhere).
+    """
+
+    def __init__(self, audit: AuditSink | None = None):
+        super().__init__()
+        self._trail = AuditTrail(audit)
+        self._inline = InlineStrategy()
+
+    def remove(self, skill_id: str) -> SkillEntry:
+        """Unregister a skill and its tools (see :meth:`Catalogue.remove`); returns its entry.
+
+        Raises:
+            RegistryError: no skill ``skill_id`` is registered.
+        """
+        entry = super().remove(skill_id)
+        self._inline.forget(skill_id)
+        return entry
+
+    def call(self, tool: str, arguments: Mapping[str, Any], channel: ClientChannel) -> CallOutput:
+        """Run one tool call to the end (see the module docstring).
+
+        Arguments are not checked against the tool's input schema here: the MCP
+        layer does that before it calls (a per-skill tool's schema holds each
+        method's parameters, see :func:`per_skill_schema`).
+
+        Raises:
+            RegistryError: no such tool.
+            UsageError: a per-skill tool's ``args`` is not an object.
+            GuestError, GuestFault: the guest's failure, audited.
+        """
+        sid, method, args = self.resolve(tool, arguments)
+        return self.call_method(sid, method, args, channel, caller="mcp")
+
+    def call_inline(
+        self, tool: str, arguments: Mapping[str, Any], channel: ClientChannel, budget_s: float
+    ) -> CallOutput:
+        """Try the call on this thread without blocking it for more than about ``budget_s``.
+
+        For the MCP server's event loop: a quick guest that needs no blocking host
+        call finishes here, saving the hand-off to a worker thread and back (at 16
+        concurrent calls most of skilld's overhead, docs/mcp.md). The attempt gives
+        up with :class:`RunOnThread`, unaudited and unseen, when the skill has no
+        free slot, its instance would be slow to create, or the guest runs too long
+        or makes a host call that could block; the caller then runs :meth:`call` on
+        a worker thread. A method that gave up is not tried inline for its next
+        calls (:class:`InlineStrategy`; one that gave up before its guest ran is tried again).
+
+        Raises:
+            RunOnThread: as above.
+            RegistryError, UsageError, GuestError, GuestFault: as for :meth:`call`.
+        """
+        sid, method, args = self.resolve(tool, arguments)
+        return self.call_method(sid, method, args, channel, caller="mcp", inline_s=budget_s)
+
+    def call_method(
+        self,
+        skill_id: str,
+        method: str,
+        arguments: Mapping[str, Any],
+        channel: ClientChannel | None = None,
+        *,
+        caller: str = "local",
+        depth: int = 0,
+        chain: tuple[str, ...] = (),
+        inline_s: float | None = None,
+        deadline: float | None = None,
+        remote_caller: tuple[str, str] | None = None,
+    ) -> CallOutput:
+        """Call ``method`` of ``skill_id`` directly (tools, ``invoke``, ``skilld call``).
+
+        ``inline_s`` makes it an inline attempt of about that long (see :meth:`call_inline`;
+        a routed call from another node of a cluster is tried inline the same way).
+        ``deadline`` (monotonic; a nested call's caller's) ends the call sooner than its
+        own wall time would. ``remote_caller`` (node, skill) makes it an ``invoke``
+        routed from another node of a cluster: the callee's own policy must consent.
+
+        Raises:
+            RegistryError: no such skill.
+            GuestError, GuestFault: the guest's failure, audited; ``not-permitted``
+                (audited) when ``remote_caller`` has no consent.
+            RunOnThread: an inline attempt gave up (nothing audited).
+        """
+        entry = self._skills.get(skill_id)
+        if entry is None:
+            raise RegistryError(f"no skill named '{skill_id}'")
+        args_json = json.dumps(arguments, separators=(",", ":"), sort_keys=True)
+        key = (skill_id, method)
+        inline = None if inline_s is None else self._inline.start(key, inline_s)
+
+        def guest(ctx: CallContext) -> CallOutput:
+            if remote_caller is not None:
+                _consent(entry, *remote_caller, ctx)
+            return entry.component.call(method, args_json, ctx)
+
+        try:
+            return self._run(
+                entry,
+                method,
+                args_json,
+                channel,
+                guest,
+                caller=caller,
+                depth=depth,
+                chain=chain,
+                inline=inline,
+                deadline=deadline,
+            )
+        except RunOnThread as exc:
+            self._inline.gave_up(key, exc)
+            raise
+
+    def _run(
+        self,
+        entry: SkillEntry,
+        method: str,
+        input_text: str,
+        channel: ClientChannel | None,
+        guest: Callable[[CallContext], T],
+        *,
+        caller: str,
+        depth: int = 0,
+        chain: tuple[str, ...] = (),
+        target: str | None = None,
+        inline: Inline | None = None,
+        deadline: float | None = None,
+    ) -> T:
+        """The one way guest code runs: a slot of the skill, a fresh context, one audit record.
+
+        Tool calls, ``invoke``, resource reads and prompts all come through here.
+
+        Raises:
+            GuestError: ``limit-exceeded`` when no slot frees up in time; the guest's own.
+            GuestFault: the guest trapped, ran out of time, memory or stack, or was cancelled.
+        """
+        skill_id = entry.spec.id
+        recorder = CallRecorder(
+            skill_id,
+            entry.spec.version,
+            method,
+            caller=caller,
+            input=input_text,
+            depth=depth,
+            target=target,
+        )
+        ctx = CallContext(
+            skill_id=skill_id,
+            recorder=recorder,
+            limits=entry.limits,
+            # The sandbox stops the guest once this channel says the client cancelled.
+            channel=channel or NullChannel(),
+            kv=entry.kv,
+            checker=entry.checker,
+            invoker=lambda callee, m, a, d: self._invoke(skill_id, callee, m, a, d, ctx),
+            services=entry.services,
+            depth=depth,
+            chain=chain,
+            inline=inline,
+            # A nested call ends by its caller's deadline if that comes first; others
+            # get theirs when the guest starts (instantiation included).
+            deadline=None
+            if deadline is None
+            else min(deadline, time.monotonic() + entry.limits.timeout_ms / 1000),
+        )
+        # The started record goes out (flushed) before the first state write is made,
+        # so a write that completed just before a crash names its call (docs/runtime.md).
+        ctx.before_first_write = lambda: self._trail.emit(recorder.started())
+        outcome: str = "ok"
+        out: T | None = None
+        error: SkilldError | None = None
+        # A nested call (invoke) never waits for a slot: waiting inside a call chain
+        # that already holds slots of the same skill could deadlock it. Nor does an
+        # inline attempt: waiting is for a thread, not the event loop.
+        wait = entry.limits.timeout_ms / 1000 if depth == 0 and inline is None else 0
+        if not _take_slot(entry.slots, wait, ctx.channel):
+            if inline is not None:
+                inline.give_up()
+            if ctx.channel.cancelled():
+                outcome, error = (
+                    "cancelled",
+                    CallCancelled(
+                        f"{skill_id}: the client cancelled the call while it waited for a slot"
+                    ),
+                )
+            else:
+                outcome = "busy"
+                error = busy(skill_id, entry.limits.max_concurrency)
+        else:
+            try:
+                out = guest(ctx)
+            except SkilldError as exc:
+                outcome, error = exc.outcome, exc
+                # The server's drain ended it (skilld.mcp), not the client: say so.
+                if outcome == "cancelled" and (
+                    getattr(ctx.channel, "cancel_reason", None) == "shutdown"
+                ):
+                    outcome = "shutdown"
+                    error = CallCancelled(f"{skill_id}: the server shut down during the call")
+                    error.__cause__ = exc
+            finally:
+                entry.slots.release()
+                # The invoker and hook closures refer back to ctx; without them the
+                # context is freed at once rather than by the garbage collector.
+                ctx.invoker = None
+                ctx.before_first_write = None
+        self._trail.emit(
+            recorder.finish(
+                outcome, output=None if error is not None else audited(out), error=error
+            )
+        )
+        if error is not None:
+            raise error
+        assert out is not None
+        return out
+
+    def _invoke(
+        self, caller: str, callee: str, method: str, args_json: str, depth: int, ctx: CallContext
+    ) -> str:
+        checker = self._skills[caller].checker
+        decision = None
+        if checker is not None:
+            # The compiled checker knows depth limits and cycles; a plain one only the edge.
+            check_invoke = getattr(checker, "check_invoke", None)
+            if check_invoke is not None:
+                decision = ctx.record(check_invoke(callee, depth, ctx.chain))
+            else:
+                decision = ctx.record(checker.check("invoke", "call", callee))
+        if decision is None or not decision.allowed:
+            rule = decision.rule if decision else "default-deny"
+            reason = decision.reason if decision else "no policy allows invoke"
+            raise HostCallError(
+                ErrorCode.NOT_PERMITTED,
+                f"'{caller}' may not invoke '{callee}': {reason}",
+                rule=rule,
+            )
+        try:
+            args = json.loads(args_json)
+        except json.JSONDecodeError as exc:
+            raise HostCallError(
+                "invalid-argument", f"invoke arguments are not JSON: {exc}"
+            ) from exc
+        try:
+            out = self.call_method(
+                callee,
+                method,
+                args,
+                ctx.channel,
+                caller=f"skill:{caller}",
+                depth=depth,
+                chain=(*ctx.chain, caller),
+                deadline=ctx.deadline,
+            )
+        except RegistryError as exc:
+            raise HostCallError("not-found", exc.message) from exc
+        except GuestError as exc:
+            raise HostCallError(exc.code, exc.message, rule=exc.rule) from exc
+        except DeadlineExceeded as exc:
+            raise HostCallError(
+                "timeout",
+                f"'{callee}' was stopped at its deadline (its own wall time or what was left "
+                f"of '{caller}''s, whichever came first)",
+            ) from exc
+        except CallCancelled as exc:
+            raise HostCallError("cancelled", f"'{callee}' was cancelled") from exc
+        except SkilldError as exc:
+            raise HostCallError("internal", f"'{callee}' failed: {exc}") from exc
+        return json.dumps(out.value)
+
+    def refused(
+        self, skill: str, label: str, arguments: Mapping[str, Any], outcome: str, error: str
+    ) -> None:
+        """Audit a request the MCP layer refused before any guest code ran.
+
+        ``label`` is the tool's name, ``resource:URI`` or ``prompt:NAME``; ``outcome``
+        says why (``invalid-argument``, ``busy``, ``draining``). The record has the
+        shape of a call's, with ``refused: true``, no output and no decisions; its
+        method is the tool's method where the tool names one, else ``label``.
+
+        Raises:
+            AuditError: the sink could not record.
+        """
+        method = label
+        found = self._tools.get(label)
+        if found is not None:
+            method = found[2] if found[2] is not None else str(arguments.get("method", ""))
+        entry = self._skills.get(skill)
+        version = entry.spec.version if entry is not None else None
+        self._trail.refused(skill, version, method, arguments, outcome, error)
+
+    def read_resource(self, uri: str, channel: ClientChannel) -> Sequence[CallOutput]:
+        """Read a resource from the skill that serves it, as a call: slot, context, audit.
+
+        Raises:
+            RegistryError: no skill serves ``uri``.
+            GuestError, GuestFault: as for :meth:`call`, audited.
+        """
+        entry = self._resource_owner(uri)
+        return self._run(
+            entry,
+            "read-resource",
+            uri,
+            channel,
+            lambda ctx: entry.component.read_resource(uri, ctx),
+            caller="mcp",
+            target=uri,
+        )
+
+    def get_prompt(
+        self, name: str, arguments: Mapping[str, Any], channel: ClientChannel
+    ) -> Sequence[Mapping[str, Any]]:
+        """Render a prompt from the skill that serves it, as a call: slot, context, audit.
+
+        Raises:
+            RegistryError: no skill serves the prompt.
+            GuestError, GuestFault: as for :meth:`call`, audited.
+        """
+        entry = self._prompt_owner(name)
+        args_json = json.dumps(dict(arguments), separators=(",", ":"), sort_keys=True)
+        return self._run(
+            entry,
+            "get-prompt",
+            args_json,
+            channel,
+            lambda ctx: entry.component.get_prompt(name, args_json, ctx),
+            caller="mcp",
+            target=name,
+        )
+
+
+def _consent(entry: SkillEntry, node: str, caller: str, ctx: CallContext) -> None:
+    """This node's consent to an ``invoke`` of ``entry`` by ``caller`` of cluster ``node``.
+
+    Raises:
+        GuestError: ``not-permitted`` (the decision is recorded for the audit).
+    """
+    target = f"{node}/{caller}"
+    decision = None if entry.checker is None else entry.checker.check("invoke", "called-by", target)
+    if decision is not None:
+        ctx.record(decision)
+    if decision is None or not decision.allowed:
+        reason = decision.reason if decision else "no policy allows invoke"
+        raise GuestError(
+            ErrorCode.NOT_PERMITTED,
+            f"'{caller}' of node {node} may not invoke '{entry.spec.id}': {reason}",
+            rule=decision.rule if decision else "default-deny",
+            location=entry.spec.id,
+        )
