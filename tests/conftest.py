@@ -44,6 +44,22 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         raise pytest.UsageError("no tests were collected: check the paths and -k/-m filters")
 
 
+@pytest.fixture(autouse=True)
+def _confined_can_traverse_tmp(request: pytest.FixtureRequest) -> None:
+    """Let confined commands (an unprivileged uid per skill, never the test's) reach a
+    test's ``tmp_path``: pytest makes its directories 0700; search permission (not
+    listing) is given along the chain, so Landlock and file modes decide the rest."""
+    if "tmp_path" not in request.fixturenames:
+        return
+    path = Path(request.getfixturevalue("tmp_path"))
+    base = request.getfixturevalue("tmp_path_factory").getbasetemp()
+    for directory in (path, *path.parents):
+        if directory.stat().st_uid == os.geteuid():
+            directory.chmod(directory.stat().st_mode | 0o111)
+        if directory == base.parent:
+            break
+
+
 @pytest.fixture(scope="session")
 def component_path() -> object:
     """Build a test skill (cached by source digest) and return its .wasm path."""

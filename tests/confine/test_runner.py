@@ -28,10 +28,26 @@ from skilld.confine import (
     from_grants,
     landlock_abi,
     run,
+    uid_for,
 )
 
 PATH = {"PATH": "/usr/bin:/bin"}
 SH = "/bin/sh"
+
+
+def _reachable(path: str) -> bool:
+    """Whether a user other than the file's owner can execute ``path`` (every directory
+    on the way searchable by others)."""
+    real = Path(os.path.realpath(path))
+    return all(p.stat().st_mode & 0o001 for p in (real, *real.parents))
+
+
+# Confined commands run as a skill's own uid: the test's interpreter may live where only
+# its owner reaches (a pyenv under /root); the system's then stands in for the probes.
+PYTHON = sys.executable if _reachable(sys.executable) else "/usr/bin/python3"
+PREFIX = str(Path(os.path.realpath(PYTHON)).parents[1])
+# The uid commands run for no particular skill (the tests' Confinement() has none).
+ANON = uid_for(None)
 
 
 def go(
@@ -65,6 +81,10 @@ def world(tmp_path: Path) -> Path:
     for name in ("ro", "rw", "out"):
         (root / name).mkdir()
         (root / name / "canary").write_text(f"{name}-secret")
+    # A rw grant belongs to the skill's uid (the operator chowns it so); an ro grant
+    # and out/ stay the host's.
+    for path in (root / "rw", root / "rw" / "canary"):
+        os.chown(path, ANON, ANON)
     return root
 
 
@@ -253,7 +273,7 @@ def test_only_the_program_itself_is_executable(world: Path) -> None:
     allowed = go([SH, "-c", "/usr/bin/id -u"], Confinement(executables=tools("id")))
     assert denied.exit_code == 126
     assert b"Permission denied" in denied.stderr
-    assert allowed.stdout.strip() == str(os.getuid()).encode()
+    assert allowed.stdout.strip() == str(ANON).encode()
 
 
 @pytest.mark.parametrize("shebang", ["#!/bin/sh", "#!/usr/bin/env sh"])
@@ -285,8 +305,8 @@ def test_nested_namespaces_give_no_way_out(world: Path) -> None:
         f"print(libc.mount(b'/', b'{world}/rw', b'', 0x1000, None), ctypes.get_errno())\n"
     )
     result = go(
-        [sys.executable, "-I", "-S", "-c", code],
-        Confinement(read_only=(sys.base_prefix,), read_write=(str(world / "rw"),)),
+        [PYTHON, "-I", "-S", "-c", code],
+        Confinement(read_only=(PREFIX,), read_write=(str(world / "rw"),)),
     )
     assert result.stdout.splitlines() == [b"0 0", b"-1 %d" % errno.EPERM], result.stderr
 
@@ -307,8 +327,8 @@ def test_address_space_limit() -> None:
     """RLIMIT_AS makes a large allocation fail inside the command, not in the host."""
     limits = ResourceLimits(address_space=256 << 20)
     result = go(
-        [sys.executable, "-I", "-S", "-c", "bytearray(600 << 20)"],
-        Confinement(read_only=(sys.base_prefix,), limits=limits),
+        [PYTHON, "-I", "-S", "-c", "bytearray(600 << 20)"],
+        Confinement(read_only=(PREFIX,), limits=limits),
     )
     assert b"MemoryError" in result.stderr
 
@@ -434,9 +454,9 @@ def test_abstract_unix_socket_of_the_host_is_out_of_reach() -> None:
     try:
         for confinement in (Confinement(), Confinement(tcp_connect=(9,))):
             result = go(
-                [sys.executable, "-I", "-S", "-c", code],
+                [PYTHON, "-I", "-S", "-c", code],
                 Confinement(
-                    read_only=(sys.base_prefix,),
+                    read_only=(PREFIX,),
                     tcp_connect=confinement.tcp_connect,
                 ),
             )
@@ -470,8 +490,8 @@ def test_host_processes_cannot_be_traced() -> None:
     try:
         for tcp in ((), (9,)):
             result = go(
-                [sys.executable, "-I", "-S", "-c", code],
-                Confinement(read_only=(sys.base_prefix,), tcp_connect=tcp),
+                [PYTHON, "-I", "-S", "-c", code],
+                Confinement(read_only=(PREFIX,), tcp_connect=tcp),
             )
             assert result.stdout.split()[0] == b"-1", result.stderr
             assert int(result.stdout.split()[1]) in (errno.ESRCH, errno.EPERM)

@@ -22,7 +22,9 @@ grants. ``docs/confinement.md`` says what each layer stops and what it costs.
 
 from __future__ import annotations
 
+from skilld.confine._client import Profile, drop_privileges, profile, shutdown, start
 from skilld.confine._grants import from_grants
+from skilld.confine._identity import RANGE_ENV, assign, uid_for
 from skilld.confine._runner import (
     DEVICES,
     NETWORK_FILES,
@@ -43,16 +45,24 @@ __all__ = [
     "DEVICES",
     "NETWORK_FILES",
     "OUTPUT_CAP",
+    "RANGE_ENV",
     "SIMULATE_ABI_ENV",
     "SYSTEM_LIBRARIES",
     "Confinement",
     "ConfinementUnavailable",
     "ProcessResult",
+    "Profile",
     "ProgramNotStarted",
     "ResourceLimits",
+    "assign",
+    "drop_privileges",
     "from_grants",
     "landlock_abi",
+    "profile",
     "program_files",
     "require",
     "run",
+    "shutdown",
+    "start",
+    "uid_for",
 ]

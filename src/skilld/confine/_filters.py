@@ -1,0 +1,32 @@
+"""The seccomp layer as the runner sees it: compiled once per set of flags, in the host.
+
+``_seccomp.py`` (beside this module) builds the BPF program with libseccomp and installs
+it in the confined process; where that module or its binding is missing, no filter is
+available and :mod:`skilld.confine._client`'s profile says so (and commands that need
+it are refused).
+"""
+
+from __future__ import annotations
+
+import functools
+
+try:
+    from skilld.confine import _seccomp  # type: ignore[attr-defined, unused-ignore]
+except ImportError:  # pragma: no cover - until the seccomp layer is installed
+    _seccomp = None
+
+
+@functools.cache
+def program(*, unix_sockets: bool, udp: bool, metadata: bool) -> bytes | None:
+    """The filter's BPF bytes for these flags, or ``None`` when there is no seccomp layer."""
+    if _seccomp is None:
+        return None
+    try:
+        return bytes(_seccomp.compile_filter(unix_sockets=unix_sockets, udp=udp, metadata=metadata))
+    except (ImportError, OSError, RuntimeError, ValueError):
+        return None
+
+
+def available() -> bool:
+    """Whether a filter can be compiled here."""
+    return program(unix_sockets=False, udp=False, metadata=False) is not None
