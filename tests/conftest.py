@@ -44,20 +44,33 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         raise pytest.UsageError("no tests were collected: check the paths and -k/-m filters")
 
 
-@pytest.fixture(autouse=True)
-def _confined_can_traverse_tmp(request: pytest.FixtureRequest) -> None:
-    """Let confined commands (an unprivileged uid per skill, never the test's) reach a
-    test's ``tmp_path``: pytest makes its directories 0700; search permission (not
-    listing) is given along the chain, so Landlock and file modes decide the rest."""
-    if "tmp_path" not in request.fixturenames:
-        return
-    path = Path(request.getfixturevalue("tmp_path"))
-    base = request.getfixturevalue("tmp_path_factory").getbasetemp()
+def _searchable(path: Path, base: Path) -> None:
+    """Give others search permission (not listing) on ``path`` and up to ``base``'s parent."""
     for directory in (path, *path.parents):
-        if directory.stat().st_uid == os.geteuid():
-            directory.chmod(directory.stat().st_mode | 0o111)
+        info = directory.stat()
+        if info.st_uid == os.geteuid():
+            directory.chmod(info.st_mode | 0o111)
         if directory == base.parent:
             break
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _confined_can_traverse_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Let confined commands (an unprivileged uid per skill, never the test's) reach the
+    directories tests make: pytest makes them 0700; search permission is given along the
+    chain, so Landlock and the files' own modes decide the rest."""
+    real = pytest.TempPathFactory.mktemp
+
+    def mktemp(self: pytest.TempPathFactory, basename: str, numbered: bool = True) -> Path:
+        path = real(self, basename, numbered)
+        _searchable(path, self.getbasetemp())
+        return path
+
+    pytest.TempPathFactory.mktemp = mktemp  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        pytest.TempPathFactory.mktemp = real  # type: ignore[method-assign]
 
 
 @pytest.fixture(scope="session")

@@ -81,6 +81,10 @@ def world(tmp_path: Path) -> Path:
     (root / "a/link").symlink_to(root / "a/inside.txt")
     (root / "a/d").symlink_to(root / "a/real")
     (root / "ro/link").symlink_to(root / "out/secret")
+    # The rw grant belongs to the skill's own uid, as an operator sets it up.
+    uid = confine.uid_for("prober")
+    for path in (root / "a", *(root / "a").rglob("*")):
+        os.chown(path, uid, uid, follow_symlinks=False)
     return root
 
 

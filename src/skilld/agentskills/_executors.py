@@ -205,6 +205,7 @@ class NativeExecutor:
                 file_size=64 << 20,
                 open_files=128,
             ),
+            skill=skill_id,
         )
         self.programs = tuple(
             p for p in (shutil.which(str(r["program"])) for r in grants.get("shell") or ()) if p
@@ -273,6 +274,7 @@ class NativeExecutor:
             read_write=(*self.confinement.read_write, str(workspace)),
             libraries=(*self.confinement.libraries, *python_libraries()),
             executables=(*self.confinement.executables, command[0], *self.programs),
+            workspace=str(workspace),
         )
         env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",

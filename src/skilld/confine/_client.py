@@ -137,7 +137,7 @@ class Launcher:
         """The launcher process has not ended."""
         return self.proc.poll() is None
 
-    def send(self, fds: tuple[int, int, int, int]) -> None:
+    def send(self, fds: tuple[int, ...]) -> None:
         """Hand one command's descriptors over.
 
         Raises:

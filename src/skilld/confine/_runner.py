@@ -501,22 +501,30 @@ class _Call:
         stdin_r, self.stdin_w = os.pipe()
         self.out_r, out_w = os.pipe()
         self.err_r, err_w = os.pipe()
-        self.child_fds = (child_sock.detach(), stdin_r, out_w, err_w)
+        self.child_fds: tuple[int, ...] = (child_sock.detach(), stdin_r, out_w, err_w)
         self.data = memoryview(stdin)
         self.cap = cap
         self.out, self.err, self.status = bytearray(), bytearray(), bytearray()
         self.dropped = 0
 
     def close_child_side(self) -> None:
+        # The launcher holds its own copies once they are sent; once only, as above.
         for fd in self.child_fds:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+            os.close(fd)
+        self.child_fds = ()
 
     def close(self) -> None:
+        self.close_child_side()
         self.sock.close()
-        for fd in (self.stdin_w, self.out_r, self.err_r):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        self._close_stdin()
+        for fd in (self.out_r, self.err_r):
+            os.close(fd)
+
+    def _close_stdin(self) -> None:
+        # Once only: another thread's call may get the number next.
+        if self.stdin_w >= 0:
+            os.close(self.stdin_w)
+            self.stdin_w = -1
 
     def hand_over(self, spec: dict[str, Any]) -> None:
         """Send the descriptors and the spec to the launcher (restarted once if gone).
@@ -524,8 +532,8 @@ class _Call:
         Raises:
             ConfinementUnavailable: no launcher could take the command.
         """
-        current = _client.launcher()
         try:
+            current = _client.launcher()
             try:
                 current.send(self.child_fds)
             except OSError:
@@ -559,7 +567,7 @@ class _Call:
             os.set_blocking(self.stdin_w, False)
             poller.register(self.stdin_w, select.POLLOUT)
         else:
-            os.close(self.stdin_w)
+            self._close_stdin()
         ended = "exited"
         killed_at = reported_at = None
         while True:
@@ -585,7 +593,7 @@ class _Call:
             else:
                 until = deadline if cancelled is None else min(deadline, now + _CANCEL_POLL_S)
             for fd, _ in poller.poll(max(math.ceil((until - now) * 1000), 0)):
-                if fd == self.stdin_w:
+                if fd == self.stdin_w >= 0:
                     self._feed(poller)
                     continue
                 chunk = self.sock.recv(4096) if fd == sock else os.read(fd, 65536)
@@ -611,7 +619,7 @@ class _Call:
             self.data = self.data[:0]
         if not self.data:
             poller.unregister(self.stdin_w)
-            os.close(self.stdin_w)
+            self._close_stdin()
 
     def _keep(self, into: bytearray, chunk: bytes) -> None:
         room = self.cap - len(into)
