@@ -202,10 +202,13 @@ def run(args: argparse.Namespace) -> int:
     # pipe, a file or a supervisor gets JSON lines only (also when audit records share
     # stderr, which are JSON), the error that ends the server included.
     text = args.log_file is None and args.audit_log != "-" and sys.stderr.isatty()
+    # Before any thread: the launcher forks from a single-threaded process, and a
+    # SKILLD_RUN_AS drop of this process's privileges must cover every thread.
+    confinement = _start_confinement()
     logger = _Logger(args, text)
     _setup_logging(logger)
     try:
-        return _serve(args, text, logger)
+        return _serve(args, text, logger, confinement)
     except SkilldError as exc:
         if text:
             raise
@@ -219,7 +222,25 @@ def run(args: argparse.Namespace) -> int:
         return 2 if isinstance(exc, UsageError) else 1
 
 
-def _serve(args: argparse.Namespace, text: bool, logger: _Logger) -> int:
+def _start_confinement() -> str:
+    """Start the confinement launcher (see :func:`skilld.confine.start_from_env`); the
+    active profile in one line.
+
+    Raises:
+        ConfinementUnavailable: ``SKILLD_RUN_AS`` is set and skilld could not take it
+            (it never goes on serving as root).
+    """
+    from skilld import confine
+    from skilld.errors import ConfinementUnavailable
+
+    confine.start_from_env()
+    try:
+        return confine.profile().describe()
+    except ConfinementUnavailable as exc:
+        return f"native commands refused: {exc.message}"
+
+
+def _serve(args: argparse.Namespace, text: bool, logger: _Logger, confinement: str) -> int:
     from concurrent.futures import ThreadPoolExecutor
 
     from skilld.node import Node, NodeConfig, demo_bundle
@@ -294,6 +315,7 @@ def _serve(args: argparse.Namespace, text: bool, logger: _Logger) -> int:
             max_connections=args.max_connections,
             idle_timeout_s=args.idle_timeout,
             header_timeout_s=args.header_timeout,
+            confinement=confinement,
         )
         logger.get().info(
             "ready",
@@ -303,6 +325,7 @@ def _serve(args: argparse.Namespace, text: bool, logger: _Logger) -> int:
             state_dir=str(node_config.state_dir),
             stages_ms=node.timings,
             cluster=node_config.cluster.node if node_config.cluster else None,
+            confinement=confinement,
             total_ms=round((time.perf_counter() - started) * 1000, 2),
         )
         if args.no_mcp:
@@ -372,6 +395,7 @@ def _banner(args: argparse.Namespace, config: Any, node: Any, node_config: Any) 
         lines.append("  MCP over stdio: an MCP client starts this command and talks on stdin")
     audit = node_config.audit_target()
     lines += [
+        f"  confinement:           {config.confinement}",
         f"  state and audit log:   {node_config.state_dir}"
         if audit == node_config.state_dir / "audit.jsonl"
         else f"  state:                 {node_config.state_dir}\n  audit log:             {audit}",

@@ -22,7 +22,16 @@ grants. ``docs/confinement.md`` says what each layer stops and what it costs.
 
 from __future__ import annotations
 
-from skilld.confine._client import Profile, drop_privileges, profile, shutdown, start
+from skilld.confine._client import (
+    RUN_AS_ENV,
+    Profile,
+    drop_privileges,
+    profile,
+    run_as_from_env,
+    shutdown,
+    start,
+    start_from_env,
+)
 from skilld.confine._grants import from_grants
 from skilld.confine._identity import RANGE_ENV, assign, uid_for
 from skilld.confine._runner import (
@@ -46,6 +55,7 @@ __all__ = [
     "NETWORK_FILES",
     "OUTPUT_CAP",
     "RANGE_ENV",
+    "RUN_AS_ENV",
     "SIMULATE_ABI_ENV",
     "SYSTEM_LIBRARIES",
     "Confinement",
@@ -62,7 +72,9 @@ __all__ = [
     "program_files",
     "require",
     "run",
+    "run_as_from_env",
     "shutdown",
     "start",
+    "start_from_env",
     "uid_for",
 ]

@@ -103,6 +103,9 @@ class Launcher:
                 argv,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
+                # Its failures reach the host as status lines; a stray traceback must
+                # not break a JSON log on stderr.
+                stderr=subprocess.DEVNULL,
                 env={},
                 cwd="/",
                 pass_fds=(theirs.fileno(),),
@@ -162,7 +165,12 @@ _lock = threading.Lock()
 _state: dict[str, Any] = {"launcher": None, "run_as": None, "identity": None}
 
 
-def _run_as_env() -> tuple[int, int] | None:
+def run_as_from_env() -> tuple[int, int] | None:
+    """``SKILLD_RUN_AS`` (``UID`` or ``UID:GID``) as a pair, or ``None`` when unset.
+
+    Raises:
+        ConfinementUnavailable: malformed, or root.
+    """
     text = os.environ.get(RUN_AS_ENV, "").strip()
     if not text:
         return None
@@ -187,6 +195,32 @@ def start(run_as: tuple[int, int] | None = None) -> Launcher:
         if current is not None and current.alive:
             return current
         return _restart(run_as)
+
+
+def start_from_env() -> None:
+    """What ``skilld serve`` and ``skilld doctor`` do first, before any thread: start
+    the launcher; with ``SKILLD_RUN_AS`` (skilld started as root, as in the image) the
+    launcher keeps only CAP_SETUID, CAP_SETGID and CAP_CHOWN and this process becomes
+    that user with no capability at all. Without it, a launcher that cannot start is
+    not an error here (commands are refused later, naming why).
+
+    Raises:
+        ConfinementUnavailable: ``SKILLD_RUN_AS`` is malformed, skilld is not root, or
+            the switch failed.
+    """
+    run_as = run_as_from_env()
+    if run_as is None:
+        with contextlib.suppress(ConfinementUnavailable):
+            start()
+        return
+    if os.geteuid() != 0:
+        raise ConfinementUnavailable(
+            f"{RUN_AS_ENV} is set but skilld is not root: start it as root (the launcher "
+            "keeps CAP_SETUID/CAP_SETGID/CAP_CHOWN, the server none) or unset it",
+            feature="identity",
+        )
+    start(run_as)
+    drop_privileges(*run_as)
 
 
 def _restart(run_as: tuple[int, int] | None) -> Launcher:
@@ -220,7 +254,7 @@ def launcher() -> Launcher:
         current: Launcher | None = _state["launcher"]
         if current is not None and current.alive:
             return current
-        return _restart(_run_as_env() if current is None else current.run_as)
+        return _restart(run_as_from_env() if current is None else current.run_as)
 
 
 def restart_if(dead: Launcher) -> Launcher:

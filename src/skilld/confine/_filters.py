@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import functools
 
+from skilld.errors import SkilldError
+
 try:
     from skilld.confine import _seccomp  # type: ignore[attr-defined, unused-ignore]
 except ImportError:  # pragma: no cover - until the seccomp layer is installed
@@ -23,7 +25,8 @@ def program(*, unix_sockets: bool, udp: bool, metadata: bool) -> bytes | None:
         return None
     try:
         return bytes(_seccomp.compile_filter(unix_sockets=unix_sockets, udp=udp, metadata=metadata))
-    except (ImportError, OSError, RuntimeError, ValueError):
+    except (ImportError, OSError, RuntimeError, ValueError, SkilldError):
+        # The binding or libseccomp is missing here: no seccomp layer (the profile says so).
         return None
 
 

@@ -51,6 +51,7 @@ class ServeConfig:
             (``skilld: LEVEL: EVENT key=value``, for a person at a terminal).
         server_name: the name reported in ``serverInfo``.
         server_version: the version reported in ``serverInfo``.
+        confinement: the active confinement profile in one line (``/readyz`` shows it).
     """
 
     transport: Literal["stdio", "http"] = "stdio"
@@ -75,6 +76,7 @@ class ServeConfig:
     log_format: Literal["json", "text"] = "json"
     server_name: str = "skilld"
     server_version: str = "0.1.0"
+    confinement: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_body_bytes <= 0:
