@@ -307,14 +307,14 @@ def drop_privileges(uid: int, gid: int) -> None:
         ) from exc
 
 
-def namespaces(hello: dict[str, Any], seccomp: bool) -> tuple[str, ...]:
+def namespaces(hello: dict[str, Any], seccomp: bool, abi: int) -> tuple[str, ...]:
     """The namespaces each command gets here, as extra walls: none where they cannot be
     made; an IPC namespace (about 0.1 ms); a network namespace (about 4 ms, most of a
-    command's cost) only where no seccomp filter refuses UDP, raw and netlink sockets
-    (Landlock's TCP rules and scoping cover the rest)."""
+    command's cost) only where the other walls leave a gap: no seccomp filter to refuse
+    UDP, raw and netlink sockets, or no Landlock TCP rules (ABI 4)."""
     if not hello["namespaces"] or os.environ.get(NAMESPACES_ENV, "").strip() == "0":
         return ()
-    return ("ipc",) if seccomp else ("net", "ipc")
+    return ("ipc",) if seccomp and abi >= 4 else ("net", "ipc")
 
 
 def profile() -> Profile:
@@ -329,7 +329,7 @@ def profile() -> Profile:
     abi = _runner.landlock_abi()
     identity = _identity_mode(hello)
     seccomp = _filters.available() and bool(hello.get("seccomp"))
-    spaces = namespaces(hello, seccomp)
+    spaces = namespaces(hello, seccomp, abi)
     reason = None
     try:
         uids = _identity.uid_range(_forbidden(hello))
@@ -341,8 +341,10 @@ def profile() -> Profile:
         reason = "no separate identity and no seccomp filter to refuse metadata changes"
     elif "net" not in spaces and not seccomp:
         reason = "no network namespace and no seccomp filter to refuse UDP and raw sockets"
-    elif "net" not in spaces and abi < 6:
-        reason = f"no network namespace and Landlock ABI {abi} cannot scope abstract sockets"
+    elif "net" not in spaces and abi < 4:
+        reason = f"no network namespace and Landlock ABI {abi} has no TCP rules (ABI 4)"
+    elif identity == "shared" and abi < 6:
+        reason = f"a shared uid, and Landlock ABI {abi} cannot scope signals (ABI 6)"
     return Profile(
         identity=identity,
         uids=uids,

@@ -9,11 +9,13 @@ it are refused).
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 from skilld.errors import SkilldError
 
+_seccomp: Any
 try:
-    from skilld.confine import _seccomp  # type: ignore[attr-defined, unused-ignore]
+    from skilld.confine import _seccomp  # type: ignore[attr-defined, no-redef, unused-ignore]
 except ImportError:  # pragma: no cover - until the seccomp layer is installed
     _seccomp = None
 

@@ -486,6 +486,13 @@ def hand_over(path: str, frm: int, to: int, *, owner_view: bool) -> None:
     ``owner_view``: this process acts with ``frm``'s effective uid and no DAC override
     (the image's launcher), so a directory is first made readable to its owner.
     """
+    if owner_view:
+        # The script may have closed its workspace itself (mode 0); it cannot have
+        # replaced it (Landlock gives it nothing of the parent).
+        with contextlib.suppress(OSError):
+            st = os.lstat(path)
+            if stat.S_ISDIR(st.st_mode) and st.st_uid == frm:
+                os.chmod(path, stat.S_IMODE(st.st_mode) | 0o700)  # noqa: PTH101 - no pathlib here
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
@@ -500,11 +507,6 @@ def hand_over(path: str, frm: int, to: int, *, owner_view: bool) -> None:
 
 
 def _hand_over_dir(fd: int, frm: int, to: int, owner_view: bool, depth: int = 0) -> None:
-    if owner_view:
-        try:
-            os.fchmod(fd, stat.S_IMODE(os.fstat(fd).st_mode) | 0o700)
-        except OSError:
-            return
     if depth > 64:
         return
     try:
@@ -519,6 +521,11 @@ def _hand_over_dir(fd: int, frm: int, to: int, owner_view: bool, depth: int = 0)
         if st.st_uid != frm:
             continue
         if stat.S_ISDIR(st.st_mode):
+            if owner_view:
+                # A directory the script closed (mode 0): its owner may open it again.
+                # Without CAP_FOWNER this can only ever change a file ``frm`` owns.
+                with contextlib.suppress(OSError):
+                    os.chmod(entry.name, stat.S_IMODE(st.st_mode) | 0o700, dir_fd=fd)
             flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
             try:
                 sub = os.open(entry.name, flags, dir_fd=fd)
@@ -531,10 +538,8 @@ def _hand_over_dir(fd: int, frm: int, to: int, owner_view: bool, depth: int = 0)
             finally:
                 os.close(sub)
         elif st.st_nlink == 1 or stat.S_ISLNK(st.st_mode):
-            try:
+            with contextlib.suppress(OSError):
                 os.chown(entry.name, to, to, dir_fd=fd, follow_symlinks=False)
-            except OSError:
-                continue
 
 
 # -- C: one command --------------------------------------------------------------

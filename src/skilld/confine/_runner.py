@@ -219,13 +219,20 @@ def require(confinement: Confinement) -> int:
                 feature="seccomp",
                 hint="install libseccomp's Python binding",
             )
-        if abi < 6:
+        if abi < 4:
             raise ConfinementUnavailable(
-                f"no network namespace can be made here and Landlock ABI {abi} cannot keep "
-                "the command from abstract unix sockets (ABI 6)",
-                feature="landlock-scope",
+                f"no network namespace can be made here and Landlock ABI {abi} has no TCP "
+                "rules (ABI 4) to keep the command off the network",
+                feature="landlock-tcp",
                 hint=hint,
             )
+    if abi < 6 and walls.identity == "shared":
+        raise ConfinementUnavailable(
+            f"the command would share skilld's uid, and Landlock ABI {abi} cannot keep it "
+            "from signalling skilld's processes (ABI 6 scopes signals)",
+            feature="landlock-scope",
+            hint=hint,
+        )
     ports = len(confinement.tcp_connect) + len(confinement.tcp_bind)
     if ports > MAX_PORT_RULES:
         raise ConfinementUnavailable(
@@ -406,8 +413,7 @@ def _spec(
     env: Mapping[str, str],
     deadline: float,
 ) -> dict[str, Any]:
-    current = _client.launcher()
-    hello = current.hello
+    hello = _client.launcher().hello
     separate = _client._identity_mode(hello) == "separate"
     identity = None
     lim = confinement.limits
@@ -420,7 +426,7 @@ def _spec(
     seconds = max(deadline - time.monotonic(), 0.0)
     cpu = lim.cpu_seconds if lim.cpu_seconds is not None else math.ceil(seconds) + 1
     bpf = _filters.program(unix_sockets=False, udp=confinement.network, metadata=not separate)
-    spaces = _client.namespaces(hello, bpf is not None)
+    spaces = _client.namespaces(hello, bpf is not None, abi)
     unshare = la.CLONE_NEWIPC if "ipc" in spaces else 0
     if "net" in spaces and not confinement.shares_network:
         unshare |= la.CLONE_NEWNET
