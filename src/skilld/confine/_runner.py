@@ -390,8 +390,16 @@ def _landlock(
     return handled, net, scoped, size, rules, connect, bind
 
 
+_tasks_seen: list[tuple[float, int]] = []
+
+
 def _shared_tasks(uid: int) -> int:
-    """How many tasks ``uid`` runs now (RLIMIT_NPROC counts them all, skilld's included)."""
+    """How many tasks ``uid`` runs (RLIMIT_NPROC counts them all, skilld's included),
+    counted at most once a second: a scan of ``/proc`` costs milliseconds on a busy host,
+    and the bound it gives is approximate anyway."""
+    now = time.monotonic()
+    if _tasks_seen and now - _tasks_seen[0][0] < 1.0:
+        return _tasks_seen[0][1]
     count = 0
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
@@ -400,6 +408,7 @@ def _shared_tasks(uid: int) -> int:
             if entry.stat().st_uid == uid:
                 with open(f"/proc/{entry.name}/stat", "rb") as f:
                     count += int(f.read().rsplit(b")", 1)[1].split()[17])
+    _tasks_seen[:] = [(now, count)]
     return count
 
 
