@@ -267,5 +267,6 @@ def bench_commands(n: Callable[[int], int]) -> None:
     ratio = statistics.median(shell_t) / statistics.median(plain_t)
     print(f"ratio confined shell.run / unconfined subprocess.run: {ratio:.1f}x")
 
+
 if __name__ == "__main__":
     main()
