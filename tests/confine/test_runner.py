@@ -592,3 +592,44 @@ def test_a_fifo_where_a_program_was_expected_never_blocks_the_host(tmp_path: Pat
     assert program_files(str(fifo)) == (str(fifo),)
     assert program_files("/dev/zero") == ("/dev/zero",)
     assert time.monotonic() - started < 5
+
+
+# -- the launcher ----------------------------------------------------------------
+
+
+def test_concurrent_calls_each_get_their_own_output() -> None:
+    """Sixteen calls from eight threads at once: each gets its own stdin back, exit code
+    and nothing of another call's output (only the hand-over is shared)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(i: int) -> tuple[int, ProcessResult]:
+        return i, go([SH, "-c", f'read line; echo "$line"; exit {i % 7}'], stdin=b"call %d\n" % i)
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(one, range(16)))
+    for i, result in results:
+        assert result.stdout == b"call %d\n" % i
+        assert result.exit_code == i % 7
+
+
+def test_a_launcher_that_died_is_restarted_by_the_next_call() -> None:
+    """SIGKILL the launcher: the next call starts a new one and is answered, confined."""
+    from skilld.confine import _client
+
+    old = _client.launcher()
+    old.proc.kill()
+    old.proc.wait()
+    result = go(["/usr/bin/id", "-u"], Confinement(executables=tools("id")))
+    assert result.stdout.strip() == str(ANON).encode()
+    assert _client.launcher().proc.pid != old.proc.pid
+
+
+def test_the_profile_names_every_layer() -> None:
+    """The profile says which identity mode, Landlock ABI, seccomp, namespaces and
+    reaper commands get here, in one line."""
+    prof = profile()
+    line = prof.describe()
+    assert prof.runnable, line
+    assert prof.identity == ("separate" if os.geteuid() == 0 else "shared")
+    for word in ("identity", f"landlock ABI {landlock_abi()}", "seccomp", "namespaces", "reaper"):
+        assert word in line

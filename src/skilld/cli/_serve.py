@@ -12,7 +12,7 @@ from typing import Any
 
 from skilld import __version__, paths
 from skilld.cli._cluster import add_nats_options, nats_options
-from skilld.errors import SkilldError, UsageError
+from skilld.errors import ConfinementUnavailable, SkilldError, UsageError
 
 
 def register(sub: Any) -> None:
@@ -231,7 +231,6 @@ def _start_confinement() -> str:
             (it never goes on serving as root).
     """
     from skilld import confine
-    from skilld.errors import ConfinementUnavailable
 
     confine.start_from_env()
     try:
@@ -298,6 +297,11 @@ def _serve(args: argparse.Namespace, text: bool, logger: _Logger, confinement: s
                     sock.close()
                 raise
     with node:
+        # Each skill's uid, in sorted order: a collision resolves the same way every start.
+        from skilld import confine
+
+        with contextlib.suppress(ConfinementUnavailable):
+            confine.assign([entry.spec.id for entry in node.registry.skills()])
         config = ServeConfig(
             transport=args.transport,
             host=args.host,
