@@ -630,6 +630,6 @@ def test_the_profile_names_every_layer() -> None:
     prof = profile()
     line = prof.describe()
     assert prof.runnable, line
-    assert prof.identity == ("separate" if os.geteuid() == 0 else "shared")
+    assert prof.identity == ("separate" if os.geteuid() == 0 else "shared")  # as started
     for word in ("identity", f"landlock ABI {landlock_abi()}", "seccomp", "namespaces", "reaper"):
         assert word in line

@@ -33,6 +33,11 @@ RUN_AS_ENV = "SKILLD_RUN_AS"
 # Tests set this to ``0`` to act as a platform where no namespace can be made (Docker's
 # default seccomp profile, no CAP_SYS_ADMIN): it can only take a wall away.
 NAMESPACES_ENV = "SKILLD_CONFINE_NAMESPACES"
+# Tests set this to ``shared`` to run commands as the launcher's own uid (the metadata
+# rules of the seccomp filter then apply, as for an unprivileged skilld); never set it
+# in production: as root, a shared identity means uid 0 without capabilities, which
+# RLIMIT_NPROC does not bound.
+IDENTITY_ENV = "SKILLD_CONFINE_IDENTITY"
 _HELLO_TIMEOUT_S = 30.0
 
 
@@ -280,6 +285,8 @@ def shutdown() -> None:
 
 
 def _identity_mode(hello: dict[str, Any]) -> str:
+    if os.environ.get(IDENTITY_ENV, "").strip() == "shared":
+        return "shared"
     need = (1 << la.CAP_SETUID) | (1 << la.CAP_SETGID) | (1 << la.CAP_CHOWN)
     return "separate" if hello["uid"] == 0 or hello["caps"] & need == need else "shared"
 

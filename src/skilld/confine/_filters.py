@@ -8,7 +8,6 @@ it are refused).
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from skilld.errors import SkilldError
@@ -20,9 +19,9 @@ except ImportError:  # pragma: no cover - until the seccomp layer is installed
     _seccomp = None
 
 
-@functools.cache
 def program(*, unix_sockets: bool, udp: bool, metadata: bool) -> bytes | None:
-    """The filter's BPF bytes for these flags, or ``None`` when there is no seccomp layer."""
+    """The filter's BPF bytes for these flags, or ``None`` when there is no seccomp layer
+    (``compile_filter`` keeps each program it built: this is called per command)."""
     if _seccomp is None:
         return None
     try:
@@ -35,3 +34,22 @@ def program(*, unix_sockets: bool, udp: bool, metadata: bool) -> bytes | None:
 def available() -> bool:
     """Whether a filter can be compiled here."""
     return program(unix_sockets=False, udp=False, metadata=False) is not None
+
+
+def names_socket(paths: tuple[str, ...]) -> bool:
+    """Whether a grant names a unix socket (then the filter lets ``socket(AF_UNIX)``
+    through, and file modes and Landlock are the walls for it)."""
+    if _seccomp is None or not hasattr(_seccomp, "names_socket"):
+        return False
+    return bool(_seccomp.names_socket(paths))
+
+
+def why_not() -> str:
+    """What keeps the filter from being built here (for an error's hint)."""
+    if _seccomp is None:
+        return "skilld.confine._seccomp is not installed"
+    try:
+        ok, text = _seccomp.available()
+    except Exception as exc:  # noqa: BLE001 - only ever reported as text
+        return str(exc)
+    return "" if ok else str(text)

@@ -208,8 +208,8 @@ def require(confinement: Confinement) -> int:
             "no separate identity for the command (skilld has no CAP_SETUID/CAP_SETGID) and "
             "no seccomp filter to refuse its metadata changes; commands are refused",
             feature="seccomp",
-            hint="start skilld as root with SKILLD_RUN_AS (the image does), or install "
-            "libseccomp's Python binding",
+            hint="start skilld as root with SKILLD_RUN_AS (the image does), or make the "
+            f"seccomp filter available: {_filters.why_not()}",
         )
     if not confinement.shares_network and "net" not in walls.namespaces:
         if not walls.seccomp:
@@ -217,7 +217,7 @@ def require(confinement: Confinement) -> int:
                 "no network namespace can be made here and no seccomp filter refuses UDP, "
                 "raw and netlink sockets; commands are refused",
                 feature="seccomp",
-                hint="install libseccomp's Python binding",
+                hint=f"make the seccomp filter available: {_filters.why_not()}",
             )
         if abi < 4:
             raise ConfinementUnavailable(
@@ -434,7 +434,11 @@ def _spec(
         processes += _shared_tasks(int(hello["uid"]))
     seconds = max(deadline - time.monotonic(), 0.0)
     cpu = lim.cpu_seconds if lim.cpu_seconds is not None else math.ceil(seconds) + 1
-    bpf = _filters.program(unix_sockets=False, udp=confinement.network, metadata=not separate)
+    bpf = _filters.program(
+        unix_sockets=_filters.names_socket((*confinement.read_only, *confinement.read_write)),
+        udp=confinement.network,
+        metadata=not separate,
+    )
     spaces = _client.namespaces(hello, bpf is not None, abi)
     unshare = la.CLONE_NEWIPC if "ipc" in spaces else 0
     if "net" in spaces and not confinement.shares_network:
