@@ -4,8 +4,9 @@ An operator runs it where skilld will run (``docker run ... skilld doctor``), wi
 same user, capabilities and ``SKILLD_RUN_AS``/``SKILLD_SKILL_UIDS`` as the server: it
 starts the launcher as ``skilld serve`` does, prints each layer of the confinement
 (available or not), the identity mode, the uid of each ``--skill`` (to ``chown`` its
-read-write grants to), runs ``/bin/true`` confined, and exits 1 when native commands
-(shell commands, native Agent Skill scripts) cannot run here.
+read-write grants to; with ``--bundle``, every skill's, and whether it can write its
+read-write grants), runs ``/bin/true`` confined, and exits 1 when native commands
+(shell commands, native Agent Skill scripts) cannot run here or a grant is not writable.
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ def register(sub: Any) -> None:
         default=[],
         metavar="ID",
         help="print the uid this skill's commands run as (repeatable)",
+    )
+    p.add_argument(
+        "--bundle",
+        type=Path,
+        help="also print each skill's uid and check that it can write its read-write grants",
     )
     p.set_defaults(handler=run)
 
@@ -103,13 +109,41 @@ def run(args: argparse.Namespace) -> int:
     width = max(len(name) for name, _, _ in rows)
     for name, text, ok in rows:
         print(f"  {name:<{width}}  {'ok  ' if ok else 'FAIL'}  {text}")
-    for skill in args.skill:
+    grants_ok = True
+    for skill, rw in _skills(args):
         try:
-            print(f"  skill {skill}: uid and gid {confine.uid_for(skill)}")
+            uid = confine.uid_for(skill)
         except ConfinementUnavailable as exc:
             print(f"  skill {skill}: {exc.message}")
+            continue
+        print(f"  skill {skill}: uid and gid {uid}")
+        for path in rw if prof.identity == "separate" else ():
+            problem = confine.unwritable(path, uid)
+            grants_ok &= problem is None
+            print(f"    FAIL  {problem}" if problem else f"    ok    writes {path}")
+    if not grants_ok:
+        print("native commands run here, but some skills cannot write their grants (above)")
+        return 1
     if prof.runnable and ran:
         print(f"native commands run here: {prof.describe()}")
         return 0
     print(f"native commands are refused here: {prof.reason or 'the probe did not run'}")
     return 1
+
+
+def _skills(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
+    """(skill id, its read-write grant directories): ``--skill`` ones (no grants known)
+    and, with ``--bundle``, every skill of the bundle's policy tables, in sorted order."""
+    from skilld import confine
+    from skilld.policy import load_tables
+
+    out: list[tuple[str, list[str]]] = [(skill, []) for skill in args.skill]
+    if args.bundle is not None:
+        tables = load_tables(args.bundle / "policy" / "tables.json")
+        skills = sorted(tables.data["skills"])
+        confine.assign(skills)
+        for skill in skills:
+            rules = tables.skill(skill).get("fs") or ()
+            rw = confine.from_grants([r for r in rules if r.get("mode") == "rw"]).read_write
+            out.append((skill, list(rw)))
+    return out

@@ -33,7 +33,7 @@ from skilld.confine._client import (
     start_from_env,
 )
 from skilld.confine._grants import from_grants
-from skilld.confine._identity import RANGE_ENV, assign, uid_for
+from skilld.confine._identity import RANGE_ENV, assign, uid_for, unwritable
 from skilld.confine._runner import (
     DEVICES,
     NETWORK_FILES,
@@ -77,4 +77,5 @@ __all__ = [
     "start",
     "start_from_env",
     "uid_for",
+    "unwritable",
 ]

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import threading
+from pathlib import Path
 
 from skilld.errors import ConfinementUnavailable
 
@@ -94,3 +96,27 @@ def assign(skills: list[str], forbidden: tuple[int, ...] = ()) -> dict[str, int]
         ConfinementUnavailable: see :func:`uid_for`.
     """
     return {skill: uid_for(skill, forbidden) for skill in sorted(skills)}
+
+
+def unwritable(path: str, uid: int) -> str | None:
+    """Why ``uid`` (with gid ``uid``, no other group) cannot write in the directory
+    ``path``, naming its owner and mode and what to do; ``None`` when it can or the path
+    does not exist (a grant that is not there gives nothing to write to either)."""
+    try:
+        info = Path(path).lstat()
+    except OSError:
+        return None
+    mode = stat.S_IMODE(info.st_mode)
+    if info.st_uid == uid:
+        bits = 0o300
+    elif info.st_gid == uid:
+        bits = 0o030
+    else:
+        bits = 0o003
+    if mode & bits == bits:
+        return None
+    return (
+        f"the read-write grant {path} is owned by uid {info.st_uid} gid {info.st_gid} with "
+        f"mode {mode:04o}: commands running as uid {uid} cannot write there "
+        f"(chown -R {uid}:{uid} {path})"
+    )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import marshal
 import math
 import os
@@ -361,6 +362,8 @@ def resolve_program(name: str, env: Mapping[str, str]) -> str:
     return found
 
 
+_log = logging.getLogger("skilld.confine")
+
 # -- the spec ------------------------------------------------------------------
 
 
@@ -412,6 +415,21 @@ def _shared_tasks(uid: int) -> int:
     return count
 
 
+_warned: set[tuple[str, int]] = set()
+
+
+def _warn_unwritable(confinement: Confinement, uid: int) -> None:
+    """Log, once per grant and uid, a read-write grant the skill's uid cannot write to
+    (the operator has to ``chown`` it; the command runs and gets "Permission denied")."""
+    for path in confinement.read_write:
+        if path == confinement.workspace or (path, uid) in _warned:
+            continue
+        problem = _identity.unwritable(path, uid)
+        if problem is not None:
+            _warned.add((path, uid))
+            _log.warning("%s (skill %s)", problem, confinement.skill)
+
+
 def _spec(
     program: str,
     argv: Sequence[str],
@@ -430,6 +448,7 @@ def _spec(
     if separate:
         uid = _identity.uid_for(confinement.skill, _client._forbidden(hello))
         identity = (uid, uid)
+        _warn_unwritable(confinement, uid)
     else:
         processes += _shared_tasks(int(hello["uid"]))
     seconds = max(deadline - time.monotonic(), 0.0)
