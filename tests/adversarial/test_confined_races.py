@@ -224,7 +224,8 @@ def test_second_call_of_the_skill_flips_links_with_ln(
     seen = {"ran": 0, "refused": 0}
     for i in range(ROUNDS):
         link = str(world / "a" / f"{victim[3]}{i}")
-        assert probe("shell_run", argv=["/bin/ln", "-sfn", inside, link]).report["ok"]["exit"] == 0
+        made = probe("shell_run", argv=["/bin/ln", "-sfn", inside, link]).report
+        assert made["ok"]["exit"] == 0, made
         start = threading.Barrier(2)
         flipped: list[Outcome] = []
 
