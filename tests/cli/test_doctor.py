@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,15 +15,22 @@ from skilld.cli import main
 def test_doctor_prints_every_layer_and_passes_where_commands_run(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """On this host (commands run) doctor lists every layer as ok, prints the uid of a
-    named skill, and exits 0."""
+    """On this host (commands run) doctor lists every layer, prints the uid of a named
+    skill, and exits 0, or 1 saying so when this interpreter is closed to the skills'
+    uids (a pyenv under a 0700 home: native Python scripts could not start)."""
     code = main(["doctor", "--skill", "notes"])
     out = capsys.readouterr().out
-    for layer in ("landlock", "seccomp", "identity", "namespaces", "reaper", "probe"):
+    for layer in ("landlock", "seccomp", "identity", "namespaces", "reaper", "python", "probe"):
         assert f"  {layer}" in out
     assert f"skill notes: uid and gid {confine.uid_for('notes')}" in out
-    assert code == 0, out
-    assert "native commands run here" in out
+    real = Path(os.path.realpath(sys.executable))
+    reachable = all(p.stat().st_mode & 0o001 for p in (real, *real.parents))
+    if reachable or os.geteuid() != 0:
+        assert code == 0, out
+        assert "native commands run here" in out
+    else:
+        assert code == 1, out
+        assert f"cannot execute {real}" in out
 
 
 def test_doctor_fails_where_no_layer_covers_the_network(

@@ -124,6 +124,12 @@ def run(args: argparse.Namespace) -> int:
     if not grants_ok:
         print("native commands run here, but some skills cannot write their grants (above)")
         return 1
+    if prof.runnable and ran and not reachable:
+        print(
+            f"shell commands run here ({prof.describe()}), but native Python scripts cannot: "
+            f"the skills' uids cannot execute {python}"
+        )
+        return 1
     if prof.runnable and ran:
         print(f"native commands run here: {prof.describe()}")
         return 0
