@@ -17,6 +17,7 @@ from skilld.sandbox import Sandbox
 from tests_env import SKILLS, cache_dir
 
 _STATE_HOME = pytest.StashKey[str]()
+_BASETEMP = pytest.StashKey[str]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -30,12 +31,19 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["XDG_STATE_HOME"] = config.stash[_STATE_HOME] = tempfile.mkdtemp(
         prefix="skilld-test-state-"
     )
+    if config.option.basetemp is None:
+        # Not /tmp/pytest-of-USER: every pytest session of that user (other checkouts,
+        # other jobs) makes it 0700 again when it starts, and confined commands run as
+        # a skill's own uid must search their way to a test's directories.
+        config.option.basetemp = config.stash[_BASETEMP] = tempfile.mkdtemp(prefix="skilld-pytest-")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    """Remove the run's stand-in for the user's state directory."""
+    """Remove the run's stand-in for the user's state directory and its temp dirs."""
     if home := config.stash.get(_STATE_HOME, None):
         shutil.rmtree(home, ignore_errors=True)
+    if base := config.stash.get(_BASETEMP, None):
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -48,7 +56,7 @@ def _searchable(path: Path, base: Path) -> None:
     """Give others search permission (not listing) on ``path`` and up to ``base``'s parent."""
     for directory in (path, *path.parents):
         info = directory.stat()
-        if info.st_uid == os.geteuid():
+        if info.st_uid == os.geteuid() and info.st_mode & 0o111 != 0o111:
             directory.chmod(info.st_mode | 0o111)
         if directory == base.parent:
             break
