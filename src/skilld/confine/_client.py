@@ -234,7 +234,7 @@ def _restart(run_as: tuple[int, int] | None) -> Launcher:
         old.close()
         run_as = old.run_as
     fresh = Launcher(run_as)
-    identity = _identity_mode(fresh.hello)
+    identity = identity_mode(fresh.hello)
     if _state["identity"] not in (None, identity):
         fresh.close()
         _state["launcher"] = None
@@ -284,7 +284,9 @@ def shutdown() -> None:
         current.close()
 
 
-def _identity_mode(hello: dict[str, Any]) -> str:
+def identity_mode(hello: dict[str, Any]) -> str:
+    """``separate`` when the launcher of ``hello`` can switch uids (root, or
+    CAP_SETUID+CAP_SETGID+CAP_CHOWN), else ``shared``."""
     if os.environ.get(IDENTITY_ENV, "").strip() == "shared":
         return "shared"
     need = (1 << la.CAP_SETUID) | (1 << la.CAP_SETGID) | (1 << la.CAP_CHOWN)
@@ -334,12 +336,12 @@ def profile() -> Profile:
 
     hello = launcher().hello
     abi = _runner.landlock_abi()
-    identity = _identity_mode(hello)
+    identity = identity_mode(hello)
     seccomp = _filters.available() and bool(hello.get("seccomp"))
     spaces = namespaces(hello, seccomp, abi)
     reason = None
     try:
-        uids = _identity.uid_range(_forbidden(hello))
+        uids = _identity.uid_range(forbidden_uids(hello))
     except ConfinementUnavailable as exc:
         uids, reason = (0, 0), exc.message
     if abi < _runner.MIN_ABI:
@@ -365,5 +367,6 @@ def profile() -> Profile:
     )
 
 
-def _forbidden(hello: dict[str, Any]) -> tuple[int, ...]:
+def forbidden_uids(hello: dict[str, Any]) -> tuple[int, ...]:
+    """Uids the skills' range must not contain besides root and skilld's: the launcher's."""
     return (int(hello["uid"]),)

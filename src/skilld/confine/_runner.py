@@ -441,12 +441,12 @@ def _spec(
     deadline: float,
 ) -> dict[str, Any]:
     hello = _client.launcher().hello
-    separate = _client._identity_mode(hello) == "separate"
+    separate = _client.identity_mode(hello) == "separate"
     identity = None
     lim = confinement.limits
     processes = lim.processes
     if separate:
-        uid = _identity.uid_for(confinement.skill, _client._forbidden(hello))
+        uid = _identity.uid_for(confinement.skill, _client.forbidden_uids(hello))
         identity = (uid, uid)
         _warn_unwritable(confinement, uid)
     else:
