@@ -159,6 +159,9 @@ def main() -> None:
     print("|---|---:|---:|---:|")
     for name, values in results.items():
         print(f"{row(name, values)} {statistics.median(values) / base:.2f}x |")
+    native = statistics.median(results["native executor (confined process)"]) / base
+    verdict = "met" if native <= 1.5 else "NOT met"
+    print(f"\ntarget (issue 19): native executor <= 1.5x plain python3: {native:.2f}x, {verdict}")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from skilld.sandbox import Sandbox
 from support.env import SKILLS, cache_dir
 
 _STATE_HOME = pytest.StashKey[str]()
+_BASETEMP = pytest.StashKey[str]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -31,12 +32,19 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["XDG_STATE_HOME"] = config.stash[_STATE_HOME] = tempfile.mkdtemp(
         prefix="skilld-test-state-"
     )
+    if config.option.basetemp is None:
+        # Not /tmp/pytest-of-USER: every pytest session of that user (other checkouts,
+        # other jobs) makes it 0700 again when it starts, and confined commands run as
+        # a skill's own uid must search their way to a test's directories.
+        config.option.basetemp = config.stash[_BASETEMP] = tempfile.mkdtemp(prefix="skilld-pytest-")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    """Remove the run's stand-in for the user's state directory."""
+    """Remove the run's stand-in for the user's state directory and its temp dirs."""
     if home := config.stash.get(_STATE_HOME, None):
         shutil.rmtree(home, ignore_errors=True)
+    if base := config.stash.get(_BASETEMP, None):
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -56,6 +64,33 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _BUILDING_FIXTURES.isdisjoint(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.pure)
+def _searchable(path: Path, base: Path) -> None:
+    """Give others search permission (not listing) on ``path`` and up to ``base``'s parent."""
+    for directory in (path, *path.parents):
+        info = directory.stat()
+        if info.st_uid == os.geteuid() and info.st_mode & 0o111 != 0o111:
+            directory.chmod(info.st_mode | 0o111)
+        if directory == base.parent:
+            break
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _confined_can_traverse_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Let confined commands (an unprivileged uid per skill, never the test's) reach the
+    directories tests make: pytest makes them 0700; search permission is given along the
+    chain, so Landlock and the files' own modes decide the rest."""
+    real = pytest.TempPathFactory.mktemp
+
+    def mktemp(self: pytest.TempPathFactory, basename: str, numbered: bool = True) -> Path:
+        path = real(self, basename, numbered)
+        _searchable(path, self.getbasetemp())
+        return path
+
+    pytest.TempPathFactory.mktemp = mktemp  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        pytest.TempPathFactory.mktemp = real  # type: ignore[method-assign]
 
 
 @pytest.fixture(scope="session")

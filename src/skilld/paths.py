@@ -35,6 +35,8 @@ WORK_DIR_ENV = "SKILLD_WORK_DIR"
 # Per-call directories inside the work directory carry their server's pid after this
 # prefix, so that a start sweeps only what a dead process left.
 _SCRATCH = ("ws-", "copies-")
+# Where root's scratch goes when its state directory is out of other uids' reach.
+SHARED_WORK = Path("/var/lib/skilld-work")
 _MNT_DETACH = 2
 
 
@@ -57,11 +59,22 @@ def make_work_dir(state: Path) -> Path:
 
     0711: the server lists it, a script running under another uid can reach its own
     per-call directory inside (made 0700 and handed to it) but cannot list the others'.
+    As root, a work directory below a directory other users cannot pass (``~root`` is
+    0700) is replaced by ``/var/lib/skilld-work/DIGEST`` (one per state directory):
+    scripts run under uids of their own and must reach their workspace.
 
     Raises:
         OSError: it cannot be created, or it is a link or another user's directory.
     """
     work = work_dir(state)
+    if os.geteuid() == 0 and not os.environ.get(WORK_DIR_ENV) and not _searchable(work):
+        # Scripts run under a uid of their own, which must reach their workspace: a state
+        # directory under a private home (root's ~/.local/state, 0700) is out of reach.
+        # Its scratch goes to a directory of its own below /var/lib instead; the modes
+        # of the operator's directories are never changed.
+        digest = hashlib.sha256(os.fsencode(state.resolve())).hexdigest()[:16]
+        work = SHARED_WORK / digest
+        SHARED_WORK.mkdir(mode=0o711, parents=True, exist_ok=True)
     work.mkdir(mode=0o711, parents=True, exist_ok=True)
     fd = os.open(work, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
@@ -77,6 +90,18 @@ def make_work_dir(state: Path) -> Path:
         if entry.name.startswith(_SCRATCH) and not _alive(entry.name):
             remove_tree(Path(entry.path))
     return work
+
+
+def _searchable(path: Path) -> bool:
+    """Whether every existing directory above ``path`` lets other users through (``o+x``)."""
+    for parent in path.absolute().parents:
+        try:
+            mode = parent.stat().st_mode
+        except FileNotFoundError:
+            continue  # made below with mode 0711
+        if not mode & 0o001:
+            return False
+    return True
 
 
 def scratch_prefix(kind: str, skill_id: str) -> str:

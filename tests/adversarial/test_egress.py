@@ -51,6 +51,7 @@ class Upstream(http.server.BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     closed_at: list[float] = []  # noqa: RUF012 - the servers' shared record, read by tests
+    closed = threading.Condition()
 
     def _answer(self) -> None:
         path, _, query = self.path.partition("?")
@@ -62,7 +63,9 @@ class Upstream(http.server.BaseHTTPRequestHandler):
             self.wfile.write(b"x")
             self.wfile.flush()
             self.rfile.read(1)  # returns when the proxy closes the connection
-            Upstream.closed_at.append(time.monotonic())
+            with Upstream.closed:
+                Upstream.closed_at.append(time.monotonic())
+                Upstream.closed.notify_all()
             return
         if path == "/redirect":
             self.send_response(302)
@@ -357,6 +360,9 @@ def test_slow_upstream_ends_at_the_deadline(tmp_path: Path, web: int) -> None:
     with pytest.raises(HostCallError) as caught:
         curl(ctx, f"http://127.0.0.1:{web}/slow")
     assert caught.value.code == "timeout"
+    # The upstream's handler thread notes the close when it reads EOF: wait for it.
+    with Upstream.closed:
+        Upstream.closed.wait_for(lambda: len(Upstream.closed_at) > before, timeout=5)
     assert len(Upstream.closed_at) == before + 1
     assert Upstream.closed_at[-1] - started < 1.0 + 0.3
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from adversarial_harness import Probe, assert_outcome, case_ids, compile_dir, fill
 
+from skilld import confine
 from skilld.permissions import SkillPermissions
 from skilld.policy import Tables
 from skilld.sandbox import Component
@@ -81,6 +82,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
     }
     for rel, target in links.items():
         (root / rel).symlink_to(root / target)
+    # The rw grant belongs to the skill's own uid (its shell commands run as that uid).
+    uid = confine.uid_for("prober")
+    for path in (root / "rw", *(root / "rw").rglob("*")):
+        os.chown(path, uid, uid, follow_symlinks=False)
     return root
 
 

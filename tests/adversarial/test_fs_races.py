@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 from adversarial_harness import Probe, compile_dir
 
+from skilld import confine
 from skilld.errors import HostCallError
 from skilld.sandbox import Component
 from skilld.sandbox.abi import fs
@@ -109,6 +110,9 @@ def world(tmp_path: Path) -> Path:
     (root / "outside" / "dir" / "f.txt").write_text(CANARY)
     # A name only the outside directory has: a listing through a link would show it.
     (root / "outside" / "dir" / "canary-marker").write_text("")
+    # The rw grant belongs to the skill's own uid (its shell commands run as that uid).
+    uid = confine.uid_for("prober")
+    os.chown(root / "rw", uid, uid)
     return root
 
 

@@ -30,9 +30,18 @@ from hypothesis import strategies as st
 
 from skilld import confine
 from skilld.confine import Confinement, ProcessResult, _seccomp
+from skilld.confine import _client as confine_client
 
 PY = sys.executable
 PATH = {"PATH": "/usr/bin:/bin"}
+
+
+@pytest.fixture(autouse=True)
+def _shared_identity(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The filter alone is under test: commands run as the launcher's own uid, as for an
+    unprivileged skilld, so its metadata rules apply (a separate uid per skill makes the
+    kernel refuse those changes too: tests/adversarial/test_confined_host.py)."""
+    monkeypatch.setenv(confine_client.IDENTITY_ENV, "shared")
 
 # Helpers every probe starts with: ``call(name, nr, *args)`` prints ``name ok`` or
 # ``name EPERM`` (the errno's name); integers go to the kernel as unsigned longs.
@@ -104,8 +113,10 @@ NETWORKS = [
 # -- keyrings ------------------------------------------------------------------
 
 SYS_ADD_KEY, SYS_REQUEST_KEY, SYS_KEYCTL = 248, 249, 250
-KEY_SPEC_USER_KEYRING = -4
-KEYCTL_UPDATE, KEYCTL_REVOKE, KEYCTL_SEARCH, KEYCTL_READ = 2, 3, 10, 11
+KEY_SPEC_SESSION_KEYRING, KEY_SPEC_USER_KEYRING = -3, -4
+KEYCTL_LINK = 8
+KEYCTL_UPDATE, KEYCTL_REVOKE, KEYCTL_SETPERM, KEYCTL_SEARCH, KEYCTL_READ = 2, 3, 5, 10, 11
+KEY_POS_ALL, KEY_USR_ALL = 0x3F000000, 0x003F0000
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
@@ -120,6 +131,9 @@ def _keyctl(*args: object) -> int:
 def user_key() -> Iterator[tuple[str, int]]:
     """A key in this uid's user keyring (root's, as the suite runs): (description, serial)."""
     desc = f"skilld-seccomp-{os.getpid()}"
+    # Possess the user keyring through this process's session keyring, whichever that
+    # is by now (another test's add_key to its session keyring may have made a fresh one).
+    _keyctl(KEYCTL_LINK, KEY_SPEC_USER_KEYRING, KEY_SPEC_SESSION_KEYRING)
     payload = b"keyring-secret"
     serial = int(
         _libc.syscall(
@@ -129,6 +143,9 @@ def user_key() -> Iterator[tuple[str, int]]:
     )  # fmt: skip
     if serial < 0:
         pytest.skip(f"keyrings unavailable here: {os.strerror(ctypes.get_errno())}")
+    # Readable by the uid, not only by a possessor: whichever session keyring this process
+    # has by now (another test may have made it a fresh one), the uid reaches the key.
+    assert _keyctl(KEYCTL_SETPERM, serial, KEY_POS_ALL | KEY_USR_ALL) == 0
     yield desc, serial
     _keyctl(KEYCTL_REVOKE, serial)
 

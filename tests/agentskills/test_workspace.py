@@ -7,13 +7,14 @@ mount, accounting elsewhere): a script filling its workspace or an rw grant is e
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from skilld import agentskills, paths
+from skilld import agentskills, confine, paths
 from skilld.agentskills import _quota
 from skilld.bundle import BuildResult
 from skilld.errors import GuestError
@@ -50,6 +51,10 @@ def _backend(
     (skill / "scripts" / "fill.py").write_text(FILL)
     rw = root / "rw"
     rw.mkdir()
+    if executor == "native" and os.geteuid() == 0:
+        # Native scripts run as the skill's own uid: the operator gives it its rw grant.
+        uid = confine.uid_for("filler")
+        os.chown(rw, uid, uid)
     source = agentskills.read_source(skill)
     spec = agentskills.describe(source.md, "0.0.0", source.files)
     limits = Limits(timeout_ms=20_000, workspace_bytes=CAP_MIB << 20, write_bytes=BUDGET_MIB << 20)

@@ -219,6 +219,7 @@ class NativeExecutor:
                 file_size=64 << 20,
                 open_files=128,
             ),
+            skill=skill_id,
         )
         self.writable = tuple(self.confinement.read_write)
         named = [str(r["program"]) for r in grants.get("shell") or ()] + list(programs)
@@ -290,6 +291,7 @@ class NativeExecutor:
             read_write=(*self.confinement.read_write, str(workspace)),
             libraries=(*self.confinement.libraries, *python_libraries()),
             executables=(*self.confinement.executables, command[0], *self.programs),
+            workspace=str(workspace),
         )
         env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",

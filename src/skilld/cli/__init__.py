@@ -29,6 +29,7 @@ _COMMAND_MODULES = (
     "skilld.cli._package",
     "skilld.cli._policy",
     "skilld.cli._cluster",
+    "skilld.cli._doctor",
 )
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from skilld import __version__, paths
 from skilld.cli._cluster import add_nats_options, nats_options
-from skilld.errors import SkilldError, UsageError
+from skilld.errors import ConfinementUnavailable, SkilldError, UsageError
 
 
 def register(sub: Any) -> None:
@@ -204,10 +204,13 @@ def run(args: argparse.Namespace) -> int:
     # pipe, a file or a supervisor gets JSON lines only (also when audit records share
     # stderr, which are JSON), the error that ends the server included.
     text = args.log_file is None and args.audit_log != "-" and sys.stderr.isatty()
+    # Before any thread: the launcher forks from a single-threaded process, and a
+    # SKILLD_RUN_AS drop of this process's privileges must cover every thread.
+    confinement = _start_confinement()
     logger = _Logger(args, text)
     _setup_logging(logger)
     try:
-        return _serve(args, text, logger)
+        return _serve(args, text, logger, confinement)
     except SkilldError as exc:
         if text:
             raise
@@ -221,7 +224,24 @@ def run(args: argparse.Namespace) -> int:
         return 2 if isinstance(exc, UsageError) else 1
 
 
-def _serve(args: argparse.Namespace, text: bool, logger: _Logger) -> int:
+def _start_confinement() -> str:
+    """Start the confinement launcher (see :func:`skilld.confine.start_from_env`); the
+    active profile in one line.
+
+    Raises:
+        ConfinementUnavailable: ``SKILLD_RUN_AS`` is set and skilld could not take it
+            (it never goes on serving as root).
+    """
+    from skilld import confine
+
+    confine.start_from_env()
+    try:
+        return confine.profile().describe()
+    except ConfinementUnavailable as exc:
+        return f"native commands refused: {exc.message}"
+
+
+def _serve(args: argparse.Namespace, text: bool, logger: _Logger, confinement: str) -> int:
     from concurrent.futures import ThreadPoolExecutor
 
     from skilld.node import Node, NodeConfig, demo_bundle
@@ -279,6 +299,11 @@ def _serve(args: argparse.Namespace, text: bool, logger: _Logger) -> int:
                     sock.close()
                 raise
     with node:
+        # Each skill's uid, in sorted order: a collision resolves the same way every start.
+        from skilld import confine
+
+        with contextlib.suppress(ConfinementUnavailable):
+            confine.assign([entry.spec.id for entry in node.registry.skills()])
         config = ServeConfig(
             transport=args.transport,
             host=args.host,
@@ -298,6 +323,7 @@ def _serve(args: argparse.Namespace, text: bool, logger: _Logger) -> int:
             header_timeout_s=args.header_timeout,
             # the conformance suite's tasks fixtures run as tasks
             task_tools=CONFORMANCE_TASK_TOOLS if args.with_conformance else (),
+            confinement=confinement,
         )
         logger.get().info(
             "ready",
@@ -307,6 +333,7 @@ def _serve(args: argparse.Namespace, text: bool, logger: _Logger) -> int:
             state_dir=str(node_config.state_dir),
             stages_ms=node.timings,
             cluster=node_config.cluster.node if node_config.cluster else None,
+            confinement=confinement,
             total_ms=round((time.perf_counter() - started) * 1000, 2),
         )
         if args.no_mcp:
@@ -376,6 +403,7 @@ def _banner(args: argparse.Namespace, config: Any, node: Any, node_config: Any) 
         lines.append("  MCP over stdio: an MCP client starts this command and talks on stdin")
     audit = node_config.audit_target()
     lines += [
+        f"  confinement:           {config.confinement}",
         f"  state and audit log:   {node_config.state_dir}"
         if audit == node_config.state_dir / "audit.jsonl"
         else f"  state:                 {node_config.state_dir}\n  audit log:             {audit}",

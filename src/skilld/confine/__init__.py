@@ -22,7 +22,18 @@ grants. ``docs/confinement.md`` says what each layer stops and what it costs.
 
 from __future__ import annotations
 
+from skilld.confine._client import (
+    RUN_AS_ENV,
+    Profile,
+    drop_privileges,
+    profile,
+    run_as_from_env,
+    shutdown,
+    start,
+    start_from_env,
+)
 from skilld.confine._grants import from_grants
+from skilld.confine._identity import RANGE_ENV, assign, uid_for, unwritable
 from skilld.confine._runner import (
     DEVICES,
     NETWORK_FILES,
@@ -43,16 +54,28 @@ __all__ = [
     "DEVICES",
     "NETWORK_FILES",
     "OUTPUT_CAP",
+    "RANGE_ENV",
+    "RUN_AS_ENV",
     "SIMULATE_ABI_ENV",
     "SYSTEM_LIBRARIES",
     "Confinement",
     "ConfinementUnavailable",
     "ProcessResult",
+    "Profile",
     "ProgramNotStarted",
     "ResourceLimits",
+    "assign",
+    "drop_privileges",
     "from_grants",
     "landlock_abi",
+    "profile",
     "program_files",
     "require",
     "run",
+    "run_as_from_env",
+    "shutdown",
+    "start",
+    "start_from_env",
+    "uid_for",
+    "unwritable",
 ]

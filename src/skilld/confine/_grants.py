@@ -41,13 +41,14 @@ def from_grants(
     *,
     limits: ResourceLimits | None = None,
     max_ports: int = 1024,
+    skill: str | None = None,
 ) -> Confinement:
     """The confinement of a command run for a skill with these fs and tcp rules.
 
     ``fs`` rules (``{"path", "mode"}``) become read-only (``ro``) or read-write
     (``rw``) directory rules; ``tcp`` rules (``{"ports": [[lo, hi], ...]}``) become
     connect rules for their ports (Landlock rules name ports, not hosts). No tcp
-    rule: an empty network namespace.
+    rule: no TCP at all. ``skill`` names whose uid the command runs as.
 
     Raises:
         ConfinementUnavailable: a tcp range wider than ``max_ports``.
@@ -64,4 +65,5 @@ def from_grants(
         read_write=tuple(read_write),
         tcp_connect=_ports(tcp, max_ports),
         limits=limits or ResourceLimits(),
+        skill=skill,
     )

@@ -1,37 +1,37 @@
 """The confined-process runner: one call of :func:`run` is one command under the kernel's walls.
 
-The host side. It checks that the kernel has what the :class:`Confinement` needs
-(failing closed with :class:`~skilld.errors.ConfinementUnavailable`), starts the
-trampoline (``_trampoline.py``, see its docstring for the three processes) through
-``subprocess`` with the spec on a pipe, feeds stdin, drains and caps stdout and
-stderr, ends the whole process tree at the deadline, and turns the status line the
-trampoline wrote into a :class:`ProcessResult` or an error.
+The host side. It checks that the kernel and the launcher have what the
+:class:`Confinement` needs (failing closed with
+:class:`~skilld.errors.ConfinementUnavailable`), builds the spec (Landlock rules, the
+skill's identity, rlimits, the seccomp program), hands it with the command's pipes to
+the launcher (``_launcher.py``, see its docstring for the processes), then in the
+calling thread alone feeds stdin, drains and caps stdout and stderr, asks the launcher
+to end the whole tree at the deadline or on cancellation, and turns the status line it
+wrote into a :class:`ProcessResult` or an error.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import itertools
+import logging
 import marshal
 import math
 import os
 import select
 import shutil
 import signal
+import socket
 import stat
 import struct
-import subprocess
-import sys
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, BinaryIO
+from typing import Any, BinaryIO
 
-from skilld.confine import _seccomp
-from skilld.confine import _trampoline as tr
+from skilld.confine import _client, _filters, _identity
+from skilld.confine import _launcher as la
 from skilld.errors import ConfinementUnavailable, ProgramNotStarted
 
 # Tests set this to simulate a kernel with an older (or no, ``0``) Landlock. It can
@@ -40,7 +40,6 @@ SIMULATE_ABI_ENV = "SKILLD_CONFINE_LANDLOCK_ABI"
 MIN_ABI = 3  # REFER (2) and TRUNCATE (3): without them a write grant leaks outside it
 MAX_PORT_RULES = 1024
 OUTPUT_CAP = 1 << 20
-TRAMPOLINE = str(Path(tr.__file__).resolve())
 # What the program itself needs to run, read-only (following the system's own links).
 SYSTEM_LIBRARIES = (
     "/lib",
@@ -73,21 +72,23 @@ NETWORK_FILES = (
     "/etc/pki/tls/certs",
     "/usr/share/ca-certificates",
 )
-# After SIGTERM to the trampoline, how long it has to empty the namespace.
-_KILL_GRACE_S = 2.0
+# After the kill request, how long the launcher has to end the tree and report.
+_KILL_GRACE_S = 5.0
 # After the tree is gone, how long the output pipes may take to reach EOF.
 _DRAIN_GRACE_S = 1.0
-_PIDS_V1 = Path("/sys/fs/cgroup/pids")
+# How often a command's caller is asked whether it cancelled (the sandbox looks at a
+# running guest about as often).
+_CANCEL_POLL_S = 0.01
 
 
 @dataclass(frozen=True)
 class ResourceLimits:
     """rlimits of the confined command (``None``: the host's own limit).
 
-    ``processes`` bounds the command's whole tree: RLIMIT_NPROC in the command's own
-    user namespace (it counts from zero there), or a pids cgroup when skilld runs as
-    root (root is exempt from RLIMIT_NPROC). ``cpu_seconds`` of ``None`` is the
-    deadline's length rounded up.
+    ``processes`` bounds the command's whole tree: RLIMIT_NPROC, counted per uid (the
+    skill's, which is never root: concurrent calls of one skill share it; with a shared
+    identity, on top of what skilld's uid already runs). ``cpu_seconds`` of ``None`` is
+    the deadline's length rounded up.
     """
 
     address_space: int | None = 4 << 30
@@ -119,6 +120,8 @@ class Confinement:
     tcp_bind: tuple[int, ...] = ()
     network: bool = False
     limits: ResourceLimits = field(default_factory=ResourceLimits)
+    skill: str | None = None
+    workspace: str | None = None
 
     @property
     def shares_network(self) -> bool:
@@ -164,12 +167,13 @@ _abi_cache: list[int] = []
 
 def _kernel_abi() -> int:
     if not _abi_cache:
-        _abi_cache.append(tr.landlock_abi())
+        _abi_cache.append(la.landlock_abi())
     return _abi_cache[0]
 
 
 def require(confinement: Confinement) -> int:
-    """The Landlock ABI to use for ``confinement``, after checking the kernel has it.
+    """The Landlock ABI to use for ``confinement``, after checking the kernel and the
+    launcher have every layer it needs.
 
     Raises:
         ConfinementUnavailable: naming the missing feature; nothing is run.
@@ -197,6 +201,40 @@ def require(confinement: Confinement) -> int:
         raise ConfinementUnavailable(
             f"Landlock ABI {abi} lacks {need}, needed for a command that shares the host's network",
             feature="landlock-tcp" if abi < 4 else "landlock-scope",
+            hint=hint,
+        )
+    walls = _client.profile()
+    if not walls.seccomp:
+        # Pathname unix sockets (a 0666 one answers any uid), keyrings, and metadata
+        # where the identity is shared: no other wall governs them.
+        raise ConfinementUnavailable(
+            "no seccomp filter to refuse what Landlock and file modes do not govern "
+            "(pathname unix sockets, keyrings"
+            + (", metadata changes" if walls.identity == "shared" else "")
+            + "); commands are refused",
+            feature="seccomp",
+            hint=f"make the seccomp filter available: {_filters.why_not()}",
+        )
+    if not confinement.shares_network and "net" not in walls.namespaces:
+        if not walls.seccomp:
+            raise ConfinementUnavailable(
+                "no network namespace can be made here and no seccomp filter refuses UDP, "
+                "raw and netlink sockets; commands are refused",
+                feature="seccomp",
+                hint=f"make the seccomp filter available: {_filters.why_not()}",
+            )
+        if abi < 4:
+            raise ConfinementUnavailable(
+                f"no network namespace can be made here and Landlock ABI {abi} has no TCP "
+                "rules (ABI 4) to keep the command off the network",
+                feature="landlock-tcp",
+                hint=hint,
+            )
+    if abi < 6 and walls.identity == "shared":
+        raise ConfinementUnavailable(
+            f"the command would share skilld's uid, and Landlock ABI {abi} cannot keep it "
+            "from signalling skilld's processes (ABI 6 scopes signals)",
+            feature="landlock-scope",
             hint=hint,
         )
     ports = len(confinement.tcp_connect) + len(confinement.tcp_bind)
@@ -327,101 +365,72 @@ def resolve_program(name: str, env: Mapping[str, str]) -> str:
     return found
 
 
-# -- pids cgroup (root only) ---------------------------------------------------
+_log = logging.getLogger("skilld.confine")
 
-_cgroup_lock = threading.Lock()
-_cgroup_live: set[Path] = set()
-_cgroup_count = itertools.count()
+# -- the spec ------------------------------------------------------------------
 
 
-def _cgroup_base() -> Path | None:
-    if (_PIDS_V1 / "cgroup.procs").exists():
-        return _PIDS_V1 / "skilld"
-    try:
-        own = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    for line in own:
-        if line.startswith("0::"):
-            v2 = Path("/sys/fs/cgroup") / line[3:].lstrip("/")
-            with contextlib.suppress(OSError):
-                if "pids" in (v2 / "cgroup.subtree_control").read_text():
-                    return v2 / "skilld"
-    return None
+def _landlock(
+    abi: int, confinement: Confinement, program: str, env: Mapping[str, str]
+) -> tuple[int, int, int, int, list[tuple[str, int, bool]], list[int], list[int]]:
+    """The ruleset as the launcher applies it: handled fs and net rights, scopes, the
+    struct's size for this ABI, and the (path, rights, follow links) and port rules."""
+    handled = la.fs_rights(abi)
+    net = la.NET_BIND_TCP | la.NET_CONNECT_TCP if abi >= 4 and not confinement.network else 0
+    scoped = la.SCOPE_ABSTRACT_UNIX_SOCKET | la.SCOPE_SIGNAL if abi >= 6 else 0
+    # The struct as the kernel of that ABI knows it (an older kernel refuses a longer one).
+    size = 24 if abi >= 6 else 16 if abi >= 4 else 8
+    rules: list[tuple[str, int, bool]] = []
+    libraries = [*confinement.libraries, *(NETWORK_FILES if confinement.shares_network else ())]
+    executables = [*program_files(program, env.get("PATH", os.defpath)), *confinement.executables]
+    for paths, access, follow in (
+        (libraries, la.READ, True),
+        (executables, la.EXEC, True),
+        (confinement.devices, la.DEVICE, True),
+        (confinement.read_only, la.READ, False),
+        (confinement.read_write, la.WRITE, False),
+    ):
+        rules += [(path, access & handled, follow) for path in paths]
+    connect = sorted(set(confinement.tcp_connect)) if net else []
+    bind = sorted(set(confinement.tcp_bind)) if net else []
+    return handled, net, scoped, size, rules, connect, bind
 
 
-def _sweep(base: Path) -> None:
-    """Remove the cgroups of calls whose tree was still dying when they ended (this
-    process's) and of skilld processes that are gone; a busy one stays."""
-    mine = f"{os.getpid()}-"
-    for stale in base.iterdir():
-        owner = stale.name.partition("-")[0]
-        if not stale.is_dir() or not owner.isdigit() or stale in _cgroup_live:
+_tasks_seen: list[tuple[float, int]] = []
+
+
+def _shared_tasks(uid: int) -> int:
+    """How many tasks ``uid`` runs (RLIMIT_NPROC counts them all, skilld's included),
+    counted at most once a second: a scan of ``/proc`` costs milliseconds on a busy host,
+    and the bound it gives is approximate anyway."""
+    now = time.monotonic()
+    if _tasks_seen and now - _tasks_seen[0][0] < 1.0:
+        return _tasks_seen[0][1]
+    count = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
             continue
-        if stale.name.startswith(mine) or not Path(f"/proc/{owner}").exists():
-            with contextlib.suppress(OSError):
-                stale.rmdir()
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            if entry.stat().st_uid == uid:
+                with open(f"/proc/{entry.name}/stat", "rb") as f:
+                    count += int(f.read().rsplit(b")", 1)[1].split()[17])
+    _tasks_seen[:] = [(now, count)]
+    return count
 
 
-def _cgroup_create(processes: int) -> Path:
-    """A fresh pids cgroup allowing ``processes`` more tasks, for one command's tree.
-
-    Raises:
-        ConfinementUnavailable: no writable pids controller.
-    """
-    base = _cgroup_base()
-    if base is None:
-        raise _no_cgroup("no pids controller is mounted")
-    try:
-        base.mkdir(parents=True, exist_ok=True)
-        with _cgroup_lock:
-            _sweep(base)
-            path = base / f"{os.getpid()}-{next(_cgroup_count)}"
-            path.mkdir()
-            _cgroup_live.add(path)
-        # The trampoline and PID 1 of the namespace count too.
-        (path / "pids.max").write_text(str(processes + 2))
-    except OSError as exc:
-        raise _no_cgroup(exc.strerror or str(exc)) from exc
-    return path
+_warned: set[tuple[str, int]] = set()
 
 
-def _no_cgroup(detail: str) -> ConfinementUnavailable:
-    return ConfinementUnavailable(
-        "cannot bound the command's processes: a pids cgroup is needed when skilld runs "
-        f"as root, which RLIMIT_NPROC does not limit ({detail})",
-        feature="pids cgroup",
-        hint="run skilld as a non-root user (the image uses uid 10001) or give it a "
-        "writable pids cgroup",
-    )
-
-
-def _cgroup_remove(path: Path) -> None:
-    with _cgroup_lock:
-        _cgroup_live.discard(path)
-        # EBUSY while a killed tree is still going: the next call's sweep removes it.
-        with contextlib.suppress(OSError):
-            path.rmdir()
-
-
-# -- running -----------------------------------------------------------------
-
-
-def _drain(stream: IO[bytes], cap: int, out: bytearray, dropped: list[int]) -> None:
-    while chunk := stream.read1(65536):  # type: ignore[attr-defined]
-        room = cap - len(out)
-        if room > 0:
-            out += chunk[:room]
-        dropped[0] += max(0, len(chunk) - max(room, 0))
-    stream.close()
-
-
-def _feed(stream: IO[bytes], data: bytes) -> None:
-    # A command that closes its stdin early gets what it read.
-    with contextlib.suppress(OSError):
-        stream.write(data)
-    with contextlib.suppress(OSError):
-        stream.close()
+def _warn_unwritable(confinement: Confinement, uid: int) -> None:
+    """Log, once per grant and uid, a read-write grant the skill's uid cannot write to
+    (the operator has to ``chown`` it; the command runs and gets "Permission denied")."""
+    for path in confinement.read_write:
+        if path == confinement.workspace or (path, uid) in _warned:
+            continue
+        problem = _identity.unwritable(path, uid)
+        if problem is not None:
+            _warned.add((path, uid))
+            _log.warning("%s (skill %s)", problem, confinement.skill)
 
 
 def _spec(
@@ -432,46 +441,46 @@ def _spec(
     abi: int,
     cwd: str,
     env: Mapping[str, str],
-    seconds: float,
-    cgroup: Path | None,
+    deadline: float,
 ) -> dict[str, Any]:
+    hello = _client.launcher().hello
+    separate = _client.identity_mode(hello) == "separate"
+    identity = None
     lim = confinement.limits
+    processes = lim.processes
+    if separate:
+        uid = _identity.uid_for(confinement.skill, _client.forbidden_uids(hello))
+        identity = (uid, uid)
+        _warn_unwritable(confinement, uid)
+    else:
+        processes += _shared_tasks(int(hello["uid"]))
+    seconds = max(deadline - time.monotonic(), 0.0)
     cpu = lim.cpu_seconds if lim.cpu_seconds is not None else math.ceil(seconds) + 1
+    bpf = _filters.program(
+        unix_sockets=_filters.names_socket((*confinement.read_only, *confinement.read_write)),
+        udp=confinement.network,
+        metadata=not separate,
+    )
+    spaces = _client.namespaces(hello, bpf is not None, abi)
+    unshare = la.CLONE_NEWIPC if "ipc" in spaces else 0
+    if "net" in spaces and not confinement.shares_network:
+        unshare |= la.CLONE_NEWNET
     return {
         "program": program,
         "argv": list(argv),
         "env": dict(env),
         "cwd": cwd,
-        "abi": abi,
-        "host_pid": os.getpid(),
-        "cgroup": str(cgroup) if cgroup else None,
-        "read_only": list(confinement.read_only),
-        "read_write": list(confinement.read_write),
-        "executables": [
-            *program_files(program, env.get("PATH", os.defpath)),
-            *confinement.executables,
-        ],
-        "libraries": [
-            *confinement.libraries,
-            *(NETWORK_FILES if confinement.shares_network else ()),
-        ],
-        "devices": list(confinement.devices),
-        # Compiled once per argument tuple. metadata: the command runs as skilld's own
-        # uid today (a separate identity per skill will pass False).
-        "seccomp": _seccomp.compile_filter(
-            unix_sockets=_seccomp.names_socket((*confinement.read_only, *confinement.read_write)),
-            udp=False,  # no grant type for UDP exists
-            metadata=True,
-        ),
-        "network": confinement.network,
-        "handle_tcp": not confinement.network,
-        "tcp_connect": sorted(set(confinement.tcp_connect)),
-        "tcp_bind": sorted(set(confinement.tcp_bind)),
+        "landlock": _landlock(abi, confinement, program, env),
+        "unshare": unshare,
+        "identity": identity,
+        "owner": int(hello["uid"]),
+        "workspace": confinement.workspace if separate else None,
+        "seccomp": bpf,
+        "until": deadline + _KILL_GRACE_S,
         "rlimits": {
             "RLIMIT_AS": lim.address_space,
             "RLIMIT_CPU": cpu,
-            # Counted in the command's own user namespace, with the trampoline and init.
-            "RLIMIT_NPROC": lim.processes + 2,
+            "RLIMIT_NPROC": processes,
             "RLIMIT_FSIZE": lim.file_size,
             "RLIMIT_NOFILE": lim.open_files,
             "RLIMIT_CORE": 0,
@@ -479,50 +488,11 @@ def _spec(
     }
 
 
-# How often a command's caller is asked whether it cancelled (the sandbox looks at a
-# running guest about as often).
-_CANCEL_POLL_S = 0.01
+# -- running -----------------------------------------------------------------
 
 
-def _wait(
-    proc: subprocess.Popen[bytes], deadline: float, cancelled: Callable[[], bool] | None
-) -> str:
-    """``exited``, ``deadline`` or ``cancelled``: whichever comes first. The trampoline's
-    pidfd wakes this the moment it exits (``Popen.wait(timeout)`` polls with sleeps of up
-    to 50 ms)."""
-    pidfd = os.pidfd_open(proc.pid)
-    try:
-        poller = select.poll()
-        poller.register(pidfd, select.POLLIN)
-        while True:
-            if cancelled is not None and cancelled():
-                return "cancelled"
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return "exited" if proc.poll() is not None else "deadline"
-            step = left if cancelled is None else min(left, _CANCEL_POLL_S)
-            if poller.poll(math.ceil(step * 1000)):
-                return "exited"
-    finally:
-        os.close(pidfd)
-
-
-def _end_tree(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM asks the trampoline to SIGKILL the namespace's init (the whole tree goes
-    with it); SIGKILL is the fallback, and the init dies with it (PDEATHSIG)."""
-    with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=_KILL_GRACE_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-def _read_status(fd: int) -> list[tuple[str, int, str]]:
-    """The trampoline's status lines: ``(kind, value, text)``."""
-    with os.fdopen(fd, "rb") as f:
-        data = f.read()
+def _parse_status(data: bytes) -> list[tuple[str, int, str]]:
+    """The launcher's status lines: ``(kind, value, text)``."""
     out = []
     for line in data.decode(errors="replace").splitlines():
         kind, _, rest = line.partition(" ")
@@ -533,10 +503,10 @@ def _read_status(fd: int) -> list[tuple[str, int, str]]:
 
 
 def _outcome(status: Iterable[tuple[str, int, str]], argv0: str) -> tuple[int | None, int | None]:
-    """The command's (exit code, signal) from the trampoline's status lines.
+    """The command's (exit code, signal) from the launcher's status lines.
 
     Raises:
-        ConfinementUnavailable: the trampoline could not confine the command.
+        ConfinementUnavailable: the launcher could not confine the command.
         ProgramNotStarted: ``chdir`` or ``execve`` failed.
     """
     for kind, value, text in status:
@@ -549,8 +519,8 @@ def _outcome(status: Iterable[tuple[str, int, str]], argv0: str) -> tuple[int | 
             )
         if kind == "internal":
             raise ConfinementUnavailable(
-                f"cannot confine {argv0}: the trampoline failed ({text}); the command was not run",
-                feature="trampoline",
+                f"cannot confine {argv0}: the launcher failed ({text}); the command was not run",
+                feature="launcher",
             )
         if kind in ("execve", "chdir"):
             what = "start" if kind == "execve" else "enter directory"
@@ -562,6 +532,146 @@ def _outcome(status: Iterable[tuple[str, int, str]], argv0: str) -> tuple[int | 
         if kind == "signal":
             return None, value
     return None, None
+
+
+class _Call:
+    """One command's descriptors on the host's side, pumped by the calling thread."""
+
+    def __init__(self, stdin: bytes, cap: int):
+        self.sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        stdin_r, self.stdin_w = os.pipe()
+        self.out_r, out_w = os.pipe()
+        self.err_r, err_w = os.pipe()
+        self.child_fds: tuple[int, ...] = (child_sock.detach(), stdin_r, out_w, err_w)
+        self.data = memoryview(stdin)
+        self.cap = cap
+        self.out, self.err, self.status = bytearray(), bytearray(), bytearray()
+        self.dropped = 0
+
+    def close_child_side(self) -> None:
+        # The launcher holds its own copies once they are sent; once only, as above.
+        for fd in self.child_fds:
+            os.close(fd)
+        self.child_fds = ()
+
+    def close(self) -> None:
+        self.close_child_side()
+        self.sock.close()
+        self._close_stdin()
+        for fd in (self.out_r, self.err_r):
+            os.close(fd)
+
+    def _close_stdin(self) -> None:
+        # Once only: another thread's call may get the number next.
+        if self.stdin_w >= 0:
+            os.close(self.stdin_w)
+            self.stdin_w = -1
+
+    def hand_over(self, spec: dict[str, Any]) -> None:
+        """Send the descriptors and the spec to the launcher (restarted once if gone).
+
+        Raises:
+            ConfinementUnavailable: no launcher could take the command.
+        """
+        try:
+            current = _client.launcher()
+            try:
+                current.send(self.child_fds)
+            except OSError:
+                current = _client.restart_if(current)
+                current.send(self.child_fds)
+        except OSError as exc:
+            raise ConfinementUnavailable(
+                f"the confinement launcher is gone ({exc}); the command was not run",
+                feature="launcher",
+            ) from exc
+        finally:
+            self.close_child_side()
+        body = marshal.dumps(spec)
+        try:
+            self.sock.sendall(len(body).to_bytes(4, "little") + body)
+        except OSError as exc:
+            raise ConfinementUnavailable(
+                f"the confinement launcher dropped the command ({exc}); it was not run",
+                feature="launcher",
+            ) from exc
+
+    def pump(self, deadline: float, cancelled: Callable[[], bool] | None) -> str:
+        """Feed, drain and wait until the launcher reports the end: ``exited``,
+        ``deadline`` or ``cancelled`` (then the tree was ended on request)."""
+        poller = select.poll()
+        sock = self.sock.fileno()
+        pipes = {self.out_r, self.err_r}
+        for fd in (sock, *pipes):
+            poller.register(fd, select.POLLIN)
+        if self.data:
+            os.set_blocking(self.stdin_w, False)
+            poller.register(self.stdin_w, select.POLLOUT)
+        else:
+            self._close_stdin()
+        ended = "exited"
+        killed_at = reported_at = None
+        while True:
+            now = time.monotonic()
+            if reported_at is None and killed_at is None:
+                if cancelled is not None and cancelled():
+                    ended = "cancelled"
+                elif now >= deadline:
+                    ended = "deadline"
+                if ended != "exited":
+                    killed_at = now
+                    with contextlib.suppress(OSError):
+                        self.sock.send(b"K")
+            if reported_at is not None:
+                # The tree is gone: the pipes reach EOF at once (or a moment later).
+                if not pipes or now >= reported_at + _DRAIN_GRACE_S:
+                    break
+                until = reported_at + _DRAIN_GRACE_S
+            elif killed_at is not None:
+                if now >= killed_at + _KILL_GRACE_S:
+                    break  # the launcher did not answer: give up on this call
+                until = killed_at + _KILL_GRACE_S
+            else:
+                until = deadline if cancelled is None else min(deadline, now + _CANCEL_POLL_S)
+            for fd, _ in poller.poll(max(math.ceil((until - now) * 1000), 0)):
+                if fd == self.stdin_w >= 0:
+                    self._feed(poller)
+                    continue
+                try:
+                    chunk = self.sock.recv(4096) if fd == sock else os.read(fd, 65536)
+                except ConnectionResetError:
+                    # The per-command process closed its end with our kill request
+                    # unread (it had already ended the tree): that is its report's end.
+                    chunk = b""
+                if not chunk:
+                    poller.unregister(fd)
+                    pipes.discard(fd)
+                    if fd == sock:
+                        reported_at = time.monotonic()
+                elif fd == sock:
+                    self.status += chunk
+                else:
+                    self._keep(self.out if fd == self.out_r else self.err, chunk)
+        return ended
+
+    def _feed(self, poller: select.poll) -> None:
+        try:
+            sent = os.write(self.stdin_w, self.data[:65536])
+            self.data = self.data[sent:]
+        except BlockingIOError:
+            return
+        except OSError:
+            # A command that closes its stdin early gets what it read.
+            self.data = self.data[:0]
+        if not self.data:
+            poller.unregister(self.stdin_w)
+            self._close_stdin()
+
+    def _keep(self, into: bytearray, chunk: bytes) -> None:
+        room = self.cap - len(into)
+        if room > 0:
+            into += chunk[:room]
+        self.dropped += max(0, len(chunk) - max(room, 0))
 
 
 def run(
@@ -576,16 +686,16 @@ def run(
     cancelled: Callable[[], bool] | None = None,
 ) -> ProcessResult:
     """Run ``argv`` confined, to its end, to ``deadline`` (``time.monotonic()``) or until
-    ``cancelled()`` says so (asked every 10 ms).
+    ``cancelled()`` says so (asked every 10 ms). Safe to call from many threads at once.
 
     ``env`` is the command's whole environment (nothing of the host's leaks in);
     ``stdout`` and ``stderr`` each keep ``output_cap`` bytes and the rest is read and
     dropped. When the program exits, at the deadline or on cancellation, every process
-    it started is killed (they live in its PID namespace).
+    it started is killed (the launcher's per-command subreaper ends the tree).
 
     Raises:
-        ConfinementUnavailable: the kernel lacks what ``confinement`` needs; never
-            run unconfined.
+        ConfinementUnavailable: the kernel or the launcher lacks what ``confinement``
+            needs; never run unconfined.
         ProgramNotStarted: the program is missing, not executable or refused by
             Landlock, or ``cwd`` cannot be entered.
     """
@@ -598,99 +708,32 @@ def run(
     if deadline <= start:
         # No time left: nothing is started.
         return ProcessResult(None, None, b"", b"", 0, True, 0.0)
-    with _pids_cgroup(confinement.limits.processes) as cgroup:
-        spec = _spec(
-            program, argv, confinement, abi=abi, cwd=cwd, env=environment,
-            seconds=max(deadline - start, 0.0), cgroup=cgroup,
-        )  # fmt: skip
-        proc, status_r = _start(spec)
-        assert proc.stdin is not None
-        assert proc.stdout is not None
-        assert proc.stderr is not None
-        out, err = bytearray(), bytearray()
-        dropped = [0]
-        workers = [
-            threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True),
-            threading.Thread(
-                target=_drain, args=(proc.stdout, output_cap, out, dropped), daemon=True
-            ),
-            threading.Thread(
-                target=_drain, args=(proc.stderr, output_cap, err, dropped), daemon=True
-            ),
-        ]
-        for worker in workers:
-            worker.start()
-        ended = "deadline"
-        try:
-            ended = _wait(proc, deadline, cancelled)
-            if ended == "exited":
-                proc.wait()
-        finally:
-            if ended != "exited":
-                _end_tree(proc)
-            duration = time.monotonic() - start
-            status = _read_status(status_r)
-            for worker in workers:
-                worker.join(_DRAIN_GRACE_S)
-    if ended != "exited":
+    spec = _spec(program, argv, confinement, abi=abi, cwd=cwd, env=environment, deadline=deadline)
+    call = _Call(stdin, output_cap)
+    try:
+        call.hand_over(spec)
+        ended = call.pump(deadline, cancelled)
+    finally:
+        call.close()
+    duration = time.monotonic() - start
+    status = _parse_status(bytes(call.status))
+    out, err = bytes(call.out), bytes(call.err)
+    if any(kind == "killed" for kind, _, _ in status):
+        # On request, or (``exited``) by the launcher's own deadline backstop.
         return ProcessResult(
-            None, signal.SIGKILL, bytes(out), bytes(err), dropped[0],
-            ended == "deadline", duration, ended == "cancelled",
+            None, signal.SIGKILL, out, err, call.dropped,
+            ended != "cancelled", duration, ended == "cancelled",
         )  # fmt: skip
     code, sig = _outcome(status, argv[0])
     if code is None and sig is None:
+        if ended != "exited":
+            return ProcessResult(
+                None, signal.SIGKILL, out, err, call.dropped,
+                ended != "cancelled", duration, ended == "cancelled",
+            )  # fmt: skip
         raise ConfinementUnavailable(
-            f"cannot confine {argv[0]}: the trampoline ended without a status "
-            f"(exit {proc.returncode}); the command may not have run",
-            feature="trampoline",
+            f"cannot confine {argv[0]}: the launcher ended the command without a status; "
+            "it may not have run",
+            feature="launcher",
         )
-    return ProcessResult(code, sig, bytes(out), bytes(err), dropped[0], False, duration)
-
-
-@contextlib.contextmanager
-def _pids_cgroup(processes: int) -> Iterator[Path | None]:
-    """A pids cgroup for one command's tree when skilld is root (``None`` otherwise).
-
-    Raises:
-        ConfinementUnavailable: root, and no writable pids controller.
-    """
-    if os.geteuid() != 0:
-        yield None
-        return
-    path = _cgroup_create(processes)
-    try:
-        yield path
-    finally:
-        _cgroup_remove(path)
-
-
-def _start(spec: dict[str, Any]) -> tuple[subprocess.Popen[bytes], int]:
-    """Start the trampoline with ``spec`` on a pipe; its process and the status pipe.
-
-    Raises:
-        ConfinementUnavailable: the trampoline could not be started.
-    """
-    spec_r, spec_w = os.pipe()
-    status_r, status_w = os.pipe()
-    try:
-        proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", TRAMPOLINE, str(spec_r), str(status_w)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env={},
-            cwd="/",
-            pass_fds=(spec_r, status_w),
-            start_new_session=True,
-        )
-    except OSError as exc:
-        for fd in (spec_r, spec_w, status_r, status_w):
-            os.close(fd)
-        raise ConfinementUnavailable(
-            f"cannot start the confinement trampoline: {exc}", feature="trampoline"
-        ) from exc
-    os.close(spec_r)
-    os.close(status_w)
-    with contextlib.suppress(BrokenPipeError), os.fdopen(spec_w, "wb") as f:
-        f.write(marshal.dumps(spec))
-    return proc, status_r
+    return ProcessResult(code, sig, out, err, call.dropped, False, duration)

@@ -73,6 +73,7 @@ class ServeConfig:
             ``optional`` (a task when the client declared the extension) or ``required``
             (refused with -32021 otherwise; input is gathered in rounds first).
         task_ttl_ms: how long a task's record and result are kept after it was created.
+        confinement: the active confinement profile in one line (``/readyz`` shows it).
     """
 
     transport: Literal["stdio", "http"] = "stdio"
@@ -102,6 +103,7 @@ class ServeConfig:
     round_ttl_s: float = 600.0
     task_tools: tuple[tuple[str, Literal["optional", "required"]], ...] = ()
     task_ttl_ms: int = 600_000
+    confinement: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_body_bytes <= 0:

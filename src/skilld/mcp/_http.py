@@ -172,7 +172,10 @@ def build_app(service: McpService, tokens: Sequence[str]) -> Starlette:
     async def readyz(request: Request) -> Response:
         ready = service.dispatcher.ready() and not service.draining
         status = "ready" if ready else ("draining" if service.draining else "loading")
-        return JSONResponse({"status": status}, status_code=200 if ready else 503)
+        body = {"status": status}
+        if config.confinement is not None:
+            body["confinement"] = config.confinement
+        return JSONResponse(body, status_code=200 if ready else 503)
 
     async def metrics(request: Request) -> Response:
         return PlainTextResponse(

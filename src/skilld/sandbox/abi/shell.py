@@ -152,7 +152,11 @@ def _confinement(ctx: CallContext, rule: Mapping[str, Any], cwd: str) -> Confine
     grants to give: the command then reaches no file but its own runtime.
     """
     grants = getattr(ctx.checker, "grants", None)
-    walls = Confinement() if grants is None else from_grants(grants("fs"), grants("tcp"))
+    walls = (
+        Confinement(skill=ctx.skill_id)
+        if grants is None
+        else from_grants(grants("fs"), grants("tcp"), skill=ctx.skill_id)
+    )
     if rule.get("cwd"):
         walls = replace(walls, read_only=(*walls.read_only, cwd))
     return walls

@@ -1,0 +1,770 @@
+"""The launcher: one long-lived, single-threaded process per node that forks each command.
+
+This file runs as a script (``python -I -S _launcher.py CTL_FD [RUN_AS]``), started once
+by :mod:`skilld.confine._client`, because confining a process needs code between fork and
+exec, and ``fork`` in a threaded server (or ``preexec_fn``) is unsafe; a fork of this
+small, single-threaded process costs well under a millisecond and starts no interpreter.
+The host also imports it for the Landlock constants and the ABI probe, so it imports
+nothing but the standard library (``-S`` leaves site-packages out of ``sys.path``).
+
+Three kinds of processes::
+
+    L (this script)  started once; a child subreaper; reads one message per command on
+      │              CTL_FD (a byte and four descriptors: the call socket, stdin, stdout,
+      │              stderr), forks C, reaps; kills any orphan that reaches it
+      └─ C           one per command: a child subreaper. Reads the spec from the call
+           │         socket, hands the per-call workspace to the skill's uid, forks G,
+           │         waits for G, a kill request (``K``, or EOF: the host is gone) or the
+           │         deadline; then SIGKILLs every descendant until ``wait`` says ECHILD
+           │         (``setsid`` does not leave a subreaper), gives the workspace back,
+           │         writes the status line and exits
+           └─ G      the command's own process: a new session and keyring, net and IPC
+                     namespaces where they can be made, the skill's uid and gid (no
+                     supplementary groups), no capabilities, rlimits, no_new_privs,
+                     Landlock, the seccomp filter, then ``execve``
+
+Every failure before ``execve`` is one line on the call socket (``unavailable`` names a
+missing kernel feature; ``execve``/``chdir`` an errno): the command never runs without
+the whole confinement. With ``RUN_AS`` (``UID:GID``, when the server was started as root
+in an image) L switches to that identity keeping only CAP_SETUID, CAP_SETGID and
+CAP_CHOWN, so that the server itself can run with no capability at all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import marshal
+import os
+import resource
+import select
+import socket
+import stat
+import sys
+import time
+
+# Not ``from typing import TYPE_CHECKING``: imports here are paid once per node, but
+# ``json``, ``typing`` and ``signal`` (``enum``) are still not worth it.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import signal
+    from collections.abc import Mapping
+    from typing import Any
+else:
+    import _signal as signal
+
+# -- Landlock (include/uapi/linux/landlock.h) ---------------------------------
+# The three syscalls have the same numbers on every architecture (added after the
+# tables were unified).
+SYS_LANDLOCK_CREATE_RULESET = 444
+SYS_LANDLOCK_ADD_RULE = 445
+SYS_LANDLOCK_RESTRICT_SELF = 446
+SYS_OPENAT2 = 437
+CREATE_RULESET_VERSION = 1 << 0
+RULE_PATH_BENEATH = 1
+RULE_NET_PORT = 2
+
+FS_EXECUTE = 1 << 0
+FS_WRITE_FILE = 1 << 1
+FS_READ_FILE = 1 << 2
+FS_READ_DIR = 1 << 3
+FS_REMOVE_DIR = 1 << 4
+FS_REMOVE_FILE = 1 << 5
+FS_MAKE_CHAR = 1 << 6
+FS_MAKE_DIR = 1 << 7
+FS_MAKE_REG = 1 << 8
+FS_MAKE_SOCK = 1 << 9
+FS_MAKE_FIFO = 1 << 10
+FS_MAKE_BLOCK = 1 << 11
+FS_MAKE_SYM = 1 << 12
+FS_REFER = 1 << 13  # ABI 2
+FS_TRUNCATE = 1 << 14  # ABI 3
+FS_IOCTL_DEV = 1 << 15  # ABI 5
+NET_BIND_TCP = 1 << 0  # ABI 4
+NET_CONNECT_TCP = 1 << 1  # ABI 4
+SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0  # ABI 6
+SCOPE_SIGNAL = 1 << 1  # ABI 6
+
+# The fs rights each ABI version handles (a ruleset can only name rights its kernel knows).
+FS_BY_ABI = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 5: (1 << 16) - 1}
+# Rights that apply to a file (a rule on a regular file may name only these).
+FS_FILE_RIGHTS = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE | FS_IOCTL_DEV
+READ = FS_READ_FILE | FS_READ_DIR
+EXEC = READ | FS_EXECUTE
+WRITE = (
+    READ
+    | FS_WRITE_FILE
+    | FS_REMOVE_DIR
+    | FS_REMOVE_FILE
+    | FS_MAKE_DIR
+    | FS_MAKE_REG
+    | FS_MAKE_SOCK
+    | FS_MAKE_FIFO
+    | FS_MAKE_SYM
+    | FS_REFER
+    | FS_TRUNCATE
+)
+DEVICE = FS_READ_FILE | FS_WRITE_FILE | FS_TRUNCATE
+
+# -- prctl, namespaces, capabilities, keyrings --------------------------------
+PR_SET_PDEATHSIG = 1
+PR_SET_KEEPCAPS = 8
+PR_CAPBSET_DROP = 24
+PR_SET_CHILD_SUBREAPER = 36
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWNET = 0x40000000
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_NO_SYMLINKS = 0x04
+_CAP_VERSION_3 = 0x20080522
+CAP_CHOWN = 0
+CAP_SETGID = 6
+CAP_SETUID = 7
+# What L keeps when it runs as the image's unprivileged user (RUN_AS).
+LAUNCHER_CAPS = (1 << CAP_CHOWN) | (1 << CAP_SETGID) | (1 << CAP_SETUID)
+KEYCTL_JOIN_SESSION_KEYRING = 1
+_SYS_KEYCTL = {"x86_64": 250, "aarch64": 219}
+# Every fd L passes to C per command: the call socket, stdin, stdout, stderr.
+FDS_PER_CALL = 4
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = (
+        ("handled_access_fs", ctypes.c_uint64),
+        ("handled_access_net", ctypes.c_uint64),
+        ("scoped", ctypes.c_uint64),
+    )
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = (("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32))
+
+
+class _NetPort(ctypes.Structure):
+    _fields_ = (("allowed_access", ctypes.c_uint64), ("port", ctypes.c_uint64))
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = (("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64))
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = (("version", ctypes.c_uint32), ("pid", ctypes.c_int))
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = (
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    )
+
+
+class Unavailable(Exception):
+    """A kernel feature the confinement needs is missing (``feature`` names it)."""
+
+    def __init__(self, feature: str, detail: str):
+        super().__init__(f"{feature}: {detail}")
+        self.feature = feature
+        self.detail = detail
+
+
+def _prctl(option: int, arg: int = 0) -> int:
+    # prctl is variadic and reads unsigned longs: pass them as such, not as C ints.
+    return int(_libc.prctl(option, *(ctypes.c_ulong(a) for a in (arg, 0, 0, 0))))
+
+
+def _check(result: int, feature: str, what: str) -> int:
+    if result < 0:
+        err = ctypes.get_errno()
+        raise Unavailable(feature, f"{what} failed: {os.strerror(err)} (errno {err})")
+    return result
+
+
+def landlock_abi() -> int:
+    """The Landlock ABI version of the running kernel; 0 when Landlock is off or absent."""
+    abi = int(
+        _libc.syscall(SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), CREATE_RULESET_VERSION)
+    )
+    return max(abi, 0)
+
+
+def fs_rights(abi: int) -> int:
+    """The fs access rights a ruleset handles on a kernel with Landlock ``abi``."""
+    return FS_BY_ABI[max(v for v in FS_BY_ABI if v <= abi)]
+
+
+def effective_caps() -> int:
+    """This process's effective capability set, as a bit mask."""
+    with open("/proc/self/status", "rb") as f:
+        for line in f:
+            if line.startswith(b"CapEff:"):
+                return int(line.split()[1], 16)
+    return 0
+
+
+def _open_path(path: str, follow: bool) -> int:
+    """An ``O_PATH`` descriptor for ``path``; without ``follow``, no symlink on the way.
+
+    Grant paths are opened without following links: a skill that can write beside a
+    granted directory must not turn the rule for it into a rule for where a link points.
+    """
+    if follow:
+        return os.open(path, os.O_PATH | os.O_CLOEXEC)
+    how = _OpenHow(os.O_PATH | os.O_CLOEXEC, 0, RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
+    fd = int(
+        _libc.syscall(
+            SYS_OPENAT2,
+            ctypes.c_int(-100),  # AT_FDCWD
+            os.fsencode(path),
+            ctypes.byref(how),
+            ctypes.c_size_t(ctypes.sizeof(how)),
+        )
+    )
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), path)
+    return fd
+
+
+def _add_path(ruleset: int, path: str, access: int, follow: bool) -> None:
+    try:
+        fd = _open_path(path, follow)
+    except OSError:
+        # A path that does not exist (or is a link, for a grant) gives no access.
+        return
+    try:
+        allowed = access
+        if not stat.S_ISDIR(os.fstat(fd).st_mode):
+            allowed &= FS_FILE_RIGHTS
+        if not allowed:
+            return
+        attr = _PathBeneath(allowed, fd)
+        _check(
+            int(
+                _libc.syscall(
+                    SYS_LANDLOCK_ADD_RULE, ruleset, RULE_PATH_BENEATH, ctypes.byref(attr), 0
+                )
+            ),
+            "landlock",
+            f"landlock_add_rule({path})",
+        )
+    finally:
+        os.close(fd)
+
+
+def landlock_ruleset(spec: Mapping[str, Any]) -> int:
+    """A Landlock ruleset fd for the spec's precomputed rules (``landlock``: handled
+    fs, handled net, scoped, struct size, path rules, connect ports, bind ports).
+
+    Raises:
+        Unavailable: Landlock is missing or refused a rule.
+    """
+    fs, net, scoped, size, paths, connect, bind = spec["landlock"]
+    attr = _RulesetAttr(fs, net, scoped)
+    ruleset = _check(
+        int(
+            _libc.syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), 0)
+        ),
+        "landlock",
+        "landlock_create_ruleset",
+    )
+    try:
+        for path, access, follow in paths:
+            _add_path(ruleset, path, access, follow)
+        for right, ports in ((NET_CONNECT_TCP, connect), (NET_BIND_TCP, bind)):
+            for port in ports:
+                rule = _NetPort(right, port)
+                _check(
+                    int(
+                        _libc.syscall(
+                            SYS_LANDLOCK_ADD_RULE, ruleset, RULE_NET_PORT, ctypes.byref(rule), 0
+                        )
+                    ),
+                    "landlock-tcp",
+                    f"landlock_add_rule(port {port})",
+                )
+    except BaseException:
+        os.close(ruleset)
+        raise
+    return ruleset
+
+
+_last_cap: list[int] = []
+
+
+def drop_bounding_set(keep: int = 0) -> None:
+    """Drop every capability but ``keep`` from the bounding set (an EPERM without
+    CAP_SETPCAP leaves it as small as it already is)."""
+    if not _last_cap:
+        with open("/proc/sys/kernel/cap_last_cap", "rb") as f:
+            _last_cap.append(int(f.read()))
+    for cap in range(_last_cap[0] + 1):
+        if not keep & (1 << cap):
+            _prctl(PR_CAPBSET_DROP, cap)
+
+
+def set_capabilities(keep: int = 0) -> None:
+    """Permitted and effective sets become ``keep``; inheritable and ambient empty.
+
+    Raises:
+        Unavailable: the kernel refused.
+    """
+    _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+    header = _CapHeader(_CAP_VERSION_3, 0)
+    data = (_CapData * 2)()
+    data[0].effective = data[0].permitted = keep & 0xFFFFFFFF
+    data[1].effective = data[1].permitted = keep >> 32
+    _check(_libc.capset(ctypes.byref(header), data), "capabilities", "capset")
+
+
+def switch_identity(uid: int, gid: int) -> None:
+    """No supplementary groups, then ``gid`` and ``uid`` as real, effective and saved ids.
+
+    Raises:
+        Unavailable: the kernel refused (no CAP_SETUID/CAP_SETGID, or no such id here).
+    """
+    try:
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
+    except OSError as exc:
+        raise Unavailable(
+            "identity", f"switching to uid {uid} gid {gid} failed: {exc.strerror}"
+        ) from exc
+
+
+def _status(fd: int, kind: str, value: int, text: str = "") -> None:
+    """One status line, ``KIND VALUE TEXT``, on the call socket."""
+    line = f"{kind} {value} {text}".replace("\n", " ")[:3500]
+    with contextlib.suppress(OSError):  # the host is gone: nobody to tell
+        os.write(fd, (line + "\n").encode(errors="replace"))
+
+
+def _limits(rlimits: Mapping[str, int | None]) -> None:
+    for name, value in rlimits.items():
+        if value is None:
+            continue
+        which = getattr(resource, name)
+        hard = resource.getrlimit(which)[1]
+        # Lowering is always allowed; a host limit already below ours stays.
+        limit = int(value) if hard == resource.RLIM_INFINITY else min(int(value), hard)
+        resource.setrlimit(which, (limit, limit))
+
+
+def _new_keyring() -> None:
+    """A fresh, empty session keyring: the launcher's (root's) is not the command's.
+
+    Docker's default seccomp profile refuses ``keyctl``; then there is no keyring to
+    reach either, and the seccomp layer refuses it for the command too.
+    """
+    number = _SYS_KEYCTL.get(os.uname().machine)
+    if number is not None:
+        _libc.syscall(number, KEYCTL_JOIN_SESSION_KEYRING, None)
+
+
+# ``install(bpf)`` of ``_seccomp.py`` beside this file, imported once by L at start-up
+# (``None`` when that module is not there: then no spec carries a filter).
+_install_filter: list[Any] = []
+
+
+def _load_seccomp() -> bool:
+    # pathlib is not imported here: the launcher keeps to what it needs.
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # noqa: PTH100, PTH120
+    try:
+        import _seccomp  # type: ignore[import-not-found]
+    except ImportError:
+        return False
+    finally:
+        del sys.path[0]
+    _install_filter.append(_seccomp.install)
+    return True
+
+
+def _seccomp(bpf: bytes) -> None:
+    """Install the host-compiled filter (after no_new_privs).
+
+    Raises:
+        Unavailable: the filter was refused, or there is no installer.
+    """
+    if not _install_filter:
+        raise Unavailable("seccomp", "the filter installer (_seccomp.py) is missing")
+    try:
+        _install_filter[0](bpf)
+    except OSError as exc:
+        raise Unavailable("seccomp", f"installing the filter failed: {exc}") from exc
+
+
+def _command(spec: Mapping[str, Any], call: int, stdio: tuple[int, int, int]) -> None:
+    """G: the last steps in the command's own process, then ``execve``. Never returns."""
+    try:
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
+            # Python ignores SIGPIPE and SIGXFSZ, and an ignored signal stays ignored
+            # across execve: a command must die of a closed pipe or its file-size limit.
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, ())
+        for target, fd in enumerate(stdio):
+            os.dup2(fd, target)
+        os.setsid()
+        if spec["unshare"]:
+            _check(_libc.unshare(spec["unshare"]), "namespaces", "unshare")
+        ruleset = landlock_ruleset(spec)
+        _new_keyring()
+        identity = spec["identity"]
+        if identity is not None:
+            drop_bounding_set()
+            switch_identity(*identity)
+        set_capabilities(0)
+        _limits(spec["rlimits"])
+        try:
+            os.chdir(spec["cwd"])
+        except OSError as exc:
+            _status(call, "chdir", exc.errno or 0, spec["cwd"])
+            os._exit(127)
+        _check(_prctl(PR_SET_NO_NEW_PRIVS, 1), "no_new_privs", "prctl")
+        _check(
+            int(_libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0)),
+            "landlock",
+            "landlock_restrict_self",
+        )
+        os.close(ruleset)
+        if spec["seccomp"] is not None:
+            _seccomp(spec["seccomp"])
+        try:
+            os.execve(spec["program"], spec["argv"], spec["env"])  # noqa: S606 - argv only
+        except OSError as exc:
+            _status(call, "execve", exc.errno or 0, spec["program"])
+    except Unavailable as exc:
+        _status(call, "unavailable", 0, f"{exc.feature}: {exc.detail}")
+    except BaseException as exc:  # noqa: BLE001 - reported, then this process ends
+        _status(call, "internal", 0, f"{type(exc).__name__}: {exc}")
+    os._exit(127)
+
+
+# -- ending a tree -------------------------------------------------------------
+
+
+def _children() -> list[int]:
+    me = os.getpid()
+    try:
+        with open(f"/proc/{me}/task/{me}/children", "rb") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []
+
+
+def kill_descendants(reaped: dict[int, int] | None = None) -> None:
+    """SIGKILL every child, reap, and again, until ``wait`` says there is none left.
+
+    This process is a child subreaper: when a descendant's parent dies, it becomes a
+    child of this one, ``setsid`` or not, so the loop ends only when the whole tree
+    is gone. ``reaped`` collects the wait statuses by pid.
+    """
+    while True:
+        for pid in _children():
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            # Killed but not yet dead (or listed late): wait a little for one.
+            select.select([], [], [], 0.001)
+        elif reaped is not None:
+            reaped[pid] = status
+
+
+# -- the per-call workspace -----------------------------------------------------
+
+
+def hand_over(path: str, frm: int, to: int, *, owner_view: bool) -> None:
+    """Give every entry under ``path`` (and itself) owned by ``frm`` to ``to`` (uid and
+    gid), by descriptor and never through a link; hard-linked files are left alone.
+
+    ``owner_view``: this process acts with ``frm``'s effective uid and no DAC override
+    (the image's launcher), so a directory is first made readable to its owner.
+    """
+    if owner_view:
+        # The script may have closed its workspace itself (mode 0); it cannot have
+        # replaced it (Landlock gives it nothing of the parent).
+        with contextlib.suppress(OSError):
+            st = os.lstat(path)
+            if stat.S_ISDIR(st.st_mode) and st.st_uid == frm:
+                os.chmod(path, stat.S_IMODE(st.st_mode) | 0o700)  # noqa: PTH101 - no pathlib here
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        st = os.fstat(fd)
+        if st.st_uid == frm:
+            _hand_over_dir(fd, frm, to, owner_view)
+            os.fchown(fd, to, to)
+    finally:
+        os.close(fd)
+
+
+def _hand_over_dir(fd: int, frm: int, to: int, owner_view: bool, depth: int = 0) -> None:
+    if depth > 64:
+        return
+    try:
+        entries = list(os.scandir(fd))
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if st.st_uid != frm:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            if owner_view:
+                # A directory the script closed (mode 0): its owner may open it again.
+                # Without CAP_FOWNER this can only ever change a file ``frm`` owns.
+                with contextlib.suppress(OSError):
+                    os.chmod(entry.name, stat.S_IMODE(st.st_mode) | 0o700, dir_fd=fd)
+            flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+            try:
+                sub = os.open(entry.name, flags, dir_fd=fd)
+            except OSError:
+                continue
+            try:
+                if os.fstat(sub).st_uid == frm:
+                    _hand_over_dir(sub, frm, to, owner_view, depth + 1)
+                    os.fchown(sub, to, to)
+            finally:
+                os.close(sub)
+        elif st.st_nlink == 1 or stat.S_ISLNK(st.st_mode):
+            with contextlib.suppress(OSError):
+                os.chown(entry.name, to, to, dir_fd=fd, follow_symlinks=False)
+
+
+# -- C: one command --------------------------------------------------------------
+
+
+def _read_spec(call: int) -> Any:
+    head = b""
+    while len(head) < 4:
+        chunk = os.read(call, 4 - len(head))
+        if not chunk:
+            raise EOFError("the host closed the call before sending its spec")
+        head += chunk
+    size = int.from_bytes(head, "little")
+    parts: list[bytes] = []
+    while size:
+        chunk = os.read(call, min(size, 1 << 20))
+        if not chunk:
+            raise EOFError("the host closed the call inside its spec")
+        parts.append(chunk)
+        size -= len(chunk)
+    # Written by the host on a socket only it and this process hold.
+    return marshal.loads(b"".join(parts))  # noqa: S302
+
+
+def _as_skill(spec: Mapping[str, Any]) -> bool:
+    """Act as the skill's uid (effective only) where this launcher is not root: then
+    its SIGKILLs reach the skill's processes and its directories can be read."""
+    identity = spec["identity"]
+    if identity is None or os.geteuid() == 0:
+        return False
+    os.setresuid(-1, identity[0], -1)
+    return True
+
+
+def _call(call: int, stdio: tuple[int, int, int]) -> None:
+    """C: run one command, end its tree, report. Never returns."""
+    code = 0
+    try:
+        # L's wake-up pipe is closed here: a SIGCHLD must not write to its fd number.
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        _prctl(PR_SET_CHILD_SUBREAPER, 1)
+        spec = _read_spec(call)
+        identity, owner, workspace = spec["identity"], spec["owner"], spec["workspace"]
+        if identity is not None and workspace:
+            hand_over(workspace, owner, identity[0], owner_view=False)
+        child = os.fork()
+        if child == 0:
+            _command(spec, call, stdio)
+        for fd in stdio:
+            os.close(fd)
+        pidfd = os.pidfd_open(child)
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        poller.register(call, select.POLLIN)
+        until = spec["until"]
+        ended = "killed"
+        while True:
+            left = until - time.monotonic()
+            if left <= 0:
+                break
+            ready = dict(poller.poll(min(int(left * 1000) + 1, 1 << 30)))
+            if pidfd in ready:
+                ended = "exited"
+                break
+            if call in ready:
+                # ``K`` or EOF (the host is gone): either way the tree ends.
+                os.read(call, 1)
+                break
+        reaped: dict[int, int] = {}
+        if ended == "exited":
+            _, status = os.waitpid(child, 0)
+            reaped[child] = status
+        as_skill = _as_skill(spec)
+        kill_descendants(reaped)
+        if identity is not None and workspace:
+            hand_over(workspace, identity[0], owner, owner_view=as_skill)
+        if as_skill:
+            os.setresuid(-1, os.getuid(), -1)
+        waited = reaped.get(child)
+        if ended != "exited" or waited is None:
+            _status(call, "killed", 0)
+        elif os.WIFSIGNALED(waited):
+            _status(call, "signal", os.WTERMSIG(waited))
+        else:
+            _status(call, "exit", os.waitstatus_to_exitcode(waited))
+    except Unavailable as exc:
+        _status(call, "unavailable", 0, f"{exc.feature}: {exc.detail}")
+        code = 1
+    except BaseException as exc:  # noqa: BLE001 - reported, then this process ends
+        _status(call, "internal", 0, f"{type(exc).__name__}: {exc}")
+        code = 1
+    # The host reads to EOF: it comes now, not after this process is torn down.
+    os.close(call)
+    os._exit(code)
+
+
+# -- L: the launcher ---------------------------------------------------------------
+
+
+def _can_unshare() -> bool:
+    """Whether a child can make net and IPC namespaces here (one fork, at start-up)."""
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if _libc.unshare(CLONE_NEWNET | CLONE_NEWIPC) == 0 else 1)
+    _, status = os.waitpid(pid, 0)
+    return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+def _run_as(uid: int, gid: int) -> None:
+    """Become ``uid``/``gid`` keeping only :data:`LAUNCHER_CAPS` (permitted, effective
+    and bounding).
+
+    Raises:
+        Unavailable: not root, or the kernel refused.
+    """
+    drop_bounding_set(LAUNCHER_CAPS)
+    _check(_prctl(PR_SET_KEEPCAPS, 1), "capabilities", "PR_SET_KEEPCAPS")
+    switch_identity(uid, gid)
+    _prctl(PR_SET_KEEPCAPS, 0)
+    set_capabilities(LAUNCHER_CAPS)
+
+
+def _reap(calls: set[int]) -> None:
+    """Reap ended calls; SIGKILL any other process that became this one's child (an
+    orphan of a C that died before its tree)."""
+    ended = False
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            break
+        ended = True
+        calls.discard(pid)
+    if ended:
+        for pid in _children():
+            if pid not in calls:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def main(ctl_fd: int, run_as: str | None) -> None:
+    """L: serve the host's commands until it closes ``ctl_fd``. Never returns."""
+    hello: dict[str, Any] = {}
+    try:
+        _check(_prctl(PR_SET_PDEATHSIG, signal.SIGKILL), "prctl", "PDEATHSIG")
+        if run_as:
+            uid, _, gid = run_as.partition(":")
+            _run_as(int(uid), int(gid or uid))
+            # A change of identity clears the parent-death signal.
+            _check(_prctl(PR_SET_PDEATHSIG, signal.SIGKILL), "prctl", "PDEATHSIG")
+        _check(_prctl(PR_SET_CHILD_SUBREAPER, 1), "prctl", "PR_SET_CHILD_SUBREAPER")
+        hello = {
+            "pid": os.getpid(),
+            "uid": os.geteuid(),
+            "gid": os.getegid(),
+            "caps": effective_caps(),
+            "namespaces": _can_unshare(),
+            "abi": landlock_abi(),
+            "seccomp": _load_seccomp(),
+        }
+    except Unavailable as exc:
+        hello = {"error": f"{exc.feature}: {exc.detail}"}
+    ctl = socket.socket(fileno=ctl_fd)
+    ctl.sendall(marshal.dumps(hello))
+    if "error" in hello:
+        os._exit(1)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    drop_bounding_set(~0)  # reads cap_last_cap once, here, for every G
+    # Every C and G is a fork of this process: with the collector off and what exists
+    # now frozen, they do not touch (and so copy) pages of objects they never use.
+    gc.disable()
+    gc.freeze()
+    calls: set[int] = set()
+    poller = select.poll()
+    poller.register(ctl_fd, select.POLLIN)
+    poller.register(wake_r, select.POLLIN)
+    room = socket.CMSG_SPACE(FDS_PER_CALL * 4)
+    while True:
+        for fd, _ in poller.poll():
+            if fd == wake_r:
+                os.read(wake_r, 512)
+                _reap(calls)
+                continue
+            try:
+                msg, ancillary, _, _ = ctl.recvmsg(1, room, socket.MSG_CMSG_CLOEXEC)
+            except InterruptedError:
+                continue
+            fds: list[int] = []
+            for level, kind, data in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds += [
+                        int.from_bytes(data[i : i + 4], sys.byteorder)
+                        for i in range(0, len(data) - 3, 4)
+                    ]
+            if not msg:
+                os._exit(0)  # the host is gone: every C sees its call socket close
+            if len(fds) == FDS_PER_CALL:
+                try:
+                    pid = os.fork()
+                except OSError as exc:
+                    _status(fds[0], "internal", 0, f"fork failed: {exc}")
+                    pid = -1
+                if pid == 0:
+                    os.close(ctl_fd)
+                    os.close(wake_r)
+                    os.close(wake_w)
+                    _call(fds[0], (fds[1], fds[2], fds[3]))
+                if pid > 0:
+                    calls.add(pid)
+            for fd in fds:
+                os.close(fd)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), sys.argv[2] if len(sys.argv) > 2 else None)
