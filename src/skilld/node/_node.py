@@ -175,7 +175,7 @@ class Node:
         from skilld.audit import JsonLinesSink
         from skilld.bundle import open_bundle
         from skilld.permissions import SkillPermissions
-        from skilld.policy import RUNNER
+        from skilld.policy import RUNNER, kit_runner_id
         from skilld.registry import Registry, SkillEntry, annotations_for
         from skilld.sandbox import Sandbox
         from skilld.state import SqliteState
@@ -258,6 +258,12 @@ class Node:
                     loaded.components[RUNNER],
                     lambda sid: SkillPermissions.from_tables(tables, sid),
                     config.delegate or InferenceConfig.from_env(),
+                )
+                # The runner keeps warm instances like any skill: without them every
+                # program instantiated the whole CPython runner on the call's path
+                # (docs/runtime.md, "Where a Python call's time goes").
+                loaded.components[RUNNER].prewarm(
+                    tables.limits(kit_runner_id(next(iter(tables.kits))))
                 )
             _stage(timings, "register", t)
         except BaseException:
