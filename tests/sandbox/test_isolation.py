@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -62,3 +63,31 @@ def test_concurrent_calls_never_read_each_others_secrets(hostile: Component, dep
     assert not any(thread.is_alive() for thread in threads)
     assert not failures, failures[0]
     assert seen == []
+
+
+def test_a_call_finds_at_most_the_hosts_warm_up_never_another_call(hostile: Component) -> None:
+    """An instance served from the pool ran the host's warm-up call and nothing else.
+
+    The warm-up call here stores a marker: a call that finds it ran on a pooled
+    instance (so the test sees the pool at work), and no call ever finds the secret
+    of another call beside it.
+    """
+    limits = Limits()
+    marker = [["warm", "warm" * 16]]  # what recall returns after the warm-up alone
+    hostile.prewarm(limits, depth=2, warm_call=("remember", json.dumps({"secret": "warm"})))
+    found: list[list[str]] = []
+    try:
+        hostile.call("recall", "{}", CallContext("hostile", limits, NullChannel()))
+        deadline = time.monotonic() + 60  # the pool fills after a call
+        while hostile._pool.qsize() == 0:
+            assert time.monotonic() < deadline, "no warm instance appeared"
+            time.sleep(0.01)  # polling the background worker, which has no event to wait on
+        for i in range(30):
+            ctx = CallContext("hostile", limits, NullChannel())
+            found.append(hostile.call("recall", "{}", ctx).value)
+            ctx = CallContext("hostile", limits, NullChannel())
+            hostile.call("remember", json.dumps({"secret": f"call {i}"}), ctx)
+    finally:
+        hostile.prewarm(limits, depth=0)
+    assert all(f in ([], *marker) for f in found), found
+    assert marker[0] in found

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import sys
 import time
 from dataclasses import dataclass, field
@@ -21,6 +22,12 @@ if TYPE_CHECKING:
     from skilld.registry import Registry
     from skilld.sandbox import Sandbox
     from skilld.state import SqliteState
+
+# The program each warm runner instance runs once before a program takes it: constant,
+# host-chosen, no tools (its compile, exec and JSON paths are what every program runs).
+_RUNNER_WARM_ARGS = json.dumps(
+    {"program": "values = [n * 2 for n in range(3)]\nresult = {'n': sum(values)}", "tools": {}}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +182,7 @@ class Node:
         from skilld.audit import JsonLinesSink
         from skilld.bundle import open_bundle
         from skilld.permissions import SkillPermissions
-        from skilld.policy import RUNNER, kit_runner_id
+        from skilld.policy import RUNNER, RUNNER_METHOD, kit_runner_id
         from skilld.registry import Registry, SkillEntry, annotations_for
         from skilld.sandbox import Sandbox
         from skilld.state import SqliteState
@@ -259,11 +266,13 @@ class Node:
                     lambda sid: SkillPermissions.from_tables(tables, sid),
                     config.delegate or InferenceConfig.from_env(),
                 )
-                # The runner keeps warm instances like any skill: without them every
-                # program instantiated the whole CPython runner on the call's path
-                # (docs/runtime.md, "Where a Python call's time goes").
+                # The runner keeps warm instances like any skill, each warmed by a
+                # constant program: without them every program instantiated the whole
+                # CPython runner and ran its compiler for the first time on the call's
+                # path (docs/runtime.md, "Where a Python call's time goes").
                 loaded.components[RUNNER].prewarm(
-                    tables.limits(kit_runner_id(next(iter(tables.kits))))
+                    tables.limits(kit_runner_id(next(iter(tables.kits)))),
+                    warm_call=(RUNNER_METHOD, _RUNNER_WARM_ARGS),
                 )
             _stage(timings, "register", t)
         except BaseException:
