@@ -199,6 +199,20 @@ def _log_tail(proc: subprocess.Popen[bytes], size: int = 4000) -> str:
     return log.read().decode(errors="replace")[-size:]
 
 
+def _rss_mb(pid: int) -> tuple[float, float]:
+    """(resident, peak resident) MiB of process ``pid`` (Linux; NaN elsewhere)."""
+    found = {"VmRSS": math.nan, "VmHWM": math.nan}
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in found:
+                    found[key] = int(value.split()[0]) / 1024
+    except OSError:
+        pass
+    return found["VmRSS"], found["VmHWM"]
+
+
 def _cpu_s(pid: int) -> float | None:
     """User + system CPU seconds of process ``pid`` so far (Linux; None elsewhere)."""
     try:
@@ -236,6 +250,8 @@ async def run(
     lats: dict[tuple[str, int], list[float]] = {}
     rates: dict[tuple[str, int], list[float]] = {}
     cpus: dict[tuple[str, int], list[float]] = {}
+    rss: dict[str, tuple[float, float]] = {}
+    loads = [os.getloadavg()]
     try:
         for kind, port in ports.items():
             await _wait_up(kind, port, procs[kind])
@@ -251,6 +267,8 @@ async def run(
                     rates.setdefault(key, []).append(len(lat) / wall)
                     if before is not None and after is not None:
                         cpus.setdefault(key, []).append((after - before) / len(lat) * 1e3)
+        rss = {kind: _rss_mb(proc.pid) for kind, proc in procs.items()}
+        loads.append(os.getloadavg())
     finally:
         for proc in procs.values():
             proc.terminate()
@@ -266,10 +284,12 @@ async def run(
             cpu,
         )
 
+    load = [max(at[i] for at in loads) for i in range(3)]
     print(
         f"tools/call over Streamable HTTP: skilld {tool} (dispatcher {dispatcher}) against "
         f"a bare MCPServer echo; {requests} calls per cell, {rounds} alternating rounds, "
-        f"inline_ms {inline_ms}"
+        f"inline_ms {inline_ms}; load average (1, 5, 15 min, the higher of start and end) "
+        f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f}"
     )
     print()
     print("| server | concurrency | p50 ms | p99 ms | calls/s | server CPU ms/call |")
@@ -278,6 +298,9 @@ async def run(
         for kind in ("bare", "skilld"):
             p50, p99, rate, cpu = cell((kind, concurrency))
             print(f"| {kind} | {concurrency} | {p50:.2f} | {p99:.2f} | {rate:.0f} | {cpu:.2f} |")
+    print()
+    for kind, (now, peak) in rss.items():
+        print(f"{kind} server resident memory at the end: {now:.0f} MiB (peak {peak:.0f} MiB)")
     print()
     print(
         "| concurrency | p50 skilld/bare | p99 skilld/bare | throughput skilld/bare "

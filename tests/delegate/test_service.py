@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
+import time
+from typing import Any
 
 import pytest
 from delegate_util import AuditFile
@@ -88,3 +91,36 @@ def test_kit_info_lists_tools_limits_and_patterns(service: DelegateService) -> N
     assert info["limits"]["tool_calls"] == 32 and info["limits"]["wall_time_ms"] == 5000
     assert [t["id"] for t in info["templates"]] == ["add-and-read", "show"]
     assert [r["id"] for r in info["rules"]] == ["list", "count"]
+
+
+def test_programs_run_on_warm_runner_instances(
+    kits_registry: tuple[Registry, AuditFile],
+    service: DelegateService,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once warmed, a program takes a ready runner instance instead of instantiating one.
+
+    The runner (CPython with the standard library) is the largest component a node
+    has; instantiating it on a program's path cost more than the round trips a
+    program saves (bench/bench_delegate.py, docs/runtime.md).
+    """
+    runner = next(
+        e.component.component  # type: ignore[attr-defined]
+        for e in kits_registry[0].skills()
+        if e.spec.id == "kit.text"
+    )
+    assert service.run_program("result = 1", "text", {})["success"]  # the pool fills after it
+    deadline = time.monotonic() + 120
+    while runner._pool.qsize() == 0:
+        assert time.monotonic() < deadline, "no warm runner instance appeared"
+        time.sleep(0.01)  # polling the background worker, which has no event to wait on
+    made_here: list[str] = []
+    fresh = runner._fresh
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        made_here.append(threading.current_thread().name)
+        return fresh(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "_fresh", counted)
+    assert service.run_program("result = 2", "text", {})["output"] == 2
+    assert threading.current_thread().name not in made_here

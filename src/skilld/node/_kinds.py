@@ -12,6 +12,7 @@ is one class here (and one in ``skilld.bundle._kinds`` for the build).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -22,6 +23,13 @@ if TYPE_CHECKING:
     from skilld.sandbox import Sandbox
     from skilld.state import SqliteState
     from skilld.types import SkillSpec
+
+
+# The program each warm runner instance runs once before a program takes it: constant,
+# host-chosen, no tools (its compile, exec and JSON paths are what every program runs).
+_RUNNER_WARM_ARGS = json.dumps(
+    {"program": "values = [n * 2 for n in range(3)]\nresult = {'n': sum(values)}", "tools": {}}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,7 +201,7 @@ class DelegateKits:
         from skilld.delegate import InferenceConfig
         from skilld.delegate import register as register_kits
         from skilld.permissions import SkillPermissions
-        from skilld.policy import RUNNER
+        from skilld.policy import RUNNER, RUNNER_METHOD, kit_runner_id
 
         register_kits(
             registry,
@@ -201,6 +209,14 @@ class DelegateKits:
             loading.bundle.components[RUNNER],
             lambda sid: SkillPermissions.from_tables(tables, sid),
             loading.config.delegate or InferenceConfig.from_env(),
+        )
+        # The runner keeps warm instances like any skill, each warmed by a constant
+        # program: without them every program instantiated the whole CPython runner and
+        # ran its compiler for the first time on the call's path (docs/runtime.md,
+        # "Where a Python call's time goes").
+        loading.bundle.components[RUNNER].prewarm(
+            tables.limits(kit_runner_id(next(iter(tables.kits)))),
+            warm_call=(RUNNER_METHOD, _RUNNER_WARM_ARGS),
         )
 
 

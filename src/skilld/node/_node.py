@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from skilld.sandbox import Sandbox
     from skilld.state import SqliteState
 
-
 @dataclass(frozen=True, slots=True)
 class NodeConfig:
     """What a node is made of; one frozen value, passed down explicitly.

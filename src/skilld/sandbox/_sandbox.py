@@ -304,6 +304,7 @@ class Component:
         self._pool: queue.SimpleQueue[_Instance] = queue.SimpleQueue()
         self._pool_limits: Limits | None = None
         self._pool_depth = 0
+        self._warm_call = ("", "{}")
         self._closed = False
         # How fast this component instantiates (decides whether warming is worth it).
         self._instantiate_s = math.inf
@@ -343,17 +344,30 @@ class Component:
     # instantiation (about 0.5 ms for a Python component, from the engine's pooling
     # allocator) plus the guest runtime's first run through its call path (page faults
     # and lazy set-up), so with ``prewarm`` a background worker keeps a few fresh
-    # instances ready, each already run once by a host-chosen ``call`` of the method
-    # named "" (which no skill has: the guest answers "not found") with no user input.
-    # A call takes one, uses it once and throws it away: nothing of one call can
-    # reach the next (tests/sandbox/test_interrupt.py checks it, pooled slots included).
+    # instances ready, each already run once by a host-chosen ``call`` (by default of
+    # the method named "", which no skill has: the guest answers "not found") with no
+    # user input. A call takes one, uses it once and throws it away: nothing of one
+    # call can reach the next (tests/sandbox/test_isolation.py checks it under
+    # concurrency, pooled slots included).
 
-    def prewarm(self, limits: Limits, depth: int = 2) -> None:
-        """Keep ``depth`` fresh, initialised instances ready for calls under ``limits``."""
+    def prewarm(
+        self, limits: Limits, depth: int = 2, *, warm_call: tuple[str, str] = ("", "{}")
+    ) -> None:
+        """Keep ``depth`` fresh, initialised instances ready for calls under ``limits``.
+
+        Args:
+            warm_call: the (method, JSON arguments) each instance runs once before a
+                call takes it, chosen by the host and never user input. The default
+                runs the guest's call path up to "unknown method"; a component whose
+                calls go much further (delegate's runner compiles and runs a program)
+                is warmed better by a constant call of its own: the page faults and
+                lazy set-up of that path are then paid off the call's path.
+        """
         # Filled after the first call, not now: warming at start-up would compete
         # with serving's own start for the CPU.
         self._pool_limits = limits
         self._pool_depth = depth
+        self._warm_call = warm_call
 
     def _fresh(
         self,
@@ -404,14 +418,14 @@ class Component:
                 inst.streams.ctx = warm_ctx
                 inst.interrupt.arm(inst.store, None, _INSTANTIATE_BUDGET_S)
                 with entered(warm_ctx):
-                    # ``call`` of the method named "" (no method has that name): the
-                    # guest runs its call path up to the "unknown method" error. Its
+                    # ``call`` (by default of the method named "", which no method has:
+                    # the guest runs its call path up to the "unknown method" error). Its
                     # answer is a small record, where describe's would be lifted into
                     # Python objects while holding the GIL the calls need.
                     func = inst.instance.get_func(inst.store, self._exports.call)
                     if func is None:  # pragma: no cover - checked at load
                         return False
-                    func(inst.store, "", "{}")
+                    func(inst.store, *self._warm_call)
                     func.post_return(inst.store)
             finally:
                 engine.ticker.leave()
