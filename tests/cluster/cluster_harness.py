@@ -354,3 +354,32 @@ async def mcp_client(url: str) -> AsyncIterator[Client]:
         holder.append(Client(session))
         await session.initialize()
         yield holder[0]
+
+
+class SignedClient:
+    """A plain NATS client holding a member key: it signs as node ``name`` would.
+
+    What a compromised or misbehaving member could send; the attack tests use it to
+    reach the checks that come after the signature (hidden methods, misaddressing).
+    """
+
+    def __init__(self, name: str, key_file: Path):
+        from skilld.cluster._announce import Stamper
+        from skilld.cluster._envelope import Sealer
+        from skilld.package import load_private_key
+
+        self.name = name
+        self.key = load_private_key(key_file)
+        self.stamper = Stamper()
+        self.sealer = Sealer(name, self.key, self.stamper)
+
+    def announcement(self) -> tuple[bytes, dict[str, str]]:
+        """A signed announcement of this node (an entry node with no skills)."""
+        from skilld.cluster import _announce
+
+        data = _announce.payload(self.name, ("entry",), "0" * 64, [])
+        return data, _announce.sign(data, self.key, self.stamper())
+
+    def seal(self, meta: dict[str, Any], body: bytes) -> dict[str, str]:
+        """The envelope headers for ``body``."""
+        return self.sealer.seal(meta, body)

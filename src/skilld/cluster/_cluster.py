@@ -10,12 +10,12 @@ from typing import Any
 from skilld.cluster import _announce
 from skilld.cluster._announce import AnnouncedSkill, LocalSkill
 from skilld.cluster._config import ClusterConfig
+from skilld.cluster._envelope import Opener, Sealer
 from skilld.cluster._kv import JetStreamKV
 from skilld.cluster._link import NatsLink
 from skilld.cluster._member import Membership, Peer
 from skilld.cluster._remote import RemoteSkill, Router
 from skilld.cluster._transfer import FileAccess, Transfers
-from skilld.cluster._wire import call_subject
 from skilld.cluster._worker import SkillServer
 from skilld.errors import ClusterError, RegistryError
 from skilld.package import SigningKey, TrustStore
@@ -69,9 +69,27 @@ class Cluster:
         )
         # entry: serves MCP clients; worker: serves skills of its own to the cluster.
         roles = tuple(r for r, has in (("entry", config.entry), ("worker", bool(local))) if has)
-        self.router = Router(self.link, config.node, self._alive)
+        # One stamper and one replay window for everything this node signs and receives.
+        stamper, fresh = _announce.Stamper(), _announce.Freshness()
+        sealer = Sealer(config.node, key, stamper)
+        opener = Opener(config.node, trust, fresh)
+        self.refused_messages = 0
+
+        def refused(node: str, reason: str) -> None:
+            self.refused_messages += 1
+            log.warning("cluster: %s (claimed sender %s)", reason, node)
+            on_refused(node, reason)
+
+        self.router = Router(self.link, sealer, opener, self._alive, self._boot, refused)
         self.server = SkillServer(
-            self.link, registry, config.node, local, threads=32, alive=self._alive
+            self.link,
+            registry,
+            sealer,
+            opener,
+            local,
+            threads=32,
+            alive=self._alive,
+            refused=refused,
         )
         self.membership = Membership(
             self.link,
@@ -83,19 +101,21 @@ class Cluster:
             on_change=self._changed,
             on_leave=self._left,
             on_refused=on_refused,
+            stamper=stamper,
+            fresh=fresh,
         )
         self.transfers = (
             None
             if files is None
             else Transfers(
                 self.link,
-                config.node,
-                key,
-                trust,
+                sealer,
+                opener,
                 registry,
                 files,
                 lambda: sorted(self.membership.peers),
                 audit,
+                refused,
             )
         )
         self.started_at = time.time()
@@ -156,6 +176,10 @@ class Cluster:
     def _alive(self, node: str) -> bool:
         return node in self.membership.peers
 
+    def _boot(self, node: str) -> int | None:
+        peer = self.membership.peers.get(node)
+        return None if peer is None else peer.boot
+
     def _disconnected(self) -> None:
         self.disconnects += 1
         self.membership.disconnected()
@@ -200,7 +224,7 @@ class Cluster:
                     remote.digest[:16],
                 )
             return
-        remote = RemoteSkill(self.router, sid, call_subject(sid, skill.digest), skill.digest)
+        remote = RemoteSkill(self.router, sid, skill.digest)
         remote.holders.add(node)
         entry = SkillEntry(
             spec=skill.spec,
@@ -253,6 +277,11 @@ class Cluster:
             "skilld_cluster_disconnects": (
                 "Times this node lost its NATS connection since start.",
                 float(self.disconnects),
+            ),
+            "skilld_cluster_refused_messages": (
+                "Routed calls, answers, cancellations and transfer steps refused since start "
+                "(unsigned, untrusted, misaddressed, replayed).",
+                float(self.refused_messages),
             ),
             "skilld_cluster_routed_calls_served": (
                 "Calls from other nodes this node ran since start.",
