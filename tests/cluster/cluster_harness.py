@@ -61,9 +61,10 @@ def _wait_line(inbox: queue.Queue[str], pattern: str, timeout: float, what: str)
 class NatsServer:
     """nats-server with JetStream in ``store``, on 127.0.0.1; restartable on the same port."""
 
-    def __init__(self, store: Path, max_payload: int | None = None):
+    def __init__(self, store: Path, max_payload: int | None = None, config: Path | None = None):
         self.store = store
         self.max_payload = max_payload
+        self.config = config  # a `skilld cluster nats-config` configuration (TLS, NKeys)
         self.port = -1
         self.proc: subprocess.Popen[str] | None = None
         self.lines: list[str] = []
@@ -71,12 +72,15 @@ class NatsServer:
     @property
     def url(self) -> str:
         """The client URL."""
-        return f"nats://127.0.0.1:{self.port}"
+        return f"{'tls' if self.config else 'nats'}://127.0.0.1:{self.port}"
 
     def start(self) -> None:
         """Start it (on the port it had, once it had one) and wait until it is ready."""
-        argv = [str(NATS_SERVER), "-js", "-sd", str(self.store), "-a", "127.0.0.1"]
-        argv += ["-p", str(self.port)]
+        argv = [str(NATS_SERVER), "-a", "127.0.0.1", "-p", str(self.port)]
+        if self.config is not None:
+            argv += ["-c", str(self.config)]  # JetStream's store is in the configuration
+        else:
+            argv += ["-js", "-sd", str(self.store)]
         if self.max_payload is not None:
             config = self.store.parent / "nats.conf"
             config.write_text(f"max_payload: {self.max_payload}\n")
@@ -240,8 +244,21 @@ def start_node(
     http: bool = True,
     extra: Sequence[str] = (),
     heartbeat: float = 0.5,
+    bus: Path | None = None,
 ) -> NodeProc:
-    """Start ``skilld serve --cluster`` and wait until it serves (HTTP) or has joined."""
+    """Start ``skilld serve --cluster`` and wait until it serves (HTTP) or has joined.
+
+    ``bus``: the directory ``skilld cluster nats-config`` wrote; the node connects with
+    its NKey seed there and trusts its CA.
+    """
+    if bus is not None:
+        extra = [
+            *extra,
+            "--nats-nkey",
+            str(bus / f"{name}.nk"),
+            "--nats-tls-ca",
+            str(bus / "ca.pem"),
+        ]
     argv = [
         sys.executable,
         "-m",

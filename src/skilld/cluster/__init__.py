@@ -26,8 +26,18 @@ package imports ``nats``; its exceptions become :class:`~skilld.errors.ClusterEr
 from skilld.cluster._announce import LocalSkill
 from skilld.cluster._cluster import Cluster
 from skilld.cluster._config import ClusterConfig
+from skilld.cluster._natsconf import NatsSetup, write_nats_config
 from skilld.cluster._observe import observe
 from skilld.cluster._remote import RemoteSkill
 from skilld.cluster._transfer import FileAccess
 
-__all__ = ["Cluster", "ClusterConfig", "FileAccess", "LocalSkill", "RemoteSkill", "observe"]
+__all__ = [
+    "Cluster",
+    "ClusterConfig",
+    "FileAccess",
+    "LocalSkill",
+    "NatsSetup",
+    "RemoteSkill",
+    "observe",
+    "write_nats_config",
+]

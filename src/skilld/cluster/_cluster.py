@@ -119,6 +119,7 @@ class Cluster:
             )
         )
         self.started_at = time.time()
+        self.open_bus = False
         self.disconnects = 0
         self._started = False
 
@@ -138,6 +139,16 @@ class Cluster:
         self._started = True
 
     async def _start(self) -> None:
+        if await self.link.anonymous_can_listen():
+            self.open_bus = True
+            log.error(
+                "cluster: INSECURE BUS: a NATS connection without credentials can subscribe "
+                "to skilld.> on %s, so anyone who reaches it reads every routed call's "
+                "arguments and results (signatures keep them from forging any). Run "
+                "nats-server with the configuration `skilld cluster nats-config` writes "
+                "(docs/cluster.md).",
+                self.config.url,
+            )
         if self.config.kv:
             # Before this node serves anything: its skills' state moves to JetStream KV.
             for skill in self._local:
@@ -277,6 +288,10 @@ class Cluster:
             "skilld_cluster_disconnects": (
                 "Times this node lost its NATS connection since start.",
                 float(self.disconnects),
+            ),
+            "skilld_cluster_open_bus": (
+                "1 when an anonymous NATS connection could subscribe to skilld.> at start.",
+                float(self.open_bus),
             ),
             "skilld_cluster_refused_messages": (
                 "Routed calls, answers, cancellations and transfer steps refused since start "

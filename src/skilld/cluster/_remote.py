@@ -79,7 +79,8 @@ class Router:
         self._boot = boot
         self._refused = refused
         self._calls: dict[str, queue.SimpleQueue[Msg]] = {}
-        self._prefix = f"_INBOX.skilld.{self._node}.{secrets.token_hex(6)}"
+        # Under the link's inbox prefix (_INBOX.NODE), the one this node may read.
+        self._prefix = f"_INBOX.{self._node}.skilld{secrets.token_hex(6)}"
 
     async def start(self) -> None:
         """Subscribe to this node's reply subjects."""

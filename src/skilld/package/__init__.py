@@ -40,6 +40,7 @@ from skilld.package._pack import (
     write_atomic,
     write_ephemeral_signer,
 )
+from skilld.package._tls import TlsFiles, write_server_tls
 from skilld.package._trust import (
     TrustedKey,
     TrustStore,
@@ -71,6 +72,7 @@ __all__ = [
     "Signature",
     "SigningKey",
     "SkillMeta",
+    "TlsFiles",
     "TrustStore",
     "TrustedKey",
     "VerifiedPackage",
@@ -93,4 +95,5 @@ __all__ = [
     "write_atomic",
     "write_ephemeral_signer",
     "write_private_key",
+    "write_server_tls",
 ]
