@@ -224,7 +224,8 @@ def make_bundle(
             CLUSTER_SKILLS / name if (CLUSTER_SKILLS / name).is_dir() else ROOT / "skills" / name
         )
         shutil.copytree(origin, src / "skills" / name)
-    for name, text in policies.items():
+    for name, text in policies.items():  # a name may be a path: kits/notes.yaml
+        (src / "policies" / name).parent.mkdir(parents=True, exist_ok=True)
         (src / "policies" / name).write_text(text)
     shutil.copy(keys.trust, src / "policies" / "trust" / keys.trust.name)
     out = root / "bundle"

@@ -27,13 +27,17 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> Keys:
 def demo_cluster_bundle(
     sandbox: Sandbox, keys: Keys, tmp_path_factory: pytest.TempPathFactory
 ) -> Path:
-    """The demo skills (echo, echo-wat, notes, conformance) with the repo's policies."""
+    """The whole demo bundle (echo, echo-wat, notes, delegate's kits kit.notes and kit.text)
+    and the conformance skill, with the repo's policies."""
     policies = {
         p.name: p.read_text()
         for p in [
             *(ROOT / "policies").glob("*.yaml"),
             ROOT / "tests" / "policies" / "conformance.yaml",
         ]
+    }
+    policies |= {
+        f"kits/{p.name}": p.read_text() for p in (ROOT / "policies" / "kits").glob("*.yaml")
     }
     return make_bundle(
         sandbox,

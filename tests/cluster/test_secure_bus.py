@@ -129,7 +129,8 @@ async def test_a_node_cannot_read_another_nodes_calls(
 async def test_the_observer_hears_announcements_only(
     cluster: tuple[NatsServer, dict[str, NodeProc]], bus: Path
 ) -> None:
-    """`skilld cluster status` with the observer seed lists the nodes; it may not read calls."""
+    """`skilld cluster status` with the observer seed lists the nodes and node-b's skills,
+    delegate's kits among them (ids with a dot, served under a mapped endpoint name)."""
     server, _nodes = cluster
     done = subprocess.run(
         [
@@ -154,6 +155,8 @@ async def test_the_observer_hears_announcements_only(
     )
     assert done.returncode == 0, done.stderr
     assert "node-b" in done.stdout and "node-a" in done.stdout, done.stdout
+    for skill in ("kit.notes", "kit.text", "notes", "echo", "conformance"):
+        assert f"    {skill} " in done.stdout, done.stdout
 
 
 async def test_a_node_on_an_open_bus_says_so_loudly(

@@ -119,6 +119,7 @@ class Cluster:
             )
         )
         self.started_at = time.time()
+        self.withdrawn: list[str] = []
         self.open_bus = False
         self.disconnects = 0
         self._started = False
@@ -149,6 +150,7 @@ class Cluster:
                 "(docs/cluster.md).",
                 self.config.url,
             )
+        await self._no_split_state()
         if self.config.kv:
             # Before this node serves anything: its skills' state moves to JetStream KV.
             for skill in self._local:
@@ -177,6 +179,46 @@ class Cluster:
             except ClusterError as exc:
                 log.info("cluster: leaving did not finish cleanly: %s", exc)
         self.link.close()
+
+    async def _no_split_state(self) -> None:
+        """Withdraw a skill with a kv grant that another node serves already, unless
+        both keep its state in JetStream KV: two replicas with state of their own would
+        answer differently (a note added on one, not found on the other)."""
+        stateful = [s for s in self._local if s.entry.kv is not None]
+        if not stateful:
+            return
+        self.server.clustered_kv = self.config.kv
+        others = await self.server.serving()
+        mine = "cluster" if self.config.kv else "local"
+        for skill in stateful:
+            sid = skill.entry.spec.id
+            holders = others.get(sid, [])
+            split = [node for node, kv in holders if kv != "cluster" or mine != "cluster"]
+            if not split:
+                continue
+            log.error(
+                "cluster: skill %s NOT served by this node: it keeps key-value state and "
+                "node(s) %s serve it already%s; replicas with state of their own would split "
+                "it (a write on one, missing on the other). Start every node holding it with "
+                "--cluster-kv (JetStream KV shared by the replicas), or hold it on one node.",
+                sid,
+                ", ".join(sorted(split)),
+                "" if mine == "local" else " with state of their own",
+            )
+            self._local = [s for s in self._local if s.entry.spec.id != sid]
+            self._local_ids.discard(sid)
+            self.server.withdraw(sid)
+            self.registry.remove(sid)
+            self.withdrawn.append(sid)
+        if self.withdrawn:
+            self.membership.announce_as(
+                _announce.payload(self.config.node, self._roles(), self.bundle_digest, self._local)
+            )
+
+    def _roles(self) -> tuple[str, ...]:
+        return tuple(
+            r for r, has in (("entry", self.config.entry), ("worker", bool(self._local))) if has
+        )
 
     async def _stop(self) -> None:
         await self.membership.stop()

@@ -95,6 +95,10 @@ class Membership:
         self._tasks: list[asyncio.Task[None]] = []
         self._refusals_logged: dict[str, float] = {}
 
+    def announce_as(self, announcement: bytes) -> None:
+        """Announce ``announcement`` from now on (before :meth:`start`)."""
+        self._announcement = announcement
+
     async def start(self) -> None:
         """Subscribe, announce and start the heartbeat and expiry timers."""
         nc = self._link.nc

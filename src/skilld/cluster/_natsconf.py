@@ -57,7 +57,7 @@ def _seed(path: Path) -> str:
 def node_permissions(node: str) -> dict[str, dict[str, list[str]]]:
     """What node ``node`` may publish and subscribe to."""
     return {
-        "publish": {"allow": ["skilld.>", "_INBOX.>", "$JS.API.>", "$JS.ACK.>", "$KV.>"]},
+        "publish": {"allow": ["skilld.>", "_INBOX.>", "$JS.API.>", "$JS.ACK.>", "$KV.>", "$SRV.>"]},
         "subscribe": {
             "allow": [
                 "skilld.announce",

@@ -191,6 +191,7 @@ class SkillServer:
         self._node = sealer.node
         self._skills = skills
         self._entries = {s.entry.spec.id: s.entry for s in skills}
+        self.clustered_kv = False  # set by the cluster: skills' state is in JetStream KV
         self._refused = refused
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix=f"skilld-remote-{self._node}")
         self._service: Service | None = None
@@ -225,8 +226,48 @@ class SkillServer:
                     "version": skill.entry.spec.version,
                     "digest": skill.digest,
                     "node": self._node,
+                    "kv": self._kv_mode(skill),
                 },
             )
+
+    def _kv_mode(self, skill: LocalSkill) -> str:
+        """Where this replica keeps the skill's key-value state: none, local or cluster."""
+        if skill.entry.kv is None:
+            return "none"
+        return "cluster" if self.clustered_kv else "local"
+
+    async def serving(self, wait_s: float = 0.5) -> dict[str, list[tuple[str, str]]]:
+        """Who serves what already: skill id -> [(node, kv mode)], from ``nats micro``
+        discovery (``$SRV.INFO.skilld``), the answers that come within ``wait_s``."""
+        nc = self._link.nc
+        inbox = nc.new_inbox()
+        found: dict[str, list[tuple[str, str]]] = {}
+
+        async def answer(msg: Msg) -> None:
+            try:
+                info = json.loads(msg.data)
+                for ep in info.get("endpoints") or ():
+                    meta = ep.get("metadata") or {}
+                    node = str(meta.get("node", ""))
+                    if node and node != self._node:
+                        found.setdefault(str(meta.get("skill")), []).append(
+                            (node, str(meta.get("kv", "local")))
+                        )
+            except (ValueError, AttributeError, TypeError):
+                log.info("cluster: an unreadable service description on %s", msg.subject)
+
+        sub = await nc.subscribe(inbox, cb=answer)
+        try:
+            await nc.publish("$SRV.INFO.skilld", b"", reply=inbox)
+            await asyncio.sleep(wait_s)  # discovery has no end marker: answers come by then
+        finally:
+            await sub.unsubscribe()
+        return found
+
+    def withdraw(self, skill_id: str) -> None:
+        """Do not serve ``skill_id`` (before :meth:`start`)."""
+        self._skills = [s for s in self._skills if s.entry.spec.id != skill_id]
+        self._entries.pop(skill_id, None)
 
     async def stop(self) -> None:
         """Stop taking calls; calls running finish (bounded by their deadlines)."""
