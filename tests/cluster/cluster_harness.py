@@ -61,8 +61,15 @@ def _wait_line(inbox: queue.Queue[str], pattern: str, timeout: float, what: str)
 class NatsServer:
     """nats-server with JetStream in ``store``, on 127.0.0.1; restartable on the same port."""
 
-    def __init__(self, store: Path, max_payload: int | None = None, config: Path | None = None):
+    def __init__(
+        self,
+        store: Path,
+        max_payload: int | None = None,
+        config: Path | None = None,
+        sync_always: bool = False,
+    ):
         self.store = store
+        self.sync_always = sync_always  # every JetStream write synced before its ack
         self.max_payload = max_payload
         self.config = config  # a `skilld cluster nats-config` configuration (TLS, NKeys)
         self.port = -1
@@ -79,6 +86,12 @@ class NatsServer:
         argv = [str(NATS_SERVER), "-a", "127.0.0.1", "-p", str(self.port)]
         if self.config is not None:
             argv += ["-c", str(self.config)]  # JetStream's store is in the configuration
+        elif self.sync_always:
+            config = self.store.parent / "nats-sync.conf"
+            config.write_text(
+                f"jetstream {{ store_dir: {json.dumps(str(self.store))}, sync_interval: always }}\n"
+            )
+            argv += ["-c", str(config)]
         else:
             argv += ["-js", "-sd", str(self.store)]
         if self.max_payload is not None:
@@ -100,6 +113,12 @@ class NatsServer:
         )
         self.port = int(found.group(1))
         _wait_line(inbox, r"Server is ready", 30, "nats-server")
+
+    def kill(self) -> None:
+        """kill -9."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
 
     def stop(self) -> None:
         """Stop it (SIGTERM) and wait."""

@@ -113,7 +113,9 @@ def write_nats_config(
             "# Written by `skilld cluster nats-config` (docs/cluster.md). Keep this directory",
             "# out of version control: it holds the nodes' NKey seeds and the TLS key.",
             f"listen: {json.dumps(f'{host}:{port}')}",
-            f"jetstream {{ store_dir: {json.dumps(str(out / 'jetstream'))} }}",
+            # Each acknowledged kv write is on disk before its ack: it survives kill -9.
+            f"jetstream {{ store_dir: {json.dumps(str(out / 'jetstream'))}, "
+            "sync_interval: always }",
             "tls {",
             f"  cert_file: {json.dumps(str(tls.cert))}",
             f"  key_file: {json.dumps(str(tls.key))}",
