@@ -44,9 +44,11 @@ _GRACE_S = 0.5
 # How often a waiting call looks at the client's cancellation and the holder's liveness.
 _POLL_S = 0.05
 # A call is sent again at most this often: after a signed "restarted" (the holder never
-# ran it) or an answer that does not verify (an impostor may have taken the request;
-# the holder drops a copy it already saw, by its stamp).
-_RESENDS = 3
+# ran it) or an answer that does not verify (an impostor in the holder's queue group may
+# have taken the request, half the time; the holder drops a copy it already saw, by its
+# stamp). Ten tries leave an impostor one call in 2048 to swallow, and bound what its
+# forged answers can make the entry send.
+_RESENDS = 10
 
 
 class Router:
