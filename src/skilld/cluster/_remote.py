@@ -143,6 +143,7 @@ class Router:
         parts: list[bytes] = []
         cancel_sent = False
         resends = 0
+        copies = False  # the same request was sent more than once (after a forged answer)
         try:
             self._link.publish(subject, body, headers, reply=inbox)
             while True:
@@ -179,14 +180,25 @@ class Router:
                 if opened is None:
                     if resends < _RESENDS and not parts:
                         resends += 1
+                        copies = True
                         self._link.publish(subject, body, headers, reply=inbox)
                     continue
                 event = opened.meta.get("ev")
-                if event == "restarted" and resends < _RESENDS and not parts:
-                    # Signed by the target: its new life never ran this call.
+                if event == "restarted" and resends < _RESENDS and not parts and not copies:
+                    # Signed by the target: its new life never ran this copy, and there
+                    # was only this copy (a queue group delivers it once): the old life
+                    # never ran it either. After a resend of the same bytes that is no
+                    # longer certain, so the call then ends [unavailable] instead.
                     resends += 1
                     headers = self._sealer.seal({**meta, "boot": opened.boot}, body)
                     self._link.publish(subject, body, headers, reply=inbox)
+                elif event == "restarted":
+                    raise GuestError(
+                        "unavailable",
+                        f"node {target} restarted while this call of skill '{sid}' was on its "
+                        "way, and it was not sent again",
+                        location=sid,
+                    )
                 elif event == "progress":
                     doc = json.loads(msg.data)
                     ctx.channel.progress(doc["progress"], doc.get("total"), doc.get("message"))
