@@ -66,10 +66,8 @@ class NatsServer:
         store: Path,
         max_payload: int | None = None,
         config: Path | None = None,
-        sync_always: bool = False,
     ):
         self.store = store
-        self.sync_always = sync_always  # every JetStream write synced before its ack
         self.max_payload = max_payload
         self.config = config  # a `skilld cluster nats-config` configuration (TLS, NKeys)
         self.port = -1
@@ -86,12 +84,6 @@ class NatsServer:
         argv = [str(NATS_SERVER), "-a", "127.0.0.1", "-p", str(self.port)]
         if self.config is not None:
             argv += ["-c", str(self.config)]  # JetStream's store is in the configuration
-        elif self.sync_always:
-            config = self.store.parent / "nats-sync.conf"
-            config.write_text(
-                f"jetstream {{ store_dir: {json.dumps(str(self.store))}, sync_interval: always }}\n"
-            )
-            argv += ["-c", str(config)]
         else:
             argv += ["-js", "-sd", str(self.store)]
         if self.max_payload is not None:

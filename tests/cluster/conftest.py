@@ -82,6 +82,26 @@ def nats(tmp_path: Path) -> Iterator[NatsServer]:
         server.stop()
 
 
+# The nodes the least-privilege bus of `bus_nats` knows (node-check: a test's own link).
+BUS_NODES = ("node-a", "node-b", "node-c", "node-w1", "node-w2", "node-check")
+
+
+@pytest.fixture
+def bus_nats(tmp_path: Path) -> Iterator[tuple[NatsServer, Path]]:
+    """nats-server on the configuration `skilld cluster nats-config` writes (TLS, an NKey
+    user per node of BUS_NODES, subject permissions, no anonymous user), and its directory."""
+    from skilld.cluster import write_nats_config
+
+    bus = tmp_path / "bus"
+    write_nats_config(bus, list(BUS_NODES))
+    server = NatsServer(tmp_path / "unused", config=bus / "nats.conf")
+    server.start()
+    try:
+        yield server, bus
+    finally:
+        server.stop()
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     """The MCP client runs on asyncio."""

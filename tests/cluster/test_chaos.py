@@ -41,12 +41,15 @@ def _input_sha(args: dict[str, object]) -> str:
 @pytest.mark.slow
 @pytest.mark.anyio
 async def test_bouncing_nats_and_workers_loses_no_acknowledged_write(
-    keys: Keys, hostile_bundle: Path, gateway_bundle: Path, tmp_path: Path
+    bus_nats: tuple[NatsServer, Path],
+    keys: Keys,
+    hostile_bundle: Path,
+    gateway_bundle: Path,
+    tmp_path: Path,
 ) -> None:
     """kill -9 of nats-server and replicas at 0-2 s intervals: lost 0, none answered twice."""
     began = time.monotonic()
-    server = NatsServer(tmp_path / "jetstream", sync_always=True)
-    server.start()
+    server, bus = bus_nats  # the documented bus (JetStream synced before each ack)
     lives: dict[str, list[NodeProc]] = {w: [] for w in WORKERS}
 
     def worker(name: str) -> NodeProc:
@@ -58,6 +61,7 @@ async def test_bouncing_nats_and_workers_loses_no_acknowledged_write(
             tmp_path / name,
             http=False,
             extra=["--cluster-kv"],
+            bus=bus,
         )
         lives[name].append(node)
         return node
@@ -65,7 +69,13 @@ async def test_bouncing_nats_and_workers_loses_no_acknowledged_write(
     for name in WORKERS:
         worker(name)
     entry = start_node(
-        "node-a", gateway_bundle, server.url, keys.member, tmp_path / "a", extra=["--entry-only"]
+        "node-a",
+        gateway_bundle,
+        server.url,
+        keys.member,
+        tmp_path / "a",
+        extra=["--entry-only"],
+        bus=bus,
     )
     stop = threading.Event()
     kills: Counter[str] = Counter()
@@ -130,7 +140,13 @@ async def test_bouncing_nats_and_workers_loses_no_acknowledged_write(
     # Every acknowledged write is in the bucket.
     if server.proc is None or server.proc.poll() is not None:
         server.start()
-    config = ClusterConfig(url=server.url, node="node-check", key_file=tmp_path / "unused.pem")
+    config = ClusterConfig(
+        url=server.url,
+        node="node-check",
+        key_file=tmp_path / "unused.pem",
+        nkey_seed_file=bus / "node-check.nk",
+        tls_ca=bus / "ca.pem",
+    )
     link = NatsLink(config)
     link.start()
     try:
@@ -138,7 +154,6 @@ async def test_bouncing_nats_and_workers_loses_no_acknowledged_write(
         stored = set(kv.keys("s", 100_000))
     finally:
         link.close()
-        server.stop()
     lost = sorted(set(acknowledged) - stored)
     # No call ran twice: each sequenced input appears at most once in all workers' audits.
     ran = Counter(
