@@ -37,12 +37,14 @@ class Cluster:
         registry: this node's registry; its local skills are served to the cluster and
             the skills of trusted peers are added to (and removed from) it.
         trust: the trust set (the bundle's) that peers' announcements must verify against.
-        key: this node's announcement signing key.
+        key: this node's signing key: its announcements and every message it sends to
+            another node (the envelope).
         bundle_digest: the digest of this node's bundle, announced.
         local: the skills this node serves to the cluster.
         files: the file side of transfers (the sandbox's); None: no file transfer.
         audit: where this node's transfer records go.
-        on_refused: told ``(claimed node, reason)`` of each refused announcement (audit).
+        on_refused: told ``(claimed node, reason)`` of each refused announcement or
+            message (audit ``cluster-refused``).
     """
 
     def __init__(
