@@ -149,12 +149,23 @@ async def _boot(plain: NatsClient, node: str) -> int:
     return boot
 
 
-async def test_reading_is_possible_on_an_open_bus_and_the_node_says_so(
+async def test_a_listener_on_an_open_bus_sees_only_ciphertext_and_the_node_says_so(
     open_bus: dict[str, Any], plain: NatsClient
 ) -> None:
-    """On a bus without accounts anyone reads calls: the nodes warn at start-up."""
+    """On a bus without accounts anyone can subscribe: arguments and results travel
+    encrypted to their node, and the nodes warn at start-up all the same."""
+    seen: list[Msg] = []
+
+    async def keep(msg: Msg) -> None:
+        seen.append(msg)
+
+    sub = await plain.subscribe(">", cb=keep)
+    await plain.flush()
     msg = await _capture(plain, open_bus["nodes"]["a"])
-    assert b"recorded" in msg.data  # confidentiality is the bus's (test_secure_bus.py)
+    await sub.unsubscribe()
+    assert json.loads((msg.headers or {})["Skilld-Meta"])["enc"] == 1
+    assert all(b"recorded" not in m.data for m in seen), [m.subject for m in seen]
+    assert any(m.subject.startswith("_INBOX.node-a.") for m in seen)  # the result went by
     assert "INSECURE BUS" in open_bus["nodes"]["b"].log()
 
 
@@ -194,7 +205,8 @@ async def test_a_hidden_method_is_never_routed(open_bus: dict[str, Any], plain: 
         "name": "fail",
         "boot": await _boot(plain, "node-b"),
     }
-    meta.pop("from")
+    for name in ("from", "box", "enc"):  # node-t's own, or none
+        meta.pop(name, None)
     body = b'{"code":"internal","message":"x"}'
     answer = await plain.request(genuine.subject, body, headers=member.seal(meta, body), timeout=10)
     assert json.loads(answer.data)["error"]["code"] == "not-found", answer.data
@@ -221,7 +233,8 @@ async def test_a_forged_remote_called_by_caller_is_refused(
     # node-b consents to node-a/hostile only.
     member = SignedClient("node-t", open_bus["keys"].member)
     meta = {**meta, "call": "d" * 24, "boot": await _boot(plain, "node-b")}
-    meta.pop("from")
+    for name in ("from", "box", "enc"):  # node-t's own, or none
+        meta.pop(name, None)
     answer = await plain.request(
         genuine.subject, b'{"text":"x"}', headers=member.seal(meta, b'{"text":"x"}'), timeout=10
     )

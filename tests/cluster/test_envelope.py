@@ -12,7 +12,7 @@ from skilld.cluster import _announce
 from skilld.cluster._envelope import H_META, Opener, Sealer
 from skilld.cluster._wire import H_KEY, H_SIG, H_STAMP, skill_from_token, skill_token
 from skilld.errors import ClusterError
-from skilld.package import SigningKey, TrustStore, trusted_key
+from skilld.package import BoxKey, SigningKey, TrustStore, trusted_key
 
 KEY = SigningKey.generate()
 TRUST = TrustStore((trusted_key("members", KEY.public_raw, [], cluster=["node-*"]),))
@@ -90,3 +90,29 @@ def test_foreign_tokens_are_refused_or_exact(token: str) -> None:
     except ValueError:
         return
     assert skill_token(skill_id) == token
+
+
+def test_payloads_are_sealed_to_their_node_only() -> None:
+    """With payload keys the bytes on the bus are ciphertext that only the target opens."""
+    a_box, b_box, c_box = BoxKey(), BoxKey(), BoxKey()
+    sealer = Sealer("node-a", KEY, _announce.Stamper(), a_box)
+    at_b = Opener("node-b", TRUST, _announce.Freshness(), b_box)
+    headers, sent = sealer.seal_to(b_box.public_raw, META, b'{"secret":"x"}')
+    assert b"secret" not in sent
+    opened = at_b.open(headers, sent)
+    assert opened.data == b'{"secret":"x"}'
+    assert opened.box == a_box.public_raw  # answers go back sealed to node-a
+    # node-b's next life (another payload key) cannot read it: refused, not run.
+    reborn = Opener("node-b", TRUST, _announce.Freshness(), c_box)
+    with pytest.raises(ClusterError, match="does not decrypt"):
+        reborn.open(headers, sent)
+    # ... unless it is told its boot: then the call is only stale, its payload unread.
+    again = Opener("node-b", TRUST, _announce.Freshness(), c_box)
+    stale = again.open(headers, sent, boot=sealer.boot + 1)
+    assert stale.stale and stale.data == b""
+    # The routing facts are the associated data: changed, the payload does not open.
+    headers2, sent2 = sealer.seal_to(b_box.public_raw, META, b"{}")
+    flipped = bytearray(sent2)
+    flipped[-1] ^= 1
+    with pytest.raises(ClusterError, match="does not verify"):
+        Opener("node-b", TRUST, _announce.Freshness(), b_box).open(headers2, bytes(flipped))

@@ -18,7 +18,7 @@ from skilld.cluster._remote import RemoteSkill, Router
 from skilld.cluster._transfer import FileAccess, Transfers
 from skilld.cluster._worker import SkillServer
 from skilld.errors import ClusterError, RegistryError
-from skilld.package import SigningKey, TrustStore
+from skilld.package import BoxKey, SigningKey, TrustStore
 from skilld.registry import Registry, SkillEntry
 from skilld.types import Limits
 
@@ -73,8 +73,10 @@ class Cluster:
         roles = tuple(r for r, has in (("entry", config.entry), ("worker", bool(local))) if has)
         # One stamper and one replay window for everything this node signs and receives.
         stamper, fresh = _announce.Stamper(), _announce.Freshness()
-        sealer = Sealer(config.node, key, stamper)
-        opener = Opener(config.node, trust, fresh)
+        # Payloads are sealed to their receiving node with this boot's key (memory only).
+        self.box = BoxKey()
+        sealer = Sealer(config.node, key, stamper, self.box)
+        opener = Opener(config.node, trust, fresh, self.box)
         self.refused_messages = 0
 
         def refused(node: str, reason: str) -> None:
@@ -82,7 +84,9 @@ class Cluster:
             log.warning("cluster: %s (claimed sender %s)", reason, node)
             on_refused(node, reason)
 
-        self.router = Router(self.link, sealer, opener, self._alive, self._boot, refused)
+        self.router = Router(
+            self.link, sealer, opener, self._alive, self._boot, refused, box=self._box_of
+        )
         self.server = SkillServer(
             self.link,
             registry,
@@ -98,7 +102,7 @@ class Cluster:
             config,
             trust,
             key,
-            _announce.payload(config.node, roles, bundle_digest, local),
+            _announce.payload(config.node, roles, bundle_digest, local, self.box.public_raw),
             on_join=self._joined,
             on_change=self._changed,
             on_leave=self._left,
@@ -118,6 +122,7 @@ class Cluster:
                 lambda: sorted(self.membership.peers),
                 audit,
                 refused,
+                box=self._box_of,
             )
         )
         self.started_at = time.time()
@@ -214,7 +219,13 @@ class Cluster:
             self.withdrawn.append(sid)
         if self.withdrawn:
             self.membership.announce_as(
-                _announce.payload(self.config.node, self._roles(), self.bundle_digest, self._local)
+                _announce.payload(
+                    self.config.node,
+                    self._roles(),
+                    self.bundle_digest,
+                    self._local,
+                    self.box.public_raw,
+                )
             )
 
     def _roles(self) -> tuple[str, ...]:
@@ -230,6 +241,10 @@ class Cluster:
 
     def _alive(self, node: str) -> bool:
         return node in self.membership.peers
+
+    def _box_of(self, node: str) -> bytes | None:
+        peer = self.membership.peers.get(node)
+        return None if peer is None else peer.announcement.box
 
     def _boot(self, node: str) -> int | None:
         peer = self.membership.peers.get(node)

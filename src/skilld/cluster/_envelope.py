@@ -13,6 +13,13 @@ is itself, and takes the stamp through the node's one :class:`~skilld.cluster._a
 Freshness` (shared with membership), so each message is accepted once. Nothing from the
 bus is used before :meth:`Opener.open` returns.
 
+Payloads are also encrypted to the receiving node when its payload key is known
+(:class:`~skilld.package.BoxKey`: X25519 and ChaCha20-Poly1305, the routing facts as
+associated data): a node announces its key, and every envelope carries the sender's
+(``box``, signed with the rest) so that answers are sealed back to it. The routing facts
+stay readable (the bus routes on subjects anyway); arguments, results, relayed events
+and file bytes do not.
+
 A replay after the *receiver* restarted finds a window that remembers nothing; that is
 why a call names the target's boot (the first half of the stamps the target signs its
 announcements with): a call made for an earlier life of the holder is refused by the
@@ -22,6 +29,8 @@ the new boot (it never ran).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
 from collections.abc import Mapping
@@ -30,8 +39,8 @@ from typing import Any
 
 from skilld.cluster import _announce
 from skilld.cluster._config import NODE_RE
-from skilld.errors import ClusterError
-from skilld.package import SigningKey, TrustStore
+from skilld.errors import ClusterError, SignatureError
+from skilld.package import BoxKey, SigningKey, TrustStore
 
 CONTEXT = b"skilld-cluster-envelope-v1\0"
 H_META = "Skilld-Meta"
@@ -45,6 +54,24 @@ class Opened:
     meta: dict[str, Any]
     sender: str
     boot: int  # the sender's boot (first half of its stamp)
+    data: bytes  # the payload, decrypted when it was sealed for this node
+    stale: bool = False  # made for another boot of this node: payload left unread
+
+    @property
+    def box(self) -> bytes | None:
+        """The sender's payload key (signed with the rest): answers are sealed to it."""
+        return _box_of(self.meta)
+
+
+def _box_of(meta: dict[str, Any]) -> bytes | None:
+    text = meta.get("box")
+    if not isinstance(text, str):
+        return None
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    return raw if len(raw) == 32 else None
 
 
 def _signed(meta_json: bytes, data: bytes) -> bytes:
@@ -52,12 +79,21 @@ def _signed(meta_json: bytes, data: bytes) -> bytes:
 
 
 class Sealer:
-    """This node's side: signs what it sends with its key and its one stamper."""
+    """This node's side: signs what it sends with its key and its one stamper, and
+    encrypts payloads to the receiver's payload key when it knows it (:meth:`seal_to`)."""
 
-    def __init__(self, node: str, key: SigningKey, stamper: _announce.Stamper):
+    def __init__(
+        self,
+        node: str,
+        key: SigningKey,
+        stamper: _announce.Stamper,
+        box: BoxKey | None = None,
+    ):
         self.node = node
         self._key = key
         self._stamper = stamper
+        self.box = box
+        self._box_b64 = None if box is None else base64.b64encode(box.public_raw).decode()
 
     @property
     def boot(self) -> int:
@@ -65,34 +101,61 @@ class Sealer:
         return self._stamper.boot
 
     def seal(self, meta: Mapping[str, Any], data: bytes) -> dict[str, str]:
-        """The headers that carry ``meta`` (``from`` added) and sign it with ``data``."""
-        meta_json = json.dumps(
-            {**meta, "from": self.node}, separators=(",", ":"), sort_keys=True
-        ).encode()
+        """The headers that carry ``meta`` (``from`` added) and sign it with ``data``
+        (sent as it is: for messages with nothing to hide)."""
+        return self.seal_to(None, meta, data)[0]
+
+    def seal_to(
+        self, box: bytes | None, meta: Mapping[str, Any], data: bytes
+    ) -> tuple[dict[str, str], bytes]:
+        """The headers and the payload to send: ``data`` encrypted to the payload key
+        ``box`` (the routing facts its associated data), or as it is without one."""
+        full = {**meta, "from": self.node}
+        if self._box_b64 is not None:
+            full["box"] = self._box_b64
+        mine = self.box if box is not None else None
+        if mine is not None:
+            full["enc"] = 1
+        meta_json = json.dumps(full, separators=(",", ":"), sort_keys=True).encode()
+        if mine is not None and box is not None:
+            try:
+                data = mine.seal(box, data, meta_json)
+            except SignatureError as exc:
+                raise ClusterError(f"cannot encrypt to that node: {exc.message}") from exc
         headers = _announce.sign(_signed(meta_json, data), self._key, self._stamper(), CONTEXT)
         headers[H_META] = meta_json.decode()
-        return headers
+        return headers, data
 
 
 class Opener:
     """The receiving side: verifies a message before anything of it is used."""
 
-    def __init__(self, node: str, trust: TrustStore, fresh: _announce.Freshness):
+    def __init__(
+        self,
+        node: str,
+        trust: TrustStore,
+        fresh: _announce.Freshness,
+        box: BoxKey | None = None,
+    ):
         self.node = node
         self._trust = trust
         self._fresh = fresh
+        self._box = box
 
     def open(
         self,
         headers: Mapping[str, str] | None,
         data: bytes,
         sender: str | None = None,
+        boot: int | None = None,
         **expect: Any,
     ) -> Opened:
         """Verify a sealed message addressed to this node; accept its stamp once.
 
         ``sender``, when given, is the only node it may come from; ``expect`` are routing
-        facts it must carry (``call=ID``: an event of that call).
+        facts it must carry (``call=ID``: an event of that call). ``boot``, when given, is
+        this node's: a message made for another boot is returned ``stale``, its payload
+        unread (sealed to that boot's payload key, it could not be read anyway).
 
         Raises:
             ClusterError: unsigned, a key the trust set does not hold or that may not
@@ -137,9 +200,20 @@ class Opener:
                     f"a message from node {claimed_by!r} for {name} {meta.get(name)!r}, "
                     f"not {value!r}"
                 )
+        stale = boot is not None and meta.get("boot") != boot
+        if stale:
+            data = b""
+        elif meta.get("enc"):
+            peer = _box_of(meta)
+            if self._box is None or peer is None:
+                raise ClusterError(f"an encrypted message from node {claimed_by!r} without keys")
+            try:
+                data = self._box.open(peer, data, meta_json)
+            except SignatureError as exc:
+                raise ClusterError(f"from node {claimed_by!r}: {exc.message}") from exc
         stamp = _announce.parse_stamp(headers)
         self._fresh.accept(claimed_by, stamp)
-        return Opened(meta, claimed_by, stamp[0])
+        return Opened(meta, claimed_by, stamp[0], data, stale)
 
 
 def claimed(headers: Mapping[str, str] | None) -> str:

@@ -62,6 +62,7 @@ class Router:
         alive: whether a node is a member now.
         boot: a member's boot as its announcements show it (calls name it).
         refused: told ``(claimed node, reason)`` of each message dropped (audit).
+        box: a member's payload key as its announcement shows it (calls are sealed to it).
     """
 
     def __init__(
@@ -72,8 +73,10 @@ class Router:
         alive: Callable[[str], bool],
         boot: Callable[[str], int | None],
         refused: Callable[[str, str], None] = lambda node, reason: None,
+        box: Callable[[str], bytes | None] = lambda node: None,
     ):
         self._link = link
+        self._box = box
         self._node = sealer.node
         self._sealer = sealer
         self._opener = opener
@@ -139,13 +142,13 @@ class Router:
             "depth": ctx.depth,
             "chain": list(ctx.chain),
         }
-        headers = self._sealer.seal(meta, body)
+        headers, sent = self._sealer.seal_to(self._box(target), meta, body)
         parts: list[bytes] = []
         cancel_sent = False
         resends = 0
         copies = False  # the same request was sent more than once (after a forged answer)
         try:
-            self._link.publish(subject, body, headers, reply=inbox)
+            self._link.publish(subject, sent, headers, reply=inbox)
             while True:
                 now = time.monotonic()
                 if now >= deadline + _GRACE_S:
@@ -181,7 +184,7 @@ class Router:
                     if resends < _RESENDS and not parts:
                         resends += 1
                         copies = True
-                        self._link.publish(subject, body, headers, reply=inbox)
+                        self._link.publish(subject, sent, headers, reply=inbox)
                     continue
                 event = opened.meta.get("ev")
                 if event == "restarted" and resends < _RESENDS and not parts and not copies:
@@ -190,8 +193,10 @@ class Router:
                     # never ran it either. After a resend of the same bytes that is no
                     # longer certain, so the call then ends [unavailable] instead.
                     resends += 1
-                    headers = self._sealer.seal({**meta, "boot": opened.boot}, body)
-                    self._link.publish(subject, body, headers, reply=inbox)
+                    # Its new life has a new payload key too: the one this reply names.
+                    meta = {**meta, "boot": opened.boot}
+                    headers, sent = self._sealer.seal_to(opened.box, meta, body)
+                    self._link.publish(subject, sent, headers, reply=inbox)
                 elif event == "restarted":
                     raise GuestError(
                         "unavailable",
@@ -200,19 +205,20 @@ class Router:
                         location=sid,
                     )
                 elif event == "progress":
-                    doc = json.loads(msg.data)
+                    doc = json.loads(opened.data)
                     ctx.channel.progress(doc["progress"], doc.get("total"), doc.get("message"))
                 elif event == "log":
-                    doc = json.loads(msg.data)
+                    doc = json.loads(opened.data)
                     ctx.channel.log(str(doc["level"]), doc.get("data"))
                 elif event in ("sample", "elicit") and msg.reply:
-                    answer = self._answer(event, msg.data, ctx)
+                    answer = self._answer(event, opened.data, ctx)
                     back = {"ev": "answer", "call": call_id, "to": target}
-                    self._link.publish(msg.reply, answer, self._sealer.seal(back, answer))
+                    out_headers, out = self._sealer.seal_to(opened.box, back, answer)
+                    self._link.publish(msg.reply, out, out_headers)
                 elif event == "part" and opened.meta.get("n") == len(parts):
-                    parts.append(msg.data)
+                    parts.append(opened.data)
                 elif event == "done" and opened.meta.get("n") == len(parts):
-                    parts.append(msg.data)
+                    parts.append(opened.data)
                     doc = json.loads(b"".join(parts))
                     ctx.audit["holder"] = target  # verified: signed by the node routed to
                     if "error" in doc:

@@ -89,8 +89,10 @@ class Transfers:
         members: Callable[[], list[str]],
         audit: Callable[[dict[str, Any]], None],
         refused: Callable[[str, str], None] = lambda node, reason: None,
+        box: Callable[[str], bytes | None] = lambda node: None,
     ):
         self._link = link
+        self._box = box  # a member's payload key: file bytes are sealed to it
         self._node = sealer.node
         self._sealer = sealer
         self._opener = opener
@@ -195,13 +197,14 @@ class Transfers:
     ) -> Any:
         wait = min(_STEP_TIMEOUT_S, max(0.05, ctx.remaining()))
         meta = {"ev": "transfer", "op": op, "id": tid, "seq": seq, "to": node}
+        headers, body = self._sealer.seal_to(self._box(node), meta, body)
         try:
             msg = self._link.run(
                 self._link.nc.request(
                     transfer_subject(node),
                     body,
                     timeout=wait,
-                    headers=self._sealer.seal(meta, body),
+                    headers=headers,
                 ),
                 timeout=wait + 1,
             )
@@ -217,8 +220,8 @@ class Transfers:
                 "unavailable", f"the answer of node {node} to the transfer did not verify"
             ) from exc
         if raw and opened.meta.get("op") == "data" and opened.meta.get("seq") == seq:
-            return msg.data
-        doc = json.loads(msg.data or b"{}")
+            return opened.data
+        doc = json.loads(opened.data or b"{}")
         if "error" in doc:
             err = doc["error"]
             raise HostCallError(
@@ -247,7 +250,8 @@ class Transfers:
             size, seq = self._chunk_size(), _int(opened.meta.get("seq"))
             chunk = out[0][seq * size : (seq + 1) * size]
             meta = {"ev": "transfer", "op": "data", "id": tid, "seq": seq, "to": opened.sender}
-            await self._link.nc.publish(msg.reply, chunk, headers=self._sealer.seal(meta, chunk))
+            headers, sealed = self._sealer.seal_to(opened.box, meta, chunk)
+            await self._link.nc.publish(msg.reply, sealed, headers=headers)
             return
         if op == "close":
             out = self._outgoing.get(tid)
@@ -258,14 +262,15 @@ class Transfers:
         # (routed calls share it); a subscription's messages are handled one at a time,
         # so the chunks of a transfer still arrive in order.
         answer = await asyncio.get_running_loop().run_in_executor(
-            None, self._answer, op, msg.data, opened
+            None, self._answer, op, opened.data, opened
         )
         if msg.reply:
             await self._reply(msg.reply, opened, answer)
 
     async def _reply(self, reply: str, opened: Opened, body: bytes) -> None:
         meta = {"ev": "transfer", "op": "answer", "id": opened.meta.get("id"), "to": opened.sender}
-        await self._link.nc.publish(reply, body, headers=self._sealer.seal(meta, body))
+        headers, sealed = self._sealer.seal_to(opened.box, meta, body)
+        await self._link.nc.publish(reply, sealed, headers=headers)
 
     def _answer(self, op: str, data: bytes, opened: Opened) -> bytes:
         tid = str(opened.meta.get("id", ""))

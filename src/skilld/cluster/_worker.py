@@ -76,7 +76,7 @@ class RelayChannel:
         link: NatsLink,
         sealer: Sealer,
         opener: Opener,
-        call: tuple[str, str, str],
+        call: tuple[str, str, str, bytes | None],
         cancelled: threading.Event,
         deadline: float,
         entry_gone: Callable[[], bool] = lambda: False,
@@ -85,7 +85,8 @@ class RelayChannel:
         self._link = link
         self._sealer = sealer
         self._opener = opener
-        self._call_id, self._entry, self._reply = call
+        # call id, entry node, reply subject, the entry's payload key
+        self._call_id, self._entry, self._reply, self._box = call
         self._cancelled = cancelled
         self._deadline = deadline
         self._entry_gone = entry_gone
@@ -93,7 +94,8 @@ class RelayChannel:
 
     def _send(self, event: str, body: bytes) -> None:
         meta = {"ev": event, "call": self._call_id, "to": self._entry}
-        self._link.publish(self._reply, body, self._sealer.seal(meta, body))
+        headers, out = self._sealer.seal_to(self._box, meta, body)
+        self._link.publish(self._reply, out, headers)
 
     def progress(self, progress: float, total: float | None, message: str | None) -> None:
         """Relay a progress notification."""
@@ -126,8 +128,8 @@ class RelayChannel:
 
     def _ask(self, kind: str, params: Mapping[str, Any]) -> Mapping[str, Any]:
         wait = min(_ASK_TIMEOUT_S, max(0.0, self._deadline - time.monotonic()))
-        body = dumps(dict(params))
-        headers = self._sealer.seal({"ev": kind, "call": self._call_id, "to": self._entry}, body)
+        meta = {"ev": kind, "call": self._call_id, "to": self._entry}
+        headers, body = self._sealer.seal_to(self._box, meta, dumps(dict(params)))
         try:
             msg = self._link.run(
                 self._link.nc.request(self._reply, body, timeout=wait, headers=headers),
@@ -138,8 +140,8 @@ class RelayChannel:
                 "unavailable", f"the entry node did not answer the {kind} request: {exc!r}"
             ) from exc
         try:
-            self._opener.open(msg.headers, msg.data, self._entry, call=self._call_id)
-            doc = json.loads(msg.data)
+            opened = self._opener.open(msg.headers, msg.data, self._entry, call=self._call_id)
+            doc = json.loads(opened.data)
         except (ClusterError, ValueError) as exc:
             self._refused(claimed(msg.headers), f"{kind} answer dropped: {exc}")
             raise GuestError(
@@ -161,6 +163,8 @@ class _Call:
     entry: str  # the verified sender
     skill_id: str
     meta: dict[str, Any]
+    data: bytes  # the arguments, decrypted
+    box: bytes | None  # the entry's payload key: what goes back is sealed to it
     timeout_s: float
     cancelled: threading.Event
     channel: RelayChannel
@@ -315,12 +319,14 @@ class SkillServer:
     def _verify(self, msg: Msg, skill_id: str) -> Opened | None:
         """The verified call, or None (refused and audited; a stale boot is answered)."""
         try:
-            opened = self._opener.open(msg.headers, msg.data, ev="call", skill=skill_id)
+            opened = self._opener.open(
+                msg.headers, msg.data, boot=self._sealer.boot, ev="call", skill=skill_id
+            )
         except ClusterError as exc:
             self._refused(claimed(msg.headers), f"routed call refused: {exc.message}")
             return None
         meta = opened.meta
-        if meta.get("boot") != self._sealer.boot:
+        if opened.stale:
             # Made for an earlier life of this node (or before the entry heard of this
             # one): never run. The entry sends it again for this boot; a replay goes
             # to an inbox that waits for nothing any more.
@@ -356,13 +362,24 @@ class SkillServer:
             self._link,
             self._sealer,
             self._opener,
-            (call_id, entry, msg.reply),
+            (call_id, entry, msg.reply, opened.box),
             cancelled,
             deadline,
             entry_gone,
             self._refused,
         )
-        return _Call(call_id, msg.reply, entry, skill_id, meta, timeout_s, cancelled, channel)
+        return _Call(
+            call_id,
+            msg.reply,
+            entry,
+            skill_id,
+            meta,
+            opened.data,
+            opened.box,
+            timeout_s,
+            cancelled,
+            channel,
+        )
 
     async def _threaded(self, msg: Msg, call: _Call) -> None:
         payload = await asyncio.get_running_loop().run_in_executor(
@@ -399,12 +416,13 @@ class SkillServer:
         for n, part in enumerate(parts):
             event = "done" if n == len(parts) - 1 else "part"
             meta = {"ev": event, "call": call.call_id, "to": call.entry, "n": n}
-            await nc.publish(call.reply, part, headers=self._sealer.seal(meta, part))
+            headers, out = self._sealer.seal_to(call.box, meta, part)
+            await nc.publish(call.reply, out, headers=headers)
 
     def _run_local(self, msg: Msg, call: _Call, inline_s: float | None = None) -> Any:
         meta = call.meta
         kind, name = str(meta.get("kind", "call")), str(meta.get("name", ""))
-        data = msg.data
+        data = call.data
         try:
             args = json.loads(data) if data else {}
         except ValueError as exc:

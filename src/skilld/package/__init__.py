@@ -13,6 +13,7 @@ own, so that reading packages does not pull in the build toolchain.
 
 from __future__ import annotations
 
+from skilld.package._box import BoxKey
 from skilld.package._keys import (
     SigningKey,
     key_id,
@@ -65,6 +66,7 @@ __all__ = [
     "KIND_AGENT_SKILL",
     "MANIFEST",
     "SIGNING_CONTEXT",
+    "BoxKey",
     "FileEntry",
     "Manifest",
     "PackageContents",
