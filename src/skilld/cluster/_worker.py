@@ -306,11 +306,11 @@ class SkillServer:
         try:
             # A quick guest answers here, on the loop, sparing a task and two thread
             # hand-offs; one that needs longer or blocks gives up unseen (RunOnThread).
-            payload = self._payload(call, lambda: self._run_local(msg, call, _INLINE_S))
+            payload = self._payload(call, lambda: self._run_local(call, _INLINE_S))
         except RunOnThread:
             # The micro endpoint awaits its handler before the next message: a call that
             # needs a thread runs in a task of its own, so one skill's calls run side by side.
-            task = asyncio.get_running_loop().create_task(self._threaded(msg, call))
+            task = asyncio.get_running_loop().create_task(self._threaded(call))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
             return
@@ -381,9 +381,9 @@ class SkillServer:
             channel,
         )
 
-    async def _threaded(self, msg: Msg, call: _Call) -> None:
+    async def _threaded(self, call: _Call) -> None:
         payload = await asyncio.get_running_loop().run_in_executor(
-            self._pool, self._payload, call, lambda: self._run_local(msg, call)
+            self._pool, self._payload, call, lambda: self._run_local(call)
         )
         await self._finish(call, payload)
 
@@ -419,7 +419,7 @@ class SkillServer:
             headers, out = self._sealer.seal_to(call.box, meta, part)
             await nc.publish(call.reply, out, headers=headers)
 
-    def _run_local(self, msg: Msg, call: _Call, inline_s: float | None = None) -> Any:
+    def _run_local(self, call: _Call, inline_s: float | None = None) -> Any:
         meta = call.meta
         kind, name = str(meta.get("kind", "call")), str(meta.get("name", ""))
         data = call.data
