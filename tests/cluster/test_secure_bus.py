@@ -71,7 +71,8 @@ def _tls(bus: Path) -> ssl.SSLContext:
 async def test_nodes_serve_through_the_least_privilege_bus(
     cluster: tuple[NatsServer, dict[str, NodeProc]],
 ) -> None:
-    """A tool call routed over the TLS, NKey, per-subject bus works, and nobody warns."""
+    """A tool call routed over the TLS, NKey, per-subject bus works, both audits name the
+    verified other node, and nobody warns."""
     _server, nodes = cluster
     assert nodes["a"].url is not None
     async with mcp_client(nodes["a"].url) as client:
@@ -81,6 +82,11 @@ async def test_nodes_serve_through_the_least_privilege_bus(
     assert [b.text for b in result.content if isinstance(b, types.TextContent)] == ["sealed"]
     for node in nodes.values():
         assert "INSECURE BUS" not in node.log()
+    # Both audits name the verified other side: the holder its sender, the entry its holder.
+    held = nodes["b"].audit_until(lambda rs: any(r.get("skill") == "echo" for r in rs))
+    assert next(r for r in held if r.get("skill") == "echo")["caller"] == "node:node-a/mcp"
+    routed = nodes["a"].audit_until(lambda rs: any(r.get("skill") == "echo" for r in rs))
+    assert next(r for r in routed if r.get("skill") == "echo")["holder"] == "node-b"
 
 
 async def test_an_anonymous_client_cannot_even_connect(
