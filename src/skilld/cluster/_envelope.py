@@ -109,7 +109,11 @@ class Sealer:
         self, box: bytes | None, meta: Mapping[str, Any], data: bytes
     ) -> tuple[dict[str, str], bytes]:
         """The headers and the payload to send: ``data`` encrypted to the payload key
-        ``box`` (the routing facts its associated data), or as it is without one."""
+        ``box`` (the routing facts its associated data), or as it is without one.
+
+        Raises:
+            ClusterError: ``box`` is not a usable X25519 public key.
+        """
         full = {**meta, "from": self.node}
         if self._box_b64 is not None:
             full["box"] = self._box_b64
