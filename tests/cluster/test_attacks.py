@@ -129,6 +129,18 @@ async def _capture(plain: NatsClient, node: NodeProc) -> Msg:
     return msg
 
 
+def _calls(node: NodeProc) -> int:
+    return len([r for r in node.audit() if r["event"] == "call"])
+
+
+async def _capture_settled(plain: NatsClient, entry: NodeProc, holder: NodeProc) -> tuple[Msg, int]:
+    """A recorded genuine call, once the holder's audit shows it ran; and its call count."""
+    before = _calls(holder)
+    msg = await _capture(plain, entry)
+    holder.audit_until(lambda rs: len([r for r in rs if r["event"] == "call"]) > before)
+    return msg, _calls(holder)
+
+
 async def _no_answer(plain: NatsClient, subject: str, data: bytes, headers: dict[str, str]) -> None:
     """Publish a request; no answer may come back (the holder stays silent)."""
     with pytest.raises(Exception, match=r"(?i)timeout"):
@@ -174,8 +186,7 @@ async def test_a_forged_call_is_refused_and_audited(
 ) -> None:
     """An unsigned call, and one signed by an untrusted key, run nothing on node-b."""
     node_b = open_bus["nodes"]["b"]
-    genuine = await _capture(plain, open_bus["nodes"]["a"])
-    calls = len([r for r in node_b.audit() if r["event"] == "call"])
+    genuine, calls = await _capture_settled(plain, open_bus["nodes"]["a"], node_b)
     meta = json.loads((genuine.headers or {})["Skilld-Meta"])
     forged_meta = {**meta, "call": "f" * 24}
     await _no_answer(
@@ -186,7 +197,7 @@ async def test_a_forged_call_is_refused_and_audited(
     headers = stranger.seal({**forged_meta, "call": "g" * 24}, b'{"text":"forged"}')
     await _no_answer(plain, genuine.subject, b'{"text":"forged"}', headers)
     _refused(node_b, "routed call refused", "trust set does not hold")
-    assert len([r for r in node_b.audit() if r["event"] == "call"]) == calls
+    assert _calls(node_b) == calls
 
 
 async def test_a_hidden_method_is_never_routed(open_bus: dict[str, Any], plain: NatsClient) -> None:
@@ -249,11 +260,10 @@ async def test_a_forged_remote_called_by_caller_is_refused(
 async def test_a_replayed_call_is_refused(open_bus: dict[str, Any], plain: NatsClient) -> None:
     """A recorded genuine call sent again does not run again."""
     node_b = open_bus["nodes"]["b"]
-    genuine = await _capture(plain, open_bus["nodes"]["a"])
-    calls = len([r for r in node_b.audit() if r["event"] == "call"])
+    genuine, calls = await _capture_settled(plain, open_bus["nodes"]["a"], node_b)
     await _no_answer(plain, genuine.subject, genuine.data, dict(genuine.headers or {}))
     _refused(node_b, "routed call refused", "replayed")
-    assert len([r for r in node_b.audit() if r["event"] == "call"]) == calls
+    assert _calls(node_b) == calls
 
 
 async def test_a_queue_group_impostor_is_dropped_and_the_real_answer_arrives(
