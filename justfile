@@ -67,28 +67,37 @@ nix-wheels:
 nix-check:
     for f in flake.nix nix/*.nix; do nix-instantiate --parse "$f" >/dev/null || exit 1; done
 
-# A local cluster: nats-server (JetStream) on NATS_PORT and three nodes of the demo bundle:
-# node-a entry-only on http://127.0.0.1:PORT/mcp, node-b holding the demo skills, node-c a
-# worker-only replica. Everything lives in DIR; Ctrl-C stops it all. See docs/cluster.md.
+# A local cluster on the least-privilege bus `skilld cluster nats-config` writes (TLS, one
+# NKey user per node, subject permissions, no anonymous user) on NATS_PORT, and three nodes
+# of the whole demo bundle (kits included): node-a entry-only on http://127.0.0.1:PORT/mcp,
+# node-b and node-c worker-only replicas sharing their skills' state in JetStream KV.
+# Everything lives in DIR (keys and seeds too: keep it out of git); Ctrl-C stops it all.
+# See docs/cluster.md.
 cluster-demo DIR="/tmp/skilld-cluster-demo" PORT="8081" NATS_PORT="4333":
     #!/usr/bin/env bash
     set -euo pipefail
-    mkdir -p {{DIR}}/policies/trust
+    mkdir -p {{DIR}}/policies/trust {{DIR}}/policies/kits
     if [ ! -f {{DIR}}/member.pem ]; then
       {{venv}}/bin/skilld keygen -o {{DIR}}/member.pem \
         --trust-out {{DIR}}/policies/trust/members.pub.json --cluster 'node-*'
     fi
+    if [ ! -f {{DIR}}/bus/nats.conf ]; then
+      {{venv}}/bin/skilld cluster nats-config --out {{DIR}}/bus --port {{NATS_PORT}} \
+        --node node-a --node node-b --node node-c
+    fi
     cp policies/*.yaml {{DIR}}/policies/
+    cp policies/kits/*.yaml {{DIR}}/policies/kits/
     cp policies/trust/*.pub.json {{DIR}}/policies/trust/ 2>/dev/null || true
     [ -f {{DIR}}/bundle/bundle.lock ] || \
       {{venv}}/bin/skilld build --skills skills --policies {{DIR}}/policies -o {{DIR}}/bundle
     trap 'kill 0' EXIT
-    {{venv}}/bin/nats-server -js -sd {{DIR}}/jetstream -a 127.0.0.1 -p {{NATS_PORT}} &
+    {{venv}}/bin/nats-server -c {{DIR}}/bus/nats.conf &
     sleep 1  # nats-server listens within milliseconds; the nodes retry within their timeout
     node() { {{venv}}/bin/skilld serve --bundle {{DIR}}/bundle --state-dir {{DIR}}/$1 \
-      --cluster nats://127.0.0.1:{{NATS_PORT}} --node $1 --cluster-key {{DIR}}/member.pem "${@:2}" & }
-    node node-b --no-mcp
-    node node-c --no-mcp
+      --cluster tls://127.0.0.1:{{NATS_PORT}} --nats-nkey {{DIR}}/bus/$1.nk \
+      --nats-tls-ca {{DIR}}/bus/ca.pem --node $1 --cluster-key {{DIR}}/member.pem "${@:2}" & }
+    node node-b --no-mcp --cluster-kv
+    node node-c --no-mcp --cluster-kv
     node node-a --entry-only --transport http --port {{PORT}}
-    echo "entry node: http://127.0.0.1:{{PORT}}/mcp   status: {{venv}}/bin/skilld cluster status --cluster nats://127.0.0.1:{{NATS_PORT}} --bundle {{DIR}}/bundle"
+    echo "entry node: http://127.0.0.1:{{PORT}}/mcp   status: {{venv}}/bin/skilld cluster status --cluster tls://127.0.0.1:{{NATS_PORT}} --nats-nkey {{DIR}}/bus/observer.nk --nats-tls-ca {{DIR}}/bus/ca.pem --bundle {{DIR}}/bundle"
     wait

@@ -61,9 +61,15 @@ def _wait_line(inbox: queue.Queue[str], pattern: str, timeout: float, what: str)
 class NatsServer:
     """nats-server with JetStream in ``store``, on 127.0.0.1; restartable on the same port."""
 
-    def __init__(self, store: Path, max_payload: int | None = None):
+    def __init__(
+        self,
+        store: Path,
+        max_payload: int | None = None,
+        config: Path | None = None,
+    ):
         self.store = store
         self.max_payload = max_payload
+        self.config = config  # a `skilld cluster nats-config` configuration (TLS, NKeys)
         self.port = -1
         self.proc: subprocess.Popen[str] | None = None
         self.lines: list[str] = []
@@ -71,12 +77,15 @@ class NatsServer:
     @property
     def url(self) -> str:
         """The client URL."""
-        return f"nats://127.0.0.1:{self.port}"
+        return f"{'tls' if self.config else 'nats'}://127.0.0.1:{self.port}"
 
     def start(self) -> None:
         """Start it (on the port it had, once it had one) and wait until it is ready."""
-        argv = [str(NATS_SERVER), "-js", "-sd", str(self.store), "-a", "127.0.0.1"]
-        argv += ["-p", str(self.port)]
+        argv = [str(NATS_SERVER), "-a", "127.0.0.1", "-p", str(self.port)]
+        if self.config is not None:
+            argv += ["-c", str(self.config)]  # JetStream's store is in the configuration
+        else:
+            argv += ["-js", "-sd", str(self.store)]
         if self.max_payload is not None:
             config = self.store.parent / "nats.conf"
             config.write_text(f"max_payload: {self.max_payload}\n")
@@ -96,6 +105,12 @@ class NatsServer:
         )
         self.port = int(found.group(1))
         _wait_line(inbox, r"Server is ready", 30, "nats-server")
+
+    def kill(self) -> None:
+        """kill -9."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
 
     def stop(self) -> None:
         """Stop it (SIGTERM) and wait."""
@@ -220,7 +235,8 @@ def make_bundle(
             CLUSTER_SKILLS / name if (CLUSTER_SKILLS / name).is_dir() else ROOT / "skills" / name
         )
         shutil.copytree(origin, src / "skills" / name)
-    for name, text in policies.items():
+    for name, text in policies.items():  # a name may be a path: kits/notes.yaml
+        (src / "policies" / name).parent.mkdir(parents=True, exist_ok=True)
         (src / "policies" / name).write_text(text)
     shutil.copy(keys.trust, src / "policies" / "trust" / keys.trust.name)
     out = root / "bundle"
@@ -240,8 +256,21 @@ def start_node(
     http: bool = True,
     extra: Sequence[str] = (),
     heartbeat: float = 0.5,
+    bus: Path | None = None,
 ) -> NodeProc:
-    """Start ``skilld serve --cluster`` and wait until it serves (HTTP) or has joined."""
+    """Start ``skilld serve --cluster`` and wait until it serves (HTTP) or has joined.
+
+    ``bus``: the directory ``skilld cluster nats-config`` wrote; the node connects with
+    its NKey seed there and trusts its CA.
+    """
+    if bus is not None:
+        extra = [
+            *extra,
+            "--nats-nkey",
+            str(bus / f"{name}.nk"),
+            "--nats-tls-ca",
+            str(bus / "ca.pem"),
+        ]
     argv = [
         sys.executable,
         "-m",
@@ -354,3 +383,32 @@ async def mcp_client(url: str) -> AsyncIterator[Client]:
         holder.append(Client(session))
         await session.initialize()
         yield holder[0]
+
+
+class SignedClient:
+    """A plain NATS client holding a member key: it signs as node ``name`` would.
+
+    What a compromised or misbehaving member could send; the attack tests use it to
+    reach the checks that come after the signature (hidden methods, misaddressing).
+    """
+
+    def __init__(self, name: str, key_file: Path):
+        from skilld.cluster._announce import Stamper
+        from skilld.cluster._envelope import Sealer
+        from skilld.package import load_private_key
+
+        self.name = name
+        self.key = load_private_key(key_file)
+        self.stamper = Stamper()
+        self.sealer = Sealer(name, self.key, self.stamper)
+
+    def announcement(self) -> tuple[bytes, dict[str, str]]:
+        """A signed announcement of this node (an entry node with no skills)."""
+        from skilld.cluster import _announce
+
+        data = _announce.payload(self.name, ("entry",), "0" * 64, [])
+        return data, _announce.sign(data, self.key, self.stamper())
+
+    def seal(self, meta: dict[str, Any], body: bytes) -> dict[str, str]:
+        """The envelope headers for ``body``."""
+        return self.sealer.seal(meta, body)

@@ -27,13 +27,17 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> Keys:
 def demo_cluster_bundle(
     sandbox: Sandbox, keys: Keys, tmp_path_factory: pytest.TempPathFactory
 ) -> Path:
-    """The demo skills (echo, echo-wat, notes, conformance) with the repo's policies."""
+    """The whole demo bundle (echo, echo-wat, notes, delegate's kits kit.notes and kit.text)
+    and the conformance skill, with the repo's policies."""
     policies = {
         p.name: p.read_text()
         for p in [
             *(ROOT / "policies").glob("*.yaml"),
             ROOT / "tests" / "policies" / "conformance.yaml",
         ]
+    }
+    policies |= {
+        f"kits/{p.name}": p.read_text() for p in (ROOT / "policies" / "kits").glob("*.yaml")
     }
     return make_bundle(
         sandbox,
@@ -74,6 +78,26 @@ def nats(tmp_path: Path) -> Iterator[NatsServer]:
     server.start()
     try:
         yield server
+    finally:
+        server.stop()
+
+
+# The nodes the least-privilege bus of `bus_nats` knows (node-check: a test's own link).
+BUS_NODES = ("node-a", "node-b", "node-c", "node-w1", "node-w2", "node-check")
+
+
+@pytest.fixture
+def bus_nats(tmp_path: Path) -> Iterator[tuple[NatsServer, Path]]:
+    """nats-server on the configuration `skilld cluster nats-config` writes (TLS, an NKey
+    user per node of BUS_NODES, subject permissions, no anonymous user), and its directory."""
+    from skilld.cluster import write_nats_config
+
+    bus = tmp_path / "bus"
+    write_nats_config(bus, list(BUS_NODES))
+    server = NatsServer(tmp_path / "unused", config=bus / "nats.conf")
+    server.start()
+    try:
+        yield server, bus
     finally:
         server.stop()
 

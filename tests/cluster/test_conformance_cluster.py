@@ -18,18 +18,31 @@ SUITE = Path(os.environ.get("SKILLD_MCP_CONFORMANCE") or ROOT / "tools" / "mcp-c
 
 @pytest.mark.slow
 def test_entry_node_passes_every_server_scenario(
-    nats: NatsServer, keys: Keys, demo_cluster_bundle: Path, gateway_bundle: Path, tmp_path: Path
+    bus_nats: tuple[NatsServer, Path],
+    keys: Keys,
+    demo_cluster_bundle: Path,
+    gateway_bundle: Path,
+    tmp_path: Path,
 ) -> None:
-    """All 30 server scenarios pass against node-a, with the conformance skill on node-b."""
+    """All 30 server scenarios pass against node-a, with the conformance skill on node-b,
+    a worker carrying the whole demo bundle (delegate's kits kit.notes and kit.text too)."""
     assert SUITE.exists(), f"the conformance runner is not at {SUITE} (set SKILLD_MCP_CONFORMANCE)"
+    nats, bus = bus_nats  # the documented bus: TLS, NKeys, subject permissions
     holder = start_node(
-        "node-b", demo_cluster_bundle, nats.url, keys.member, tmp_path / "b", http=False
+        "node-b", demo_cluster_bundle, nats.url, keys.member, tmp_path / "b", http=False, bus=bus
     )
     entry = start_node(
-        "node-a", gateway_bundle, nats.url, keys.member, tmp_path / "a", extra=["--entry-only"]
+        "node-a",
+        gateway_bundle,
+        nats.url,
+        keys.member,
+        tmp_path / "a",
+        extra=["--entry-only"],
+        bus=bus,
     )
     try:
-        entry.seen(r"node node-b joined")
+        # echo, echo-wat, notes, conformance, kit.notes, kit.text and their pyrunner
+        entry.seen(r"node node-b joined \(7 skills\)")
         assert entry.url is not None
         done = subprocess.run(
             [str(SUITE), entry.url], capture_output=True, text=True, timeout=900, check=False

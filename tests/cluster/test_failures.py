@@ -211,10 +211,17 @@ async def test_forged_announcements_are_refused_and_logged(
 async def test_replicas_share_the_load(
     nats: NatsServer, keys: Keys, hostile_bundle: Path, gateway_bundle: Path, tmp_path: Path
 ) -> None:
-    """Two nodes holding the same skill package both serve calls routed through an entry node."""
+    """Two nodes holding the same skill package both serve calls routed through an entry node
+    (hostile keeps kv state: both keep it in JetStream KV, or the second would withdraw it)."""
     nodes = [
         start_node(
-            f"node-r{i}", hostile_bundle, nats.url, keys.member, tmp_path / f"r{i}", http=False
+            f"node-r{i}",
+            hostile_bundle,
+            nats.url,
+            keys.member,
+            tmp_path / f"r{i}",
+            http=False,
+            extra=["--cluster-kv"],
         )
         for i in (1, 2)
     ]

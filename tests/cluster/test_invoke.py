@@ -46,9 +46,16 @@ def nodes(
     started: dict[str, NodeProc] = {}
     try:
         started["b"] = start_node("node-b", holder, server.url, keys.member, root / "b", http=False)
+        # Both hold hostile, which keeps kv state: in JetStream KV, or node-x would
+        # withdraw it and send its calls to node-a.
         for name in ("a", "x"):
             started[name] = start_node(
-                f"node-{name}", callers, server.url, keys.member, root / name
+                f"node-{name}",
+                callers,
+                server.url,
+                keys.member,
+                root / name,
+                extra=["--cluster-kv"],
             )
         yield started
     finally:

@@ -137,3 +137,41 @@ async def test_a_replica_killed_mid_run_loses_no_acknowledged_write(
         link.close()
     assert set(acknowledged) <= stored
     await anyio.lowlevel.checkpoint()
+
+
+@pytest.mark.anyio
+async def test_a_second_replica_without_clustered_kv_refuses_to_split_state(
+    nats: NatsServer, keys: Keys, demo_cluster_bundle: Path, gateway_bundle: Path, tmp_path: Path
+) -> None:
+    """Without --cluster-kv the second holder of notes (a kv skill) withdraws it and says
+    why; every read after a write then sees the write (the issue saw 5 of 10 miss it)."""
+    first = start_node(
+        "node-r1", demo_cluster_bundle, nats.url, keys.member, tmp_path / "r1", http=False
+    )
+    second = start_node(
+        "node-r2", demo_cluster_bundle, nats.url, keys.member, tmp_path / "r2", http=False
+    )
+    entry = start_node(
+        "node-a", gateway_bundle, nats.url, keys.member, tmp_path / "a", extra=["--entry-only"]
+    )
+    try:
+        second.seen(r"skill notes NOT served by this node.*node-r1.*--cluster-kv")
+        assert "NOT served" not in first.log()
+        assert entry.url is not None
+        async with mcp_client(entry.url) as client:
+            await client.wait_tools(lambda n: {"notes_add", "echo/echo"} <= n)
+            added = await client.session.call_tool("notes_add", {"title": "t", "body": "kept"})
+            assert not added.is_error, added.content
+            for i in range(10):
+                result = await client.session.call_tool("notes/get", {"title": "t"})
+                text = "".join(b.text for b in result.content if isinstance(b, types.TextContent))
+                assert "kept" in text, text
+                # echo keeps no state: both nodes still serve it, by turns.
+                echoed = await client.session.call_tool("echo/echo", {"text": f"e{i}"})
+                assert not echoed.is_error
+    finally:
+        entry.stop()
+        second.stop()
+        first.stop()
+    assert not any(r.get("skill") == "notes" for r in second.audit())
+    assert any(r.get("skill") == "echo" for r in second.audit())

@@ -174,14 +174,18 @@ async def test_status_and_metrics_show_the_cluster(
         "echo-wat",
         "notes",
         "conformance",
+        "delegate",
+        "kit.notes",
+        "kit.text",
     }
     metrics = url.removesuffix("/mcp") + "/metrics"
     with urllib.request.urlopen(metrics, timeout=10) as response:  # a local test server
         text = response.read().decode()
     assert "skilld_cluster_connected 1.0" in text
     assert "skilld_cluster_nodes 2.0" in text
-    # echo is on node-b and on node-c (one package): five remote skills
-    assert "skilld_cluster_remote_skills 5.0" in text, text[-1500:]
+    # echo is on node-b and on node-c (one package): five remote skills, and node-b's
+    # delegate with its kits kit.notes and kit.text
+    assert "skilld_cluster_remote_skills 8.0" in text, text[-1500:]
     # `nats micro info skilld` asks this: every node answers as a service named skilld
     import nats as nats_client
 

@@ -2,21 +2,27 @@
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import nats as nats_client
 import pytest
-from cluster_harness import Keys, NatsServer, NodeProc, make_bundle, mcp_client, start_node
+from cluster_harness import (
+    Keys,
+    NatsServer,
+    NodeProc,
+    SignedClient,
+    make_bundle,
+    mcp_client,
+    start_node,
+)
 from mcp import types
 
-from skilld.package import canonical_json, load_private_key
+from skilld.package import canonical_json
 from skilld.sandbox import Sandbox
 
 pytestmark = pytest.mark.anyio
@@ -51,7 +57,8 @@ def two(
     nats, tmp_path = nats_m, tmp_path_factory.mktemp("transfer")
     dirs: dict[str, Path] = {}
     nodes: dict[str, NodeProc] = {}
-    for name, peer in (("a", "node-b"), ("b", "node-a")):
+    # node-t: the signing test client of test_a_corrupted_transfer_leaves_no_file.
+    for name, peer in (("a", "node-b"), ("b", "node-a, node-t")):
         for sub in ("in", "out", "other"):
             dirs[f"{name}-{sub}"] = tmp_path / name / sub
             dirs[f"{name}-{sub}"].mkdir(parents=True)
@@ -203,75 +210,56 @@ async def test_a_grant_missing_on_either_side_refuses(two: dict[str, object]) ->
 
 
 async def test_a_corrupted_transfer_leaves_no_file(
-    two: dict[str, object], nats_m: NatsServer, keys: Keys
+    two: dict[str, Any], nats_m: NatsServer, keys: Keys
 ) -> None:
     """Bytes that do not match the signed sha256 are refused and leave nothing behind."""
-    dirs = two["dirs"]
-    assert isinstance(dirs, dict)
-    member = load_private_key(keys.member)
+    dirs, nodes = two["dirs"], two["nodes"]
+    # A member of its own (the member key speaks for node-*), so node-a keeps its window.
+    fake = SignedClient("node-t", keys.member)
     dest = dirs["b-in"] / "corrupt.bin"
     good = os.urandom(200_000)
+    tid = "t" * 24
     doc = {
         "v": 1,
         "op": "put",
-        "node": "node-a",
+        "node": "node-t",
         "to": "node-b",
         "skill": "mover",
         "path": str(dest),
         "size": len(good),
         "sha256": hashlib.sha256(good).hexdigest(),
-        "id": "t" * 24,
+        "id": tid,
     }
     body = canonical_json(doc)
-    stamp = f"{time.time_ns()}.1"
-    sig = base64.b64encode(
-        member.sign(b"skilld-cluster-transfer-v1\0" + stamp.encode() + b"\0" + body)
-    ).decode()
-    begin_headers = {
-        "Skilld-Op": "put",
-        "Skilld-Key": member.key_id,
-        "Skilld-Sig": sig,
-        "Skilld-Stamp": stamp,
-    }
+
+    def step(op: str, data: bytes, seq: int = 0, to: str = "node-b") -> dict[str, str]:
+        return fake.seal({"ev": "transfer", "op": op, "id": tid, "seq": seq, "to": to}, data)
+
+    begin_headers = step("put", body)
     before = set(dirs["b-in"].iterdir())
     nc = await nats_client.connect(nats_m.url)
     try:
+        data, headers = fake.announcement()
+        await nc.publish("skilld.announce", data, headers=headers)
+        await nc.flush()
+        nodes["b"].seen(r"node node-t joined")
         subject = "skilld.transfer.node-b"
-        begin = await nc.request(
-            subject,
-            body,
-            timeout=5,
-            headers=begin_headers,
-        )
+        begin = await nc.request(subject, body, timeout=5, headers=begin_headers)
         assert json.loads(begin.data) == {"ok": True}
         bad = bytearray(good)
         bad[1000] ^= 0xFF  # one flipped byte in flight
-        await nc.request(
-            subject,
-            bytes(bad),
-            timeout=5,
-            headers={"Skilld-Op": "chunk", "Skilld-Transfer": "t" * 24, "Skilld-Seq": "0"},
-        )
-        end = await nc.request(
-            subject, b"", timeout=5, headers={"Skilld-Op": "end", "Skilld-Transfer": "t" * 24}
-        )
+        await nc.request(subject, bytes(bad), timeout=5, headers=step("chunk", bytes(bad)))
+        end = await nc.request(subject, b"", timeout=5, headers=step("end", b""))
         error = json.loads(end.data)["error"]
         assert error["code"] == "io" and "do not match" in error["message"], error
         # The same signed request again (a recording replayed) is refused.
         again = await nc.request(subject, body, timeout=5, headers=begin_headers)
         error = json.loads(again.data)["error"]
         assert error["code"] == "not-permitted" and "replayed" in error["message"], error
-        # A request node-a signed for another node, sent to node-b, is refused there.
+        # A request node-t signed for another node, sent to node-b, is refused there.
         elsewhere = canonical_json({**doc, "to": "node-z", "id": "u" * 24})
-        stamp2 = f"{time.time_ns()}.1"
-        sig2 = base64.b64encode(
-            member.sign(b"skilld-cluster-transfer-v1\0" + stamp2.encode() + b"\0" + elsewhere)
-        ).decode()
         misaddressed = await nc.request(
-            subject,
-            elsewhere,
-            timeout=5,
-            headers={**begin_headers, "Skilld-Sig": sig2, "Skilld-Stamp": stamp2},
+            subject, elsewhere, timeout=5, headers=step("put", elsewhere, to="node-z")
         )
         error = json.loads(misaddressed.data)["error"]
         assert error["code"] == "not-permitted" and "not to this node" in error["message"], error

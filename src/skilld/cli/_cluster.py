@@ -60,6 +60,42 @@ def register(sub: Any) -> None:
     )
     status.add_argument("--json", action="store_true", help="print JSON")
     status.set_defaults(handler=run_status)
+    conf = csub.add_parser(
+        "nats-config",
+        help="write a least-privilege nats-server configuration for the cluster's nodes",
+        description="Write nats.conf (one account, one NKey user per node with subject "
+        "permissions, no anonymous user, TLS), each node's NKey seed (NODE.nk) and a CA with "
+        "a server certificate into --out. Keep that directory out of version control.",
+    )
+    conf.add_argument("--out", type=Path, required=True, help="a new or empty directory")
+    conf.add_argument(
+        "--node", action="append", required=True, metavar="NAME", help="a node (repeatable)"
+    )
+    conf.add_argument("--host", default="127.0.0.1", help="the address nats-server listens on")
+    conf.add_argument("--port", type=int, default=4222, help="its client port (4222)")
+    conf.add_argument(
+        "--no-observer", action="store_true", help="no observer user for `skilld cluster status`"
+    )
+    conf.set_defaults(handler=run_nats_config)
+
+
+def run_nats_config(args: argparse.Namespace) -> int:
+    """Handle ``skilld cluster nats-config``.
+
+    Raises:
+        UsageError: an invalid node name, or --out is not empty.
+    """
+    from skilld.cluster import write_nats_config
+
+    setup = write_nats_config(
+        args.out, args.node, host=args.host, port=args.port, observer=not args.no_observer
+    )
+    print(f"wrote {setup.config}")
+    print(f"  nats-server -c {setup.config}")
+    for name, seed in setup.seeds.items():
+        role = "skilld cluster status" if name == "observer" else f"skilld serve --node {name}"
+        print(f"  {role} --cluster {setup.url} --nats-nkey {seed} --nats-tls-ca {setup.ca}")
+    return 0
 
 
 def run_status(args: argparse.Namespace) -> int:

@@ -9,11 +9,16 @@ Build on what NATS provides and write no membership or consensus protocol of our
   as is one that sent a signed leave; a node that lost its own NATS connection
   removes nobody until its connection has been back for a full expiry window.
 - **Routing.** Each node serves its skills as a ``nats.micro`` service, one endpoint
-  per skill package in a queue group, so replicas share the load and ``nats micro
-  ls/info/stats`` see them. Every node adds its peers' skills to its registry as
-  :class:`RemoteSkill` backends; a call goes over request/reply with the deadline,
-  a call id and the caller in headers, and the holder relays progress, logs,
-  sampling and elicitation back; cancellation goes the other way.
+  per skill package on a subject of its own (``skilld.call.NODE.SKILL.DIGEST``), so
+  ``nats micro ls/info/stats`` see them. Every node adds its peers' skills to its
+  registry as :class:`RemoteSkill` backends; the entry picks a replica (round robin),
+  sends the call over request/reply, and the holder relays progress, logs, sampling
+  and elicitation back; cancellation goes the other way.
+- **Trust no one on the bus.** Every message between nodes travels in a signed
+  envelope (``_envelope``: sender, target, call id, caller chain, payload digest, a
+  stamp accepted once) verified before use; ``skilld cluster nats-config`` writes the
+  least-privilege bus (``_natsconf``) that keeps payloads from anyone else, and a node
+  on a bus anyone can read says so at start-up.
 
 - **State and files.** With ``kv``, skills' key-value state lives in JetStream KV
   (a bucket per skill); the ``transfer`` host interface moves files between nodes by
@@ -26,8 +31,18 @@ package imports ``nats``; its exceptions become :class:`~skilld.errors.ClusterEr
 from skilld.cluster._announce import LocalSkill
 from skilld.cluster._cluster import Cluster
 from skilld.cluster._config import ClusterConfig
+from skilld.cluster._natsconf import NatsSetup, write_nats_config
 from skilld.cluster._observe import observe
 from skilld.cluster._remote import RemoteSkill
 from skilld.cluster._transfer import FileAccess
 
-__all__ = ["Cluster", "ClusterConfig", "FileAccess", "LocalSkill", "RemoteSkill", "observe"]
+__all__ = [
+    "Cluster",
+    "ClusterConfig",
+    "FileAccess",
+    "LocalSkill",
+    "NatsSetup",
+    "RemoteSkill",
+    "observe",
+    "write_nats_config",
+]

@@ -76,11 +76,18 @@ class Announcement:
     skills: tuple[AnnouncedSkill, ...]
     key_id: str
     fingerprint: str  # sha256 of the payload: an unchanged announcement is not re-read
+    box: bytes | None = None  # the node's payload key (X25519): what is sent to it is sealed
 
 
-def payload(node: str, roles: tuple[str, ...], bundle: str, skills: list[LocalSkill]) -> bytes:
-    """The canonical bytes of this node's announcement."""
-    doc = {
+def payload(
+    node: str,
+    roles: tuple[str, ...],
+    bundle: str,
+    skills: list[LocalSkill],
+    box: bytes | None = None,
+) -> bytes:
+    """The canonical bytes of this node's announcement (``box``: its payload key)."""
+    doc: dict[str, Any] = {
         "v": VERSION,
         "node": node,
         "roles": list(roles),
@@ -105,6 +112,8 @@ def payload(node: str, roles: tuple[str, ...], bundle: str, skills: list[LocalSk
             for s in skills
         ],
     }
+    if box is not None:
+        doc["box"] = base64.b64encode(box).decode()
     return canonical_json(doc)
 
 
@@ -285,9 +294,17 @@ def verify(data: bytes, headers: Mapping[str, str] | None, trust: TrustStore) ->
             skills=skills,
             key_id=kid,
             fingerprint=hashlib.sha256(data).hexdigest(),
+            box=None if doc.get("box") is None else _box(doc["box"]),
         )
     except (KeyError, TypeError, ValueError, AttributeError, PackageFormatError) as exc:
         raise ClusterError(f"a malformed announcement from {doc.get('node')!r}: {exc!r}") from exc
+
+
+def _box(text: object) -> bytes:
+    raw = base64.b64decode(str(text), validate=True)
+    if len(raw) != 32:
+        raise ValueError("a payload key is 32 bytes")
+    return raw
 
 
 def _exposure(table: Mapping[str, Any]) -> Exposure:

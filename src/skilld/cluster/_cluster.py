@@ -10,15 +10,15 @@ from typing import Any
 from skilld.cluster import _announce
 from skilld.cluster._announce import AnnouncedSkill, LocalSkill
 from skilld.cluster._config import ClusterConfig
+from skilld.cluster._envelope import Opener, Sealer
 from skilld.cluster._kv import JetStreamKV
 from skilld.cluster._link import NatsLink
 from skilld.cluster._member import Membership, Peer
 from skilld.cluster._remote import RemoteSkill, Router
 from skilld.cluster._transfer import FileAccess, Transfers
-from skilld.cluster._wire import call_subject
 from skilld.cluster._worker import SkillServer
 from skilld.errors import ClusterError, RegistryError
-from skilld.package import SigningKey, TrustStore
+from skilld.package import BoxKey, SigningKey, TrustStore
 from skilld.registry import Registry, SkillEntry
 from skilld.types import Limits
 
@@ -37,12 +37,14 @@ class Cluster:
         registry: this node's registry; its local skills are served to the cluster and
             the skills of trusted peers are added to (and removed from) it.
         trust: the trust set (the bundle's) that peers' announcements must verify against.
-        key: this node's announcement signing key.
+        key: this node's signing key: its announcements and every message it sends to
+            another node (the envelope).
         bundle_digest: the digest of this node's bundle, announced.
         local: the skills this node serves to the cluster.
         files: the file side of transfers (the sandbox's); None: no file transfer.
         audit: where this node's transfer records go.
-        on_refused: told ``(claimed node, reason)`` of each refused announcement (audit).
+        on_refused: told ``(claimed node, reason)`` of each refused announcement or
+            message (audit ``cluster-refused``).
     """
 
     def __init__(
@@ -69,36 +71,63 @@ class Cluster:
         )
         # entry: serves MCP clients; worker: serves skills of its own to the cluster.
         roles = tuple(r for r, has in (("entry", config.entry), ("worker", bool(local))) if has)
-        self.router = Router(self.link, config.node, self._alive)
+        # One stamper and one replay window for everything this node signs and receives.
+        stamper, fresh = _announce.Stamper(), _announce.Freshness()
+        # Payloads are sealed to their receiving node with this boot's key (memory only).
+        self.box = BoxKey()
+        sealer = Sealer(config.node, key, stamper, self.box)
+        opener = Opener(config.node, trust, fresh, self.box)
+        self.refused_messages = 0
+
+        def refused(node: str, reason: str) -> None:
+            self.refused_messages += 1
+            log.warning("cluster: %s (claimed sender %s)", reason, node)
+            on_refused(node, reason)
+
+        self.router = Router(
+            self.link, sealer, opener, self._alive, self._boot, refused, box=self._box_of
+        )
         self.server = SkillServer(
-            self.link, registry, config.node, local, threads=32, alive=self._alive
+            self.link,
+            registry,
+            sealer,
+            opener,
+            local,
+            threads=32,
+            alive=self._alive,
+            refused=refused,
         )
         self.membership = Membership(
             self.link,
             config,
             trust,
             key,
-            _announce.payload(config.node, roles, bundle_digest, local),
+            _announce.payload(config.node, roles, bundle_digest, local, self.box.public_raw),
             on_join=self._joined,
             on_change=self._changed,
             on_leave=self._left,
             on_refused=on_refused,
+            stamper=stamper,
+            fresh=fresh,
         )
         self.transfers = (
             None
             if files is None
             else Transfers(
                 self.link,
-                config.node,
-                key,
-                trust,
+                sealer,
+                opener,
                 registry,
                 files,
                 lambda: sorted(self.membership.peers),
                 audit,
+                refused,
+                box=self._box_of,
             )
         )
         self.started_at = time.time()
+        self.withdrawn: list[str] = []
+        self.open_bus = False
         self.disconnects = 0
         self._started = False
 
@@ -118,6 +147,17 @@ class Cluster:
         self._started = True
 
     async def _start(self) -> None:
+        if await self.link.anonymous_can_listen():
+            self.open_bus = True
+            log.error(
+                "cluster: INSECURE BUS: a NATS connection without credentials can subscribe "
+                "to skilld.> on %s, so anyone who reaches it reads every routed call's "
+                "arguments and results (signatures keep them from forging any). Run "
+                "nats-server with the configuration `skilld cluster nats-config` writes "
+                "(docs/cluster.md).",
+                self.config.url,
+            )
+        await self._no_split_state()
         if self.config.kv:
             # Before this node serves anything: its skills' state moves to JetStream KV.
             for skill in self._local:
@@ -147,6 +187,52 @@ class Cluster:
                 log.info("cluster: leaving did not finish cleanly: %s", exc)
         self.link.close()
 
+    async def _no_split_state(self) -> None:
+        """Withdraw a skill with a kv grant that another node serves already, unless
+        both keep its state in JetStream KV: two replicas with state of their own would
+        answer differently (a note added on one, not found on the other)."""
+        stateful = [s for s in self._local if s.entry.kv is not None]
+        if not stateful:
+            return
+        self.server.clustered_kv = self.config.kv
+        others = await self.server.serving()
+        mine = "cluster" if self.config.kv else "local"
+        for skill in stateful:
+            sid = skill.entry.spec.id
+            holders = others.get(sid, [])
+            split = [node for node, kv in holders if kv != "cluster" or mine != "cluster"]
+            if not split:
+                continue
+            log.error(
+                "cluster: skill %s NOT served by this node: it keeps key-value state and "
+                "node(s) %s serve it already%s; replicas with state of their own would split "
+                "it (a write on one, missing on the other). Start every node holding it with "
+                "--cluster-kv (JetStream KV shared by the replicas), or hold it on one node.",
+                sid,
+                ", ".join(sorted(split)),
+                "" if mine == "local" else " with state of their own",
+            )
+            self._local = [s for s in self._local if s.entry.spec.id != sid]
+            self._local_ids.discard(sid)
+            self.server.withdraw(sid)
+            self.registry.remove(sid)
+            self.withdrawn.append(sid)
+        if self.withdrawn:
+            self.membership.announce_as(
+                _announce.payload(
+                    self.config.node,
+                    self._roles(),
+                    self.bundle_digest,
+                    self._local,
+                    self.box.public_raw,
+                )
+            )
+
+    def _roles(self) -> tuple[str, ...]:
+        return tuple(
+            r for r, has in (("entry", self.config.entry), ("worker", bool(self._local))) if has
+        )
+
     async def _stop(self) -> None:
         await self.membership.stop()
         await self.server.stop()
@@ -155,6 +241,14 @@ class Cluster:
 
     def _alive(self, node: str) -> bool:
         return node in self.membership.peers
+
+    def _box_of(self, node: str) -> bytes | None:
+        peer = self.membership.peers.get(node)
+        return None if peer is None else peer.announcement.box
+
+    def _boot(self, node: str) -> int | None:
+        peer = self.membership.peers.get(node)
+        return None if peer is None else peer.boot
 
     def _disconnected(self) -> None:
         self.disconnects += 1
@@ -200,7 +294,7 @@ class Cluster:
                     remote.digest[:16],
                 )
             return
-        remote = RemoteSkill(self.router, sid, call_subject(sid, skill.digest), skill.digest)
+        remote = RemoteSkill(self.router, sid, skill.digest)
         remote.holders.add(node)
         entry = SkillEntry(
             spec=skill.spec,
@@ -253,6 +347,15 @@ class Cluster:
             "skilld_cluster_disconnects": (
                 "Times this node lost its NATS connection since start.",
                 float(self.disconnects),
+            ),
+            "skilld_cluster_open_bus": (
+                "1 when an anonymous NATS connection could subscribe to skilld.> at start.",
+                float(self.open_bus),
+            ),
+            "skilld_cluster_refused_messages": (
+                "Routed calls, answers, cancellations and transfer steps refused since start "
+                "(unsigned, untrusted, misaddressed, replayed).",
+                float(self.refused_messages),
             ),
             "skilld_cluster_routed_calls_served": (
                 "Calls from other nodes this node ran since start.",

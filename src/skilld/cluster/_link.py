@@ -112,6 +112,9 @@ class NatsLink:
             "disconnected_cb": disconnected,
             "reconnected_cb": reconnected,
             "error_cb": error,
+            # Replies to this node land under _INBOX.NODE: the bus `skilld cluster
+            # nats-config` writes lets a node subscribe to its own inbox only.
+            "inbox_prefix": f"_INBOX.{cfg.node}",
         }
         if cfg.creds_file is not None:
             _read_secret(cfg.creds_file, "NATS creds file")  # fail early and clearly
@@ -128,17 +131,68 @@ class NatsLink:
                     location=str(cfg.user_password_file),
                 )
             options["user"], options["password"] = user, password
-        if cfg.tls_ca or cfg.tls_cert or any(u.startswith("tls://") for u in cfg.servers()):
-            try:
-                context = ssl.create_default_context(cafile=str(cfg.tls_ca) if cfg.tls_ca else None)
-                if cfg.tls_cert and cfg.tls_key:
-                    context.load_cert_chain(str(cfg.tls_cert), str(cfg.tls_key))
-            except (OSError, ssl.SSLError) as exc:
-                raise UsageError(
-                    f"cannot load the TLS files: {exc}", location="--nats-tls-*"
-                ) from exc
+        context = self._tls()
+        if context is not None:
             options["tls"] = context
         return options
+
+    def _tls(self) -> ssl.SSLContext | None:
+        cfg = self.config
+        if not (cfg.tls_ca or cfg.tls_cert or any(u.startswith("tls://") for u in cfg.servers())):
+            return None
+        try:
+            context = ssl.create_default_context(cafile=str(cfg.tls_ca) if cfg.tls_ca else None)
+            if cfg.tls_cert and cfg.tls_key:
+                context.load_cert_chain(str(cfg.tls_cert), str(cfg.tls_key))
+        except (OSError, ssl.SSLError) as exc:
+            raise UsageError(f"cannot load the TLS files: {exc}", location="--nats-tls-*") from exc
+        return context
+
+    async def anonymous_can_listen(self, timeout: float = 2.0) -> bool:
+        """Whether a connection with no credentials can subscribe to skilld's subjects.
+
+        The probe the node runs at start-up: connect as nobody (with the same TLS trust,
+        so only the credentials differ) and subscribe to ``skilld.>``. A refused
+        connection or a permissions violation is the answer hoped for.
+        """
+        violated = asyncio.Event()
+
+        async def error(exc: Exception) -> None:
+            if "permissions violation" in str(exc).lower():
+                violated.set()
+
+        options: dict[str, Any] = {
+            "servers": self.config.servers(),
+            "name": f"skilld-{self.config.node}-probe",
+            "connect_timeout": timeout,
+            "allow_reconnect": False,
+            "max_reconnect_attempts": 0,
+            "error_cb": error,
+        }
+        context = self._tls()
+        if context is not None:
+            options["tls"] = context
+        try:
+            nc = await nats.connect(**options)
+        except Exception:  # noqa: BLE001 - refused (no credentials) is the good answer
+            return False
+        try:
+            await nc.subscribe("skilld.>")
+            await nc.flush(timeout=max(1, int(timeout)))
+            # The server answers the SUB before the flush's PONG; its -ERR is read by now
+            # and handed to error_cb as a task: give that task its turn.
+            await asyncio.wait_for(violated.wait(), timeout=0.2)
+        except TimeoutError:
+            return True  # subscribed, and no violation came back
+        except Exception:  # noqa: BLE001 - the server closed on us: it refused
+            return False
+        else:
+            return False
+        finally:
+            try:
+                await nc.close()
+            except Exception:  # noqa: BLE001 - the probe's connection: nothing to tell
+                log.debug("cluster: the probe connection did not close cleanly")
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
         """Run ``coro`` on the link's loop and wait at most ``timeout`` seconds for it.

@@ -45,6 +45,8 @@ class Peer:
     last_seen: float  # monotonic
     last_seen_wall: float
     heartbeats: int = 1
+    # The boot in its stamps (when it started): calls made for it name it.
+    boot: int = 0
     # The announcement's bytes: a heartbeat repeating them is not read again.
     raw: bytes = field(default=b"", repr=False)
 
@@ -73,14 +75,17 @@ class Membership:
         on_change: Callable[[Peer, Peer], None],
         on_leave: Callable[[Peer, str], None],
         on_refused: Callable[[str, str], None] = lambda node, reason: None,
+        stamper: _announce.Stamper | None = None,
+        fresh: _announce.Freshness | None = None,
     ):
         self._link = link
         self._config = config
         self._trust = trust
         self._key = key
         self._announcement = announcement
-        self._stamp = _announce.Stamper()
-        self._fresh = _announce.Freshness()
+        # The node's one stamper and window, shared with its calls and transfers.
+        self._stamp = stamper or _announce.Stamper()
+        self._fresh = fresh or _announce.Freshness()
         self._on_join, self._on_change, self._on_leave = on_join, on_change, on_leave
         self._on_refused = on_refused
         self.peers: dict[str, Peer] = {}
@@ -89,6 +94,10 @@ class Membership:
         self.refused = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._refusals_logged: dict[str, float] = {}
+
+    def announce_as(self, announcement: bytes) -> None:
+        """Announce ``announcement`` from now on (before :meth:`start`)."""
+        self._announcement = announcement
 
     async def start(self) -> None:
         """Subscribe, announce and start the heartbeat and expiry timers."""
@@ -164,7 +173,7 @@ class Membership:
             if known is not None:
                 # The same announcement as before: a heartbeat. Only its signature (over
                 # the new stamp) is checked; the document is not read again.
-                self._check_heartbeat(known, msg.data, headers)
+                known.boot = self._check_heartbeat(known, msg.data, headers)
                 known.last_seen, known.last_seen_wall = now, wall
                 known.heartbeats += 1
                 return
@@ -178,7 +187,7 @@ class Membership:
             if ann.fingerprint != _fingerprint(self._announcement):
                 log.error("cluster: another node announces itself as %s (this node)", ann.node)
             return
-        peer = Peer(ann, now, wall, raw=msg.data)
+        peer = Peer(ann, now, wall, raw=msg.data, boot=_announce.parse_stamp(headers)[0])
         old = self.peers.get(ann.node)
         self.peers[ann.node] = peer
         if old is None:
@@ -190,13 +199,15 @@ class Membership:
             peer.heartbeats = old.heartbeats + 1
             self._on_change(old, peer)
 
-    def _check_heartbeat(self, known: Peer, data: bytes, headers: dict[str, str]) -> None:
+    def _check_heartbeat(self, known: Peer, data: bytes, headers: dict[str, str]) -> int:
         key = _announce.check_bytes(data, headers, self._trust, _announce.CONTEXT)
         if key.key_id != known.announcement.key_id:
             raise ClusterError(
                 f"node {known.node}'s announcement signed by another key ({key.key_id})"
             )
-        self._fresh.accept(known.node, _announce.parse_stamp(headers))
+        stamp = _announce.parse_stamp(headers)
+        self._fresh.accept(known.node, stamp)
+        return stamp[0]
 
     async def _on_leave_msg(self, msg: Msg) -> None:
         try:

@@ -1,5 +1,10 @@
 """File transfer between nodes: chunked request/reply on ``skilld.transfer.NODE``.
 
+Every step, each way, travels in the signed envelope of ``_envelope`` (sender, target,
+transfer id, step and chunk number, the payload's digest, a stamp accepted once): a
+chunk, an ``end``, a ``read`` or a ``close`` is accepted only from the node that began
+the transfer, in order, and an answer only from the node asked.
+
 ``send`` (push): a signed ``put`` names the skill, the destination path, the size and
 the sha256; the receiver checks that the sender is a member, that the signature is by
 a key trusted for the sender's name, and that *its own* policy of the same skill
@@ -26,20 +31,15 @@ from typing import Any, Protocol
 
 from nats.aio.msg import Msg
 
-from skilld.cluster import _announce
+from skilld.cluster._envelope import Opened, Opener, Sealer, claimed
 from skilld.cluster._link import NatsLink
 from skilld.cluster._wire import PART_HEADROOM, dumps
 from skilld.errors import ClusterError, ErrorCode, HostCallError, SkilldError
-from skilld.package import SigningKey, TrustStore
 from skilld.registry import CallContext, Registry
 
 log = logging.getLogger("skilld.cluster")
 
 TRANSFER_PREFIX = "skilld.transfer"
-CONTEXT = b"skilld-cluster-transfer-v1\0"
-H_OP = "Skilld-Op"
-H_ID = "Skilld-Transfer"
-H_SEQ = "Skilld-Seq"
 _STEP_TIMEOUT_S = 10.0
 # A transfer unfinished this long is dropped (its file never appears).
 _OUTGOING_TTL_S = 60.0
@@ -82,26 +82,29 @@ class Transfers:
     def __init__(
         self,
         link: NatsLink,
-        node: str,
-        key: SigningKey,
-        trust: TrustStore,
+        sealer: Sealer,
+        opener: Opener,
         registry: Registry,
         files: FileAccess,
         members: Callable[[], list[str]],
         audit: Callable[[dict[str, Any]], None],
+        refused: Callable[[str, str], None] = lambda node, reason: None,
+        box: Callable[[str], bytes | None] = lambda node: None,
     ):
         self._link = link
-        self._node = node
-        self._key = key
-        self._trust = trust
+        self._box = box  # a member's payload key: file bytes are sealed to it
+        self._node = sealer.node
+        self._sealer = sealer
+        self._opener = opener
         self._registry = registry
         self._files = files
         self._members = members
         self._audit = audit
-        self._stamp = _announce.Stamper()
-        self._fresh = _announce.Freshness()
-        self._incoming: dict[str, tuple[Sink, dict[str, Any], float]] = {}
-        self._outgoing: dict[str, tuple[bytes, float]] = {}
+        self._refused = refused
+        # transfer id -> (sink, its put request, when it began, the next chunk's number)
+        self._incoming: dict[str, tuple[Sink, dict[str, Any], float, list[int]]] = {}
+        # transfer id -> (the bytes, when it began, the node that asked)
+        self._outgoing: dict[str, tuple[bytes, float, str]] = {}
 
     async def start(self) -> None:
         """Take transfer requests addressed to this node."""
@@ -133,14 +136,11 @@ class Transfers:
             "sha256": sha,
             "id": tid,
         }
-        body = dumps(doc)
-        self._ask(node, body, {H_OP: "put", **self._sign(body)}, ctx)
+        self._ask(node, tid, "put", dumps(doc), ctx)
         size = self._chunk_size()
         for seq, start in enumerate(range(0, len(data), size)):
-            self._ask(
-                node, data[start : start + size], {H_OP: "chunk", H_ID: tid, H_SEQ: str(seq)}, ctx
-            )
-        self._ask(node, b"", {H_OP: "end", H_ID: tid}, ctx)
+            self._ask(node, tid, "chunk", data[start : start + size], ctx, seq=seq)
+        self._ask(node, tid, "end", b"", ctx)
         self._audit(
             {**_record("out", ctx.skill_id, node, remote_path, len(data), sha), "outcome": "ok"}
         )
@@ -164,23 +164,17 @@ class Transfers:
             "path": remote_path,
             "id": tid,
         }
-        body = dumps(doc)
-        meta = self._ask(node, body, {H_OP: "get", **self._sign(body)}, ctx)
+        meta = self._ask(node, tid, "get", dumps(doc), ctx)
         try:
             size, sha, parts = int(meta["size"]), str(meta["sha256"]), int(meta["parts"])
             for seq in range(parts):
-                chunk = self._ask(
-                    node, b"", {H_OP: "read", H_ID: tid, H_SEQ: str(seq)}, ctx, raw=True
-                )
-                sink.write(chunk)
+                sink.write(self._ask(node, tid, "read", b"", ctx, seq=seq, raw=True))
             sink.commit(size, sha)
         finally:
-            self._link.publish(transfer_subject(node), b"", {H_OP: "close", H_ID: tid})
+            close = {"ev": "transfer", "op": "close", "id": tid, "to": node}
+            self._link.publish(transfer_subject(node), b"", self._sealer.seal(close, b""))
         self._audit({**_record("in", ctx.skill_id, node, remote_path, size, sha), "outcome": "ok"})
         return size
-
-    def _sign(self, body: bytes) -> dict[str, str]:
-        return _announce.sign(body, self._key, self._stamp(), CONTEXT)
 
     def _member(self, node: str) -> None:
         if node == self._node:
@@ -192,21 +186,42 @@ class Transfers:
         return max(1024, self._link.nc.max_payload - PART_HEADROOM)
 
     def _ask(
-        self, node: str, body: bytes, headers: dict[str, str], ctx: CallContext, raw: bool = False
+        self,
+        node: str,
+        tid: str,
+        op: str,
+        body: bytes,
+        ctx: CallContext,
+        seq: int = 0,
+        raw: bool = False,
     ) -> Any:
         wait = min(_STEP_TIMEOUT_S, max(0.05, ctx.remaining()))
+        meta = {"ev": "transfer", "op": op, "id": tid, "seq": seq, "to": node}
+        headers, body = self._sealer.seal_to(self._box(node), meta, body)
         try:
             msg = self._link.run(
-                self._link.nc.request(transfer_subject(node), body, timeout=wait, headers=headers),
+                self._link.nc.request(
+                    transfer_subject(node),
+                    body,
+                    timeout=wait,
+                    headers=headers,
+                ),
                 timeout=wait + 1,
             )
         except Exception as exc:  # nats-py timeouts and no responders, ClusterError
             raise HostCallError(
                 "unavailable", f"node {node} did not answer the transfer: {exc!r}"
             ) from exc
-        if raw and (msg.headers or {}).get(H_OP) == "data":
-            return msg.data
-        doc = json.loads(msg.data or b"{}")
+        try:
+            opened = self._opener.open(msg.headers, msg.data, node, id=tid)
+        except ClusterError as exc:
+            self._refused(claimed(msg.headers), f"transfer answer dropped: {exc.message}")
+            raise HostCallError(
+                "unavailable", f"the answer of node {node} to the transfer did not verify"
+            ) from exc
+        if raw and opened.meta.get("op") == "data" and opened.meta.get("seq") == seq:
+            return opened.data
+        doc = json.loads(opened.data or b"{}")
         if "error" in doc:
             err = doc["error"]
             raise HostCallError(
@@ -219,69 +234,102 @@ class Transfers:
     # -- the other side (the link's loop) ---------------------------------------------
 
     async def _on_request(self, msg: Msg) -> None:
-        headers = msg.headers or {}
-        op = headers.get(H_OP, "")
+        try:
+            opened = self._opener.open(msg.headers, msg.data)
+        except ClusterError as exc:
+            self._refused(claimed(msg.headers), f"transfer step refused: {exc.message}")
+            if msg.reply:
+                await self._link.nc.publish(msg.reply, _refusal(exc))
+            return
+        op, tid = str(opened.meta.get("op", "")), str(opened.meta.get("id", ""))
         if op == "read" and msg.reply:
-            try:
-                data, _at = self._outgoing[headers.get(H_ID, "")]
-            except KeyError:
-                await self._link.nc.publish(msg.reply, _NO_SUCH)
+            out = self._outgoing.get(tid)
+            if out is None or out[2] != opened.sender:
+                await self._reply(msg.reply, opened, _NO_SUCH)
                 return
-            size, seq = self._chunk_size(), _seq(headers)
-            chunk = data[seq * size : (seq + 1) * size]
-            await self._link.nc.publish(msg.reply, chunk, headers={H_OP: "data"})
+            size, seq = self._chunk_size(), _int(opened.meta.get("seq"))
+            chunk = out[0][seq * size : (seq + 1) * size]
+            meta = {"ev": "transfer", "op": "data", "id": tid, "seq": seq, "to": opened.sender}
+            headers, sealed = self._sealer.seal_to(opened.box, meta, chunk)
+            await self._link.nc.publish(msg.reply, sealed, headers=headers)
             return
         if op == "close":
-            self._outgoing.pop(headers.get(H_ID, ""), None)
+            out = self._outgoing.get(tid)
+            if out is not None and out[2] == opened.sender:
+                del self._outgoing[tid]
             return
         # Files are opened, written, synced and read on a thread, not on the link's loop
         # (routed calls share it); a subscription's messages are handled one at a time,
         # so the chunks of a transfer still arrive in order.
         answer = await asyncio.get_running_loop().run_in_executor(
-            None, self._answer, op, msg.data, headers
+            None, self._answer, op, opened.data, opened
         )
         if msg.reply:
-            await self._link.nc.publish(msg.reply, answer)
+            await self._reply(msg.reply, opened, answer)
 
-    def _answer(self, op: str, data: bytes, headers: Mapping[str, str]) -> bytes:
+    async def _reply(self, reply: str, opened: Opened, body: bytes) -> None:
+        meta = {"ev": "transfer", "op": "answer", "id": opened.meta.get("id"), "to": opened.sender}
+        headers, sealed = self._sealer.seal_to(opened.box, meta, body)
+        await self._link.nc.publish(reply, sealed, headers=headers)
+
+    def _answer(self, op: str, data: bytes, opened: Opened) -> bytes:
+        tid = str(opened.meta.get("id", ""))
         try:
             if op == "put":
-                reply: Any = self._begin_put(data, headers)
+                reply: Any = self._begin_put(data, opened)
             elif op == "chunk":
-                sink, _doc, _at = self._incoming[headers.get(H_ID, "")]
+                sink, doc, _at, expected = self._incoming[tid]
+                if doc["node"] != opened.sender or _int(opened.meta.get("seq")) != expected[0]:
+                    raise HostCallError(
+                        "not-permitted",
+                        f"chunk {opened.meta.get('seq')} of transfer {tid} from node "
+                        f"{opened.sender}: not the next chunk of a transfer it began",
+                        rule="cluster.trust",
+                    )
                 sink.write(data)
+                expected[0] += 1
                 reply = True
             elif op == "end":
-                reply = self._end_put(headers.get(H_ID, ""))
+                reply = self._end_put(tid, opened.sender)
             elif op == "get":
-                reply = self._begin_get(data, headers)
+                reply = self._begin_get(data, opened)
             else:
                 raise HostCallError("invalid-argument", f"unknown transfer operation {op!r}")
             return dumps({"ok": reply})
         except KeyError:
             return _NO_SUCH
         except SkilldError as exc:
-            tid = headers.get(H_ID)
-            if tid in self._incoming:
-                self._incoming.pop(tid)[0].abort()
+            incoming = self._incoming.get(tid)
+            if incoming is not None and incoming[1]["node"] == opened.sender:
+                del self._incoming[tid]
+                incoming[0].abort()
+            if isinstance(exc, HostCallError) and exc.rule == "cluster.trust":
+                self._refused(opened.sender, f"transfer step refused: {exc.message}")
             return dumps({"error": _error(exc)})
 
-    def _addressed_here(self, doc: Mapping[str, Any]) -> None:
-        if doc.get("to") != self._node:
-            # Signed for another node: replayed here, it would act on this one's files.
-            raise ClusterError(
-                f"a transfer request from node {doc['node']!r} addressed to "
-                f"{doc.get('to')!r}, not to this node"
-            )
+    def _request(self, data: bytes, opened: Opened) -> dict[str, Any]:
+        """The ``put``/``get`` document of a verified request, checked against its envelope.
 
-    def _signed(self, data: bytes, headers: Mapping[str, str]) -> dict[str, Any]:
+        Raises:
+            HostCallError: ``not-permitted`` when the document disagrees with its envelope
+                or the sender is not a member.
+        """
         try:
-            doc, _kid = _announce.check_signature(data, headers, self._trust, CONTEXT)
-            self._addressed_here(doc)
-            # Once only: a recorded request replayed would move the file again.
-            self._fresh.accept(str(doc["node"]), _announce.parse_stamp(headers))
-        except ClusterError as exc:
-            raise HostCallError(ErrorCode.NOT_PERMITTED, exc.message, rule="cluster.trust") from exc
+            doc = json.loads(data)
+        except ValueError:
+            doc = None
+        if (
+            not isinstance(doc, dict)
+            or doc.get("node") != opened.sender
+            or doc.get("to") != self._node
+            or doc.get("id") != opened.meta.get("id")
+        ):
+            raise HostCallError(
+                ErrorCode.NOT_PERMITTED,
+                f"a transfer request from node {opened.sender} that its envelope does not "
+                "match (another sender, another target or another transfer)",
+                rule="cluster.trust",
+            )
         if doc["node"] not in self._members():
             raise HostCallError(ErrorCode.NOT_PERMITTED, f"node {doc['node']!r} is not a member")
         return doc
@@ -320,21 +368,29 @@ class Transfers:
             )
         return canon
 
-    def _begin_put(self, data: bytes, headers: Mapping[str, str]) -> bool:
-        doc = self._signed(data, headers)
+    def _begin_put(self, data: bytes, opened: Opened) -> bool:
+        doc = self._request(data, opened)
         if int(doc["size"]) > self._files.max_bytes:
             raise HostCallError("limit-exceeded", f"{doc['size']} bytes is over the transfer limit")
         canon = self._check(doc, receiving=True)
         now = time.monotonic()
-        for tid, (stale, _doc, at) in list(self._incoming.items()):
+        for tid, (stale, _doc, at, _n) in list(self._incoming.items()):
             if now - at > _OUTGOING_TTL_S:  # a sender that never finished: drop its file
                 stale.abort()
                 del self._incoming[tid]
-        self._incoming[str(doc["id"])] = (self._files.incoming(canon, str(doc["path"])), doc, now)
+        sink = self._files.incoming(canon, str(doc["path"]))
+        self._incoming[str(doc["id"])] = (sink, doc, now, [0])
         return True
 
-    def _end_put(self, tid: str) -> bool:
-        sink, doc, _at = self._incoming.pop(tid)
+    def _end_put(self, tid: str, sender: str) -> bool:
+        sink, doc, _at, _n = self._incoming[tid]
+        if doc["node"] != sender:
+            raise HostCallError(
+                "not-permitted",
+                f"node {sender} may not end transfer {tid}, which node {doc['node']} began",
+                rule="cluster.trust",
+            )
+        del self._incoming[tid]
         record = _record("in", doc["skill"], doc["node"], doc["path"], doc["size"], doc["sha256"])
         try:
             sink.commit(int(doc["size"]), str(doc["sha256"]))
@@ -344,15 +400,15 @@ class Transfers:
         self._audit({**record, "outcome": "ok"})
         return True
 
-    def _begin_get(self, data: bytes, headers: Mapping[str, str]) -> dict[str, Any]:
-        doc = self._signed(data, headers)
+    def _begin_get(self, data: bytes, opened: Opened) -> dict[str, Any]:
+        doc = self._request(data, opened)
         canon = self._check(doc, receiving=False)
         payload = self._files.read(canon, str(doc["path"]))
         now = time.monotonic()
-        for tid, (_data, at) in list(self._outgoing.items()):
+        for tid, (_data, at, _node) in list(self._outgoing.items()):
             if now - at > _OUTGOING_TTL_S:  # a requester that never closed
                 del self._outgoing[tid]
-        self._outgoing[str(doc["id"])] = (payload, now)
+        self._outgoing[str(doc["id"])] = (payload, now, opened.sender)
         sha = hashlib.sha256(payload).hexdigest()
         size = self._chunk_size()
         self._audit(
@@ -367,11 +423,16 @@ class Transfers:
 _NO_SUCH = dumps({"error": {"code": "not-found", "message": "no such transfer"}})
 
 
-def _seq(headers: Mapping[str, str]) -> int:
+def _int(value: object) -> int:
     try:
-        return max(0, int(headers.get(H_SEQ, "0")))
+        return max(0, int(str(value)))
     except ValueError:
         return 0
+
+
+def _refusal(exc: ClusterError) -> bytes:
+    err = {"code": "not-permitted", "message": exc.message, "rule": "cluster.trust"}
+    return dumps({"error": err})
 
 
 def _record(

@@ -1,17 +1,19 @@
 """What travels between nodes: subjects, headers, and call results and errors as bytes.
 
-A routed call is one request on the skill's subject (``skilld.call.SKILL.DIGEST``,
-a queue group, so the replicas holding that package share the load) whose reply
-subject is a stream back to the entry node: ``started``, then any number of
-``progress`` and ``log`` events and ``sample``/``elicit`` requests (answered by the
-entry node), then the outcome, split into ``part`` messages when it is larger than
-the server's payload limit. Cancellation goes to ``skilld.cancel.CALL_ID``.
+A routed call is one request on the subject of the skill's package on the node the
+entry picked (``skilld.call.NODE.SKILL.DIGEST``, SKILL by :func:`skill_token`) whose
+reply subject is a stream back to the entry node: any number of ``progress`` and
+``log`` events and ``sample``/``elicit`` requests (answered by the entry node), then
+the outcome, split into ``part`` messages when it is larger than the server's payload
+limit. Cancellation goes to ``skilld.cancel.CALL_ID``. Every one of these messages is
+sealed (``_envelope``): its routing facts travel in the signed ``Skilld-Meta`` header.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,18 +37,6 @@ LEAVE = "skilld.leave"
 CALL_PREFIX = "skilld.call"
 CANCEL_PREFIX = "skilld.cancel"
 
-# request headers
-H_CALL = "Skilld-Call"
-H_KIND = "Skilld-Kind"  # call | resource | prompt
-H_NAME = "Skilld-Name"  # the method, resource URI or prompt name
-H_TIMEOUT = "Skilld-Timeout-Ms"  # what is left of the entry's deadline (clocks differ)
-H_CALLER = "Skilld-Caller"
-H_ENTRY = "Skilld-Entry"
-H_DEPTH = "Skilld-Depth"
-H_CHAIN = "Skilld-Chain"
-# reply stream headers
-H_EVENT = "Skilld-Event"  # started | progress | log | sample | elicit | part | done
-H_NODE = "Skilld-Node"
 # announcement headers
 H_KEY = "Skilld-Key"
 H_SIG = "Skilld-Sig"
@@ -56,9 +46,54 @@ H_STAMP = "Skilld-Stamp"  # BOOT.SEQ of the sender, signed: each is accepted onc
 PART_HEADROOM = 4096
 
 
-def call_subject(skill_id: str, digest: str) -> str:
-    """The subject (and queue group) of one skill package's replicas."""
-    return f"{CALL_PREFIX}.{skill_id}.{digest[:16]}"
+_PLAIN = re.compile(r"[A-Za-z0-9-]")
+_ESCAPED = re.compile(r"_([0-9a-f]{2})")
+
+
+def skill_token(skill_id: str) -> str:
+    """``skill_id`` as one NATS subject token and ``nats.micro`` endpoint name.
+
+    Letters, digits and ``-`` stay; every other byte (``.`` of ``kit.notes``, ``_``
+    itself) becomes ``_`` and two hex digits, so the mapping is reversible
+    (:func:`skill_from_token`) and its output matches ``^[A-Za-z0-9_-]+$``.
+    """
+    return "".join(
+        c if _PLAIN.fullmatch(c) else "".join(f"_{b:02x}" for b in c.encode()) for c in skill_id
+    )
+
+
+def skill_from_token(token: str) -> str:
+    """The inverse of :func:`skill_token`.
+
+    Raises:
+        ValueError: not a token :func:`skill_token` makes.
+    """
+    out, i = bytearray(), 0
+    while i < len(token):
+        if token[i] == "_" and _ESCAPED.match(token, i):
+            out.append(int(token[i + 1 : i + 3], 16))
+            i += 3
+        elif _PLAIN.fullmatch(token[i]):
+            out += token[i].encode()
+            i += 1
+        else:
+            raise ValueError(f"not a skill token: {token!r}")
+    try:
+        skill_id = out.decode()
+    except UnicodeDecodeError:
+        raise ValueError(f"not a skill token: {token!r}") from None
+    if not token or skill_token(skill_id) != token:
+        raise ValueError(f"not a skill token: {token!r}")
+    return skill_id
+
+
+def call_subject(node: str, skill_id: str, digest: str) -> str:
+    """The subject (and queue group) of one skill package on one node.
+
+    The entry node picks the replica (so that it knows whose signature the answer
+    must carry); replicas still share the load, by the entry's round robin.
+    """
+    return f"{CALL_PREFIX}.{node}.{skill_token(skill_id)}.{digest[:16]}"
 
 
 def cancel_subject(call_id: str) -> str:

@@ -1,8 +1,12 @@
 """The worker side: this node's skills served to the cluster as a ``nats.micro`` service.
 
-One endpoint per local skill, on the subject of its package (``skilld.call.SKILL.DIGEST``)
-in a queue group of the same name, so NATS spreads calls over the replicas holding
-the same package, and ``nats micro ls/info/stats`` show skilld's services. A call
+One endpoint per local skill, on this node's subject for its package
+(``skilld.call.NODE.SKILL.DIGEST``, the skill id mapped by :func:`skill_token`), so
+``nats micro ls/info/stats`` show skilld's services; the entry node picks the replica.
+Nothing of a request is used before its envelope verifies (``_envelope``): signed by a
+key trusted for the sending node, addressed to this node and to this boot of it, for
+this endpoint's skill, its stamp never seen before. Methods the policy hides are never
+run for another node. The audit record names the verified sender. A call
 runs through this node's registry (its policy, its slots, its audit record) on a
 worker thread; what the guest sends back to its client (progress, logs, sampling,
 elicitation) is relayed to the entry node on the request's reply subject, and a
@@ -28,27 +32,20 @@ from nats.micro.service import Service
 
 from skilld import __version__
 from skilld.cluster._announce import LocalSkill
+from skilld.cluster._envelope import Opened, Opener, Sealer, claimed
 from skilld.cluster._link import NatsLink
 from skilld.cluster._wire import (
     CANCEL_PREFIX,
-    H_CALL,
-    H_CALLER,
-    H_CHAIN,
-    H_DEPTH,
-    H_ENTRY,
-    H_EVENT,
-    H_KIND,
-    H_NAME,
-    H_NODE,
-    H_TIMEOUT,
     call_subject,
     dumps,
     error_to_json,
     output_to_json,
+    skill_token,
     split,
 )
 from skilld.errors import (
     CallCancelled,
+    ClusterError,
     DeadlineExceeded,
     GuestError,
     RunOnThread,
@@ -68,30 +65,45 @@ _INLINE_S = 0.001
 
 
 class RelayChannel:
-    """The entry node's client, as a guest on this node sees it (a ``ClientChannel``)."""
+    """The entry node's client, as a guest on this node sees it (a ``ClientChannel``).
+
+    Everything it sends is sealed for the entry node and this call; the answers to
+    sampling and elicitation must be sealed by the entry node for this call.
+    """
 
     def __init__(
         self,
         link: NatsLink,
-        reply: str,
+        sealer: Sealer,
+        opener: Opener,
+        call: tuple[str, str, str, bytes | None],
         cancelled: threading.Event,
         deadline: float,
         entry_gone: Callable[[], bool] = lambda: False,
+        refused: Callable[[str, str], None] = lambda node, reason: None,
     ):
         self._link = link
-        self._reply = reply
+        self._sealer = sealer
+        self._opener = opener
+        # call id, entry node, reply subject, the entry's payload key
+        self._call_id, self._entry, self._reply, self._box = call
         self._cancelled = cancelled
         self._deadline = deadline
         self._entry_gone = entry_gone
+        self._refused = refused
+
+    def _send(self, event: str, body: bytes) -> None:
+        meta = {"ev": event, "call": self._call_id, "to": self._entry}
+        headers, out = self._sealer.seal_to(self._box, meta, body)
+        self._link.publish(self._reply, out, headers)
 
     def progress(self, progress: float, total: float | None, message: str | None) -> None:
         """Relay a progress notification."""
-        body = dumps({"progress": progress, "total": total, "message": message})
-        self._link.publish(self._reply, body, {H_EVENT: "progress"})
+        self._send("progress", dumps({"progress": progress, "total": total, "message": message}))
 
     def log(self, level: str, data: Any) -> None:
         """Relay a log message."""
-        self._link.publish(self._reply, dumps({"level": level, "data": data}), {H_EVENT: "log"})
+        self._send("log", dumps({"level": level, "data": data}))
 
     def sample(self, params: Mapping[str, Any]) -> Mapping[str, Any]:
         """Ask the entry node's client for a sampling result.
@@ -116,17 +128,24 @@ class RelayChannel:
 
     def _ask(self, kind: str, params: Mapping[str, Any]) -> Mapping[str, Any]:
         wait = min(_ASK_TIMEOUT_S, max(0.0, self._deadline - time.monotonic()))
+        meta = {"ev": kind, "call": self._call_id, "to": self._entry}
+        headers, body = self._sealer.seal_to(self._box, meta, dumps(dict(params)))
         try:
             msg = self._link.run(
-                self._link.nc.request(
-                    self._reply, dumps(dict(params)), timeout=wait, headers={H_EVENT: kind}
-                ),
+                self._link.nc.request(self._reply, body, timeout=wait, headers=headers),
                 timeout=wait + 1,
             )
-            doc = json.loads(msg.data)
-        except Exception as exc:  # ClusterError, bad JSON, nats-py timeouts, no responders
+        except Exception as exc:  # ClusterError, nats-py timeouts, no responders
             raise GuestError(
                 "unavailable", f"the entry node did not answer the {kind} request: {exc!r}"
+            ) from exc
+        try:
+            opened = self._opener.open(msg.headers, msg.data, self._entry, call=self._call_id)
+            doc = json.loads(opened.data)
+        except (ClusterError, ValueError) as exc:
+            self._refused(claimed(msg.headers), f"{kind} answer dropped: {exc}")
+            raise GuestError(
+                "unavailable", f"the answer to the {kind} request did not verify: {exc}"
             ) from exc
         if "error" in doc:
             err = doc["error"]
@@ -141,33 +160,48 @@ class _Call:
 
     call_id: str
     reply: str
-    entry: str
+    entry: str  # the verified sender
+    skill_id: str
+    meta: dict[str, Any]
+    data: bytes  # the arguments, decrypted
+    box: bytes | None  # the entry's payload key: what goes back is sealed to it
     timeout_s: float
     cancelled: threading.Event
     channel: RelayChannel
 
 
 class SkillServer:
-    """Serves this node's skills to the cluster; see the module docstring."""
+    """Serves this node's skills to the cluster; see the module docstring.
+
+    ``refused(claimed node, reason)`` is told of every message dropped (audit).
+    """
 
     def __init__(
         self,
         link: NatsLink,
         registry: Registry,
-        node: str,
+        sealer: Sealer,
+        opener: Opener,
         skills: list[LocalSkill],
         threads: int,
         alive: Callable[[str], bool] = lambda node: True,
+        refused: Callable[[str, str], None] = lambda node, reason: None,
     ):
         self._alive = alive
         self._link = link
         self._registry = registry
-        self._node = node
+        self._sealer = sealer
+        self._opener = opener
+        self._node = sealer.node
         self._skills = skills
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix=f"skilld-remote-{node}")
+        self._entries = {s.entry.spec.id: s.entry for s in skills}
+        self.clustered_kv = False  # set by the cluster: skills' state is in JetStream KV
+        self._refused = refused
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix=f"skilld-remote-{self._node}")
         self._service: Service | None = None
         self._running: set[asyncio.Task[None]] = set()
-        self._cancels: dict[str, threading.Event] = {}
+        # call id -> (the node that started it, its cancel flag)
+        self._cancels: dict[str, tuple[str, threading.Event]] = {}
         self.served = 0
 
     async def start(self) -> None:
@@ -184,19 +218,60 @@ class SkillServer:
             metadata={"node": self._node},
         )
         for skill in self._skills:
-            subject = call_subject(skill.entry.spec.id, skill.digest)
+            sid = skill.entry.spec.id
+            subject = call_subject(self._node, sid, skill.digest)
             await self._service.add_endpoint(
-                name=skill.entry.spec.id,
+                name=skill_token(sid),
                 subject=subject,
                 queue_group=subject,
-                handler=self._handle,
+                handler=self._handler(sid),
                 metadata={
-                    "skill": skill.entry.spec.id,
+                    "skill": sid,
                     "version": skill.entry.spec.version,
                     "digest": skill.digest,
                     "node": self._node,
+                    "kv": self._kv_mode(skill),
                 },
             )
+
+    def _kv_mode(self, skill: LocalSkill) -> str:
+        """Where this replica keeps the skill's key-value state: none, local or cluster."""
+        if skill.entry.kv is None:
+            return "none"
+        return "cluster" if self.clustered_kv else "local"
+
+    async def serving(self, wait_s: float = 0.5) -> dict[str, list[tuple[str, str]]]:
+        """Who serves what already: skill id -> [(node, kv mode)], from ``nats micro``
+        discovery (``$SRV.INFO.skilld``), the answers that come within ``wait_s``."""
+        nc = self._link.nc
+        inbox = nc.new_inbox()
+        found: dict[str, list[tuple[str, str]]] = {}
+
+        async def answer(msg: Msg) -> None:
+            try:
+                info = json.loads(msg.data)
+                for ep in info.get("endpoints") or ():
+                    meta = ep.get("metadata") or {}
+                    node = str(meta.get("node", ""))
+                    if node and node != self._node:
+                        found.setdefault(str(meta.get("skill")), []).append(
+                            (node, str(meta.get("kv", "local")))
+                        )
+            except (ValueError, AttributeError, TypeError):
+                log.info("cluster: an unreadable service description on %s", msg.subject)
+
+        sub = await nc.subscribe(inbox, cb=answer)
+        try:
+            await nc.publish("$SRV.INFO.skilld", b"", reply=inbox)
+            await asyncio.sleep(wait_s)  # discovery has no end marker: answers come by then
+        finally:
+            await sub.unsubscribe()
+        return found
+
+    def withdraw(self, skill_id: str) -> None:
+        """Do not serve ``skill_id`` (before :meth:`start`)."""
+        self._skills = [s for s in self._skills if s.entry.spec.id != skill_id]
+        self._entries.pop(skill_id, None)
 
     async def stop(self) -> None:
         """Stop taking calls; calls running finish (bounded by their deadlines)."""
@@ -207,61 +282,108 @@ class SkillServer:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     async def _on_cancel(self, msg: Msg) -> None:
-        event = self._cancels.get(msg.subject.rsplit(".", 1)[-1])
-        if event is not None:
-            event.set()
+        call_id = msg.subject.rsplit(".", 1)[-1]
+        running = self._cancels.get(call_id)
+        if running is None:
+            return  # not ours (every holder hears every cancellation)
+        try:
+            self._opener.open(msg.headers, msg.data, running[0], call=call_id, ev="cancel")
+        except ClusterError as exc:
+            self._refused(claimed(msg.headers), f"cancellation refused: {exc.message}")
+            return
+        running[1].set()
 
-    async def _handle(self, request: Request) -> None:
-        msg: Msg = request._msg
-        call = self._begin(msg)
+    def _handler(self, skill_id: str) -> Callable[[Request], Any]:
+        async def handle(request: Request) -> None:
+            await self._handle(request._msg, skill_id)
+
+        return handle
+
+    async def _handle(self, msg: Msg, skill_id: str) -> None:
+        call = self._begin(msg, skill_id)
         if call is None:
             return
         try:
             # A quick guest answers here, on the loop, sparing a task and two thread
             # hand-offs; one that needs longer or blocks gives up unseen (RunOnThread).
-            payload = self._payload(call, lambda: self._run_local(msg, call.channel, _INLINE_S))
+            payload = self._payload(call, lambda: self._run_local(call, _INLINE_S))
         except RunOnThread:
             # The micro endpoint awaits its handler before the next message: a call that
             # needs a thread runs in a task of its own, so one skill's calls run side by side.
-            task = asyncio.get_running_loop().create_task(self._threaded(msg, call))
+            task = asyncio.get_running_loop().create_task(self._threaded(call))
             self._running.add(task)
             task.add_done_callback(self._running.discard)
             return
         await self._finish(call, payload)
 
-    def _begin(self, msg: Msg) -> _Call | None:
-        headers = msg.headers or {}
+    def _verify(self, msg: Msg, skill_id: str) -> Opened | None:
+        """The verified call, or None (refused and audited; a stale boot is answered)."""
+        try:
+            opened = self._opener.open(
+                msg.headers, msg.data, boot=self._sealer.boot, ev="call", skill=skill_id
+            )
+        except ClusterError as exc:
+            self._refused(claimed(msg.headers), f"routed call refused: {exc.message}")
+            return None
+        meta = opened.meta
+        if opened.stale:
+            # Made for an earlier life of this node (or before the entry heard of this
+            # one): never run. The entry sends it again for this boot; a replay goes
+            # to an inbox that waits for nothing any more.
+            self._refused(
+                opened.sender,
+                f"routed call {meta.get('call')} refused: made for boot {meta.get('boot')} of "
+                f"node {self._node}, which is now at boot {self._sealer.boot}",
+            )
+            back = {"ev": "restarted", "call": meta.get("call"), "to": opened.sender}
+            self._link.publish(msg.reply, b"", self._sealer.seal(back, b""))
+            return None
+        return opened
+
+    def _begin(self, msg: Msg, skill_id: str) -> _Call | None:
         if not msg.reply:
             return None
-        call_id = headers.get(H_CALL, "")
-        timeout_s = _int(headers.get(H_TIMEOUT), 10_000) / 1000
+        opened = self._verify(msg, skill_id)
+        if opened is None:
+            return None
+        meta = opened.meta
+        call_id = str(meta.get("call", ""))
+        timeout_s = _int(meta.get("timeout_ms"), 10_000) / 1000
         # The guest's own (policy) deadline fires first when the two are the same.
         deadline = time.monotonic() + timeout_s + _DEADLINE_GRACE_S
         cancelled = threading.Event()
-        if call_id:
-            self._cancels[call_id] = cancelled
-        entry = headers.get(H_ENTRY, "")
+        entry = opened.sender
+        self._cancels[call_id] = (entry, cancelled)
         # An entry node that dies mid-call has nobody left to answer: stop its guests
         # (only for members: anything else has no membership to lose).
         entry_gone = (lambda: not self._alive(entry)) if self._alive(entry) else (lambda: False)
         self.served += 1
+        channel = RelayChannel(
+            self._link,
+            self._sealer,
+            self._opener,
+            (call_id, entry, msg.reply, opened.box),
+            cancelled,
+            deadline,
+            entry_gone,
+            self._refused,
+        )
         return _Call(
             call_id,
             msg.reply,
             entry,
+            skill_id,
+            meta,
+            opened.data,
+            opened.box,
             timeout_s,
             cancelled,
-            RelayChannel(self._link, msg.reply, cancelled, deadline, entry_gone),
+            channel,
         )
 
-    async def _threaded(self, msg: Msg, call: _Call) -> None:
-        # The entry node learns who runs a call that takes a while (to fail it at once
-        # should this node leave); a quick one answers before that matters.
-        await self._link.nc.publish(
-            call.reply, b"", headers={H_EVENT: "started", H_NODE: self._node}
-        )
+    async def _threaded(self, call: _Call) -> None:
         payload = await asyncio.get_running_loop().run_in_executor(
-            self._pool, self._payload, call, lambda: self._run_local(msg, call.channel)
+            self._pool, self._payload, call, lambda: self._run_local(call)
         )
         await self._finish(call, payload)
 
@@ -274,7 +396,7 @@ class SkillServer:
             err: SkilldError = exc
             if not call.cancelled.is_set():
                 err = DeadlineExceeded(
-                    f"skill ran past the deadline of the entry node {call.entry or '?'} "
+                    f"skill ran past the deadline of the entry node {call.entry} "
                     f"({call.timeout_s:.3g}s)",
                     location=exc.location,
                 )
@@ -291,16 +413,16 @@ class SkillServer:
         self._cancels.pop(call.call_id, None)
         nc = self._link.nc
         parts = split(payload, nc.max_payload)
-        for part in parts[:-1]:
-            await nc.publish(call.reply, part, headers={H_EVENT: "part"})
-        await nc.publish(call.reply, parts[-1], headers={H_EVENT: "done", H_NODE: self._node})
+        for n, part in enumerate(parts):
+            event = "done" if n == len(parts) - 1 else "part"
+            meta = {"ev": event, "call": call.call_id, "to": call.entry, "n": n}
+            headers, out = self._sealer.seal_to(call.box, meta, part)
+            await nc.publish(call.reply, out, headers=headers)
 
-    def _run_local(self, msg: Msg, channel: RelayChannel, inline_s: float | None = None) -> Any:
-        headers: Mapping[str, str] = msg.headers or {}
-        data = msg.data
-        skill_id = msg.subject.split(".")[2]
-        kind, name = headers.get(H_KIND, "call"), headers.get(H_NAME, "")
-        caller = f"node:{headers.get(H_ENTRY, '?')}/{headers.get(H_CALLER, '?')}"
+    def _run_local(self, call: _Call, inline_s: float | None = None) -> Any:
+        meta = call.meta
+        kind, name = str(meta.get("kind", "call")), str(meta.get("name", ""))
+        data = call.data
         try:
             args = json.loads(data) if data else {}
         except ValueError as exc:
@@ -308,17 +430,24 @@ class SkillServer:
         if kind == "call":
             if not isinstance(args, dict):
                 raise UsageError("the routed arguments must be a JSON object")
-            chain = tuple(c for c in headers.get(H_CHAIN, "").split(",") if c)
+            raw_chain = meta.get("chain") or []
+            if not isinstance(raw_chain, list):
+                raise UsageError("the routed caller chain must be a list")
+            chain = tuple(str(c) for c in raw_chain)
+            self._exposed(call, name)
+            # The audit names the verified sender and, signed with it, the calling skill.
+            caller = f"node:{call.entry}/{chain[-1] if chain else 'mcp'}"
             # A skill on another node invoked this one: that node checked its own grant
-            # (remote_calls); consent is this node's, from its own tables.
-            remote_caller = (headers.get(H_ENTRY, "?"), chain[-1]) if chain else None
+            # (remote_calls); consent is this node's, from its own tables, for the
+            # verified sender.
+            remote_caller = (call.entry, chain[-1]) if chain else None
             out = self._registry.call_method(
-                skill_id,
+                call.skill_id,
                 name,
                 args,
-                channel,
+                call.channel,
                 caller=caller,
-                depth=_int(headers.get(H_DEPTH), 0),
+                depth=_int(meta.get("depth"), 0),
                 chain=chain,
                 inline_s=inline_s,
                 remote_caller=remote_caller,
@@ -327,14 +456,29 @@ class SkillServer:
         if inline_s is not None:
             raise RunOnThread  # resource reads and prompts always run on a thread
         if kind == "resource":
-            return [output_to_json(o) for o in self._registry.read_resource(name, channel)]
+            return [output_to_json(o) for o in self._registry.read_resource(name, call.channel)]
         if kind == "prompt":
-            return [dict(m) for m in self._registry.get_prompt(name, args, channel)]
+            return [dict(m) for m in self._registry.get_prompt(name, args, call.channel)]
         raise UsageError(f"unknown routed request kind {kind!r}")
 
+    def _exposed(self, call: _Call, method: str) -> None:
+        """Refuse a method this node's policy does not expose (``mcp.hidden``).
 
-def _int(text: str | None, default: int) -> int:
+        Raises:
+            GuestError: ``not-found``, as for a method the skill does not have.
+        """
+        entry = self._entries.get(call.skill_id)
+        if entry is None or method in entry.exposure.hidden:
+            self._refused(
+                call.entry,
+                f"routed call {call.call_id} refused: method {method!r} of skill "
+                f"{call.skill_id!r} is hidden on node {self._node}",
+            )
+            raise GuestError("not-found", f"skill '{call.skill_id}' has no method '{method}'")
+
+
+def _int(value: object, default: int) -> int:
     try:
-        return max(0, int(text)) if text is not None else default
+        return max(0, int(str(value))) if value is not None else default
     except ValueError:
         return default

@@ -13,6 +13,7 @@ own, so that reading packages does not pull in the build toolchain.
 
 from __future__ import annotations
 
+from skilld.package._box import BoxKey
 from skilld.package._keys import (
     SigningKey,
     key_id,
@@ -40,6 +41,7 @@ from skilld.package._pack import (
     write_atomic,
     write_ephemeral_signer,
 )
+from skilld.package._tls import TlsFiles, write_server_tls
 from skilld.package._trust import (
     TrustedKey,
     TrustStore,
@@ -64,6 +66,7 @@ __all__ = [
     "KIND_AGENT_SKILL",
     "MANIFEST",
     "SIGNING_CONTEXT",
+    "BoxKey",
     "FileEntry",
     "Manifest",
     "PackageContents",
@@ -71,6 +74,7 @@ __all__ = [
     "Signature",
     "SigningKey",
     "SkillMeta",
+    "TlsFiles",
     "TrustStore",
     "TrustedKey",
     "VerifiedPackage",
@@ -93,4 +97,5 @@ __all__ = [
     "write_atomic",
     "write_ephemeral_signer",
     "write_private_key",
+    "write_server_tls",
 ]

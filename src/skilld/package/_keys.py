@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import hashlib
 import os
 from dataclasses import dataclass
@@ -59,10 +60,17 @@ def b64decode_exact(text: object, what: str, size: int) -> bytes:
     return raw
 
 
+@functools.lru_cache(maxsize=256)
+def _public_key(public_raw: bytes) -> Ed25519PublicKey:
+    # Loading the key is a third of a verification: a cluster node verifies every
+    # message between nodes against the few keys of its trust set.
+    return Ed25519PublicKey.from_public_bytes(public_raw)
+
+
 def verify_signature(public_raw: bytes, signature: bytes, data: bytes) -> bool:
     """True when ``signature`` is a valid Ed25519 signature of ``data`` by ``public_raw``."""
     try:
-        Ed25519PublicKey.from_public_bytes(public_raw).verify(signature, data)
+        _public_key(public_raw).verify(signature, data)
     except (InvalidSignature, ValueError):
         return False
     return True
