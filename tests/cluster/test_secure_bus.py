@@ -14,6 +14,12 @@ import pytest
 from cluster_harness import Keys, NatsServer, NodeProc, mcp_client, start_node
 from mcp import types
 
+from skilld.package import nkeys
+
+# nats-py answers the server's challenge with a module named nkeys: skilld's own (the
+# PyPI package has no wheel), as skilld's cluster link registers it.
+sys.modules.setdefault("nkeys", nkeys.NATS_MODULE)
+
 pytestmark = pytest.mark.anyio
 
 NODES = ("node-a", "node-b", "node-c")

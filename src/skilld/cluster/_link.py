@@ -13,6 +13,7 @@ import asyncio
 import concurrent.futures
 import logging
 import ssl
+import sys
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -22,6 +23,7 @@ from nats.aio.client import Client
 
 from skilld.cluster._config import ClusterConfig
 from skilld.errors import ClusterError, UsageError
+from skilld.package import nkeys
 
 T = TypeVar("T")
 log = logging.getLogger("skilld.cluster")
@@ -120,6 +122,9 @@ class NatsLink:
             _read_secret(cfg.creds_file, "NATS creds file")  # fail early and clearly
             options["user_credentials"] = str(cfg.creds_file)
         if cfg.nkey_seed_file is not None:
+            # nats-py imports ``nkeys`` to answer the server's challenge: skilld's own
+            # (skilld.package.nkeys) stands in where that package is not installed.
+            sys.modules.setdefault("nkeys", nkeys.NATS_MODULE)
             options["nkeys_seed_str"] = _read_secret(cfg.nkey_seed_file, "NATS nkey seed file")
         if cfg.user_password_file is not None:
             user, sep, password = _read_secret(cfg.user_password_file, "NATS user file").partition(

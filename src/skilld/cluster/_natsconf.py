@@ -26,11 +26,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import nkeys
-
 from skilld.cluster._config import NODE_RE
 from skilld.errors import UsageError
-from skilld.package import write_server_tls
+from skilld.package import nkeys, write_server_tls
 
 OBSERVER = "observer"
 
@@ -47,11 +45,11 @@ class NatsSetup:
 
 def _seed(path: Path) -> str:
     """A fresh user NKey seed written to ``path`` (0600); returns its public key."""
-    seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
+    seed = nkeys.encode_seed(os.urandom(32))
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as out:
         out.write(seed + b"\n")
-    return str(nkeys.from_seed(bytearray(seed)).public_key.decode())
+    return nkeys.from_seed(seed).public_key.decode()
 
 
 def node_permissions(node: str) -> dict[str, dict[str, list[str]]]:

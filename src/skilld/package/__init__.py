@@ -13,6 +13,7 @@ own, so that reading packages does not pull in the build toolchain.
 
 from __future__ import annotations
 
+from skilld.package import _nkeys as nkeys
 from skilld.package._box import BoxKey
 from skilld.package._keys import (
     SigningKey,
@@ -85,6 +86,7 @@ __all__ = [
     "load_private_key",
     "load_trust",
     "load_trust_file",
+    "nkeys",
     "pack_directory",
     "read_package",
     "read_skill_meta",
