@@ -27,6 +27,9 @@
             build-system = [ py.pkgs.setuptools ];
             dependencies = wheels.runtime py;
             pythonImportsCheck = [ "skilld" ];
+            # The seccomp layer loads libseccomp.so.2 through ctypes (pyseccomp), which
+            # looks on the library path: a Nix system has no /usr/lib.
+            makeWrapperArgs = [ "--prefix" "LD_LIBRARY_PATH" ":" "${pkgs.libseccomp.lib}/lib" ];
           };
           builder = py.withPackages (_: [ skilld ] ++ wheels.build py);
           bundle = pkgs.runCommand "skilld-bundle" {
