@@ -19,6 +19,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from test_mcp import _value
 
 from skilld.agentskills._backend import MAX_EMBEDDED_BYTES, MAX_RETURNED_FILES
+from skilld.agentskills._executors import program_tree
 from skilld.bundle import build_bundle
 from skilld.sandbox import Sandbox
 from tests_env import cache_dir
@@ -89,3 +90,23 @@ def test_an_unpacked_document_fits_the_answer_and_a_relative_state_dir_works(
             assert len(read.contents[0].text) == PART  # type: ignore[union-attr]
 
     anyio.run(main)
+
+
+def test_a_declared_program_brings_its_interpreter_and_its_own_directory(tmp_path: Path) -> None:
+    """Shaped like ``soffice``: a link on PATH to a ``#!/bin/sh`` script in a directory of
+    its own that executes programs beside it. Executing it takes the script's real path,
+    its interpreter and that directory; a program of a shared bin directory gets itself."""
+    home = tmp_path / "lib" / "office" / "program"
+    home.mkdir(parents=True)
+    script = home / "office"
+    script.write_text('#!/bin/sh\nexec "${0%/*}/office.bin" "$@"\n')
+    script.chmod(0o755)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "office").symlink_to(script)
+    sed = shutil.which("sed")
+    assert sed is not None
+    tree = program_tree([str(tmp_path / "bin" / "office"), sed])
+    assert str(script) in tree and str(home) in tree
+    assert os.path.realpath("/bin/sh") in tree
+    assert os.path.realpath(sed) in tree
+    assert str(Path(os.path.realpath(sed)).parent) not in tree
