@@ -67,7 +67,8 @@ def activation_tokens(bundle: Path, sandbox: Sandbox) -> None:
     totals = [0, 0]
     for locked in loaded.lock.agent_skills:
         spec = SkillSpec.from_dict({**locked.spec, "id": locked.id, "version": locked.version})
-        backend = agentskills.AgentSkillBackend(spec, bundle / locked.root, None)
+        # No executor: activation only, so the work directory is never written.
+        backend = agentskills.AgentSkillBackend(spec, bundle / locked.root, None, bundle)
         before, after = len(_old_activation(backend)) // 4, len(backend.activation_text()) // 4
         totals[0] += before
         totals[1] += after

@@ -66,7 +66,9 @@ def make_work_dir(state: Path) -> Path:
     Raises:
         OSError: it cannot be created, or it is a link or another user's directory.
     """
-    work = work_dir(state)
+    # Absolute: the launcher enters it from a directory of its own, and a relative
+    # ``--state-dir state`` named no directory there.
+    work = work_dir(state).absolute()
     if os.geteuid() == 0 and not os.environ.get(WORK_DIR_ENV) and not _searchable(work):
         # Scripts run under a uid of their own, which must reach their workspace: a state
         # directory under a private home (root's ~/.local/state, 0700) is out of reach.

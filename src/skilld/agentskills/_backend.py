@@ -51,6 +51,10 @@ from skilld.types import CallOutput, ContentBlock, SkillSpec
 # embedded; larger ones (up to MAX_KEPT_FILE) are kept as resources of the run.
 MAX_RETURNED_FILES = 16
 MAX_RETURNED_FILE = 1 << 20
+# What all embedded files of one result may take, as sent (base64 for binary): the MCP
+# SDK's client refuses a server-sent event over 1 MiB, and an unpacked document is
+# dozens of files. Files past this budget are kept as resources of the run instead.
+MAX_EMBEDDED_BYTES = 512 << 10
 MAX_KEPT_FILE = 64 << 20
 # Kept outputs live this long, and a skill keeps at most this many bytes of them
 # (the oldest go first): a client reads them soon after the call, or not at all.
@@ -259,7 +263,7 @@ class AgentSkillBackend:
         try:
             run = self._run_capped(script, argv, stdin, workspace, inputs, ctx)
             given = {rel: hashlib.sha256(data).digest() for rel, data in inputs}
-            files, large = _collect(workspace, self.spec.id, given)
+            files, large, omitted = _collect(workspace, self.spec.id, given)
         finally:
             remove_tree(workspace)
         kept = self._keep(large) if large else []
@@ -281,6 +285,8 @@ class AgentSkillBackend:
         }
         if kept:
             value["resources"] = kept
+        if omitted:
+            value["files_omitted"] = omitted
         return CallOutput(value, tuple(files))
 
     def _run_capped(
@@ -489,13 +495,18 @@ def _place(workspace: Path, inputs: Sequence[tuple[str, bytes]]) -> None:
 
 def _collect(
     workspace: Path, skill_id: str, given: Mapping[str, bytes]
-) -> tuple[list[ContentBlock], list[tuple[str, bytes]]]:
+) -> tuple[list[ContentBlock], list[tuple[str, bytes]], int]:
     """Regular files the script left in its workspace (links are not followed): those
-    small enough embedded, and up to :data:`MAX_KEPT_FILE` the larger ones' bytes. A
-    file the client gave (``given``: path to sha256) comes back only if it changed."""
+    small enough embedded while :data:`MAX_EMBEDDED_BYTES` lasts, and up to
+    :data:`MAX_KEPT_FILE` the others' bytes (to keep); and how many files past
+    :data:`MAX_RETURNED_FILES` were left out. A file the client gave (``given``: path to
+    sha256) comes back only if it changed."""
     out: list[ContentBlock] = []
     large: list[tuple[str, bytes]] = []
-    for dirpath, _dirs, names in os.walk(workspace):
+    omitted = 0
+    budget = MAX_EMBEDDED_BYTES
+    for dirpath, dirs, names in os.walk(workspace):
+        dirs.sort()
         for name in sorted(names):
             path = Path(dirpath) / name
             info = path.lstat()
@@ -503,18 +514,30 @@ def _collect(
                 continue
             rel = path.relative_to(workspace).as_posix()
             if len(out) + len(large) >= MAX_RETURNED_FILES:
-                return out, large
+                omitted += 1
+                continue
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
             with os.fdopen(fd, "rb") as fh:
                 data = fh.read(MAX_KEPT_FILE)
             if given.get(rel) == hashlib.sha256(data).digest():
                 continue
-            if len(data) > MAX_RETURNED_FILE:
+            block = (
+                _file_block(f"workspace://{skill_id}/{rel}", mime_type(rel), data)
+                if len(data) <= MAX_RETURNED_FILE
+                else None
+            )
+            size = 0 if block is None else _sent_size(block, data)
+            if block is None or size > budget:
                 large.append((rel, data))
             else:
-                uri = f"workspace://{skill_id}/{rel}"
-                out.append(_file_block(uri, mime_type(rel), data))
-    return out, large
+                budget -= size
+                out.append(block)
+    return out, large, omitted
+
+
+def _sent_size(block: ContentBlock, data: bytes) -> int:
+    """The bytes an embedded file takes in the result: text as is, the rest in base64."""
+    return len(data) if block.text is not None else (len(data) + 2) // 3 * 4
 
 
 __all__ = ["AgentSkillBackend", "ScriptExecutor", "ScriptRun", "resource_uri"]

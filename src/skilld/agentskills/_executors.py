@@ -36,7 +36,7 @@ from skilld.agentskills._backend import ScriptRun
 from skilld.agentskills._build import INTERPRETERS
 from skilld.agentskills._plan import SYSTEM_FILES
 from skilld.call import CallContext
-from skilld.confine import ProgramNotStarted, ResourceLimits, from_grants, run
+from skilld.confine import ProgramNotStarted, ResourceLimits, from_grants, program_files, run
 from skilld.errors import CallCancelled, DeadlineExceeded, ErrorCode, GuestError
 from skilld.paths import scratch_prefix
 from skilld.policy import _patterns as patterns
@@ -65,6 +65,32 @@ def python_libraries() -> tuple[str, ...]:
     """
     found = {str(Path(os.__file__).parent), str(sysconfig.get_config_var("LIBDIR") or "")}
     return tuple(sorted(d for d in found if d and Path(d).is_dir()))
+
+
+# Directories of programs shared by every package: a program here gets itself only.
+_SHARED_BIN = frozenset(
+    ("/bin", "/sbin", "/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/sbin")
+)
+
+
+def program_tree(found: Iterable[str]) -> tuple[str, ...]:
+    """What executing the declared programs (found on ``PATH``) takes: each program as
+    the kernel runs it (``program_files``: through its links, a ``#!`` script's
+    interpreter, the ELF loader), and the directory of one installed in a directory of
+    its own (``soffice`` is a script in ``/usr/lib/libreoffice/program/`` that executes
+    ``oosplash`` and ``soffice.bin`` beside it). A program in a shared ``bin``
+    directory gets only itself."""
+    out: list[str] = []
+    for program in found:
+        try:
+            files = program_files(program, os.defpath)
+        except ProgramNotStarted:
+            continue
+        out += files
+        home = str(Path(files[0]).parent) if files else "/"
+        if home not in _SHARED_BIN and home != "/":
+            out.append(home)
+    return tuple(dict.fromkeys(out))
 
 
 def system_files() -> tuple[str, ...]:
@@ -223,7 +249,7 @@ class NativeExecutor:
         )
         self.writable = tuple(self.confinement.read_write)
         named = [str(r["program"]) for r in grants.get("shell") or ()] + list(programs)
-        self.programs = tuple(dict.fromkeys(p for p in map(shutil.which, named) if p))
+        self.programs = program_tree(p for p in map(shutil.which, named) if p)
         self.system_files = system_files()
 
     def _unowned_copy(self, root: Path, env: Path | None) -> tuple[Path, Path | None]:
