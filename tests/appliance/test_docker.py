@@ -133,13 +133,13 @@ def test_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 class SocketWatch:
-    """Unix sockets on the host (0666 and 0600) that record every connection they get."""
+    """Unix sockets on the host (0666, 0660 and 0600) that record every connection they get."""
 
     def __init__(self, directory: Path):
         self.directory = directory
         self.connections: list[str] = []
         self._socks = []
-        for name, mode in (("open.sock", 0o666), ("root.sock", 0o600)):
+        for name, mode in (("open.sock", 0o666), ("group.sock", 0o660), ("root.sock", 0o600)):
             s = socket.socket(socket.AF_UNIX)
             s.bind(str(directory / name))
             (directory / name).chmod(mode)
@@ -411,9 +411,10 @@ def test_metadata_outside_the_grants_is_unchanged(running: Running, case: str) -
 
 @pytest.mark.parametrize("case", ["unix", "keyring", "udp", "netlink", "raw", "packet"])
 def test_sockets_and_keyrings_are_refused(running: Running, case: str) -> None:
-    """Pathname unix sockets (a bind-mounted 0666 one, a 0600 one), the keyring, UDP,
+    """Pathname unix sockets (bind-mounted 0666, 0660 and 0600 ones), the keyring, UDP,
     netlink, raw and packet sockets: all refused; the host sockets got no connection."""
-    targets = ["/srv/sock/open.sock", "/srv/sock/root.sock"] if case == "unix" else []
+    socks = ["/srv/sock/open.sock", "/srv/sock/group.sock", "/srv/sock/root.sock"]
+    targets = socks if case == "unix" else []
     value = value_of(running.script("hostile", "scripts/attack.py", case, *targets))
     lines = value["stdout"].splitlines()
     assert lines and all(line.startswith("BLOCKED") for line in lines), value
@@ -429,6 +430,15 @@ def test_a_daemon_does_not_outlive_its_call(running: Running) -> None:
     size = ticks.stat().st_size
     time.sleep(0.5)  # ten ticks' time: a living daemon would have written more
     assert ticks.stat().st_size == size, "the daemon outlived its call"
+
+
+def test_a_process_tree_stays_under_its_memory_limit(running: Running) -> None:
+    """Four forked children each asking for twice the skill's 256 MiB limit are all refused;
+    the server stays up and the next call is answered."""
+    value = value_of(running.script("hostile", "scripts/attack.py", "memtree"))
+    lines = value["stdout"].splitlines()
+    assert lines and all(line.startswith("BLOCKED") for line in lines), value
+    assert value_of(running.script("hostile", "scripts/attack.py", "hello"))["exit_status"] == 0
 
 
 def test_filling_a_native_workspace_and_rw_grant_is_stopped(running: Running) -> None:
