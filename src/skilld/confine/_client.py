@@ -210,11 +210,17 @@ def start_from_env() -> None:
     not an error here (commands are refused later, naming why).
 
     Raises:
-        ConfinementUnavailable: ``SKILLD_RUN_AS`` is malformed, skilld is not root, or
-            the switch failed.
+        ConfinementUnavailable: ``SKILLD_RUN_AS`` is malformed, skilld is neither root
+            nor already that user, or the switch failed.
     """
     run_as = run_as_from_env()
     if run_as is None:
+        with contextlib.suppress(ConfinementUnavailable):
+            start()
+        return
+    if os.geteuid() != 0 and os.getuid() == run_as[0] and os.getgid() == run_as[1]:
+        # Already that user (Kubernetes' restricted profile: --user 10001 on an image whose
+        # SKILLD_RUN_AS is 10001): nothing to drop; the launcher finds no separate identity.
         with contextlib.suppress(ConfinementUnavailable):
             start()
         return

@@ -69,6 +69,25 @@ def daemon(target):
     raise PermissionError(0, "not blocked: the test checks that it is gone after the call")
 
 
+def memtree(_target):
+    """Four children each asking for 512 MiB, twice the skill's memory limit."""
+    pids = []
+    for _ in range(4):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                block = bytearray(512 << 20)
+                block[-1] = 1
+            except MemoryError:
+                os._exit(12)
+            os._exit(0)
+        pids.append(pid)
+    codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
+    if any(code == 0 for code in codes):
+        return  # LEAK: a child got more than the limit
+    raise OSError(12, f"every child refused past the limit: {codes}")
+
+
 def fill(target):
     chunk = b"x" * (1 << 20)
     with open(target, "wb") as f:
@@ -91,6 +110,7 @@ CASES = {
     "packet": packet,
     "daemon": daemon,
     "fill": fill,
+    "memtree": memtree,
 }
 
 
