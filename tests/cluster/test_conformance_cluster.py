@@ -45,7 +45,11 @@ def test_entry_node_passes_every_server_scenario(
         entry.seen(r"node node-b joined \(7 skills\)")
         assert entry.url is not None
         done = subprocess.run(
-            [str(SUITE), entry.url, "--requirements", "2025-11-25"], capture_output=True, text=True, timeout=900, check=False
+            [str(SUITE), entry.url, "--requirements", "2025-11-25"],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
         )
     finally:
         entry.stop()
