@@ -59,10 +59,6 @@ def test_entry_node_passes_every_server_scenario(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="roots and ask are not relayed from a worker (RelayChannel): 35/37 seen",
-)
 def test_entry_node_passes_every_2026_07_28_scenario(
     bus_nats: tuple[NatsServer, Path],
     keys: Keys,

@@ -51,6 +51,9 @@ _POLL_S = 0.05
 _RESENDS = 10
 
 
+# What a holder's guest may ask the entry node's client, relayed on the call's reply subject.
+_QUESTIONS = ("sample", "elicit", "roots", "ask")
+
 class Router:
     """Sends routed calls to the replica it picks and verifies what comes back.
 
@@ -209,7 +212,7 @@ class Router:
                 elif event == "log":
                     doc = json.loads(opened.data)
                     ctx.channel.log(str(doc["level"]), doc.get("data"))
-                elif event in ("sample", "elicit") and msg.reply:
+                elif event in _QUESTIONS and msg.reply:
                     answer = self._answer(event, opened.data, ctx)
                     back = {"ev": "answer", "call": call_id, "to": target}
                     out_headers, out = self._sealer.seal_to(opened.box, back, answer)
@@ -237,13 +240,33 @@ class Router:
 
     @staticmethod
     def _answer(kind: str, data: bytes, ctx: CallContext) -> bytes:
+        """The entry's client's answer to a question the holder's guest asked (its policy
+        was checked on the holder), sealed back by the caller."""
         try:
             params = json.loads(data)
-            ask = ctx.channel.sample if kind == "sample" else ctx.channel.elicit
-            return dumps({"ok": dict(ask(params))})
+            if kind in ("sample", "elicit"):
+                ask = ctx.channel.sample if kind == "sample" else ctx.channel.elicit
+                return dumps({"ok": dict(ask(params))})
+            fn = getattr(ctx.channel, kind, None)
+            if fn is None:
+                return dumps(
+                    {
+                        "error": {
+                            "code": "unavailable",
+                            "message": f"this call's client channel cannot {kind}",
+                        }
+                    }
+                )
+            if kind == "roots":
+                return dumps({"ok": dict(fn())})
+            requests = {
+                str(key): (str(method), dict(args))
+                for key, (method, args) in dict(params["requests"]).items()
+            }
+            return dumps({"ok": dict(fn(requests))})
         except GuestError as exc:
             return dumps({"error": {"code": exc.code, "message": exc.message}})
-        except (SkilldError, ValueError) as exc:
+        except (SkilldError, ValueError, KeyError, TypeError) as exc:
             return dumps({"error": {"code": "internal", "message": str(exc)}})
 
 

@@ -122,6 +122,24 @@ class RelayChannel:
         """
         return self._ask("elicit", params)
 
+    def roots(self) -> Mapping[str, Any]:
+        """Ask the entry node's client for its roots (``roots/list``).
+
+        Raises:
+            GuestError: as for :meth:`sample`.
+        """
+        return self._ask("roots", {})
+
+    def ask(self, requests: Mapping[str, tuple[str, Mapping[str, Any]]]) -> dict[str, Any]:
+        """Ask the entry node's client several questions at once (one input-required round
+        for a 2026-07-28 client there; the policy checked each here, before).
+
+        Raises:
+            GuestError: as for :meth:`sample`.
+        """
+        wanted = {key: [method, dict(params)] for key, (method, params) in requests.items()}
+        return dict(self._ask("ask", {"requests": wanted}))
+
     def cancelled(self) -> bool:
         """The entry node cancelled the call, left the cluster, or its deadline passed."""
         return self._cancelled.is_set() or time.monotonic() >= self._deadline or self._entry_gone()
