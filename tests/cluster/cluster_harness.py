@@ -32,6 +32,12 @@ NATS_SERVER = Path(sys.executable).parent / "nats-server"
 START_TIMEOUT_S = 60.0
 AUDIT_EVENTS = ("call", "cluster-refused", "transfer")
 
+# The hostile skill's policy in the cluster tests' bundles ({data}: its read-only directory).
+HOSTILE_POLICY = (
+    "skill: hostile\nkv: {}\nfs:\n  - id: data-ro\n    path: {data}\n    mode: ro\n"
+    "invoke:\n  calls: [echo]\nlimits:\n  wall_time: 2s\n  memory: 128MiB\n"
+)
+
 
 def _reader(stream: Any, lines: list[str], inbox: queue.Queue[str]) -> None:
     for line in stream:

@@ -6,15 +6,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster_harness import Keys, NatsServer, make_bundle, make_keys
+from cluster_harness import HOSTILE_POLICY, Keys, NatsServer, make_bundle, make_keys
 
 from skilld.sandbox import Sandbox
 from tests_env import ROOT
-
-HOSTILE_POLICY = (
-    "skill: hostile\nkv: {}\nfs:\n  - id: data-ro\n    path: {data}\n    mode: ro\n"
-    "invoke:\n  calls: [echo]\nlimits:\n  wall_time: 2s\n  memory: 128MiB\n"
-)
 
 
 @pytest.fixture(scope="session")

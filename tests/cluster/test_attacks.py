@@ -19,6 +19,7 @@ from typing import Any
 import nats as nats_client
 import pytest
 from cluster_harness import (
+    HOSTILE_POLICY,
     Keys,
     NatsServer,
     NodeProc,
@@ -31,7 +32,6 @@ from mcp import types
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
-from conftest import HOSTILE_POLICY
 from skilld.cluster import _announce
 from skilld.sandbox import Sandbox
 
