@@ -307,6 +307,9 @@ def _unused_port() -> int:
             guard.bind(("0.0.0.0", 0))  # noqa: S104 - bound, never listened on
             return int(guard.getsockname()[1])
 
+# How long after the command's deadline the proxy ends its connections itself.
+_BACKSTOP_S = 0.5
+
 
 def _drain(sock: socket.socket, until: float) -> None:
     """Read what the client still sends, for a moment, before closing: closing with
@@ -725,6 +728,9 @@ def route(
     if grants is None or not grants("http"):
         yield confinement, dict(env)
         return
-    with EgressProxy(ctx, until) as proxy:
+    # The runner kills the command at ``until``; the proxy's own end comes just after, as a
+    # backstop, so that the command ends as the deadline's (a timeout), never because the
+    # proxy cut its connection a moment before. The block's end stops the proxy anyway.
+    with EgressProxy(ctx, until + _BACKSTOP_S) as proxy:
         walls = replace(confinement, tcp_connect=(*confinement.tcp_connect, proxy.port))
         yield walls, {**env, **proxy.env}
