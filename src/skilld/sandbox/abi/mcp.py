@@ -69,17 +69,7 @@ def _ask(kind: str, ctx: CallContext, params: str) -> str:
     except json.JSONDecodeError as exc:
         raise HostCallError("invalid-argument", f"{kind} params are not JSON: {exc}") from exc
     fn = ctx.channel.sample if kind == "sample" else ctx.channel.elicit
-    try:
-        return json.dumps(dict(ctx.off_thread(f"mcp.{kind}", lambda: fn(body))))
-    except GuestError as exc:
-        raise HostCallError(exc.code, exc.message) from exc
-    except HostCallError as exc:
-        if exc.code in ("timeout", "cancelled"):
-            # Do not leave the request waiting on the client for its own timeout.
-            abandon = getattr(ctx.channel, "abandon_requests", None)
-            if abandon is not None:
-                abandon()
-        raise
+    return _relay(ctx, kind, lambda: dict(fn(body)))
 
 
 def sample(ctx: CallContext, params: str) -> str:
@@ -122,6 +112,7 @@ def _relay(ctx: CallContext, kind: str, fn: Any) -> str:
         raise HostCallError(exc.code, exc.message) from exc
     except HostCallError as exc:
         if exc.code in ("timeout", "cancelled"):
+            # Do not leave the request waiting on the client for its own timeout.
             abandon = getattr(ctx.channel, "abandon_requests", None)
             if abandon is not None:
                 abandon()
