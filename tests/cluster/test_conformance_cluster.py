@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -16,10 +17,13 @@ SUITE = Path(os.environ.get("SKILLD_MCP_CONFORMANCE") or ROOT / "tools" / "mcp-c
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("requirements", "scenarios"), [("2025-11-25", 30), ("2026-07-28", 37)])
+@pytest.mark.parametrize(
+    ("requirements", "scenarios", "tasks"), [("2025-11-25", 30, 0), ("2026-07-28", 37, 10)]
+)
 def test_entry_node_passes_every_scored_scenario(
     requirements: str,
     scenarios: int,
+    tasks: int,
     bus_nats: tuple[NatsServer, Path],
     keys: Keys,
     demo_cluster_bundle: Path,
@@ -28,7 +32,9 @@ def test_entry_node_passes_every_scored_scenario(
 ) -> None:
     """Every scored scenario of each revision passes against node-a, entry-only, with the
     conformance skill on node-b, a worker carrying the whole demo bundle (delegate's kits
-    kit.notes and kit.text too); input-required rounds are relayed in the signed envelope."""
+    kit.notes and kit.text too); input-required rounds are relayed in the signed envelope,
+    and the tasks extension (not scored) passes whole: its tools are tasks by the worker's
+    policy (``mcp.tasks``), announced to the entry node, which runs them as remote calls."""
     assert SUITE.exists(), f"the conformance runner is not at {SUITE} (set SKILLD_MCP_CONFORMANCE)"
     nats, bus = bus_nats  # the documented bus: TLS, NKeys, subject permissions
     holder = start_node(
@@ -59,3 +65,6 @@ def test_entry_node_passes_every_scored_scenario(
         holder.stop()
     summary = done.stdout.strip().splitlines()[-1]
     assert summary == f"scenarios: {scenarios} passed, 0 failed", done.stdout[-4000:]
+    passed = set(re.findall(r"^\s*✓ (tasks-[\w-]+)", done.stdout, re.MULTILINE))
+    failed = set(re.findall(r"^\s*✗ (tasks-[\w-]+)", done.stdout, re.MULTILINE))
+    assert (len(passed), failed) == (tasks, set()), done.stdout[-4000:]

@@ -404,3 +404,24 @@ def test_sample_policies_compile_against_sample_skills() -> None:
     assert not result.problems
     assert result.tables.limits("notes").max_concurrency == 4
     assert result.tables.exposure("notes").names == {"add": "notes_add"}
+
+
+def test_mcp_tasks_compiles_into_the_exposure(tmp_path: Path) -> None:
+    """``mcp.tasks`` names the methods that may run as MCP tasks; a policy without it
+    compiles to the tables it always did (no ``tasks`` key: no tool is a task)."""
+    root = write(
+        tmp_path,
+        {"a.yaml": "mcp:\n  tasks: {slow: optional, must: required}\n", "b.yaml": "{}\n"},
+    )
+    result = compile_policies(root)
+    assert result.tables.exposure("a").tasks == {"slow": "optional", "must": "required"}
+    assert result.tables.exposure("b").tasks == {}
+    assert "tasks" not in result.tables.skill("b")["mcp"]
+
+
+@pytest.mark.parametrize("mode", ["always", "", "Optional", "[optional]"])
+def test_mcp_tasks_refuses_an_unknown_mode(tmp_path: Path, mode: str) -> None:
+    """A task mode other than optional/required is refused at its line."""
+    err = error_of(tmp_path, {"a.yaml": f"mcp:\n  tasks:\n    slow: {mode or repr(mode)}\n"})
+    assert err.location is not None and err.location.startswith("policies/a.yaml:")
+    assert "tasks" in err.message or "task support" in err.message

@@ -282,7 +282,7 @@ def _serve(args: argparse.Namespace, text: bool, logger: _Logger, confinement: s
 
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="skilld-load") as pool:
             loading = pool.submit(Node.open, node_config, prehash=prehash)
-            from skilld.mcp import CONFORMANCE_TASK_TOOLS, ServeConfig, bind, serve
+            from skilld.mcp import ServeConfig, bind, serve
 
             # Bound before anything says ready: a busy port is the error a user sees.
             try:
@@ -321,8 +321,6 @@ def _serve(args: argparse.Namespace, text: bool, logger: _Logger, confinement: s
             max_connections=args.max_connections,
             idle_timeout_s=args.idle_timeout,
             header_timeout_s=args.header_timeout,
-            # the conformance suite's tasks fixtures run as tasks
-            task_tools=CONFORMANCE_TASK_TOOLS if args.with_conformance else (),
             confinement=confinement,
         )
         logger.get().info(

@@ -315,4 +315,5 @@ def _exposure(table: Mapping[str, Any]) -> Exposure:
         titles=dict(table["titles"]),
         descriptions=dict(table["descriptions"]),
         client=tuple(table["client"]),
+        tasks={str(k): str(v) for k, v in dict(table.get("tasks", {})).items()},
     )

@@ -18,7 +18,7 @@ Only this package imports the ``mcp`` SDK. ``skilld.mcp.testing`` has an in-proc
 
 from typing import TYPE_CHECKING, Any
 
-from skilld.mcp._config import CONFORMANCE_TASK_TOOLS, ServeConfig
+from skilld.mcp._config import ServeConfig
 from skilld.mcp._logging import make_logger
 from skilld.mcp._serve import serve, serve_async, serve_stdio_async
 
@@ -36,7 +36,6 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "CONFORMANCE_TASK_TOOLS",
     "HttpServer",
     "ServeConfig",
     "advertised_url",

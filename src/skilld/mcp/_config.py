@@ -12,17 +12,6 @@ from skilld.errors import UsageError
 # Host and Origin values a local client sends; always allowed, whatever the bind address.
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 
-# The tools the MCP conformance suite's tasks scenarios expect to run as tasks
-# (``serve --with-conformance``; the conformance skill serves them).
-CONFORMANCE_TASK_TOOLS: tuple[tuple[str, Literal["optional", "required"]], ...] = (
-    ("slow_compute", "optional"),
-    ("confirm_delete", "optional"),
-    ("multi_input", "optional"),
-    ("protocol_error_job", "optional"),
-    ("failing_job", "required"),
-    ("test_tool_with_task", "required"),
-)
-
 
 @dataclass(frozen=True, slots=True)
 class ServeConfig:
@@ -69,7 +58,8 @@ class ServeConfig:
             empty: a random key held by this process only.
         round_ttl_s: how long a ``requestState`` stays valid (its call ends at its own
             deadline either way).
-        task_tools: tools that may run as tasks (``io.modelcontextprotocol/tasks``), each
+        task_tools: tools that may run as tasks besides those the policy's ``mcp.tasks``
+            names (``io.modelcontextprotocol/tasks``), each
             ``optional`` (a task when the client declared the extension) or ``required``
             (refused with -32021 otherwise; input is gathered in rounds first).
         task_ttl_ms: how long a task's record and result are kept after it was created.

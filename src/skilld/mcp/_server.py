@@ -402,11 +402,12 @@ class McpService:
         server.middleware.append(
             RequestStateBoundary(security, default_audience=self.config.server_name)
         )
-        if self._task_tools:
-            server.extensions[TASKS] = {}
-            server.add_request_handler("tasks/get", _TaskParams, self._task_get)
-            server.add_request_handler("tasks/update", _TaskParams, self._task_update)
-            server.add_request_handler("tasks/cancel", _TaskParams, self._task_cancel)
+        # Always offered: which tools may run as tasks comes from the policy
+        # (``mcp.tasks``, also of skills a cluster node joins with later) or the config.
+        server.extensions[TASKS] = {}
+        server.add_request_handler("tasks/get", _TaskParams, self._task_get)
+        server.add_request_handler("tasks/update", _TaskParams, self._task_update)
+        server.add_request_handler("tasks/cancel", _TaskParams, self._task_cancel)
         return server
 
     # -- tasks ----------------------------------------------------------------------
@@ -485,6 +486,10 @@ class McpService:
 
     # -- tools ------------------------------------------------------------------
 
+    def _task_mode(self, tool: Tool) -> str | None:
+        """``optional``/``required`` when ``tool`` may run as a task (config, else policy)."""
+        return self._task_tools.get(tool.name) or tool.task_support
+
     def _tool(self, name: str) -> Tool | None:
         if name not in self._tools:
             # Tools are fixed at build time, but the dispatcher may finish loading after we start.
@@ -520,8 +525,8 @@ class McpService:
                     input_schema=dict(tool.input_schema),
                     output_schema=output,
                     execution=(
-                        types.ToolExecution(task_support=self._task_tools[tool.name])
-                        if tool.name in self._task_tools
+                        types.ToolExecution(task_support=cast(Any, self._task_mode(tool)))
+                        if self._task_mode(tool)
                         else None
                     ),
                     annotations=types.ToolAnnotations(
@@ -561,7 +566,7 @@ class McpService:
 
         inline = run_inline if budget_s > 0 else None
         rounds: list[RoundChannel] = []
-        task_mode = self._task_tools.get(name)
+        task_mode = self._task_mode(tool)
         tasked = (
             task_mode is not None
             and _modern(ctx)

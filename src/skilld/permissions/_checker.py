@@ -241,6 +241,7 @@ class SkillPermissions:
             titles=dict(mcp.get("titles", {})),
             descriptions=dict(mcp.get("descriptions", {})),
             client=tuple(mcp.get("client", ())),
+            tasks=dict(mcp.get("tasks", {})),
         )
 
     @classmethod

@@ -41,6 +41,8 @@ _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}\Z")
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_./-]{1,64}\Z")
 _NODE = re.compile(r"^[a-z0-9*][a-z0-9*._-]*\Z")
 _CLIENT_FEATURES = ("sample", "elicit", "roots")
+# How a method may run as an MCP task (``mcp.tasks``); a method not named never does.
+TASK_MODES = ("optional", "required")
 
 CAPABILITY_SECTIONS = ("fs", "http", "tcp", "shell", "env", "invoke", "transfer", "kv")
 POLICY_KEYS = ("skill", "description", *CAPABILITY_SECTIONS, "limits", "mcp", "scripts")
@@ -481,10 +483,13 @@ class Exposure:
     titles: Mapping[str, str] = field(default_factory=dict)
     descriptions: Mapping[str, str] = field(default_factory=dict)
     client: tuple[str, ...] = ()
+    # method (or, per-skill, the skill id) -> "optional" | "required": may run as an MCP task
+    tasks: Mapping[str, str] = field(default_factory=dict)
 
     def table(self) -> dict[str, Any]:
-        """JSON form for the tables."""
-        return {
+        """JSON form for the tables (``tasks`` only when some method has it, so the
+        tables of a policy without it are what they were)."""
+        out: dict[str, Any] = {
             "tools": "per-skill" if self.per_skill else "per-method",
             "hidden": sorted(self.hidden),
             "names": dict(self.names),
@@ -492,6 +497,9 @@ class Exposure:
             "descriptions": dict(self.descriptions),
             "client": sorted(self.client),
         }
+        if self.tasks:
+            out["tasks"] = dict(sorted(self.tasks.items()))
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -753,7 +761,15 @@ def _str_map(
 
 
 def _mcp(m: Mapping[str, Any], where: Where, *, needs: bool = False) -> dict[str, Any]:
-    keys: tuple[str, ...] = ("tools", "hidden", "names", "titles", "descriptions", "client")
+    keys: tuple[str, ...] = (
+        "tools",
+        "hidden",
+        "names",
+        "titles",
+        "descriptions",
+        "client",
+        "tasks",
+    )
     if needs:
         keys = ("client",)
     _check_keys(m, keys, where, "mcp")
@@ -775,6 +791,15 @@ def _mcp(m: Mapping[str, Any], where: Where, *, needs: bool = False) -> dict[str
             if c not in _CLIENT_FEATURES:
                 raise _fail(_line(m, "client", where), f"unknown client feature {c!r}")
         out["client"] = client
+    if "tasks" in m:
+        tasks = _str_map(m["tasks"], _line(m, "tasks", where), "task support", None)
+        for method, mode in tasks.items():
+            if mode not in TASK_MODES:
+                raise _fail(
+                    _line(m, "tasks", where),
+                    f"mcp.tasks.{method} must be one of {', '.join(TASK_MODES)}, not {mode!r}",
+                )
+        out["tasks"] = tasks
     return out
 
 

@@ -132,6 +132,7 @@ class Tables:
             titles=dict(raw.get("titles", {})),
             descriptions=dict(raw.get("descriptions", {})),
             client=tuple(raw.get("client", ())),
+            tasks=dict(raw.get("tasks", {})),
         )
 
     def scripts(self, skill_id: str) -> Mapping[str, Any]:

@@ -177,6 +177,7 @@ class Catalogue:
                         spec.id,
                         None,
                         exp.titles.get(spec.id),
+                        exp.tasks.get(spec.id),
                     ),
                     None,
                 )
@@ -192,6 +193,7 @@ class Catalogue:
                     skill_id=spec.id,
                     method=m.name,
                     title=exp.titles.get(m.name),
+                    task_support=exp.tasks.get(m.name),
                 ),
                 m.name,
             )

@@ -40,6 +40,8 @@ class Tool:
     skill_id: str
     method: str | None  # None for a per-skill tool whose arguments name the method
     title: str | None = None
+    # "optional" | "required": may run as an MCP task (the policy's ``mcp.tasks``)
+    task_support: str | None = None
 
 
 class SkillBackend(Protocol):
