@@ -304,6 +304,18 @@ def _serve(args: argparse.Namespace, text: bool, logger: _Logger, confinement: s
 
         with contextlib.suppress(ConfinementUnavailable):
             confine.assign([entry.spec.id for entry in node.registry.skills()])
+        # An entry node whose cluster keeps state in JetStream KV keeps its tasks there too:
+        # any entry node then answers for them.
+        clustered = node_config.cluster
+        board = (
+            node.cluster.task_board(ServeConfig().task_ttl_ms / 1000)
+            if node.cluster is not None
+            and clustered is not None
+            and clustered.kv
+            and clustered.entry
+            and not args.no_mcp
+            else None
+        )
         config = ServeConfig(
             transport=args.transport,
             host=args.host,
@@ -322,6 +334,7 @@ def _serve(args: argparse.Namespace, text: bool, logger: _Logger, confinement: s
             idle_timeout_s=args.idle_timeout,
             header_timeout_s=args.header_timeout,
             confinement=confinement,
+            task_board=board,
         )
         logger.get().info(
             "ready",

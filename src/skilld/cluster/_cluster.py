@@ -15,6 +15,7 @@ from skilld.cluster._kv import JetStreamKV
 from skilld.cluster._link import NatsLink
 from skilld.cluster._member import Membership, Peer
 from skilld.cluster._remote import RemoteSkill, Router
+from skilld.cluster._tasks import TaskBoard
 from skilld.cluster._transfer import FileAccess, Transfers
 from skilld.cluster._worker import SkillServer
 from skilld.errors import ClusterError, RegistryError
@@ -78,12 +79,14 @@ class Cluster:
         sealer = Sealer(config.node, key, stamper, self.box)
         opener = Opener(config.node, trust, fresh, self.box)
         self.refused_messages = 0
+        self._key, self._trust = key, trust
 
         def refused(node: str, reason: str) -> None:
             self.refused_messages += 1
             log.warning("cluster: %s (claimed sender %s)", reason, node)
             on_refused(node, reason)
 
+        self._refused = refused
         self.router = Router(
             self.link, sealer, opener, self._alive, self._boot, refused, box=self._box_of
         )
@@ -227,6 +230,19 @@ class Cluster:
                     self.box.public_raw,
                 )
             )
+
+    def task_board(self, ttl_s: float) -> TaskBoard:
+        """The cluster's MCP task records (JetStream KV) for this entry node, listening.
+
+        Raises:
+            ClusterError: JetStream is not enabled, or refused the bucket.
+        """
+        return self.link.run(
+            TaskBoard.open(
+                self.link, self.config.node, self._key, self._trust, ttl_s, self._refused
+            ),
+            timeout=_START_TIMEOUT_S,
+        )
 
     def _roles(self) -> tuple[str, ...]:
         return tuple(

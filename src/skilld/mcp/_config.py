@@ -5,9 +5,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from skilld.errors import UsageError
+
+if TYPE_CHECKING:
+    from skilld.mcp._tasks import TaskBoard
 
 # Host and Origin values a local client sends; always allowed, whatever the bind address.
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]")
@@ -63,6 +66,9 @@ class ServeConfig:
             ``optional`` (a task when the client declared the extension) or ``required``
             (refused with -32021 otherwise; input is gathered in rounds first).
         task_ttl_ms: how long a task's record and result are kept after it was created.
+        task_board: task records shared by a cluster's entry nodes (JetStream KV, from
+            ``skilld.cluster``), so that any of them answers ``tasks/*``; None: this
+            node's memory.
         confinement: the active confinement profile in one line (``/readyz`` shows it).
     """
 
@@ -93,6 +99,7 @@ class ServeConfig:
     round_ttl_s: float = 600.0
     task_tools: tuple[tuple[str, Literal["optional", "required"]], ...] = ()
     task_ttl_ms: int = 600_000
+    task_board: TaskBoard | None = None
     confinement: str | None = None
 
     def __post_init__(self) -> None:

@@ -54,7 +54,15 @@ from skilld.mcp._config import ServeConfig
 from skilld.mcp._metrics import Metrics
 from skilld.mcp._rounds import ParkedCalls, RoundChannel, missing_capability, skill_digest
 from skilld.mcp._schema import ArgumentValidator
-from skilld.mcp._tasks import TASKS, MemoryTaskStore, Tasks, declares_tasks, tasks_required
+from skilld.mcp._tasks import (
+    TASKS,
+    TaskListen,
+    client_capabilities,
+    client_of,
+    declares_tasks,
+    tasks_of,
+    tasks_required,
+)
 from skilld.mcp._workers import WorkerPool
 from skilld.registry import Dispatcher, Tool
 from skilld.registry import busy as busy_error
@@ -104,6 +112,8 @@ def _plain(responses: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 HEADER_MISMATCH = -32020  # SEP-2243: a routing header disagrees with the body
+# How long tasks/cancel waits for another entry node to apply it (the ack goes out anyway).
+_CANCEL_WAIT_S = 3.0
 _GATHER_S = 0.2  # how long a required-task tool's first request waits for a question
 
 
@@ -112,11 +122,6 @@ class _TaskParams(types.RequestParams):
 
     task_id: str
     input_responses: dict[str, Any] | None = None
-
-
-def _client_capabilities(ctx: Ctx) -> Any:
-    connection = getattr(ctx.session, "_connection", None)
-    return getattr(connection, "client_capabilities", None)
 
 
 def _task_outcome(
@@ -292,7 +297,7 @@ class McpService:
         self.parked = ParkedCalls(
             config.node_id or f"node-{secrets.token_hex(6)}", config.round_ttl_s
         )
-        self.tasks = Tasks(MemoryTaskStore(), ttl_ms=config.task_ttl_ms)
+        self.tasks = tasks_of(dispatcher, config, self.parked.node)
         self._task_tools = dict(config.task_tools)
         watch = getattr(dispatcher, "watch", None)
         self.server = self._build(changing=watch is not None)
@@ -384,7 +389,9 @@ class McpService:
             on_completion=self._complete,
             # 2026-07-28 clients hear of changes only on a subscriptions/listen stream
             # they open (handshake-era ones on their standalone stream, see _seen).
-            on_subscriptions_listen=ListenHandler(self._bus) if changing else None,
+            on_subscriptions_listen=(
+                TaskListen(ListenHandler(self._bus), self.tasks) if changing else None
+            ),
         )
         # Registered by hand: the constructor argument warns that the 2026-07-28
         # revision drops logging, but the handshake revisions clients speak today have it.
@@ -420,7 +427,7 @@ class McpService:
                 ``Mcp-Name`` header names another task than the body (SEP-2663 routes
                 tasks/* by it, so a mismatch could reach the wrong node).
         """
-        if not declares_tasks(ctx.params, _client_capabilities(ctx)):
+        if not declares_tasks(ctx.params, client_capabilities(ctx)):
             raise tasks_required()
         headers = getattr(ctx.request, "headers", None)
         named = headers.get("mcp-name") if headers is not None else None
@@ -433,15 +440,22 @@ class McpService:
 
     async def _task_get(self, ctx: Ctx, params: _TaskParams) -> dict[str, Any]:
         self._gate_tasks(ctx, params)
-        return self.tasks.get(params.task_id)
+        return self.tasks.get(params.task_id, client=client_of(ctx))
 
     async def _task_update(self, ctx: Ctx, params: _TaskParams) -> dict[str, Any]:
         self._gate_tasks(ctx, params)
-        return self.tasks.update(params.task_id, _plain(params.input_responses))
+        responses = _plain(params.input_responses)
+        return self.tasks.update(params.task_id, responses, client=client_of(ctx))
 
     async def _task_cancel(self, ctx: Ctx, params: _TaskParams) -> dict[str, Any]:
         self._gate_tasks(ctx, params)
-        return self.tasks.cancel(params.task_id)
+        ack = self.tasks.cancel(params.task_id, client=client_of(ctx))
+        # Another entry node runs it: let its owner end it before the client's next
+        # tasks/get (which then reads cancelled), within a bound.
+        with anyio.move_on_after(_CANCEL_WAIT_S):
+            while self.tasks.pending_elsewhere(params.task_id):
+                await anyio.sleep(0.05)
+        return ack
 
     async def _as_task(
         self,
@@ -481,7 +495,7 @@ class McpService:
                         await call.changed.wait()
                 if call.channel.pending:
                     return await self.parked.step(call)
-        record = self.tasks.create(name, call, _task_outcome)
+        record = self.tasks.create(name, call, _task_outcome, client=client_of(ctx))
         return {"resultType": "task", **record.wire()}
 
     # -- tools ------------------------------------------------------------------
@@ -570,7 +584,7 @@ class McpService:
         tasked = (
             task_mode is not None
             and _modern(ctx)
-            and declares_tasks(ctx.params, _client_capabilities(ctx))
+            and declares_tasks(ctx.params, client_capabilities(ctx))
         )
         if task_mode == "required" and not tasked:
             raise tasks_required()

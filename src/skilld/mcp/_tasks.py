@@ -12,25 +12,47 @@ its executor). A task that ran but reported an error is ``completed`` with
 ``isError``; ``failed`` is kept for protocol-level failures (a crashed guest).
 
 What is kept about a task is a :class:`TaskRecord` in a :class:`TaskStore`, for its
-``ttlMs`` after it was created: :class:`MemoryTaskStore` here; a store every entry node
-of a cluster shares (JetStream KV) is the cluster's to add. The running call itself
-lives on the node that started it.
+``ttlMs`` after it was created: :class:`MemoryTaskStore` on a node of its own, or
+:class:`BoardTaskStore` over a cluster's :class:`TaskBoard` (JetStream KV, written by
+``skilld.cluster``), so that any entry node answers ``tasks/get``. The running call
+itself lives on the node that started it, its *owner*: another entry node carries
+``tasks/cancel`` and ``tasks/update`` to it through the board, and reads the questions a
+parked guest asked from the record the owner keeps current.
+
+Each task is audited as it goes (``event: task``: ``created``, then its terminal
+status, and ``cancel-requested`` with the node a cancel came through), beside the one
+record its call makes; each status change is published to the listeners of
+:meth:`Tasks.watch` (the ``notifications/tasks/status`` of ``subscriptions/listen``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
+import logging
 import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
+import anyio
 from mcp import types
+from mcp.server.context import ServerRequestContext
+from mcp.server.subscriptions import SUBSCRIPTION_ID_META_KEY, ListenHandler
 from mcp.shared.exceptions import MCPError
+from pydantic import BaseModel
 
+from skilld.errors import SkilldError
 from skilld.mcp._rounds import MISSING_REQUIRED_CLIENT_CAPABILITY, ParkedCall
+from skilld.registry import Dispatcher
+
+if TYPE_CHECKING:
+    from skilld.mcp._config import ServeConfig
+
+Ctx = ServerRequestContext[Any, Any]
 
 TASKS = "io.modelcontextprotocol/tasks"
 CAPABILITIES_META = "io.modelcontextprotocol/clientCapabilities"
@@ -52,10 +74,13 @@ class TaskRecord:
     updated_at: str
     ttl_ms: int
     poll_interval_ms: int
-    expires: float
+    expires: float  # wall-clock seconds: the same on every node of a cluster
     result: Mapping[str, Any] | None = None
     error: Mapping[str, Any] | None = None
     message: str | None = None
+    owner: str = ""  # the node the call runs on
+    client: str = ""  # who made it (a digest of its Authorization): only it is answered
+    input_requests: Mapping[str, Any] | None = None  # what its guest waits on, if anything
 
     def wire(self) -> dict[str, Any]:
         """The ``Task`` fields."""
@@ -76,7 +101,8 @@ class TaskStore(Protocol):
     """Where task records live for their TTL; any entry node may answer from it.
 
     ``put`` must be durable before it returns: a ``tasks/get`` right after the
-    ``CreateTaskResult`` must find the task.
+    ``CreateTaskResult`` must find the task. A store shared by several nodes also has
+    ``ask(owner, task_id, op, body)`` (see :class:`BoardTaskStore`).
     """
 
     def put(self, record: TaskRecord) -> None:
@@ -92,7 +118,7 @@ class TaskStore(Protocol):
 class MemoryTaskStore:
     """A :class:`TaskStore` in this process's memory (one node; lost on restart)."""
 
-    clock: Callable[[], float] = time.monotonic
+    clock: Callable[[], float] = time.time
     _records: dict[str, TaskRecord] = field(default_factory=dict)
 
     def put(self, record: TaskRecord) -> None:
@@ -108,6 +134,82 @@ class MemoryTaskStore:
         if record is None or record.expires <= self.clock():
             return None
         return record
+
+
+class TaskBoard(Protocol):
+    """Task records shared by a cluster's entry nodes (``skilld.cluster.TaskBoard``).
+
+    Records are plain JSON objects; each is the owner's, signed by it, and ``get`` returns
+    only a record its owner signed (with ``owner`` set). ``ask`` sends ``cancel`` or
+    ``update`` to the owner of a task; ``listen`` hears those sent to this node.
+    """
+
+    node: str
+
+    def put(self, task_id: str, record: Mapping[str, Any]) -> None:
+        """Store this node's record of ``task_id``."""
+        ...
+
+    def get(self, task_id: str) -> dict[str, Any] | None:
+        """A task's record (``owner`` included), or None."""
+        ...
+
+    def ask(self, owner: str, task_id: str, op: str, body: Mapping[str, Any]) -> None:
+        """Send ``op`` for ``task_id`` to its owner."""
+        ...
+
+    def listen(self, on_request: Callable[[str, str, dict[str, Any]], None]) -> None:
+        """Hear the requests for this node's tasks (any thread)."""
+        ...
+
+
+_FIELDS = (
+    "task_id",
+    "tool",
+    "status",
+    "created_at",
+    "updated_at",
+    "ttl_ms",
+    "poll_interval_ms",
+    "result",
+    "error",
+    "message",
+    "input_requests",
+    "expires",
+    "client",
+)
+
+
+@dataclass
+class BoardTaskStore:
+    """A :class:`TaskStore` on a cluster's :class:`TaskBoard`.
+
+    A record is answered while its ``expires`` (wall-clock seconds: they mean the same on
+    every node) lasts.
+    """
+
+    board: TaskBoard
+    clock: Callable[[], float] = time.time
+
+    def put(self, record: TaskRecord) -> None:
+        """Store ``record`` as this node's (durable in JetStream on return)."""
+        self.board.put(record.task_id, {k: getattr(record, k) for k in _FIELDS})
+
+    def get(self, task_id: str) -> TaskRecord | None:
+        """The record while its TTL lasts, when its owner signed it."""
+        raw = self.board.get(task_id)
+        if raw is None:
+            return None
+        try:
+            fields = {k: raw[k] for k in _FIELDS if k in raw}
+            record = TaskRecord(**fields, owner=str(raw["owner"]))
+        except (KeyError, TypeError, ValueError):
+            return None
+        return record if float(record.expires) > self.clock() else None
+
+    def ask(self, owner: str, task_id: str, op: str, body: Mapping[str, Any]) -> None:
+        """Send ``op`` for ``task_id`` to the node it runs on."""
+        self.board.ask(owner, task_id, op, body)
 
 
 def declares_tasks(ctx_params: Mapping[str, Any] | None, connection_caps: Any) -> bool:
@@ -134,20 +236,73 @@ Outcome = Callable[[BaseException | None, Any], tuple[str, Mapping[str, Any] | N
 """Maps a finished call (exception, result) to (status, error, result)."""
 
 
+Audit = Callable[[dict[str, Any]], None]
+
+
 class Tasks:
-    """The tasks of this node: records in a store, and the calls still running here."""
+    """The tasks of this node: records in a store, and the calls still running here.
+
+    Args:
+        store: where records live (shared by a cluster's entry nodes, or this node's).
+        ttl_ms: how long a task's record is kept after it was created.
+        poll_interval_ms: the interval clients are told to poll at.
+        node: this node's name, the owner recorded in the tasks it creates.
+        audit: where the task's lifecycle records go (``None``: nowhere).
+    """
 
     def __init__(
-        self, store: TaskStore, ttl_ms: int = 600_000, poll_interval_ms: int = 500
+        self,
+        store: TaskStore,
+        ttl_ms: int = 600_000,
+        poll_interval_ms: int = 500,
+        node: str = "",
+        audit: Audit | None = None,
     ) -> None:
         self.store = store
         self.ttl_ms = ttl_ms
         self.poll_interval_ms = poll_interval_ms
+        self.node = node
+        self._audit = audit
         self._running: dict[str, ParkedCall[Any]] = {}
-        self._finished: dict[str, asyncio.Event] = {}
+        self._watchers: list[Callable[[dict[str, Any]], None]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._followers: set[asyncio.Task[None]] = set()
 
-    def create(self, tool: str, call: ParkedCall[Any], outcome: Outcome) -> TaskRecord:
-        """Record a task for ``call`` (durably, before the client hears of it)."""
+    def watch(self, listener: Callable[[dict[str, Any]], None]) -> Callable[[], None]:
+        """Hear each status change of this node's tasks (the ``Task`` fields and ``client``,
+        on the loop); returns what stops it."""
+        self._watchers.append(listener)
+
+        def stop() -> None:
+            with contextlib.suppress(ValueError):
+                self._watchers.remove(listener)
+
+        return stop
+
+    def serve_requests(self, board: TaskBoard) -> None:
+        """Apply the ``cancel``/``update`` requests other entry nodes send for our tasks."""
+
+        def heard(task_id: str, op: str, body: dict[str, Any]) -> None:
+            loop = self._loop
+            if loop is not None and not loop.is_closed():
+                loop.call_soon_threadsafe(self._apply, task_id, op, body)
+
+        board.listen(heard)
+
+    def _apply(self, task_id: str, op: str, body: dict[str, Any]) -> None:
+        if task_id not in self._running:
+            return  # over, or never ours: nothing runs here to act on
+        by = str(body.get("by", "?"))[:64]
+        if op == "cancel":
+            self.cancel(task_id, by=by)
+        elif op == "update" and isinstance(body.get("responses"), dict):
+            self._running[task_id].channel.answer(body["responses"])
+
+    def create(
+        self, tool: str, call: ParkedCall[Any], outcome: Outcome, client: str = ""
+    ) -> TaskRecord:
+        """Record a task for ``call`` made by ``client`` (durably, before it hears of it)."""
+        self._loop = asyncio.get_running_loop()
         now = _now()
         record = TaskRecord(
             task_id=f"task-{secrets.token_urlsafe(18)}",
@@ -157,38 +312,101 @@ class Tasks:
             updated_at=now,
             ttl_ms=self.ttl_ms,
             poll_interval_ms=self.poll_interval_ms,
-            expires=time.monotonic() + self.ttl_ms / 1000,
+            expires=time.time() + self.ttl_ms / 1000,
+            owner=self.node,
+            client=client,
         )
         self.store.put(record)
         self._running[record.task_id] = call
+        self._emit("created", record)
+        if hasattr(self.store, "ask"):
+            # Other entry nodes read the questions from the record: keep it current.
+            follower = self._loop.create_task(self._follow(record.task_id, call))
+            self._followers.add(follower)
+            follower.add_done_callback(self._followers.discard)
 
         def ended(task: asyncio.Task[Any]) -> None:
             self._running.pop(record.task_id, None)
             current = self.store.get(record.task_id) or record
             if current.status == "cancelled":
+                self._emit("cancelled", current)
                 return
             exc = None if task.cancelled() else task.exception()
             value = None if exc is not None or task.cancelled() else task.result()
             status, error, result = outcome(exc, value)
-            self.store.put(
-                replace(current, status=status, error=error, result=result, updated_at=_now())
+            done = replace(
+                current,
+                status=status,
+                error=error,
+                result=result,
+                input_requests=None,
+                updated_at=_now(),
             )
+            self.store.put(done)
+            self._emit(status, done)
 
         call.task.add_done_callback(ended)
         return record
 
-    def get(self, task_id: str) -> dict[str, Any]:
+    async def _follow(self, task_id: str, call: ParkedCall[Any]) -> None:
+        """Keep the shared record's ``input_required`` and questions in step with the guest."""
+        asked: Mapping[str, Any] | None = None
+        while not call.task.done():
+            await call.changed.wait()
+            call.changed.clear()
+            pending = {k: q.request() for k, q in call.channel.pending.items()} or None
+            current = self.store.get(task_id)
+            if pending == asked or call.task.done() or current is None:
+                continue
+            if current.status in TERMINAL:
+                return
+            asked = pending
+            status = "input_required" if pending else "working"
+            changed = replace(current, status=status, input_requests=pending, updated_at=_now())
+            self.store.put(changed)
+            self._emit(status, changed)
+
+    def _emit(self, status: str, record: TaskRecord, by: str | None = None) -> None:
+        if status != "cancel-requested":
+            for listener in list(self._watchers):
+                listener({**record.wire(), "status": status, "client": record.client})
+        if self._audit is None:
+            return
+        event = {
+            "event": "task",
+            "task": record.task_id,
+            "tool": record.tool,
+            "status": status,
+            "node": self.node or None,
+            "owner": record.owner or None,
+            "start": time.time(),
+        }
+        if by is not None:
+            event["by"] = by
+        try:
+            self._audit(event)
+        except SkilldError as exc:  # the task goes on; the trouble is logged
+            logging.getLogger("skilld.mcp").warning("task audit failed: %s", exc)
+
+    def get(self, task_id: str, client: str | None = None) -> dict[str, Any]:
         """The ``tasks/get`` answer: status, and the result, error or questions.
 
         Raises:
-            MCPError: ``-32602`` for a task id this server does not know (or forgot).
+            MCPError: ``-32602`` for a task id this server does not know (or forgot), or
+                one another client made.
         """
-        record = self._record(task_id)
+        record = self._record(task_id, client)
         body = {"resultType": "complete", **record.wire()}
         call = self._running.get(task_id)
         if record.status not in TERMINAL and call is not None and call.channel.pending:
             body["status"] = "input_required"
             body["inputRequests"] = {k: q.request() for k, q in call.channel.pending.items()}
+        elif record.status not in TERMINAL and call is None and record.input_requests:
+            # Another entry node runs it: the questions its owner recorded.
+            body["status"] = "input_required"
+            body["inputRequests"] = dict(record.input_requests)
+        elif record.status == "input_required":
+            body["status"] = "working"
         if record.status in TERMINAL:
             if record.error is not None:
                 body["error"] = dict(record.error)
@@ -196,35 +414,150 @@ class Tasks:
                 body["result"] = dict(record.result)
         return body
 
-    def update(self, task_id: str, responses: Mapping[str, Any]) -> dict[str, Any]:
+    def update(
+        self, task_id: str, responses: Mapping[str, Any], client: str | None = None
+    ) -> dict[str, Any]:
         """``tasks/update``: answers to the questions the task's guest waits on.
 
         Raises:
-            MCPError: ``-32602`` for an unknown task.
+            MCPError: ``-32602`` for an unknown task (or another client's).
         """
-        self._record(task_id)
+        record = self._record(task_id, client)
         call = self._running.get(task_id)
         if call is not None:
             call.channel.answer(responses)
+        elif record.status not in TERMINAL:
+            self._forward(record, "update", {"responses": dict(responses)})
         return {"resultType": "complete"}
 
-    def cancel(self, task_id: str) -> dict[str, Any]:
-        """``tasks/cancel``: the call is cancelled; the task reads ``cancelled`` from now on.
+    def cancel(
+        self, task_id: str, by: str | None = None, client: str | None = None
+    ) -> dict[str, Any]:
+        """``tasks/cancel``: the call is cancelled; the task reads ``cancelled`` from now on
+        (at once here; once its owner heard of it when another entry node runs it).
 
         Raises:
-            MCPError: ``-32602`` for an unknown task.
+            MCPError: ``-32602`` for an unknown task (or another client's).
         """
-        record = self._record(task_id)
+        record = self._record(task_id, client)
         if record.status in TERMINAL:
             return {"resultType": "complete"}
-        self.store.put(replace(record, status="cancelled", updated_at=_now()))
         call = self._running.get(task_id)
-        if call is not None:
-            call.channel.cancel()
+        self._emit("cancel-requested", record, by=by or self.node or "client")
+        if call is None:
+            self._forward(record, "cancel", {})
+            return {"resultType": "complete"}
+        self.store.put(replace(record, status="cancelled", input_requests=None, updated_at=_now()))
+        call.channel.cancel()
         return {"resultType": "complete"}
 
-    def _record(self, task_id: str) -> TaskRecord:
+    def pending_elsewhere(self, task_id: str) -> bool:
+        """Whether ``task_id`` runs on another node and is not over (a cancel sent there
+        may not have been applied yet)."""
         record = self.store.get(task_id)
-        if record is None:
+        return record is not None and record.status not in TERMINAL and task_id not in self._running
+
+    def _forward(self, record: TaskRecord, op: str, body: Mapping[str, Any]) -> None:
+        """Carry ``op`` to the node the task runs on.
+
+        Raises:
+            MCPError: ``-32603`` when no other node can be reached for it.
+        """
+        ask = getattr(self.store, "ask", None)
+        if ask is None or not record.owner or record.owner == self.node:
+            # Ours but no longer running (this node restarted): nothing can act on it.
+            return
+        try:
+            ask(record.owner, record.task_id, op, {**body, "by": self.node})
+        except SkilldError as exc:
+            raise MCPError(
+                types.INTERNAL_ERROR, f"the node running task {record.task_id} is unreachable"
+            ) from exc
+
+    def _record(self, task_id: str, client: str | None = None) -> TaskRecord:
+        record = self.store.get(task_id)
+        # Another client's task reads as unknown: its id alone is no proof of whose it is.
+        if record is None or (client is not None and record.client != client):
             raise MCPError(types.INVALID_PARAMS, f"unknown task: {task_id}")
         return record
+
+
+def client_capabilities(ctx: Ctx) -> Any:
+    """The capabilities a handshake-era client declared on its connection (or None)."""
+    connection = getattr(ctx.session, "_connection", None)
+    return getattr(connection, "client_capabilities", None)
+
+
+def client_of(ctx: Ctx) -> str:
+    """Who a tasks request comes from, as far as the server can tell: a digest of its
+    ``Authorization`` header ("" without one). A task answers only the client that made it,
+    and its status notifications go only to that client's listen streams."""
+    headers = getattr(ctx.request, "headers", None)
+    auth = headers.get("authorization") if headers is not None else None
+    return "" if not auth else hashlib.sha256(auth.encode()).hexdigest()[:32]
+
+
+def tasks_of(dispatcher: Dispatcher, config: ServeConfig, node: str) -> Tasks:
+    """This server's tasks: on the cluster's board when it has one, audited through the
+    dispatcher's sink when it offers one."""
+    board = config.task_board
+    store: TaskStore = MemoryTaskStore() if board is None else BoardTaskStore(board)
+    audit = getattr(dispatcher, "emit_audit", None)
+    tasks = Tasks(
+        store,
+        ttl_ms=config.task_ttl_ms,
+        node=board.node if board is not None else node,
+        audit=audit if callable(audit) else None,
+    )
+    if board is not None:
+        tasks.serve_requests(board)
+    return tasks
+
+
+class _TaskStatus(BaseModel):
+    """``notifications/tasks/status`` (the ``Task`` fields as the 2026-07-28 wire has them)."""
+
+    method: str = "notifications/tasks/status"
+    params: dict[str, Any]
+
+
+class TaskListen:
+    """``subscriptions/listen``: the SDK's stream (list changes), plus, for a client that
+    declared the tasks extension, ``notifications/tasks/status`` for each status change of
+    the tasks it made on this node (the same ``Authorization``, see :func:`_client_of`)."""
+
+    def __init__(self, inner: ListenHandler, tasks: Tasks) -> None:
+        self._inner = inner
+        self._tasks = tasks
+
+    async def __call__(
+        self, ctx: Ctx, params: types.SubscriptionsListenRequestParams
+    ) -> types.SubscriptionsListenResult:
+        if not declares_tasks(ctx.params, client_capabilities(ctx)):
+            return await self._inner(ctx, params)
+        client = client_of(ctx)
+        meta = {SUBSCRIPTION_ID_META_KEY: ctx.request_id}
+        send, recv = anyio.create_memory_object_stream[dict[str, Any]](256)
+
+        def heard(task: dict[str, Any]) -> None:
+            if task.pop("client", "") == client:
+                with contextlib.suppress(anyio.WouldBlock, anyio.ClosedResourceError):
+                    send.send_nowait(task)
+
+        async def relay() -> None:
+            async for task in recv:
+                note = _TaskStatus(params={**task, "_meta": meta})
+                await ctx.session.send_notification(
+                    cast(Any, note), related_request_id=ctx.request_id
+                )
+
+        stop = self._tasks.watch(heard)
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(relay)
+                result = await self._inner(ctx, params)
+                tg.cancel_scope.cancel()
+        finally:
+            stop()
+            send.close()
+        return result

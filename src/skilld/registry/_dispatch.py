@@ -121,6 +121,14 @@ class Registry(Catalogue):
         self._trail = AuditTrail(audit)
         self._inline = InlineStrategy()
 
+    def emit_audit(self, record: dict[str, Any]) -> None:
+        """Send one record that is not a call's (an MCP task's lifecycle) to the audit sink.
+
+        Raises:
+            AuditError: the sink could not record.
+        """
+        self._trail.emit(record)
+
     def remove(self, skill_id: str) -> SkillEntry:
         """Unregister a skill and its tools (see :meth:`Catalogue.remove`); returns its entry.
 

@@ -1,0 +1,194 @@
+"""MCP tasks through a cluster: records in JetStream KV, so any entry node answers for a task
+whose call runs on another; a cancel that reaches another entry node ends the call where it
+runs; every value on the board is signed by the node it speaks for."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from itertools import cycle
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2 as httpx
+import pytest
+from cluster_harness import Keys, NatsServer, NodeProc, start_node
+
+pytestmark = [pytest.mark.anyio, pytest.mark.slow]
+
+MODERN = "2026-07-28"
+TASKS = "io.modelcontextprotocol/tasks"
+META = {
+    "io.modelcontextprotocol/protocolVersion": MODERN,
+    "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}, "extensions": {TASKS: {}}},
+}
+
+
+async def rpc(http: httpx.AsyncClient, url: str, method: str, params: dict[str, Any]) -> Any:
+    """One stateless 2026-07-28 request declaring the tasks extension; its JSON-RPC message."""
+    body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": {**params, "_meta": META}}
+    headers = {
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": MODERN,
+        "Mcp-Method": method,
+    }
+    named = params.get("name") or params.get("taskId")
+    if named:
+        headers["Mcp-Name"] = named
+    response = await http.post(url, json=body, headers=headers)
+    if response.headers.get("content-type", "").startswith("application/json"):
+        return response.json()
+    data = [line[5:].strip() for line in response.text.splitlines() if line.startswith("data:")]
+    return json.loads(data[-1])
+
+
+def task_audit(node: NodeProc, task_id: str) -> list[dict[str, Any]]:
+    """The ``event: task`` audit records ``node`` wrote for ``task_id`` so far."""
+    found = []
+    for line in list(node.lines):
+        if line.startswith("{") and '"task"' in line:
+            doc = json.loads(line)
+            if doc.get("event") == "task" and doc.get("task") == task_id:
+                found.append(doc)
+    return found
+
+
+@pytest.fixture
+def two_entries(
+    bus_nats: tuple[NatsServer, Path],
+    keys: Keys,
+    demo_cluster_bundle: Path,
+    gateway_bundle: Path,
+    tmp_path: Path,
+) -> Iterator[tuple[NodeProc, NodeProc, NodeProc]]:
+    """node-a and node-c, entry-only with --cluster-kv (tasks in JetStream KV), and node-b,
+    the worker holding the conformance skill, on the documented least-privilege bus."""
+    nats, bus = bus_nats
+    worker = start_node(
+        "node-b", demo_cluster_bundle, nats.url, keys.member, tmp_path / "b", http=False, bus=bus
+    )
+    entries = [
+        start_node(
+            name,
+            gateway_bundle,
+            nats.url,
+            keys.member,
+            tmp_path / name,
+            extra=["--entry-only", "--cluster-kv"],
+            bus=bus,
+        )
+        for name in ("node-a", "node-c")
+    ]
+    try:
+        for entry in entries:
+            entry.seen(r"node node-b joined \(7 skills\)")
+        yield entries[0], entries[1], worker
+    finally:
+        for node in (*entries, worker):
+            node.stop()
+
+
+async def test_round_robin_client_creates_on_a_and_reads_the_result_on_c(
+    two_entries: tuple[NodeProc, NodeProc, NodeProc],
+) -> None:
+    """A stateless client spreading its requests round-robin over two entry nodes creates a
+    task on node-a (its call runs on the worker node-b), sees it working from node-c, and
+    reads its inlined result from whichever node its poll lands on; the owner audits the
+    task's creation and completion."""
+    a, c, _worker = two_entries
+    assert a.url is not None and c.url is not None
+    nodes = cycle([a.url, c.url])
+    async with httpx.AsyncClient(timeout=30) as http:
+        created = (
+            await rpc(
+                http,
+                next(nodes),
+                "tools/call",
+                {"name": "slow_compute", "arguments": {"seconds": 2, "label": "rr"}},
+            )
+        )["result"]
+        assert created["resultType"] == "task", created
+        task_id = created["taskId"]
+        first = (await rpc(http, next(nodes), "tasks/get", {"taskId": task_id}))["result"]
+        assert first["status"] == "working" and "result" not in first, first
+        seen_on: set[str] = set()
+        with anyio.fail_after(30):
+            while True:
+                url = next(nodes)
+                got = (await rpc(http, url, "tasks/get", {"taskId": task_id}))["result"]
+                seen_on.add(url)
+                if got["status"] != "working":
+                    break
+                await anyio.sleep(got["pollIntervalMs"] / 1000)
+        assert got["status"] == "completed", got
+        assert got["result"]["content"][0]["text"] == "computed rr after 2 s", got
+        # both nodes answered, and both give the same final answer
+        assert seen_on == {a.url, c.url}
+        other = a.url if url == c.url else c.url
+        again = (await rpc(http, other, "tasks/get", {"taskId": task_id}))["result"]
+        assert again["result"] == got["result"], again
+    records = a.audit_until(lambda _r: len(task_audit(a, task_id)) >= 2)
+    assert records is not None
+    statuses = [r["status"] for r in task_audit(a, task_id)]
+    assert statuses == ["created", "completed"], statuses
+    assert not task_audit(c, task_id)  # node-c only read it
+
+
+async def test_a_cancel_through_the_other_entry_node_ends_the_call_on_the_worker(
+    two_entries: tuple[NodeProc, NodeProc, NodeProc],
+) -> None:
+    """A minute-long task made on node-a is cancelled through node-c: node-a (the owner)
+    cancels the call, the worker's guest stops at once (its call audited cancelled, not a
+    minute later), and both entry nodes then read the task as cancelled. Each side audits
+    the cancel with the node it came through."""
+    a, c, worker = two_entries
+    assert a.url is not None and c.url is not None
+    async with httpx.AsyncClient(timeout=30) as http:
+        created = (
+            await rpc(
+                http,
+                a.url,
+                "tools/call",
+                {"name": "slow_compute", "arguments": {"seconds": 60, "label": "cut"}},
+            )
+        )["result"]
+        task_id = created["taskId"]
+        started = time.monotonic()
+        ack = await rpc(http, c.url, "tasks/cancel", {"taskId": task_id})
+        assert ack["result"]["resultType"] == "complete" and "taskId" not in ack["result"], ack
+        for url in (c.url, a.url):
+            got = (await rpc(http, url, "tasks/get", {"taskId": task_id}))["result"]
+            assert got["status"] == "cancelled", (url, got)
+    worker.audit_until(
+        lambda records: any(
+            r.get("method") == "slow_compute" and r.get("outcome") == "cancelled" for r in records
+        )
+    )
+    assert time.monotonic() - started < 30  # ended by the cancel, not by its own minute
+    owner = a.audit_until(
+        lambda _r: [r["status"] for r in task_audit(a, task_id)][-1:] == ["cancelled"]
+    )
+    assert owner is not None
+    mine = task_audit(a, task_id)
+    assert [r["status"] for r in mine] == ["created", "cancel-requested", "cancelled"], mine
+    assert mine[1]["by"] == "node-c"
+    via = task_audit(c, task_id)
+    assert [(r["status"], r["by"], r["owner"]) for r in via] == [
+        ("cancel-requested", "node-c", "node-a")
+    ], via
+
+
+async def test_unknown_and_malformed_task_ids_read_as_unknown_on_every_entry(
+    two_entries: tuple[NodeProc, NodeProc, NodeProc],
+) -> None:
+    """A task id that names no record, or that would be a NATS wildcard or another key,
+    is -32602 on either entry node, never a lookup of something else."""
+    a, c, _worker = two_entries
+    assert a.url is not None and c.url is not None
+    async with httpx.AsyncClient(timeout=30) as http:
+        for url in (a.url, c.url):
+            for task_id in ("task-nope", "*", ">", "t.x", "r.node-a.>", "a" * 300, "../t"):
+                got = await rpc(http, url, "tasks/get", {"taskId": task_id})
+                assert got["error"]["code"] == -32602, (task_id, got)
