@@ -47,3 +47,30 @@ def conformance(
     )
     registry.mark_ready()
     return registry, sink
+
+
+@pytest.fixture
+def conformance_exposed(
+    sandbox: Sandbox, component_path: Callable[[str], Path], tmp_path: Path
+) -> tuple[Registry, MemorySink]:
+    """The conformance skill with its policy's whole exposure (names and ``mcp.tasks``)."""
+    (tmp_path / "conformance.yaml").write_text(
+        (ROOT / "tests" / "policies" / "conformance.yaml").read_text()
+    )
+    compiled = compile_policies(tmp_path, {"conformance": None})
+    checker = SkillPermissions.from_tables(compiled.tables, "conformance")
+    comp = sandbox.load(component_path("conformance").read_bytes(), name="conformance")
+    spec = comp.describe(CallContext("conformance", checker.limits, NullChannel()))
+    sink = MemorySink()
+    registry = Registry(audit=sink)
+    registry.add(
+        SkillEntry(
+            spec=dataclasses.replace(spec, id="conformance"),
+            component=comp,
+            limits=checker.limits,
+            checker=checker,
+            exposure=checker.exposure,
+        )
+    )
+    registry.mark_ready()
+    return registry, sink

@@ -367,9 +367,11 @@ class Tasks:
             self._emit(status, changed)
 
     def _emit(self, status: str, record: TaskRecord, by: str | None = None) -> None:
+        # ``created`` is the audit's word; the wire says the task's status (``working``).
+        wire = record.status if status == "created" else status
         if status != "cancel-requested":
             for listener in list(self._watchers):
-                listener({**record.wire(), "status": status, "client": record.client})
+                listener({**record.wire(), "status": wire, "client": record.client})
         if self._audit is None:
             return
         event = {
