@@ -34,7 +34,8 @@ def test_entry_node_passes_every_scored_scenario(
     conformance skill on node-b, a worker carrying the whole demo bundle (delegate's kits
     kit.notes and kit.text too); input-required rounds are relayed in the signed envelope,
     and the tasks extension (not scored) passes whole: its tools are tasks by the worker's
-    policy (``mcp.tasks``), announced to the entry node, which runs them as remote calls."""
+    policy (``mcp.tasks``), announced to the entry node, which runs them as remote calls and
+    keeps their records in JetStream KV."""
     assert SUITE.exists(), f"the conformance runner is not at {SUITE} (set SKILLD_MCP_CONFORMANCE)"
     nats, bus = bus_nats  # the documented bus: TLS, NKeys, subject permissions
     holder = start_node(
@@ -46,7 +47,7 @@ def test_entry_node_passes_every_scored_scenario(
         nats.url,
         keys.member,
         tmp_path / "a",
-        extra=["--entry-only"],
+        extra=["--entry-only", "--cluster-kv"],  # task records in JetStream KV
         bus=bus,
     )
     try:
