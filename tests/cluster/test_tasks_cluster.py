@@ -20,15 +20,25 @@ pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
 MODERN = "2026-07-28"
 TASKS = "io.modelcontextprotocol/tasks"
+CAPS = "io.modelcontextprotocol/clientCapabilities"
 META = {
     "io.modelcontextprotocol/protocolVersion": MODERN,
-    "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}, "extensions": {TASKS: {}}},
+    CAPS: {"elicitation": {}, "extensions": {TASKS: {}}},
 }
 
 
-async def rpc(http: httpx.AsyncClient, url: str, method: str, params: dict[str, Any]) -> Any:
-    """One stateless 2026-07-28 request declaring the tasks extension; its JSON-RPC message."""
-    body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": {**params, "_meta": META}}
+async def rpc(
+    http: httpx.AsyncClient,
+    url: str,
+    method: str,
+    params: dict[str, Any],
+    *,
+    extensions: bool = True,
+) -> Any:
+    """One stateless 2026-07-28 request declaring the tasks extension (unless told not to);
+    its JSON-RPC message."""
+    meta = META if extensions else {**META, CAPS: {}}
+    body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": {**params, "_meta": meta}}
     headers = {
         "Accept": "application/json, text/event-stream",
         "MCP-Protocol-Version": MODERN,
@@ -101,6 +111,18 @@ async def test_round_robin_client_creates_on_a_and_reads_the_result_on_c(
     assert a.url is not None and c.url is not None
     nodes = cycle([a.url, c.url])
     async with httpx.AsyncClient(timeout=30) as http:
+        # Plain calls first (no tasks extension: the optional task tool runs at once), so
+        # the task below runs on a warm worker, which tries it inline first: the guest's
+        # mcp.cancelled() there must give up to a thread, not end the call.
+        for label in ("warm-1", "warm-2"):
+            plain = await rpc(
+                http,
+                next(nodes),
+                "tools/call",
+                {"name": "slow_compute", "arguments": {"seconds": 0.2, "label": label}},
+                extensions=False,
+            )
+            assert plain["result"]["content"][0]["text"] == f"computed {label} after 0.2 s", plain
         created = (
             await rpc(
                 http,
@@ -178,6 +200,46 @@ async def test_a_cancel_through_the_other_entry_node_ends_the_call_on_the_worker
     assert [(r["status"], r["by"], r["owner"]) for r in via] == [
         ("cancel-requested", "node-c", "node-a")
     ], via
+
+
+async def test_a_question_asked_on_a_is_answered_through_c(
+    two_entries: tuple[NodeProc, NodeProc, NodeProc],
+) -> None:
+    """A task whose guest elicits (made on node-a, run on the worker) reads input_required
+    with the question on node-c too; tasks/update through node-c answers it, the record
+    leaves input_required, and the task completes with the answer, read on either node."""
+    a, c, _worker = two_entries
+    assert a.url is not None and c.url is not None
+    async with httpx.AsyncClient(timeout=30) as http:
+        created = (
+            await rpc(http, a.url, "tools/call", {"name": "confirm_delete", "arguments": {}})
+        )["result"]
+        task_id = created["taskId"]
+        with anyio.fail_after(30):
+            while True:
+                got = (await rpc(http, c.url, "tasks/get", {"taskId": task_id}))["result"]
+                if got["status"] == "input_required":
+                    break
+                await anyio.sleep(got["pollIntervalMs"] / 1000)
+        (key, question), *more = got["inputRequests"].items()
+        assert not more and question["method"] == "elicitation/create", got
+        answer = {key: {"action": "accept", "content": {"confirm": True}}}
+        updated = await rpc(
+            http, c.url, "tasks/update", {"taskId": task_id, "inputResponses": answer}
+        )
+        assert updated["result"]["resultType"] == "complete", updated
+        with anyio.fail_after(30):
+            while True:
+                got = (await rpc(http, c.url, "tasks/get", {"taskId": task_id}))["result"]
+                if got["status"] == "completed":
+                    break
+                assert got["status"] in ("working", "input_required"), got
+                await anyio.sleep(got["pollIntervalMs"] / 1000)
+        assert got["result"]["content"][0]["text"] == "confirmed=True", got
+        on_a = (await rpc(http, a.url, "tasks/get", {"taskId": task_id}))["result"]
+        assert on_a["result"] == got["result"]
+    statuses = [r["status"] for r in task_audit(a, task_id)]
+    assert statuses[:2] == ["created", "input_required"] and statuses[-1] == "completed"
 
 
 async def test_unknown_and_malformed_task_ids_read_as_unknown_on_every_entry(

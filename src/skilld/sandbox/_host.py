@@ -82,7 +82,9 @@ def _adapt(interface: str, name: str, fn: HostFn, kind: Kind) -> Any:
             # block or act on the world waits for the call's rerun on a thread. The
             # guest's answer no longer counts; it is stopped at its next epoch check.
             ctx.inline.refuse()
-            return None if kind == "plain" else err("unavailable", "retried on a thread", None)
+            if kind == "plain":  # mcp.cancelled returns a bool: None failed the lowering
+                return False if (interface, name) == ("mcp", "cancelled") else None
+            return err("unavailable", "retried on a thread", None)
         try:
             value = fn(ctx, *[to_py(a) for a in args])
         except HostCallError as exc:
