@@ -296,7 +296,7 @@ class Tasks:
         if op == "cancel":
             self.cancel(task_id, by=by)
         elif op == "update" and isinstance(body.get("responses"), dict):
-            self._running[task_id].channel.answer(body["responses"])
+            self._answer(self._running[task_id], body["responses"])
 
     def create(
         self, tool: str, call: ParkedCall[Any], outcome: Outcome, client: str = ""
@@ -427,7 +427,7 @@ class Tasks:
         record = self._record(task_id, client)
         call = self._running.get(task_id)
         if call is not None:
-            call.channel.answer(responses)
+            self._answer(call, responses)
         elif record.status not in TERMINAL:
             self._forward(record, "update", {"responses": dict(responses)})
         return {"resultType": "complete"}
@@ -452,6 +452,12 @@ class Tasks:
         self.store.put(replace(record, status="cancelled", input_requests=None, updated_at=_now()))
         call.channel.cancel()
         return {"resultType": "complete"}
+
+    @staticmethod
+    def _answer(call: ParkedCall[Any], responses: Mapping[str, Any]) -> None:
+        call.channel.answer(responses)
+        # The shared record follows: its questions are answered (see _follow).
+        call.changed.set()
 
     def pending_elsewhere(self, task_id: str) -> bool:
         """Whether ``task_id`` runs on another node and is not over (a cancel sent there
