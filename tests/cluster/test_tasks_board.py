@@ -112,8 +112,9 @@ def test_requests_reach_the_owner_only_when_signed_by_their_sender(link: NatsLin
     a.listen(lambda task, op, body: heard.put((task, op, body)))
     c.ask("node-a", "task-1", "cancel", {"by": "node-c"})
     assert heard.get(timeout=10) == ("task-1", "cancel", {"by": "node-c"})
-    c.ask("node-a", "task-2", "update", {"responses": {"q": 1}})
-    assert heard.get(timeout=10) == ("task-2", "update", {"responses": {"q": 1}})
+    # ``by`` is the verified sender, whatever the body claims
+    c.ask("node-a", "task-2", "update", {"responses": {"q": 1}, "by": "node-a"})
+    assert heard.get(timeout=10) == ("task-2", "update", {"responses": {"q": 1}, "by": "node-c"})
     board(link, "node-c", STRANGER, refused).ask("node-a", "task-3", "cancel", {})
     board(link, "node-x", KEY_C, refused).ask("node-a", "task-3", "cancel", {})
     c.ask("node-a", "task-4", "cancel", {})

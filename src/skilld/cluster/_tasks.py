@@ -203,12 +203,14 @@ class TaskBoard:
 
     def _request(self, key: str, value: bytes) -> None:
         try:
-            task_id, op, body = _request_of(key, self.node, *self._open(key, value, once=True))
+            signer, doc = self._open(key, value, once=True)
+            task_id, op, body = _request_of(key, self.node, signer, doc)
         except ClusterError as exc:
             self._refused(_claimed(value), f"task request refused: {exc.message}")
             return
         if self._on_request is not None:
-            self._on_request(task_id, op, body)
+            # ``by``: the verified sender, whatever the body says
+            self._on_request(task_id, op, {**body, "by": signer})
 
     # -- signing -----------------------------------------------------------------------
 

@@ -316,7 +316,11 @@ class Tasks:
             owner=self.node,
             client=client,
         )
-        self.store.put(record)
+        try:
+            self.store.put(record)
+        except SkilldError:
+            call.channel.cancel()  # nobody could ever ask for it
+            raise
         self._running[record.task_id] = call
         self._emit("created", record)
         if hasattr(self.store, "ask"):
@@ -342,7 +346,10 @@ class Tasks:
                 input_requests=None,
                 updated_at=_now(),
             )
-            self.store.put(done)
+            try:
+                self.store.put(done)
+            except SkilldError as exc:  # the record stays as it was until its TTL
+                logging.getLogger("skilld.mcp").warning("task %s: %s", record.task_id, exc)
             self._emit(status, done)
 
         call.task.add_done_callback(ended)
@@ -360,10 +367,14 @@ class Tasks:
                 continue
             if current.status in TERMINAL:
                 return
-            asked = pending
             status = "input_required" if pending else "working"
             changed = replace(current, status=status, input_requests=pending, updated_at=_now())
-            self.store.put(changed)
+            try:
+                self.store.put(changed)
+            except SkilldError as exc:  # the next change tries again
+                logging.getLogger("skilld.mcp").warning("task %s: %s", task_id, exc)
+                continue
+            asked = pending
             self._emit(status, changed)
 
     def _emit(self, status: str, record: TaskRecord, by: str | None = None) -> None:
