@@ -34,9 +34,10 @@ async def rpc(
     params: dict[str, Any],
     *,
     extensions: bool = True,
+    who: str | None = None,
 ) -> Any:
-    """One stateless 2026-07-28 request declaring the tasks extension (unless told not to);
-    its JSON-RPC message."""
+    """One stateless 2026-07-28 request declaring the tasks extension (unless told not to),
+    as the client holding bearer token ``who`` (none by default); its JSON-RPC message."""
     meta = META if extensions else {**META, CAPS: {}}
     body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": {**params, "_meta": meta}}
     headers = {
@@ -47,6 +48,8 @@ async def rpc(
     named = params.get("name") or params.get("taskId")
     if named:
         headers["Mcp-Name"] = named
+    if who is not None:
+        headers["Authorization"] = f"Bearer {who}"
     response = await http.post(url, json=body, headers=headers)
     if response.headers.get("content-type", "").startswith("application/json"):
         return response.json()
@@ -240,6 +243,35 @@ async def test_a_question_asked_on_a_is_answered_through_c(
         assert on_a["result"] == got["result"]
     statuses = [r["status"] for r in task_audit(a, task_id)]
     assert statuses[:2] == ["created", "input_required"] and statuses[-1] == "completed"
+
+
+async def test_another_client_cannot_read_or_cancel_a_task_on_any_entry(
+    two_entries: tuple[NodeProc, NodeProc, NodeProc],
+) -> None:
+    """A task alice made on node-a is unknown to mallory on node-c and on node-a: her
+    tasks/get, tasks/update and tasks/cancel are -32602, and the task runs on for alice."""
+    a, c, _worker = two_entries
+    assert a.url is not None and c.url is not None
+    async with httpx.AsyncClient(timeout=30) as http:
+        created = await rpc(
+            http,
+            a.url,
+            "tools/call",
+            {"name": "slow_compute", "arguments": {"seconds": 60}},
+            who="alice",
+        )
+        task_id = created["result"]["taskId"]
+        for url in (c.url, a.url):
+            for method, extra in (
+                ("tasks/get", {}),
+                ("tasks/update", {"inputResponses": {}}),
+                ("tasks/cancel", {}),
+            ):
+                got = await rpc(http, url, method, {"taskId": task_id, **extra}, who="mallory")
+                assert got["error"]["code"] == -32602, (url, method, got)
+        still = await rpc(http, c.url, "tasks/get", {"taskId": task_id}, who="alice")
+        assert still["result"]["status"] == "working", still
+        await rpc(http, c.url, "tasks/cancel", {"taskId": task_id}, who="alice")
 
 
 async def test_unknown_and_malformed_task_ids_read_as_unknown_on_every_entry(
