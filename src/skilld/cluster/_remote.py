@@ -26,7 +26,7 @@ from typing import Any
 
 from nats.aio.msg import Msg
 
-from skilld.cluster._envelope import Opened, Opener, Sealer, claimed
+from skilld.cluster._envelope import Opened, Opener, Sealer, claimed, digest
 from skilld.cluster._link import NatsLink
 from skilld.cluster._wire import (
     call_subject,
@@ -189,7 +189,14 @@ class Router:
                         self._link.publish(subject, sent, headers, reply=inbox)
                     continue
                 event = opened.meta.get("ev")
-                if event == "restarted" and resends < _RESENDS and not parts and not copies:
+                if event == "restarted" and opened.meta.get("of") != digest(headers, sent):
+                    # Not about this call as this node sent it (a copy changed on the bus).
+                    self._refused(
+                        target,
+                        f"a 'restarted' answer for call {call_id} ignored: "
+                        "it names another message than the call sent",
+                    )
+                elif event == "restarted" and resends < _RESENDS and not parts and not copies:
                     # Signed by the target: its new life never ran this copy, and there
                     # was only this copy (a queue group delivers it once): the old life
                     # never ran it either. After a resend of the same bytes that is no

@@ -353,8 +353,15 @@ class SkillServer:
                 f"routed call {meta.get('call')} refused: made for boot {meta.get('boot')} of "
                 f"node {self._node}, which is now at boot {self._sealer.boot}",
             )
-            back = {"ev": "restarted", "call": meta.get("call"), "to": opened.sender}
-            self._link.publish(msg.reply, b"", self._sealer.seal(back, b""))
+            # It names the message it got: only its sender's own call is sent again.
+            back = {
+                "ev": "restarted",
+                "call": meta.get("call"),
+                "to": opened.sender,
+                "of": opened.digest,
+            }
+            headers, out = self._sealer.seal_to(opened.box, back, b"")
+            self._link.publish(msg.reply, out, headers)
             return None
         return opened
 
