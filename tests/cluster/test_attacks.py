@@ -260,6 +260,40 @@ async def test_a_changed_copy_cannot_make_the_entry_send_a_call_twice(
     assert _calls(node_b) == before + 1
 
 
+async def test_a_nodes_own_key_cannot_speak_as_another_node(
+    open_bus: dict[str, Any], plain: NatsClient
+) -> None:
+    """node-b's own key signing a call, or certifying a payload key, as node-a: refused."""
+    node_b = open_bus["nodes"]["b"]
+    genuine, calls = await _capture_settled(plain, open_bus["nodes"]["a"], node_b)
+    boot, box = await _announced(plain, "node-b")
+    meta = {**json.loads((genuine.headers or {})["Skilld-Meta"]), "boot": boot}
+    for name in ("from", "pair"):
+        meta.pop(name)
+    as_a = Sealer(
+        "node-a", load_private_key(open_bus["keys"].of("node-b")), _announce.Stamper(), BoxKey()
+    )
+    signed = as_a.seal({**meta, "call": "k" * 24}, b'{"text":"as node-a"}')
+    await _no_answer(plain, genuine.subject, b'{"text":"as node-a"}', signed)
+    headers, sent = as_a.seal_to(box, {**meta, "call": "l" * 24}, b'{"text":"as node-a"}')
+    await _no_answer(plain, genuine.subject, sent, headers)
+
+    def refused(records: list[dict[str, Any]]) -> int:
+        needle = "key node-b"
+        return len(
+            [
+                r
+                for r in records
+                if r["event"] == "cluster-refused"
+                and needle in r["reason"]
+                and "may not speak for node 'node-a'" in r["reason"]
+            ]
+        )
+
+    node_b.audit_until(lambda rs: refused(rs) >= 2)
+    assert _calls(node_b) == calls
+
+
 async def test_a_hidden_method_is_never_routed(open_bus: dict[str, Any], plain: NatsClient) -> None:
     """echo's hidden 'fail': no tool on the entry; even a member's signed call is refused."""
     node_a, node_b = open_bus["nodes"]["a"], open_bus["nodes"]["b"]
@@ -300,8 +334,8 @@ async def test_a_forged_remote_called_by_caller_is_refused(
     # Unsigned, claiming node-a: refused before anything else.
     await _no_answer(plain, genuine.subject, b'{"text":"x"}', {"Skilld-Meta": json.dumps(meta)})
     _refused(node_b, "routed call refused", "unsigned")
-    # Signed, but by node-t (a member key speaks for node-*): the chain is node-t's, and
-    # node-b consents to node-a/hostile only.
+    # Signed, but by node-t with its own key: the chain is node-t's, and node-b consents to
+    # node-a/hostile only.
     member = SignedClient("node-t", open_bus["keys"].member)
     meta = {**meta, "call": "d" * 24, "boot": await _boot(plain, "node-b")}
     for name in ("from", "pair"):  # node-t's own; signed, not paired
