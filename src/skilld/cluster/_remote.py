@@ -2,12 +2,12 @@
 
 :class:`RemoteSkill` is a :class:`~skilld.registry.SkillBackend`: the entry node's
 registry takes a slot, builds the context and audits the call as for any skill;
-the backend picks a holder (round robin), sends it the call in a signed envelope
+the backend picks a holder (round robin), sends it the call in a sealed envelope
 (``skilld.cluster._envelope``) on that node's subject for the skill, and waits on
 this worker thread for the stream the holder sends back, relaying progress, logs,
 sampling and elicitation to the client and cancellation to the holder.
 
-Only events signed by the node the call went to, for this call, are used: anything
+Only events sealed by the node the call went to, for this call, are used: anything
 else (a queue-group impostor's answer) is dropped and audited, and the call is sent
 again (the holder refuses a copy it saw already, by its stamp). A holder that dies
 mid-call costs a clear ``[unavailable]`` error when it leaves the membership or, at
@@ -43,7 +43,7 @@ from skilld.types import CallOutput
 _GRACE_S = 0.5
 # How often a waiting call looks at the client's cancellation and the holder's liveness.
 _POLL_S = 0.05
-# A call is sent again at most this often: after a signed "restarted" (the holder never
+# A call is sent again at most this often: after a sealed "restarted" (the holder never
 # ran it) or an answer that does not verify (an impostor in the holder's queue group may
 # have taken the request, half the time; the holder drops a copy it already saw, by its
 # stamp). Ten tries leave an impostor one call in 2048 to swallow, and bound what its
@@ -60,7 +60,7 @@ class Router:
     Args:
         link: the node's NATS connection.
         sealer: signs this node's calls, cancellations and answers.
-        opener: verifies the holder's events; only those signed by the node the call
+        opener: verifies the holder's events; only those sealed by the node the call
             was sent to, for this call, are used.
         alive: whether a node is a member now.
         boot: a member's boot as its announcements show it (calls name it).
@@ -162,7 +162,8 @@ class Router:
                     )
                 if not cancel_sent and ctx.channel.cancelled():
                     cancel = {"ev": "cancel", "call": call_id, "to": target}
-                    self._link.publish(cancel_subject(call_id), b"", self._sealer.seal(cancel, b""))
+                    cancel_headers, sealed = self._sealer.seal_to(self._box(target), cancel, b"")
+                    self._link.publish(cancel_subject(call_id), sealed, cancel_headers)
                     cancel_sent = True
                 if not self._alive(target):
                     raise GuestError(
@@ -229,7 +230,7 @@ class Router:
                 elif event == "done" and opened.meta.get("n") == len(parts):
                     parts.append(opened.data)
                     doc = json.loads(b"".join(parts))
-                    ctx.audit["holder"] = target  # verified: signed by the node routed to
+                    ctx.audit["holder"] = target  # verified: sealed by the node routed to
                     if "error" in doc:
                         raise error_from_json(doc["error"])
                     return doc["ok"]
