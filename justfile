@@ -76,11 +76,15 @@ nix-check:
 cluster-demo DIR="/tmp/skilld-cluster-demo" PORT="8081" NATS_PORT="4333":
     #!/usr/bin/env bash
     set -euo pipefail
-    mkdir -p {{DIR}}/policies/trust {{DIR}}/policies/kits
-    if [ ! -f {{DIR}}/member.pem ]; then
-      {{venv}}/bin/skilld keygen -o {{DIR}}/member.pem \
-        --trust-out {{DIR}}/policies/trust/members.pub.json --cluster 'node-*'
+    mkdir -p {{DIR}}/policies/trust {{DIR}}/policies/kits {{DIR}}/keys
+    # One key per node, trusted for that node's name only: no node can speak for another.
+    if [ -f {{DIR}}/policies/trust/members.pub.json ]; then  # a shared key of older demos
+      rm -rf {{DIR}}/policies/trust/members.pub.json {{DIR}}/member.pem {{DIR}}/bundle
     fi
+    for n in node-a node-b node-c; do
+      [ -f {{DIR}}/keys/$n.pem ] || {{venv}}/bin/skilld keygen -o {{DIR}}/keys/$n.pem \
+        --trust-out {{DIR}}/policies/trust/$n.pub.json --cluster $n
+    done
     if [ ! -f {{DIR}}/bus/nats.conf ]; then
       {{venv}}/bin/skilld cluster nats-config --out {{DIR}}/bus --port {{NATS_PORT}} \
         --node node-a --node node-b --node node-c
@@ -95,7 +99,7 @@ cluster-demo DIR="/tmp/skilld-cluster-demo" PORT="8081" NATS_PORT="4333":
     sleep 1  # nats-server listens within milliseconds; the nodes retry within their timeout
     node() { {{venv}}/bin/skilld serve --bundle {{DIR}}/bundle --state-dir {{DIR}}/$1 \
       --cluster tls://127.0.0.1:{{NATS_PORT}} --nats-nkey {{DIR}}/bus/$1.nk \
-      --nats-tls-ca {{DIR}}/bus/ca.pem --node $1 --cluster-key {{DIR}}/member.pem "${@:2}" & }
+      --nats-tls-ca {{DIR}}/bus/ca.pem --node $1 --cluster-key {{DIR}}/keys/$1.pem "${@:2}" & }
     node node-b --no-mcp --cluster-kv
     node node-c --no-mcp --cluster-kv
     node node-a --entry-only --transport http --port {{PORT}}

@@ -44,16 +44,20 @@ ROOT = Path(__file__).resolve().parent.parent
 TOOL = "echo-wat/echo"
 
 
-def _bundle(tmp: Path) -> tuple[Path, Path]:
-    """The echo-wat bundle trusting a fresh membership key; returns (bundle, key file)."""
-    key = SigningKey.generate()
-    write_private_key(key, tmp / "member.pem")
+def _bundle(tmp: Path) -> tuple[Path, dict[str, Path]]:
+    """The echo-wat bundle trusting a fresh key per node, each for its own name only;
+    returns (bundle, node -> key file)."""
     src = tmp / "src"
     (src / "policies" / "trust").mkdir(parents=True)
+    keys = {}
+    for node in ("holder", "entry"):
+        key = SigningKey.generate()
+        keys[node] = tmp / f"{node}.pem"
+        write_private_key(key, keys[node])
+        trusted = trusted_key(node, key.public_raw, [], cluster=[node])
+        (src / "policies" / "trust" / f"{node}.pub.json").write_bytes(trust_file_bytes(trusted))
     shutil.copytree(ROOT / "skills" / "echo-wat", src / "skills" / "echo-wat")
     shutil.copy(ROOT / "policies" / "echo-wat.yaml", src / "policies" / "echo-wat.yaml")
-    trusted = trusted_key("members", key.public_raw, [], cluster=["*"])
-    (src / "policies" / "trust" / "members.pub.json").write_bytes(trust_file_bytes(trusted))
     with Sandbox(paths.cache_dir()) as sandbox:
         build_bundle(
             src / "skills",
@@ -62,7 +66,7 @@ def _bundle(tmp: Path) -> tuple[Path, Path]:
             sandbox=sandbox,
             cache_dir=paths.cache_dir(),
         )
-    return tmp / "bundle", tmp / "member.pem"
+    return tmp / "bundle", keys
 
 
 def _wait(proc: subprocess.Popen[str], pattern: str) -> re.Match[str]:
@@ -95,7 +99,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="skilld-bench-cluster-"))
     procs: list[subprocess.Popen[str]] = []
     try:
-        bundle, key = _bundle(tmp)
+        bundle, keys = _bundle(tmp)
         nats = subprocess.Popen(
             [
                 str(Path(sys.executable).parent / "nats-server"),
@@ -127,7 +131,7 @@ def main() -> None:
                 "--node",
                 "holder",
                 "--cluster-key",
-                str(key),
+                str(keys["holder"]),
                 "--no-mcp",
             ],
             stderr=subprocess.PIPE,
@@ -142,7 +146,7 @@ def main() -> None:
                 bundle=bundle,
                 state_dir=tmp / "entry",
                 serve_skills=False,
-                cluster=ClusterConfig(url=url, node="entry", key_file=key),
+                cluster=ClusterConfig(url=url, node="entry", key_file=keys["entry"]),
             )
         )
         try:

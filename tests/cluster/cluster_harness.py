@@ -206,24 +206,48 @@ class NodeProc:
                 return dict(doc)
 
 
+# Every node name the cluster tests use: each has a key of its own, trusted for that name
+# only (a node holding one member key trusted for node-* could sign as any node).
+NODE_NAMES = tuple(
+    f"node-{n}" for n in (*"abcdefghijklmnopqrstuvwxyz", "check", "w1", "w2", "w3", "r1", "r2")
+)
+
+
 @dataclass
 class Keys:
-    """The membership key (trusted for node-*) and a stranger's key (trusted for nothing)."""
+    """Each node's own signing key, trusted for its own name only, and a stranger's key
+    (trusted for nothing).
+
+    ``member`` is the directory of the nodes' keys (``NODE.pem``): :func:`start_node` and
+    :class:`SignedClient` take the key of the node they start or speak as from it.
+    """
 
     member: Path
     stranger: Path
-    trust: Path  # a trust file for the member key, scoped to node names node-*
+    trust: Path  # a directory: one trust file per node key, scoped to that node's name
+
+    def of(self, node: str) -> Path:
+        """``node``'s own key file."""
+        return self.member / f"{node}.pem"
+
+
+def node_key(key: Path, node: str) -> Path:
+    """The key file ``node`` signs with: ``key`` itself, or ``node``'s in a directory of keys."""
+    return key / f"{node}.pem" if key.is_dir() else key
 
 
 def make_keys(root: Path) -> Keys:
-    """Two signing keys; only the first is trusted (for nodes named node-*)."""
-    root.mkdir(parents=True, exist_ok=True)
-    member, stranger = SigningKey.generate(), SigningKey.generate()
-    write_private_key(member, root / "member.pem")
+    """A key per node of NODE_NAMES, each trusted for that node only, and a stranger's."""
+    (root / "nodes").mkdir(parents=True, exist_ok=True)
+    (root / "trust").mkdir(exist_ok=True)
+    for node in NODE_NAMES:
+        key = SigningKey.generate()
+        write_private_key(key, root / "nodes" / f"{node}.pem")
+        trusted = trusted_key(node, key.public_raw, [], cluster=[node])
+        (root / "trust" / f"{node}.pub.json").write_bytes(trust_file_bytes(trusted))
+    stranger = SigningKey.generate()
     write_private_key(stranger, root / "stranger.pem")
-    trusted = trusted_key("cluster-members", member.public_raw, [], cluster=["node-*"])
-    (root / "cluster-members.pub.json").write_bytes(trust_file_bytes(trusted))
-    return Keys(root / "member.pem", root / "stranger.pem", root / "cluster-members.pub.json")
+    return Keys(root / "nodes", root / "stranger.pem", root / "trust")
 
 
 CLUSTER_SKILLS = Path(__file__).resolve().parent / "skills"
@@ -244,7 +268,8 @@ def make_bundle(
     for name, text in policies.items():  # a name may be a path: kits/notes.yaml
         (src / "policies" / name).parent.mkdir(parents=True, exist_ok=True)
         (src / "policies" / name).write_text(text)
-    shutil.copy(keys.trust, src / "policies" / "trust" / keys.trust.name)
+    for trust_file in sorted(keys.trust.glob("*.pub.json")):
+        shutil.copy(trust_file, src / "policies" / "trust" / trust_file.name)
     out = root / "bundle"
     build_bundle(
         src / "skills", src / "policies", out, sandbox=sandbox, cache_dir=cache_dir(), strict=False
@@ -266,9 +291,11 @@ def start_node(
 ) -> NodeProc:
     """Start ``skilld serve --cluster`` and wait until it serves (HTTP) or has joined.
 
+    ``key``: the node's key file, or a directory of keys (``Keys.member``) holding it.
     ``bus``: the directory ``skilld cluster nats-config`` wrote; the node connects with
     its NKey seed there and trusts its CA.
     """
+    key = node_key(key, name)
     if bus is not None:
         extra = [
             *extra,
@@ -392,7 +419,8 @@ async def mcp_client(url: str) -> AsyncIterator[Client]:
 
 
 class SignedClient:
-    """A plain NATS client holding a member key: it signs as node ``name`` would.
+    """A plain NATS client holding a key: it signs as node ``name`` would (``key_file``:
+    a key, or a directory of node keys where it takes ``name``'s).
 
     What a compromised or misbehaving member could send; the attack tests use it to
     reach the checks that come after the signature (hidden methods, misaddressing).
@@ -404,7 +432,7 @@ class SignedClient:
         from skilld.package import load_private_key
 
         self.name = name
-        self.key = load_private_key(key_file)
+        self.key = load_private_key(node_key(key_file, name))
         self.stamper = Stamper()
         self.sealer = Sealer(name, self.key, self.stamper)
 

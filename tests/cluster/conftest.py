@@ -14,7 +14,7 @@ from tests_env import ROOT
 
 @pytest.fixture(scope="session")
 def keys(tmp_path_factory: pytest.TempPathFactory) -> Keys:
-    """The membership key (trusted for node-*) and a stranger's key."""
+    """Each node's own key (trusted for its name only) and a stranger's key."""
     return make_keys(tmp_path_factory.mktemp("keys"))
 
 

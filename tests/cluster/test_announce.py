@@ -111,3 +111,17 @@ def test_each_stamp_is_accepted_once_and_never_an_older_boot(
             newest = max(newest, stamp) if boot >= newest[0] else newest
     # The other node's stamps are its own business.
     fresh.accept("node-y", order[0])
+
+
+def test_a_stamp_far_ahead_slides_the_window_at_once() -> None:
+    """A counter jumping by 10**18 slides the window at once: behind it refused, inside once."""
+    fresh = _announce.Freshness()
+    fresh.accept("node-x", (1, 5))
+    fresh.accept("node-x", (1, 10**18))
+    with pytest.raises(ClusterError, match="replayed or stale"):
+        fresh.accept("node-x", (1, 6))
+    fresh.accept("node-x", (1, 10**18 - fresh.WINDOW + 1))
+    with pytest.raises(ClusterError, match="replayed or stale"):
+        fresh.accept("node-x", (1, 10**18 - fresh.WINDOW + 1))
+    with pytest.raises(ClusterError, match="replayed or stale"):
+        fresh.accept("node-x", (1, 10**18 - fresh.WINDOW))

@@ -11,6 +11,7 @@ deliberately open (no accounts): the signatures are the first wall; what
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -33,6 +34,8 @@ from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
 from skilld.cluster import _announce
+from skilld.cluster._envelope import H_BOX, Sealer, digest
+from skilld.package import BoxKey, load_private_key
 from skilld.sandbox import Sandbox
 
 pytestmark = pytest.mark.anyio
@@ -149,16 +152,23 @@ async def _no_answer(plain: NatsClient, subject: str, data: bytes, headers: dict
 
 async def _boot(plain: NatsClient, node: str) -> int:
     """``node``'s boot, from the stamp of its next announcement."""
-    got: asyncio.Queue[int] = asyncio.Queue()
+    return (await _announced(plain, node))[0]
+
+
+async def _announced(plain: NatsClient, node: str) -> tuple[int, bytes]:
+    """``node``'s boot and payload key, from its next announcement."""
+    got: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue()
 
     async def keep(msg: Msg) -> None:
-        if json.loads(msg.data).get("node") == node:
-            await got.put(_announce.parse_stamp(msg.headers or {})[0])
+        doc = json.loads(msg.data)
+        if doc.get("node") == node:
+            boot = _announce.parse_stamp(msg.headers or {})[0]
+            await got.put((boot, base64.b64decode(doc["box"])))
 
     sub = await plain.subscribe("skilld.announce", cb=keep)
-    boot = await asyncio.wait_for(got.get(), timeout=10)
+    found = await asyncio.wait_for(got.get(), timeout=10)
     await sub.unsubscribe()
-    return boot
+    return found
 
 
 async def test_a_listener_on_an_open_bus_sees_only_ciphertext_and_the_node_says_so(
@@ -175,7 +185,7 @@ async def test_a_listener_on_an_open_bus_sees_only_ciphertext_and_the_node_says_
     await plain.flush()
     msg = await _capture(plain, open_bus["nodes"]["a"])
     await sub.unsubscribe()
-    assert json.loads((msg.headers or {})["Skilld-Meta"])["enc"] == 1
+    assert json.loads((msg.headers or {})["Skilld-Meta"])["pair"] == 1
     assert all(b"recorded" not in m.data for m in seen), [m.subject for m in seen]
     assert any(m.subject.startswith("_INBOX.node-a.") for m in seen)  # the result went by
     assert "INSECURE BUS" in open_bus["nodes"]["b"].log()
@@ -200,6 +210,90 @@ async def test_a_forged_call_is_refused_and_audited(
     assert _calls(node_b) == calls
 
 
+async def test_a_captured_payload_key_certificate_speaks_for_nobody(
+    open_bus: dict[str, Any], plain: NatsClient
+) -> None:
+    """Calls are paired (no signature per message): an impostor that copies node-a's
+    certified payload key from the bus, but holds another private key, is refused."""
+    node_b = open_bus["nodes"]["b"]
+    genuine, calls = await _capture_settled(plain, open_bus["nodes"]["a"], node_b)
+    boot, box = await _announced(plain, "node-b")
+    meta = {**json.loads((genuine.headers or {})["Skilld-Meta"]), "call": "p" * 24, "boot": boot}
+    for name in ("from", "pair"):
+        meta.pop(name)
+    impostor = Sealer(
+        "node-a", load_private_key(open_bus["keys"].stranger), _announce.Stamper(), BoxKey()
+    )
+    headers, sent = impostor.seal_to(box, meta, b'{"text":"forged"}')
+    headers[H_BOX] = (genuine.headers or {})[H_BOX]
+    await _no_answer(plain, genuine.subject, sent, headers)
+    _refused(node_b, "routed call refused", "does not decrypt")
+    assert _calls(node_b) == calls
+
+
+async def test_a_changed_copy_cannot_make_the_entry_send_a_call_twice(
+    open_bus: dict[str, Any], plain: NatsClient
+) -> None:
+    """A copy of a call with another boot draws node-b's 'restarted'; it names the copy,
+    not the entry's call, so the entry does not send its call again: it runs once."""
+    node_a, node_b = open_bus["nodes"]["a"], open_bus["nodes"]["b"]
+    seen: asyncio.Queue[Msg] = asyncio.Queue()
+
+    async def copy(msg: Msg) -> None:
+        meta = json.loads((msg.headers or {})["Skilld-Meta"])
+        changed = {**(msg.headers or {}), "Skilld-Meta": json.dumps({**meta, "boot": 1})}
+        await plain.publish(msg.subject, msg.data, reply=msg.reply, headers=changed)
+        await seen.put(msg)
+
+    sub = await plain.subscribe("skilld.call.node-b.hostile.>", cb=copy)
+    await plain.flush()
+    before = _calls(node_b)
+    try:
+        result = await _call(node_a, "hostile/write_keys", {"count": 300, "prefix": "once"})
+    finally:
+        await sub.unsubscribe()
+    assert _text(result) == "300", result.content
+    await asyncio.wait_for(seen.get(), timeout=10)
+    _refused(node_b, "routed call", "made for boot 1")
+    _refused(node_a, "'restarted' answer", "names another message")
+    node_b.audit_until(lambda rs: len([r for r in rs if r["event"] == "call"]) > before)
+    assert _calls(node_b) == before + 1
+
+
+async def test_a_nodes_own_key_cannot_speak_as_another_node(
+    open_bus: dict[str, Any], plain: NatsClient
+) -> None:
+    """node-b's own key signing a call, or certifying a payload key, as node-a: refused."""
+    node_b = open_bus["nodes"]["b"]
+    genuine, calls = await _capture_settled(plain, open_bus["nodes"]["a"], node_b)
+    boot, box = await _announced(plain, "node-b")
+    meta = {**json.loads((genuine.headers or {})["Skilld-Meta"]), "boot": boot}
+    for name in ("from", "pair"):
+        meta.pop(name)
+    as_a = Sealer(
+        "node-a", load_private_key(open_bus["keys"].of("node-b")), _announce.Stamper(), BoxKey()
+    )
+    signed = as_a.seal({**meta, "call": "k" * 24}, b'{"text":"as node-a"}')
+    await _no_answer(plain, genuine.subject, b'{"text":"as node-a"}', signed)
+    headers, sent = as_a.seal_to(box, {**meta, "call": "l" * 24}, b'{"text":"as node-a"}')
+    await _no_answer(plain, genuine.subject, sent, headers)
+
+    def refused(records: list[dict[str, Any]]) -> int:
+        needle = "key node-b"
+        return len(
+            [
+                r
+                for r in records
+                if r["event"] == "cluster-refused"
+                and needle in r["reason"]
+                and "may not speak for node 'node-a'" in r["reason"]
+            ]
+        )
+
+    node_b.audit_until(lambda rs: refused(rs) >= 2)
+    assert _calls(node_b) == calls
+
+
 async def test_a_hidden_method_is_never_routed(open_bus: dict[str, Any], plain: NatsClient) -> None:
     """echo's hidden 'fail': no tool on the entry; even a member's signed call is refused."""
     node_a, node_b = open_bus["nodes"]["a"], open_bus["nodes"]["b"]
@@ -216,7 +310,7 @@ async def test_a_hidden_method_is_never_routed(open_bus: dict[str, Any], plain: 
         "name": "fail",
         "boot": await _boot(plain, "node-b"),
     }
-    for name in ("from", "box", "enc"):  # node-t's own, or none
+    for name in ("from", "pair"):  # node-t's own; signed, not paired
         meta.pop(name, None)
     body = b'{"code":"internal","message":"x"}'
     answer = await plain.request(genuine.subject, body, headers=member.seal(meta, body), timeout=10)
@@ -240,11 +334,11 @@ async def test_a_forged_remote_called_by_caller_is_refused(
     # Unsigned, claiming node-a: refused before anything else.
     await _no_answer(plain, genuine.subject, b'{"text":"x"}', {"Skilld-Meta": json.dumps(meta)})
     _refused(node_b, "routed call refused", "unsigned")
-    # Signed, but by node-t (a member key speaks for node-*): the chain is node-t's, and
-    # node-b consents to node-a/hostile only.
+    # Signed, but by node-t with its own key: the chain is node-t's, and node-b consents to
+    # node-a/hostile only.
     member = SignedClient("node-t", open_bus["keys"].member)
     meta = {**meta, "call": "d" * 24, "boot": await _boot(plain, "node-b")}
-    for name in ("from", "box", "enc"):  # node-t's own, or none
+    for name in ("from", "pair"):  # node-t's own; signed, not paired
         meta.pop(name, None)
     answer = await plain.request(
         genuine.subject, b'{"text":"x"}', headers=member.seal(meta, b'{"text":"x"}'), timeout=10
@@ -357,13 +451,14 @@ async def test_a_call_replayed_after_the_holder_restarted_is_refused(
     nodes["b"] = start_node(
         "node-b", open_bus["bundle"], open_bus["server"].url, keys.member, root / "b", http=False
     )
-    # The only answer is node-b's signed "restarted" (for the entry to send it again,
-    # had it been the entry's own call): no result, nothing ran.
+    # The only answer is node-b's sealed "restarted" naming the message it got (for the
+    # entry to send it again, had it been the entry's own call): no result, nothing ran.
     answer = await plain.request(
         genuine.subject, genuine.data, headers=dict(genuine.headers or {}), timeout=10
     )
-    assert json.loads((answer.headers or {})["Skilld-Meta"])["ev"] == "restarted"
-    assert answer.data == b""
+    restarted = json.loads((answer.headers or {})["Skilld-Meta"])
+    assert restarted["ev"] == "restarted"
+    assert restarted["of"] == digest(genuine.headers or {}, genuine.data)
     _refused(nodes["b"], "routed call", "made for boot")
     assert not any(r["event"] == "call" for r in nodes["b"].audit())
     # The entry learns the new boot and its calls go on.

@@ -142,7 +142,7 @@ def _announcement(node: str) -> bytes:
 async def test_forged_announcements_are_refused_and_logged(
     nats: NatsServer, keys: Keys, gateway_bundle: Path, tmp_path: Path
 ) -> None:
-    """Unsigned, untrusted, out-of-scope and tampered announcements add no tool, and are logged."""
+    """Unsigned, untrusted, out-of-scope (another node's key), tampered announcements: refused."""
     import base64
 
     entry = start_node(
@@ -150,7 +150,8 @@ async def test_forged_announcements_are_refused_and_logged(
     )
     stranger = None
     try:
-        member = load_private_key(keys.member)
+        member = load_private_key(keys.of("node-x"))
+        other = load_private_key(keys.of("node-b"))
         outsider = load_private_key(keys.stranger)
         context = b"skilld-cluster-announcement-v1\0"
 
@@ -168,6 +169,7 @@ async def test_forged_announcements_are_refused_and_logged(
             "unsigned": (good, {}),
             "untrusted key": (good, signed(outsider, good)),
             "out of scope": (_announcement("rogue"), signed(member, _announcement("rogue"))),
+            "another node's key": (good, signed(other, good)),
             "tampered": (good.replace(b"injected", b"INJECTED"), signed(member, good)),
         }
         nc = await nats_client.connect(nats.url)
@@ -184,9 +186,11 @@ async def test_forged_announcements_are_refused_and_logged(
         expected = [
             "unsigned cluster message refused",
             f"signed by key {outsider.key_id}, which this node's trust set does not hold",
-            f"key cluster-members ({member.key_id}) may not speak for node 'rogue': its trust "
-            "file's 'cluster' patterns are ['node-*']",
-            f"the signature by key cluster-members ({member.key_id}) does not verify",
+            f"key node-x ({member.key_id}) may not speak for node 'rogue': its trust "
+            "file's 'cluster' patterns are ['node-x']",
+            f"key node-b ({other.key_id}) may not speak for node 'node-x': its trust "
+            "file's 'cluster' patterns are ['node-b']",
+            f"the signature by key node-x ({member.key_id}) does not verify",
         ]
         for record, reason in zip(reasons, expected, strict=True):
             assert record["reason"].endswith(reason), record  # (after the trust file's path)

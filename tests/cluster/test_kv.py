@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 from mcp import types
 
 from skilld.cluster import ClusterConfig
+from skilld.cluster._claim import HOLD_S, StartTurn
 from skilld.cluster._kv import JetStreamKV, bucket_name, decode_key, encode_key
 from skilld.cluster._link import NatsLink
 from skilld.errors import QuotaExceeded
@@ -175,3 +177,57 @@ async def test_a_second_replica_without_clustered_kv_refuses_to_split_state(
         first.stop()
     assert not any(r.get("skill") == "notes" for r in second.audit())
     assert any(r.get("skill") == "echo" for r in second.audit())
+
+
+def test_nodes_take_turns_at_the_replica_check(
+    link: NatsLink, nats: NatsServer, tmp_path: Path
+) -> None:
+    """A second node's turn starts only when the first gives it back, or its hold runs out
+    (a node killed during its check blocks nobody for long)."""
+    config = ClusterConfig(url=nats.url, node="node-u", key_file=tmp_path / "unused.pem")
+    other = NatsLink(config)
+    other.start()
+    try:
+        first, second = StartTurn(link, "node-t"), StartTurn(other, "node-u")
+        link.run(first.__aenter__(), timeout=10)
+        waiting = other.spawn(second.__aenter__())
+        with pytest.raises(concurrent.futures.TimeoutError):
+            waiting.result(timeout=0.5)  # node-t holds the turn
+        link.run(first.__aexit__(None, None, None), timeout=10)
+        waiting.result(timeout=5)
+        other.run(second.__aexit__(None, None, None), timeout=10)
+        # node-t takes the turn and dies with it: node-u's turn comes after HOLD_S.
+        link.run(StartTurn(link, "node-t").__aenter__(), timeout=10)
+        began = time.monotonic()
+        other.run(StartTurn(other, "node-u").__aenter__(), timeout=HOLD_S + 10)
+        assert time.monotonic() - began <= HOLD_S + 5
+    finally:
+        other.close()
+
+
+@pytest.mark.anyio
+async def test_two_replicas_starting_together_do_not_both_serve_a_kv_skill(
+    nats: NatsServer, keys: Keys, demo_cluster_bundle: Path, tmp_path: Path
+) -> None:
+    """Two holders of notes (kv, no --cluster-kv) started at the same moment: exactly one
+    serves it (the discovery window alone let both serve)."""
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        starting = [
+            pool.submit(
+                start_node,
+                name,
+                demo_cluster_bundle,
+                nats.url,
+                keys.member,
+                tmp_path / name,
+                http=False,
+            )
+            for name in ("node-r1", "node-r2")
+        ]
+        nodes = [f.result() for f in starting]
+    try:
+        withdrew = [n for n in nodes if "skill notes NOT served" in n.log()]
+        assert len(withdrew) == 1, [n.log()[-2000:] for n in nodes]
+    finally:
+        for node in nodes:
+            node.stop()

@@ -214,7 +214,7 @@ async def test_a_corrupted_transfer_leaves_no_file(
 ) -> None:
     """Bytes that do not match the signed sha256 are refused and leave nothing behind."""
     dirs, nodes = two["dirs"], two["nodes"]
-    # A member of its own (the member key speaks for node-*), so node-a keeps its window.
+    # A member with its own key (trusted for node-t only), so node-a keeps its window.
     fake = SignedClient("node-t", keys.member)
     dest = dirs["b-in"] / "corrupt.bin"
     good = os.urandom(200_000)

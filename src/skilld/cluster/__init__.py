@@ -14,9 +14,10 @@ Build on what NATS provides and write no membership or consensus protocol of our
   registry as :class:`RemoteSkill` backends; the entry picks a replica (round robin),
   sends the call over request/reply, and the holder relays progress, logs, sampling
   and elicitation back; cancellation goes the other way.
-- **Trust no one on the bus.** Every message between nodes travels in a signed
-  envelope (``_envelope``: sender, target, call id, caller chain, payload digest, a
-  stamp accepted once) verified before use; ``skilld cluster nats-config`` writes the
+- **Trust no one on the bus.** Every message between nodes travels in an envelope
+  (``_envelope``: sender, target, call id, caller chain, a stamp accepted once) sealed
+  under the key only its two nodes share (signed when the receiver's key is unknown)
+  and verified before use; ``skilld cluster nats-config`` writes the
   least-privilege bus (``_natsconf``) that keeps payloads from anyone else, and a node
   on a bus anyone can read says so at start-up.
 

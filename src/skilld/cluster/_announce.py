@@ -147,9 +147,11 @@ class Freshness:
     """
 
     WINDOW = 1024
+    _MASK = (1 << WINDOW) - 1
 
     def __init__(self) -> None:
-        self._seen: dict[str, tuple[int, int, set[int]]] = {}
+        # sender -> (newest boot, highest counter in it, bit i set: counter top - i seen)
+        self._seen: dict[str, tuple[int, int, int]] = {}
         self._lock = threading.Lock()
 
     def accept(self, sender: str, stamp: tuple[int, int]) -> None:
@@ -162,19 +164,22 @@ class Freshness:
         with self._lock:
             known = self._seen.get(sender)
             if known is None or boot > known[0]:
-                self._seen[sender] = (boot, seq, {seq})
+                self._seen[sender] = (boot, seq, 1)
                 return
-            top_boot, top, seen = known
-            if boot < top_boot or seq <= top - self.WINDOW or seq in seen:
+            top_boot, top, bits = known
+            back = top - seq
+            if boot < top_boot or back >= self.WINDOW or (back >= 0 and bits >> back & 1):
                 raise ClusterError(
                     f"a replayed or stale message from node {sender!r} (stamp {boot}.{seq} "
                     "was seen already, or is older than the last one accepted)"
                 )
-            seen.add(seq)
-            if seq > top:
+            if back < 0:  # a new highest counter: the window slides (a bitmap, as IPsec's)
+                # (a jump past the window forgets it all: no shift by a hostile amount)
+                bits = ((bits << -back) | 1) & self._MASK if -back < self.WINDOW else 1
                 top = seq
-                seen.difference_update([s for s in seen if s <= top - self.WINDOW])
-            self._seen[sender] = (boot, top, seen)
+            else:
+                bits |= 1 << back
+            self._seen[sender] = (boot, top, bits)
 
 
 def sign(data: bytes, key: SigningKey, stamp: str, context: bytes = CONTEXT) -> dict[str, str]:

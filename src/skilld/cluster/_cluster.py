@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -9,6 +10,7 @@ from typing import Any
 
 from skilld.cluster import _announce
 from skilld.cluster._announce import AnnouncedSkill, LocalSkill
+from skilld.cluster._claim import StartTurn
 from skilld.cluster._config import ClusterConfig
 from skilld.cluster._envelope import Opener, Sealer
 from skilld.cluster._kv import JetStreamKV
@@ -160,6 +162,15 @@ class Cluster:
                 "(docs/cluster.md).",
                 self.config.url,
             )
+        async with contextlib.AsyncExitStack() as turn:
+            if any(s.entry.kv is not None for s in self._local):
+                # Nodes take turns from the replica check until their endpoints are up.
+                await turn.enter_async_context(StartTurn(self.link, self.config.node))
+            await self._serve()
+        await self.membership.start()
+
+    async def _serve(self) -> None:
+        """Check who serves this node's stateful skills already, then serve."""
         await self._no_split_state()
         if self.config.kv:
             # Before this node serves anything: its skills' state moves to JetStream KV.
@@ -178,7 +189,6 @@ class Cluster:
             await self.transfers.start()
         await self.router.start()
         await self.server.start()
-        await self.membership.start()
 
     def close(self) -> None:
         """Leave the cluster at once (signed leave), finish calls in flight, disconnect."""

@@ -2,12 +2,12 @@
 
 :class:`RemoteSkill` is a :class:`~skilld.registry.SkillBackend`: the entry node's
 registry takes a slot, builds the context and audits the call as for any skill;
-the backend picks a holder (round robin), sends it the call in a signed envelope
+the backend picks a holder (round robin), sends it the call in a sealed envelope
 (``skilld.cluster._envelope``) on that node's subject for the skill, and waits on
 this worker thread for the stream the holder sends back, relaying progress, logs,
 sampling and elicitation to the client and cancellation to the holder.
 
-Only events signed by the node the call went to, for this call, are used: anything
+Only events sealed by the node the call went to, for this call, are used: anything
 else (a queue-group impostor's answer) is dropped and audited, and the call is sent
 again (the holder refuses a copy it saw already, by its stamp). A holder that dies
 mid-call costs a clear ``[unavailable]`` error when it leaves the membership or, at
@@ -26,7 +26,7 @@ from typing import Any
 
 from nats.aio.msg import Msg
 
-from skilld.cluster._envelope import Opened, Opener, Sealer, claimed
+from skilld.cluster._envelope import Opened, Opener, Sealer, claimed, digest
 from skilld.cluster._link import NatsLink
 from skilld.cluster._wire import (
     call_subject,
@@ -43,7 +43,7 @@ from skilld.types import CallOutput
 _GRACE_S = 0.5
 # How often a waiting call looks at the client's cancellation and the holder's liveness.
 _POLL_S = 0.05
-# A call is sent again at most this often: after a signed "restarted" (the holder never
+# A call is sent again at most this often: after a sealed "restarted" (the holder never
 # ran it) or an answer that does not verify (an impostor in the holder's queue group may
 # have taken the request, half the time; the holder drops a copy it already saw, by its
 # stamp). Ten tries leave an impostor one call in 2048 to swallow, and bound what its
@@ -60,7 +60,7 @@ class Router:
     Args:
         link: the node's NATS connection.
         sealer: signs this node's calls, cancellations and answers.
-        opener: verifies the holder's events; only those signed by the node the call
+        opener: verifies the holder's events; only those sealed by the node the call
             was sent to, for this call, are used.
         alive: whether a node is a member now.
         boot: a member's boot as its announcements show it (calls name it).
@@ -162,7 +162,8 @@ class Router:
                     )
                 if not cancel_sent and ctx.channel.cancelled():
                     cancel = {"ev": "cancel", "call": call_id, "to": target}
-                    self._link.publish(cancel_subject(call_id), b"", self._sealer.seal(cancel, b""))
+                    cancel_headers, sealed = self._sealer.seal_to(self._box(target), cancel, b"")
+                    self._link.publish(cancel_subject(call_id), sealed, cancel_headers)
                     cancel_sent = True
                 if not self._alive(target):
                     raise GuestError(
@@ -189,7 +190,14 @@ class Router:
                         self._link.publish(subject, sent, headers, reply=inbox)
                     continue
                 event = opened.meta.get("ev")
-                if event == "restarted" and resends < _RESENDS and not parts and not copies:
+                if event == "restarted" and opened.meta.get("of") != digest(headers, sent):
+                    # Not about this call as this node sent it (a copy changed on the bus).
+                    self._refused(
+                        target,
+                        f"a 'restarted' answer for call {call_id} ignored: "
+                        "it names another message than the call sent",
+                    )
+                elif event == "restarted" and resends < _RESENDS and not parts and not copies:
                     # Signed by the target: its new life never ran this copy, and there
                     # was only this copy (a queue group delivers it once): the old life
                     # never ran it either. After a resend of the same bytes that is no
@@ -222,7 +230,7 @@ class Router:
                 elif event == "done" and opened.meta.get("n") == len(parts):
                     parts.append(opened.data)
                     doc = json.loads(b"".join(parts))
-                    ctx.audit["holder"] = target  # verified: signed by the node routed to
+                    ctx.audit["holder"] = target  # verified: sealed by the node routed to
                     if "error" in doc:
                         raise error_from_json(doc["error"])
                     return doc["ok"]

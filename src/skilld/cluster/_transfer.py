@@ -1,16 +1,16 @@
 """File transfer between nodes: chunked request/reply on ``skilld.transfer.NODE``.
 
-Every step, each way, travels in the signed envelope of ``_envelope`` (sender, target,
-transfer id, step and chunk number, the payload's digest, a stamp accepted once): a
+Every step, each way, travels in the envelope of ``_envelope`` (sender, target,
+transfer id, step and chunk number, the payload, a stamp accepted once): a
 chunk, an ``end``, a ``read`` or a ``close`` is accepted only from the node that began
 the transfer, in order, and an answer only from the node asked.
 
-``send`` (push): a signed ``put`` names the skill, the destination path, the size and
-the sha256; the receiver checks that the sender is a member, that the signature is by
-a key trusted for the sender's name, and that *its own* policy of the same skill
+``send`` (push): a sealed ``put`` names the skill, the destination path, the size and
+the sha256; the receiver checks that the sender is a member, that its seal is by a
+key trusted for the sender's name, and that *its own* policy of the same skill
 grants receiving into that directory from that node (an ``rw`` transfer rule); then
 chunks follow, each acknowledged, and ``end`` makes the receiver verify and rename the
-file into place. ``fetch`` (pull): a signed ``get``; the holder checks its own grant to
+file into place. ``fetch`` (pull): a sealed ``get``; the holder checks its own grant to
 send that file to the requester, and answers with the size and sha256, then chunks.
 The requesting side verifies before its rename. Both nodes write a ``transfer`` audit
 record. The file side (descriptor-based opening, the unnamed file, the rename) is the

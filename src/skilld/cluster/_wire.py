@@ -6,7 +6,8 @@ reply subject is a stream back to the entry node: any number of ``progress`` and
 ``log`` events and ``sample``/``elicit`` requests (answered by the entry node), then
 the outcome, split into ``part`` messages when it is larger than the server's payload
 limit. Cancellation goes to ``skilld.cancel.CALL_ID``. Every one of these messages is
-sealed (``_envelope``): its routing facts travel in the signed ``Skilld-Meta`` header.
+sealed (``_envelope``): its routing facts travel in the ``Skilld-Meta`` header,
+authenticated with the rest.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ CANCEL_PREFIX = "skilld.cancel"
 # announcement headers
 H_KEY = "Skilld-Key"
 H_SIG = "Skilld-Sig"
-H_STAMP = "Skilld-Stamp"  # BOOT.SEQ of the sender, signed: each is accepted once
+H_STAMP = "Skilld-Stamp"  # BOOT.SEQ of the sender, signed or sealed: each accepted once
 
 # Room left in a message for headers when a result is split into parts.
 PART_HEADROOM = 4096
@@ -90,7 +91,7 @@ def skill_from_token(token: str) -> str:
 def call_subject(node: str, skill_id: str, digest: str) -> str:
     """The subject (and queue group) of one skill package on one node.
 
-    The entry node picks the replica (so that it knows whose signature the answer
+    The entry node picks the replica (so that it knows whose seal the answer
     must carry); replicas still share the load, by the entry's round robin.
     """
     return f"{CALL_PREFIX}.{node}.{skill_token(skill_id)}.{digest[:16]}"

@@ -3,7 +3,7 @@
 One endpoint per local skill, on this node's subject for its package
 (``skilld.call.NODE.SKILL.DIGEST``, the skill id mapped by :func:`skill_token`), so
 ``nats micro ls/info/stats`` show skilld's services; the entry node picks the replica.
-Nothing of a request is used before its envelope verifies (``_envelope``): signed by a
+Nothing of a request is used before its envelope verifies (``_envelope``): sealed by a
 key trusted for the sending node, addressed to this node and to this boot of it, for
 this endpoint's skill, its stamp never seen before. Methods the policy hides are never
 run for another node. The audit record names the verified sender. A call
@@ -353,8 +353,15 @@ class SkillServer:
                 f"routed call {meta.get('call')} refused: made for boot {meta.get('boot')} of "
                 f"node {self._node}, which is now at boot {self._sealer.boot}",
             )
-            back = {"ev": "restarted", "call": meta.get("call"), "to": opened.sender}
-            self._link.publish(msg.reply, b"", self._sealer.seal(back, b""))
+            # It names the message it got: only its sender's own call is sent again.
+            back = {
+                "ev": "restarted",
+                "call": meta.get("call"),
+                "to": opened.sender,
+                "of": opened.digest,
+            }
+            headers, out = self._sealer.seal_to(opened.box, back, b"")
+            self._link.publish(msg.reply, out, headers)
             return None
         return opened
 
@@ -453,7 +460,7 @@ class SkillServer:
                 raise UsageError("the routed caller chain must be a list")
             chain = tuple(str(c) for c in raw_chain)
             self._exposed(call, name)
-            # The audit names the verified sender and, signed with it, the calling skill.
+            # The audit names the verified sender and, sealed with it, the calling skill.
             caller = f"node:{call.entry}/{chain[-1] if chain else 'mcp'}"
             # A skill on another node invoked this one: that node checked its own grant
             # (remote_calls); consent is this node's, from its own tables, for the
