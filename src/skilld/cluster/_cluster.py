@@ -15,6 +15,7 @@ from skilld.cluster._kv import JetStreamKV
 from skilld.cluster._link import NatsLink
 from skilld.cluster._member import Membership, Peer
 from skilld.cluster._remote import RemoteSkill, Router
+from skilld.cluster._rounds import RoundRelay
 from skilld.cluster._transfer import FileAccess, Transfers
 from skilld.cluster._worker import SkillServer
 from skilld.errors import ClusterError, RegistryError
@@ -87,6 +88,8 @@ class Cluster:
         self.router = Router(
             self.link, sealer, opener, self._alive, self._boot, refused, box=self._box_of
         )
+        # Retries of input-required rounds between entry nodes (skilld.mcp's RoundPeers).
+        self.rounds = RoundRelay(self.link, sealer, opener, self._alive, self._box_of, refused)
         self.server = SkillServer(
             self.link,
             registry,
@@ -174,6 +177,8 @@ class Cluster:
                 skill.entry.services["transfer"] = self.transfers
             await self.transfers.start()
         await self.router.start()
+        if self.config.entry:
+            await self.rounds.start()
         await self.server.start()
         await self.membership.start()
 

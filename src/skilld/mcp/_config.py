@@ -5,9 +5,12 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from skilld.errors import UsageError
+
+if TYPE_CHECKING:
+    from skilld.mcp._rounds import RoundPeers
 
 # Host and Origin values a local client sends; always allowed, whatever the bind address.
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]")
@@ -69,6 +72,9 @@ class ServeConfig:
             empty: a random key held by this process only.
         round_ttl_s: how long a ``requestState`` stays valid (its call ends at its own
             deadline either way).
+        round_peers: the cluster's other entry nodes (``skilld.cluster``): a retry whose
+            ``requestState`` names one of them is forwarded there, and retries they
+            forward here continue this node's calls. None: a node on its own.
         task_tools: tools that may run as tasks (``io.modelcontextprotocol/tasks``), each
             ``optional`` (a task when the client declared the extension) or ``required``
             (refused with -32021 otherwise; input is gathered in rounds first).
@@ -101,6 +107,7 @@ class ServeConfig:
     node_id: str = ""
     request_state_keys: tuple[bytes, ...] = ()
     round_ttl_s: float = 600.0
+    round_peers: RoundPeers | None = None
     task_tools: tuple[tuple[str, Literal["optional", "required"]], ...] = ()
     task_ttl_ms: int = 600_000
     confinement: str | None = None
