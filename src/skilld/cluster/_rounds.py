@@ -179,6 +179,7 @@ class RoundRelay:
 
     async def _answer(self, reply: str, opened: Opened) -> None:
         self.served += 1
+        log.info("cluster: forwarded retry from %s", opened.sender)
         handler, loop = self._handler, self._loop
         try:
             request = json.loads(opened.data)
