@@ -89,7 +89,7 @@ class Cluster:
             self.link, sealer, opener, self._alive, self._boot, refused, box=self._box_of
         )
         # Retries of input-required rounds between entry nodes (skilld.mcp's RoundPeers).
-        self.rounds = RoundRelay(self.link, sealer, opener, self._alive, self._box_of, refused)
+        self.rounds = RoundRelay(self.link, sealer, opener, self._entry, self._box_of, refused)
         self.server = SkillServer(
             self.link,
             registry,
@@ -246,6 +246,10 @@ class Cluster:
 
     def _alive(self, node: str) -> bool:
         return node in self.membership.peers
+
+    def _entry(self, node: str) -> bool:
+        peer = self.membership.peers.get(node)
+        return peer is not None and "entry" in peer.announcement.roles
 
     def _box_of(self, node: str) -> bytes | None:
         peer = self.membership.peers.get(node)

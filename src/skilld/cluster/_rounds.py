@@ -56,7 +56,8 @@ class RoundRelay:
         link: the node's NATS connection.
         sealer: signs (and seals) what this node sends.
         opener: verifies what it receives.
-        alive: whether a node is a member now.
+        entry: whether a node is an entry node of the cluster now (a member announcing
+            the ``entry`` role).
         box: a member's payload key (what is sent to it is sealed to it).
         refused: told ``(claimed node, reason)`` of each message dropped (audit).
         timeout_s: the longest a forwarded retry waits for its answer (the round's
@@ -68,7 +69,7 @@ class RoundRelay:
         link: NatsLink,
         sealer: Sealer,
         opener: Opener,
-        alive: Callable[[str], bool],
+        entry: Callable[[str], bool],
         box: Callable[[str], bytes | None],
         refused: Callable[[str, str], None] = lambda node, reason: None,
         timeout_s: float = 600.0,
@@ -76,7 +77,7 @@ class RoundRelay:
         self._link = link
         self._sealer = sealer
         self._opener = opener
-        self._alive = alive
+        self._entry = entry
         self._box = box
         self._refused = refused
         self.timeout_s = timeout_s
@@ -111,9 +112,10 @@ class RoundRelay:
         return await asyncio.wrap_future(future)
 
     async def _forward(self, node: str, request: Mapping[str, Any]) -> Mapping[str, Any]:
-        if not self._alive(node):
+        if not self._entry(node):
             raise ClusterError(
-                f"node {node}, which holds this round's call, is not in the cluster now",
+                f"node {node}, which holds this round's call, is not an entry node of the "
+                "cluster now",
                 hint="start the call again",
             )
         nc = self._link.nc
@@ -133,7 +135,7 @@ class RoundRelay:
                 try:
                     msg = await asyncio.wait_for(answers.get(), min(_POLL_S, left))
                 except TimeoutError:
-                    if not self._alive(node):
+                    if not self._entry(node):
                         raise ClusterError(
                             f"node {node}, which held this round's call, left the cluster "
                             "before it answered",
@@ -169,8 +171,8 @@ class RoundRelay:
         except ClusterError as exc:
             self._refused(claimed(msg.headers), f"forwarded retry refused: {exc.message}")
             return
-        if not self._alive(opened.sender):
-            self._refused(opened.sender, "forwarded retry refused: its sender is not a member")
+        if not self._entry(opened.sender):
+            self._refused(opened.sender, "forwarded retry refused: its sender is not an entry node")
             return
         # Each in a task of its own: a retry waits for its guest, the next need not.
         task = asyncio.get_running_loop().create_task(self._answer(msg.reply, opened))
