@@ -141,7 +141,6 @@ def text_of(result: types.CallToolResult) -> str:
     return block.text
 
 
-@pytest.mark.slow
 async def test_a_stateless_client_spread_over_two_entry_nodes_completes_its_rounds(
     entries: Entries,
 ) -> None:
@@ -219,7 +218,6 @@ def minted(key: bytes, name: str, state: str, *, expires_in: float) -> str:
     return AESGCMRequestStateCodec([key]).seal(compact_json(claims).encode())
 
 
-@pytest.mark.slow
 async def test_hostile_or_repeated_retries_at_the_other_entry_node(entries: Entries) -> None:
     """At the entry node that does not hold the call: a tampered, an expired and a foreign
     (another cluster's key) requestState are refused with -32602 before any forwarding; a
@@ -291,3 +289,18 @@ async def test_hostile_or_repeated_retries_at_the_other_entry_node(entries: Entr
     )
     conformance = [r for r in records if r.get("skill") == "conformance"]
     assert [r.get("outcome") for r in conformance] == ["ok", "ok"], conformance
+
+
+def test_nats_config_writes_the_entry_nodes_shared_sealing_key(tmp_path: Path) -> None:
+    """`skilld cluster nats-config` writes request-state.key: 32 fresh random bytes in hex,
+    readable by its owner only, another one for each bus."""
+    from skilld.cluster import write_nats_config
+
+    one = write_nats_config(tmp_path / "one", ["node-a", "node-c"])
+    two = write_nats_config(tmp_path / "two", ["node-a", "node-c"])
+    assert one.request_state_key is not None
+    assert two.request_state_key is not None
+    text = one.request_state_key.read_text().strip()
+    assert len(bytes.fromhex(text)) == 32
+    assert one.request_state_key.stat().st_mode & 0o777 == 0o600
+    assert two.request_state_key.read_text().strip() != text
