@@ -304,3 +304,58 @@ def test_nats_config_writes_the_entry_nodes_shared_sealing_key(tmp_path: Path) -
     assert len(bytes.fromhex(text)) == 32
     assert one.request_state_key.stat().st_mode & 0o777 == 0o600
     assert two.request_state_key.read_text().strip() != text
+
+
+async def test_an_answer_larger_than_one_bus_message_comes_back_in_parts(
+    keys: Keys, demo_cluster_bundle: Path, gateway_bundle: Path, tmp_path: Path
+) -> None:
+    """On a bus whose messages hold 64 KiB, a forwarded retry whose result is larger than one
+    message (less the room kept for headers) comes back from the holding entry node in
+    parts, whole."""
+    nats = NatsServer(tmp_path / "jetstream", max_payload=65536)
+    nats.start()
+    key = tmp_path / "request-state.key"
+    key.write_text("ab" * 32)
+    nodes: list[NodeProc] = []
+    try:
+        nodes.append(
+            start_node(
+                "node-b", demo_cluster_bundle, nats.url, keys.member, tmp_path / "b", http=False
+            )
+        )
+        for name in ("node-a", "node-c"):
+            nodes.append(
+                start_node(
+                    name,
+                    gateway_bundle,
+                    nats.url,
+                    keys.member,
+                    tmp_path / name,
+                    extra=["--entry-only", "--request-state-key", str(key)],
+                )
+            )
+        _, a, c = nodes
+        for entry, other in ((a, "node-c"), (c, "node-a")):
+            entry.seen(r"node node-b joined \(7 skills\)")
+            entry.seen(rf"node {other} joined")
+        assert a.url is not None
+        assert c.url is not None
+        # 62 000 bytes: the retry fits in one message, its result is more than one part.
+        name = "Ada " * 15500
+        with anyio.fail_after(60):
+            async with httpx2.AsyncClient(timeout=60) as http:
+                first = await modern(http, a.url, "tools/call", {"name": ELICIT})
+                retry = {
+                    "name": ELICIT,
+                    "inputResponses": {
+                        "user_name": {"action": "accept", "content": {"name": name}}
+                    },
+                    "requestState": first["result"]["requestState"],
+                }
+                done = await modern(http, c.url, "tools/call", retry)
+        assert done["result"]["content"][0]["text"] == f"Hello, {name}!", done
+        assert "forwarded retry from node-c" in a.log()
+    finally:
+        for node in reversed(nodes):
+            node.stop()
+        nats.stop()

@@ -30,7 +30,7 @@ from nats.aio.msg import Msg
 
 from skilld.cluster._envelope import Opened, Opener, Sealer, claimed
 from skilld.cluster._link import NatsLink
-from skilld.cluster._wire import CALL_PREFIX, dumps
+from skilld.cluster._wire import CALL_PREFIX, dumps, split
 from skilld.errors import ClusterError
 
 log = logging.getLogger("skilld.cluster")
@@ -121,8 +121,11 @@ class RoundRelay:
         nc = self._link.nc
         exchange = secrets.token_hex(12)
         answers: asyncio.Queue[Msg] = asyncio.Queue()
+        parts: list[bytes] = []  # the answer, in parts when larger than one message
         inbox = nc.new_inbox()
         sub = await nc.subscribe(inbox, cb=answers.put)
+        # One pending get across polls: a wait that times out must not lose a message.
+        getter: asyncio.Future[Msg] | None = None
         try:
             meta = {"ev": "round", "call": exchange, "to": node}
             headers, body = self._sealer.seal_to(self._box(node), meta, dumps(dict(request)))
@@ -132,32 +135,44 @@ class RoundRelay:
                 left = end - time.monotonic()
                 if left <= 0:
                     raise ClusterError(f"node {node} did not answer the forwarded retry in time")
-                try:
-                    msg = await asyncio.wait_for(answers.get(), min(_POLL_S, left))
-                except TimeoutError:
+                getter = getter or asyncio.ensure_future(answers.get())
+                done, _ = await asyncio.wait({getter}, timeout=min(_POLL_S, left))
+                if not done:
                     if not self._entry(node):
                         raise ClusterError(
                             f"node {node}, which held this round's call, left the cluster "
                             "before it answered",
                             hint="start the call again",
-                        ) from None
+                        )
                     continue
+                msg, getter = getter.result(), None
                 if (msg.headers or {}).get("Status") == "503":
                     raise ClusterError(
                         f"node {node} takes no forwarded retries (not an entry node)"
                     )
                 try:
-                    opened = self._opener.open(
-                        msg.headers, msg.data, node, call=exchange, ev="round-answer"
-                    )
-                    doc = json.loads(opened.data)
-                except (ClusterError, ValueError) as exc:
+                    opened = self._opener.open(msg.headers, msg.data, node, call=exchange)
+                except ClusterError as exc:
                     self._refused(claimed(msg.headers), f"forwarded retry's answer dropped: {exc}")
                     continue
+                event = opened.meta.get("ev")
+                if event not in ("round-part", "round-answer") or opened.meta.get("n") != len(
+                    parts
+                ):
+                    continue  # signed by the node, for this exchange, but out of order
+                parts.append(opened.data)
+                if event == "round-part":
+                    continue
+                try:
+                    doc = json.loads(b"".join(parts))
+                except ValueError:
+                    doc = None
                 if not isinstance(doc, dict):
                     raise ClusterError(f"node {node} answered the forwarded retry with no object")
                 return doc
         finally:
+            if getter is not None:
+                getter.cancel()
             with contextlib.suppress(Exception):  # the connection may be closing
                 await sub.unsubscribe()
 
@@ -200,9 +215,18 @@ class RoundRelay:
                 except Exception as exc:  # a bug costs this retry, and its sender is told
                     log.exception("cluster: a forwarded retry failed on %s", self.node)
                     doc = _error(f"the forwarded retry failed on node {self.node}: {exc!r}")
-        back = {"ev": "round-answer", "call": opened.meta.get("call"), "to": opened.sender}
-        headers, out = self._sealer.seal_to(opened.box, back, dumps(doc))
-        await self._link.nc.publish(reply, out, headers=headers)
+        nc = self._link.nc
+        parts = split(dumps(doc), nc.max_payload)
+        try:
+            for n, part in enumerate(parts):
+                event = "round-answer" if n == len(parts) - 1 else "round-part"
+                back = {"ev": event, "call": opened.meta.get("call"), "to": opened.sender, "n": n}
+                headers, out = self._sealer.seal_to(opened.box, back, part)
+                await nc.publish(reply, out, headers=headers)
+        except Exception as exc:  # noqa: BLE001 - the sender ends at its own wait's bound
+            log.warning(
+                "cluster: the answer to a retry from %s was not sent: %r", opened.sender, exc
+            )
 
 
 def _error(message: str) -> dict[str, Any]:

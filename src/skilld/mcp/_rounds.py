@@ -14,8 +14,8 @@ answers would run every host call before the question again (an HTTP POST, a
 ``kv`` write, a native script) — and a host call's side effects must never run twice.
 
 ``requestState`` only names the parked call: ``{"c": call id, "n": node, "d": skill
-digest, "r": round}``. The SDK's :class:`~mcp.server.request_state.RequestStateBoundary` seals it
-(AES-256-GCM under a key only this node, or the cluster's nodes, hold) in an envelope
+digest, "r": round}``. The SDK's :class:`~mcp.server.request_state.RequestStateBoundary`
+seals it (AES-256-GCM under a key only this node, or the cluster's nodes, hold) in an envelope
 bound to the method, the tool and a digest of its arguments, with an expiry; a
 tampered, expired or foreign state is refused with ``-32602`` before any handler
 runs. Here the call id must be one this node holds and the tool and skill digest
