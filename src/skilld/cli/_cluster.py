@@ -95,6 +95,8 @@ def run_nats_config(args: argparse.Namespace) -> int:
     for name, seed in setup.seeds.items():
         role = "skilld cluster status" if name == "observer" else f"skilld serve --node {name}"
         print(f"  {role} --cluster {setup.url} --nats-nkey {seed} --nats-tls-ca {setup.ca}")
+    if setup.request_state_key is not None:
+        print(f"  entry nodes also: --request-state-key {setup.request_state_key}")
     return 0
 
 

@@ -167,6 +167,17 @@ def register(sub: Any) -> None:
         "still decides which nodes are accepted)",
     )
     c.add_argument(
+        "--request-state-key",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="a secret (32 bytes or more) the cluster's entry nodes share to seal the "
+        "requestState of MCP input-required rounds, so a retry reaching any entry node "
+        "reaches its call ('request-state.key' of `skilld cluster nats-config`); repeat "
+        "to rotate: the first seals, all open",
+    )
+    c.add_argument(
         "--no-mcp",
         action="store_true",
         help="a worker-only node: serve skills to the cluster, no MCP transport",
@@ -335,6 +346,7 @@ def _serve(args: argparse.Namespace, text: bool, logger: _Logger, confinement: s
             header_timeout_s=args.header_timeout,
             confinement=confinement,
             task_board=board,
+            **_round_options(args, node, logger),
         )
         logger.get().info(
             "ready",
@@ -354,6 +366,46 @@ def _serve(args: argparse.Namespace, text: bool, logger: _Logger, confinement: s
             _banner(args, config, node, node_config)
         serve(node.registry, config, sock=sock)
     return 0
+
+
+def _round_options(args: argparse.Namespace, node: Any, logger: _Logger) -> dict[str, Any]:
+    """The ServeConfig fields of input-required rounds in a cluster: this node's name in
+    ``requestState``, the entry nodes' shared sealing keys and the relay between them.
+
+    Raises:
+        UsageError: a key file cannot be read or holds fewer than 32 bytes.
+    """
+    keys = []
+    for path in args.request_state_key:
+        try:
+            secret = path.read_bytes().strip()
+        except OSError as exc:
+            raise UsageError(
+                f"cannot read the request-state key: {exc.strerror}", location=str(path)
+            ) from exc
+        if len(secret) < 32:
+            raise UsageError(
+                "a request-state key must hold 32 bytes or more of secret randomness",
+                location=str(path),
+                hint="`skilld cluster nats-config` writes one: request-state.key",
+            )
+        keys.append(secret)
+    if node.cluster is None:
+        if keys:
+            raise UsageError("--request-state-key needs --cluster")
+        return {}
+    if not keys:
+        logger.get().warning(
+            "request_state_key_missing",
+            detail="no --request-state-key: this entry node seals input-required rounds with "
+            "a key of its own, so a retry that a balancer sends to another entry node is "
+            "refused there",
+        )
+    return {
+        "node_id": node.cluster.config.node,
+        "request_state_keys": tuple(keys),
+        "round_peers": node.cluster.rounds,
+    }
 
 
 def _cluster_config(args: argparse.Namespace) -> Any:

@@ -18,6 +18,7 @@ from skilld.cluster._link import NatsLink
 from skilld.cluster._member import Membership, Peer
 from skilld.cluster._remote import RemoteSkill, Router
 from skilld.cluster._tasks import TaskBoard
+from skilld.cluster._rounds import RoundRelay
 from skilld.cluster._transfer import FileAccess, Transfers
 from skilld.cluster._worker import SkillServer
 from skilld.errors import ClusterError, RegistryError
@@ -92,6 +93,8 @@ class Cluster:
         self.router = Router(
             self.link, sealer, opener, self._alive, self._boot, refused, box=self._box_of
         )
+        # Retries of input-required rounds between entry nodes (skilld.mcp's RoundPeers).
+        self.rounds = RoundRelay(self.link, sealer, opener, self._entry, self._box_of, refused)
         self.server = SkillServer(
             self.link,
             registry,
@@ -188,6 +191,8 @@ class Cluster:
                 skill.entry.services["transfer"] = self.transfers
             await self.transfers.start()
         await self.router.start()
+        if self.config.entry:
+            await self.rounds.start()
         await self.server.start()
 
     def close(self) -> None:
@@ -267,6 +272,10 @@ class Cluster:
 
     def _alive(self, node: str) -> bool:
         return node in self.membership.peers
+
+    def _entry(self, node: str) -> bool:
+        peer = self.membership.peers.get(node)
+        return peer is not None and "entry" in peer.announcement.roles
 
     def _box_of(self, node: str) -> bytes | None:
         peer = self.membership.peers.get(node)

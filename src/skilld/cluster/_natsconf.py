@@ -12,6 +12,9 @@ It writes, into one directory the operator keeps out of version control:
   a CA made for this bus.
 - ``NODE.nk``: each node's NKey seed (mode 0600; ``skilld serve --nats-nkey``).
 - ``ca.pem``, ``server.pem``, ``server-key.pem`` (``--nats-tls-ca ca.pem`` on nodes).
+- ``request-state.key``: 32 random bytes (hex, mode 0600) the entry nodes share to seal
+  the ``requestState`` of MCP input-required rounds (``skilld serve
+  --request-state-key``), so that a retry any entry node receives opens there.
 
 A node then reads nothing of another node's calls even if it is compromised: call
 payloads go to the subject of the node that runs them and answers to the inbox of the
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +45,14 @@ class NatsSetup:
     seeds: dict[str, Path]  # node (and "observer") -> its NKey seed file
     ca: Path
     url: str
+    request_state_key: Path | None = None  # the entry nodes' shared round-sealing secret
+
+
+def _secret(path: Path) -> None:
+    """32 fresh random bytes, hex, written to ``path`` (0600)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="ascii") as out:
+        out.write(secrets.token_hex(32) + "\n")
 
 
 def _seed(path: Path) -> str:
@@ -133,4 +145,5 @@ def write_nats_config(
     )
     config = out / "nats.conf"
     config.write_text(text, encoding="utf-8")
-    return NatsSetup(config, seeds, tls.ca, f"tls://{host}:{port}")
+    _secret(out / "request-state.key")
+    return NatsSetup(config, seeds, tls.ca, f"tls://{host}:{port}", out / "request-state.key")

@@ -11,6 +11,7 @@ from skilld.errors import UsageError
 
 if TYPE_CHECKING:
     from skilld.mcp._tasks import TaskBoard
+    from skilld.mcp._rounds import RoundPeers
 
 # Host and Origin values a local client sends; always allowed, whatever the bind address.
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]")
@@ -61,6 +62,9 @@ class ServeConfig:
             empty: a random key held by this process only.
         round_ttl_s: how long a ``requestState`` stays valid (its call ends at its own
             deadline either way).
+        round_peers: the cluster's other entry nodes (``skilld.cluster``): a retry whose
+            ``requestState`` names one of them is forwarded there, and retries they
+            forward here continue this node's calls. None: a node on its own.
         task_tools: tools that may run as tasks besides those the policy's ``mcp.tasks``
             names (``io.modelcontextprotocol/tasks``), each
             ``optional`` (a task when the client declared the extension) or ``required``
@@ -97,6 +101,7 @@ class ServeConfig:
     node_id: str = ""
     request_state_keys: tuple[bytes, ...] = ()
     round_ttl_s: float = 600.0
+    round_peers: RoundPeers | None = None
     task_tools: tuple[tuple[str, Literal["optional", "required"]], ...] = ()
     task_ttl_ms: int = 600_000
     task_board: TaskBoard | None = None

@@ -14,16 +14,23 @@ answers would run every host call before the question again (an HTTP POST, a
 ``kv`` write, a native script) — and a host call's side effects must never run twice.
 
 ``requestState`` only names the parked call: ``{"c": call id, "n": node, "d": skill
-digest}``. The SDK's :class:`~mcp.server.request_state.RequestStateBoundary` seals it
-(AES-256-GCM under a key only this node, or the cluster's nodes, hold) in an envelope
+digest, "r": round}``. The SDK's :class:`~mcp.server.request_state.RequestStateBoundary`
+seals it (AES-256-GCM under a key only this node, or the cluster's nodes, hold) in an envelope
 bound to the method, the tool and a digest of its arguments, with an expiry; a
 tampered, expired or foreign state is refused with ``-32602`` before any handler
 runs. Here the call id must be one this node holds and the tool and skill digest
 must be the ones it was started with.
 
 A retry that reaches another entry node of a cluster finds ``n`` naming the node
-that holds the call: :class:`ParkedCalls` hands it to ``forward`` (a hook the
-cluster can set to route the retry there) and refuses it clearly without one.
+that holds the call: :class:`ParkedCalls` hands it to ``forward`` (set from a
+:class:`RoundPeers`, the cluster's signed and sealed relay between entry nodes), which
+takes it to that node and brings back its answer; without one it is refused, naming
+the node. A forwarded retry is never forwarded again.
+
+``r`` numbers the round a state was minted for: a retry brings answers to that round
+only. A copy of a retry that was answered already (a client's resend, a retry
+forwarded twice) answers nothing; it waits for what the call does next, as the first
+did. The guest ran once and asked once, so no host call runs twice.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import anyio.from_thread
 from mcp import types
@@ -109,6 +116,7 @@ class RoundChannel(SessionChannel):
         self._got: dict[str, Any] = {}
         self.asked: Callable[[], None] = lambda: None
         self.missing: dict[str, Any] = {}
+        self.round = 0  # how many rounds the guest asked so far (event loop only)
 
     # -- the event loop side ---------------------------------------------------
 
@@ -226,6 +234,7 @@ class RoundChannel(SessionChannel):
             raise GuestError("invalid-argument", f"bad {method} request: {exc}") from exc
 
     def _post(self, questions: list[Question]) -> None:
+        self.round += 1
         self.pending = {q.key: q for q in questions}
         self._got = {}
         self.asked()
@@ -250,10 +259,31 @@ def skill_digest(tool: str, skill: str, definition: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-Forward = Callable[[str, str, Mapping[str, Any]], Awaitable[Any]]
-"""The cluster's hook: ``forward(node, method, params)`` sends a retry whose call is parked
-on ``node`` there (params as received, ``requestState`` already verified and opened) and
-returns that node's result."""
+Forward = Callable[[str, str, Mapping[str, Any], str], Awaitable[Any]]
+"""The cluster's hook: ``forward(node, method, params, version)`` sends a retry whose call
+is parked on ``node`` there (params as received, ``requestState`` already verified and
+opened) and returns that node's result."""
+
+Relayed = Callable[[Mapping[str, Any]], Coroutine[Any, Any, dict[str, Any]]]
+"""What an entry node runs for a retry another one forwarded to it: ``{"method", "params",
+"version"}`` in, ``{"result": ...}`` or ``{"error": {"code", "message", "data"}}`` out."""
+
+
+class RoundPeers(Protocol):
+    """The other entry nodes of a cluster, as the MCP layer sees them (``skilld.cluster``
+    provides one; the two packages meet only in this shape)."""
+
+    async def forward(self, node: str, request: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Send ``request`` (as :data:`Relayed` takes it) to ``node``; its answer.
+
+        Raises:
+            SkilldError: the node is not a member, or did not answer in time.
+        """
+        ...
+
+    def serve(self, handler: Relayed, loop: asyncio.AbstractEventLoop) -> None:
+        """Run ``handler`` on ``loop`` for each retry another entry node forwards here."""
+        ...
 
 
 class ParkedCalls:
@@ -333,9 +363,23 @@ class ParkedCalls:
             raise _invalid("the input round expired")
         return call
 
+    @staticmethod
+    def answer(call: ParkedCall[Any], state: str, responses: Mapping[str, Any]) -> None:
+        """Answer ``call``'s questions with a retry's ``responses`` when its (verified)
+        ``state`` was minted for the round the call is in: a copy of a retry answered
+        already (a resend, a retry forwarded twice) answers nothing, not even a later
+        question under the same key."""
+        try:
+            round_ = json.loads(state).get("r")
+        except (ValueError, AttributeError):
+            return
+        if round_ == call.channel.round:
+            call.channel.answer(responses)
+
     def state(self, call: ParkedCall[Any]) -> str:
         """The plaintext ``requestState`` for ``call`` (the SDK's boundary seals it)."""
-        return json.dumps({"c": call.id, "n": self.node, "d": call.digest}, separators=(",", ":"))
+        claims = {"c": call.id, "n": self.node, "d": call.digest, "r": call.channel.round}
+        return json.dumps(claims, separators=(",", ":"))
 
     async def step(self, call: ParkedCall[T]) -> T | types.InputRequiredResult:
         """Wait until ``call`` finishes or asks the client; the result or the round.

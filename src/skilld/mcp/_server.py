@@ -52,6 +52,7 @@ from skilld.mcp import _skills_ext as skills_extension
 from skilld.mcp._channel import LOG_LEVELS, SessionChannel
 from skilld.mcp._config import ServeConfig
 from skilld.mcp._metrics import Metrics
+from skilld.mcp._relay import forwarder, is_forwarded, run_relayed
 from skilld.mcp._rounds import ParkedCalls, RoundChannel, missing_capability, skill_digest
 from skilld.mcp._schema import ArgumentValidator
 from skilld.mcp._tasks import (
@@ -297,6 +298,10 @@ class McpService:
         self.parked = ParkedCalls(
             config.node_id or f"node-{secrets.token_hex(6)}", config.round_ttl_s
         )
+        if config.round_peers is not None:
+            # A cluster's entry nodes: retries of rounds parked elsewhere go there (_relay).
+            self.parked.forward = forwarder(config.round_peers)
+            config.round_peers.serve(self._relayed, asyncio.get_running_loop())
         self.tasks = tasks_of(dispatcher, config, self.parked.node)
         self._task_tools = dict(config.task_tools)
         watch = getattr(dispatcher, "watch", None)
@@ -416,6 +421,15 @@ class McpService:
         server.add_request_handler("tasks/update", _TaskParams, self._task_update)
         server.add_request_handler("tasks/cancel", _TaskParams, self._task_cancel)
         return server
+
+    async def _relayed(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """A retry another entry node forwarded here: run as a client's retry is (_relay)."""
+        handlers: dict[str, Callable[[Any, Any], Any]] = {
+            "tools/call": self._call_tool,
+            "prompts/get": self._get_prompt,
+            "resources/read": self._read_resource,
+        }
+        return await run_relayed(request, handlers)
 
     # -- tasks ----------------------------------------------------------------------
 
@@ -670,15 +684,15 @@ class McpService:
         """
         if params.request_state is not None:
             node = self.parked.elsewhere(params.request_state)
-            if node is not None and self.parked.forward is not None:
+            if node is not None and self.parked.forward is not None and not is_forwarded(ctx):
                 # Another entry node holds the call: the cluster routes the retry there.
                 answer: T | types.InputRequiredResult = await self.parked.forward(
-                    node, ctx.method, dict(ctx.params or {})
+                    node, ctx.method, dict(ctx.params or {}), ctx.protocol_version
                 )
                 return answer
             call = self.parked.resume(params.request_state, target, digest)
             call.channel.rebind(ctx.session, ctx.request_id, self._min_level(ctx))
-            call.channel.answer(_plain(params.input_responses))
+            self.parked.answer(call, params.request_state, _plain(params.input_responses))
             rounds.append(call.channel)
         else:
             channel = self._round_channel(ctx, skill, _plain(params.input_responses))
