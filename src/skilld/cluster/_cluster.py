@@ -17,8 +17,8 @@ from skilld.cluster._kv import JetStreamKV
 from skilld.cluster._link import NatsLink
 from skilld.cluster._member import Membership, Peer
 from skilld.cluster._remote import RemoteSkill, Router
-from skilld.cluster._tasks import TaskBoard
 from skilld.cluster._rounds import RoundRelay
+from skilld.cluster._tasks import TaskBoard
 from skilld.cluster._transfer import FileAccess, Transfers
 from skilld.cluster._worker import SkillServer
 from skilld.errors import ClusterError, RegistryError

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Literal
 from skilld.errors import UsageError
 
 if TYPE_CHECKING:
-    from skilld.mcp._tasks import TaskBoard
     from skilld.mcp._rounds import RoundPeers
+    from skilld.mcp._tasks import TaskBoard
 
 # Host and Origin values a local client sends; always allowed, whatever the bind address.
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]")
