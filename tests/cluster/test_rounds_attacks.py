@@ -161,7 +161,7 @@ async def test_a_forwarded_retry_is_sealed_and_a_replay_of_it_is_refused(
     the same message sent again gets no answer, runs nothing, and node-a audits the replay."""
     genuine, calls = await _forwarded_round(open_bus, plain)
     meta = json.loads((genuine.headers or {})["Skilld-Meta"])
-    assert meta["enc"] == 1, meta
+    assert meta["pair"] == 1, meta  # sealed under the pair key of node-c and node-a
     assert meta["from"] == "node-c", meta
     assert b"confirm" not in genuine.data
     await _no_answer(plain, genuine.subject, genuine.data, dict(genuine.headers or {}))

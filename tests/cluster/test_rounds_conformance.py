@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 import socket
 import subprocess
 from collections.abc import Iterator
@@ -95,7 +96,12 @@ def entry_pair(
                     nats.url,
                     keys.member,
                     tmp_path / name,
-                    extra=["--entry-only", "--request-state-key", str(bus / "request-state.key")],
+                    extra=[
+                        "--entry-only",
+                        "--cluster-kv",  # task records in JetStream KV: any entry node answers
+                        "--request-state-key",
+                        str(bus / "request-state.key"),
+                    ],
                     bus=bus,
                 )
             )
@@ -113,9 +119,10 @@ def entry_pair(
 async def test_every_2026_07_28_scenario_passes_through_a_round_robin_pair(
     entry_pair: tuple[NodeProc, NodeProc],
 ) -> None:
-    """Every scored 2026-07-28 scenario passes when each HTTP request of the suite goes to
-    the next of two entry nodes (skills on a worker): rounds whose retries land on the other
-    node are forwarded to the one holding the call."""
+    """Every scored 2026-07-28 scenario and the tasks extension pass when each HTTP request
+    of the suite goes to the next of two entry nodes (skills on a worker): rounds whose
+    retries land on the other node are forwarded to the one holding the call, and task
+    records live in JetStream KV."""
     assert SUITE.exists(), f"the conformance runner is not at {SUITE}"
     a, c = entry_pair
     assert a.url is not None
@@ -146,5 +153,11 @@ async def test_every_2026_07_28_scenario_passes_through_a_round_robin_pair(
         server.should_exit = True
     summary = done.stdout.strip().splitlines()[-1]
     assert summary == "scenarios: 37 passed, 0 failed", done.stdout[-4000:]
+    # The tasks extension (not scored) whole, too: a task made on one entry node is read,
+    # updated and cancelled through the other, and a required task tool's input rounds
+    # reach the node that owns the call whichever node the retry lands on.
+    passed = set(re.findall(r"^\s*✓ (tasks-[\w-]+)", done.stdout, re.MULTILINE))
+    failed = set(re.findall(r"^\s*✗ (tasks-[\w-]+)", done.stdout, re.MULTILINE))
+    assert (len(passed), failed) == (10, set()), done.stdout[-4000:]
     assert len(set(balancer.sent)) == 2
     assert "forwarded retry from" in a.log() + c.log()

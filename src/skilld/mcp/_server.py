@@ -490,9 +490,17 @@ class McpService:
         once, its questions surfacing on ``tasks/get``.
         """
         if params.request_state is not None:
+            node = self.parked.elsewhere(params.request_state)
+            if node is not None and self.parked.forward is not None and not is_forwarded(ctx):
+                # Another entry node holds the call: the cluster routes the retry there.
+                answer: types.CallToolResult | types.InputRequiredResult | dict[str, Any]
+                answer = await self.parked.forward(
+                    node, ctx.method, dict(ctx.params or {}), ctx.protocol_version
+                )
+                return answer
             call = self.parked.resume(params.request_state, name, digest)
             call.channel.rebind(ctx.session, ctx.request_id, self._min_level(ctx))
-            call.channel.answer(_plain(params.input_responses))
+            self.parked.answer(call, params.request_state, _plain(params.input_responses))
         else:
             channel = self._round_channel(ctx, skill, _plain(params.input_responses))
 
