@@ -45,7 +45,9 @@ def inline_registry(
 
 
 def _component(reg: Registry, skill: str) -> Component:
-    return next(e.component for e in reg.skills() if e.spec.id == skill)
+    comp = next(e.component for e in reg.skills() if e.spec.id == skill)
+    assert isinstance(comp, Component)
+    return comp
 
 
 def _warm(reg: Registry, sink: MemorySink, skill: str, depth: int = 1) -> Component:
