@@ -343,9 +343,14 @@ class Component:
     # concurrency, pooled slots included).
 
     def prewarm(
-        self, limits: Limits, depth: int = 2, *, warm_call: tuple[str, str] = ("", "{}")
+        self, limits: Limits, depth: int = 3, *, warm_call: tuple[str, str] = ("", "{}")
     ) -> None:
         """Keep ``depth`` fresh, initialised instances ready for calls under ``limits``.
+
+        Three by default: a delegate program calls a kit's skill several times in a row,
+        faster than the background worker refills, and with two ready instances about
+        one nested call in seven instantiated on its path (five in ninety with three;
+        bench numbers in docs/runtime.md).
 
         Args:
             warm_call: the (method, JSON arguments) each instance runs once before a
