@@ -63,44 +63,30 @@ class Inline:
     """One inline attempt at a call: on a thread that must not block (the server's event loop).
 
     The whole inline strategy of a call, in one place. The registry starts an attempt
-    (``registry/_dispatch.py``'s ``InlineStrategy``, which also backs off a method that
-    keeps giving up); the attempt goes on only while it can finish without blocking:
-
-    - it gives up before any guest code runs (:meth:`give_up`) when the skill has no
-      free slot, its instance would be slow to create, or the backend always blocks
-      (:meth:`CallContext.thread_only`: a script, a remote node, a delegate program);
-    - a host call that could block or act on the world is refused inline
-      (:meth:`refuse`) before it acts, and the guest is stopped at its next epoch check;
-    - the sandbox stops the guest once :meth:`over` (its time is up).
-
-    Either way it ends in :class:`~skilld.errors.RunOnThread` before anything anyone
-    can observe happened (no host call acted, output dropped, nothing audited), and
-    the caller runs the call once on a worker thread.
+    (``registry/_dispatch.py``'s ``InlineStrategy``); a backend answers it only when it
+    can without running guest code or blocking (delegate's ``kit_list``, say), and
+    otherwise gives up (:meth:`give_up`, through :meth:`CallContext.thread_only`) before
+    anything runs: when the skill has no free slot, and always for guest code (a wasm
+    component runs on a thread, ``skilld.sandbox``), a script, a remote node or a
+    delegate program. Giving up happens before any guest code runs, so nothing anyone can
+    observe happened (no host call acted, nothing audited), and the caller runs the call
+    once on a worker thread: no guest body ever runs twice for one call.
     """
 
-    until: float  # monotonic time at which the attempt gives up
-    needs_thread: bool = False  # a host call was refused inline
+    until: float  # monotonic time at which the attempt's budget ends
 
     @classmethod
     def for_s(cls, budget_s: float) -> Inline:
         """An attempt of about ``budget_s`` seconds from now."""
         return cls(time.monotonic() + budget_s)
 
-    def over(self, now: float) -> bool:
-        """True once the attempt must stop: its time is up or a host call needs a thread."""
-        return self.needs_thread or now >= self.until
-
-    def refuse(self) -> None:
-        """A host call could block or act: refuse it; the attempt is over."""
-        self.needs_thread = True
-
-    def give_up(self, *, ran: bool = False) -> NoReturn:
-        """End the attempt; ``ran`` says guest code ran (the attempt cost something).
+    def give_up(self) -> NoReturn:
+        """End the attempt, before anything ran.
 
         Raises:
             RunOnThread: always.
         """
-        raise RunOnThread(ran=ran)
+        raise RunOnThread
 
 
 @dataclass

@@ -347,13 +347,13 @@ class ProgramNotStarted(SkilldError):
 class RunOnThread(Exception):
     """An inline attempt at a call gave up: run the call again on a worker thread.
 
-    Not a :class:`SkilldError`: no user ever sees it. It is raised before the guest
-    did anything anyone can observe (the host refused its first blocking host call,
-    its output is dropped, nothing was audited), so running the call again on a
-    thread is the same as running it once. See ``Dispatcher.call_inline``.
+    Not a :class:`SkilldError`: no user ever sees it. It is raised before any guest
+    code ran (the sandbox gives every inline attempt up before it takes an instance)
+    and before anything was audited, so running the call on a thread runs it once.
+    See ``Dispatcher.call_inline``.
 
-    ``ran`` says the guest ran before it gave up (the attempt cost something);
-    otherwise the attempt stopped before any guest code ran.
+    ``ran`` says guest code ran before it gave up; since guests no longer run inline
+    nothing sets it (kept for the registry's ``InlineStrategy``, whose backoff it drives).
     """
 
     def __init__(self, *, ran: bool = False):

@@ -8,6 +8,7 @@ import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from wasmtime import _bindings
@@ -15,10 +16,11 @@ from wasmtime import _bindings
 from skilld.call import CallContext
 from skilld.errors import CallCancelled, DeadlineExceeded
 from skilld.package.build import build_component
-from skilld.registry import NullChannel
+from skilld.registry import NullChannel, Registry, SkillEntry
 from skilld.sandbox import Component, Sandbox, _sandbox
 from skilld.sandbox._sandbox import _MAX_UNFREED
-from skilld.types import Limits
+from skilld.types import Decision, Limits
+from support.checkers import TextQuestions
 from support.env import SKILLS, cache_dir
 
 
@@ -156,3 +158,69 @@ def test_cancel_stops_start_code(spinning_start: Component) -> None:
     with pytest.raises(CallCancelled):
         spinning_start.call("echo", '{"text": "x"}', ctx)
     assert time.monotonic() - started <= 0.1
+
+
+class _InvokeAnything(TextQuestions):
+    """Allows invoke and nothing else."""
+
+    def check(self, capability: str, action: str, target: str) -> Decision:
+        ok = capability == "invoke"
+        return Decision(ok, capability, action, target, "test.invoke", "test")
+
+
+def test_a_nested_calls_refill_waits_for_the_outermost_call(
+    sandbox: Sandbox, component_path: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A program's tool call leaves the refill to the end of the program, not during it.
+
+    hostile relays to echo (invoke): echo's used instance goes to the background worker
+    only once hostile's own call has ended, so the program keeps the cores. With no
+    ready instance left, a nested call refills at once (the next one would instantiate).
+    """
+    limits = Limits(timeout_ms=10_000)
+    reg = Registry()
+    comps: dict[str, Component] = {}
+    for name in ("echo", "hostile"):
+        comp = _load(sandbox, component_path, name)
+        spec = comp.describe(CallContext(name, limits, NullChannel()))
+        checker = _InvokeAnything() if name == "hostile" else None
+        reg.add(SkillEntry(spec=spec, component=comp, limits=limits, checker=checker))
+        comps[name] = comp
+    reg.mark_ready()
+    echo, hostile = comps["echo"], comps["hostile"]
+    echo.prewarm(limits, depth=2)
+    reg.call("echo/echo", {"text": "fill"}, NullChannel())  # the pool fills after a call
+    deadline = time.monotonic() + 60
+    while echo._pool.qsize() < 2 or echo._tending:
+        assert time.monotonic() < deadline, "the pool did not fill"
+        time.sleep(0.01)
+    events: list[tuple[str, str]] = []
+    retire, submit = Component._retire, sandbox.background.submit
+
+    def retiring(self: Component, inst: Any, *args: Any) -> None:
+        events.append(("retire", self.name))
+        retire(self, inst, *args)
+
+    def submitting(fn: Callable[[], None]) -> Any:
+        events.append(("worker", getattr(fn, "__self__", hostile).name))
+        return submit(fn)
+
+    monkeypatch.setattr(Component, "_retire", retiring)
+    monkeypatch.setattr(sandbox.background, "submit", submitting)
+    relay = {"skill_id": "echo", "method": "echo", "args": {"text": "via"}}
+    try:
+        assert reg.call("hostile/relay", relay, NullChannel()).value == "via"
+        # hostile is small or warm: its own worker may or may not start; echo's waits.
+        assert events.index(("worker", "echo")) > events.index(("retire", "hostile"))
+        assert events.index(("retire", "echo")) < events.index(("retire", "hostile"))
+        # Now drain the pool: the nested call that takes the last instance refills at once.
+        while echo._tending:
+            time.sleep(0.01)
+        while echo._pool.qsize() > 1:
+            echo._pool.get_nowait()
+        events.clear()
+        assert reg.call("hostile/relay", relay, NullChannel()).value == "via"
+        assert events.index(("worker", "echo")) < events.index(("retire", "hostile"))
+    finally:
+        echo.close()
+        hostile.close()

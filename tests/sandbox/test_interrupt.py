@@ -40,8 +40,8 @@ def test_cancel_stops_a_guest_that_never_looks(hostile: Component) -> None:
     channel = CancellingChannel()
     ctx = CallContext("hostile", Limits(timeout_ms=20_000), channel)
     timer = threading.Timer(0.2, channel.cancel.set)
+    started = time.monotonic()  # before the timer starts: it fires 0.2 s after its start
     timer.start()
-    started = time.monotonic()
     try:
         with pytest.raises(CallCancelled, match="client cancelled"):
             hostile.call("loop", "{}", ctx)

@@ -322,8 +322,8 @@ class SkillServer:
         if call is None:
             return
         try:
-            # A quick guest answers here, on the loop, sparing a task and two thread
-            # hand-offs; one that needs longer or blocks gives up unseen (RunOnThread).
+            # A backend that runs no guest code answers here, on the loop, sparing a task
+            # and two thread hand-offs; guest code gives up before it runs (RunOnThread).
             payload = self._payload(call, lambda: self._run_local(call, _INLINE_S))
         except RunOnThread:
             # The micro endpoint awaits its handler before the next message: a call that

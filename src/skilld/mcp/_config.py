@@ -37,10 +37,10 @@ class ServeConfig:
         skill_concurrency: calls one skill may run at once over MCP.
         queue_timeout_s: how long a call waits for a free slot before it fails as busy.
         worker_threads: threads that run blocking guest calls (shared by all sessions).
-        inline_ms: how long a tool call may first run on the event loop itself: a guest
-            that finishes that soon without a blocking host call skips the hand-off
-            to a worker thread; one that needs longer, or makes such a call, is
-            stopped unseen and runs again on a thread. 0 sends every call to a thread.
+        inline_ms: how long a tool call may first run on the event loop itself: a
+            backend that runs no guest code (delegate's ``kit_list``) answers there and
+            skips the hand-off to a worker thread; guest code gives the attempt up
+            before any of it runs and runs once, on a thread. 0 sends every call to a thread.
         client_request_timeout_s: how long a guest waits for a sampling or elicitation answer.
         shutdown_grace_s: how long shutdown waits for calls in flight.
         max_connections: HTTP connections open at once; lowered to what the descriptor

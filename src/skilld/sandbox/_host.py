@@ -24,9 +24,6 @@ log = logging.getLogger("skilld.sandbox")
 
 PACKAGE = "skilld:skill"
 INTERFACES = ("log", "kv", "fs", "http", "tcp", "shell", "invoke", "transfer", "env", "mcp")
-# Interfaces whose functions only read the process or record into the call's context:
-# they neither block nor act, so an inline attempt may call them.
-INLINE_SAFE = frozenset({"log", "env"})
 
 
 def import_name(interface: str) -> str:
@@ -73,18 +70,8 @@ def _adapt(interface: str, name: str, fn: HostFn, kind: Kind) -> Any:
         rec = error_record(code, message, rule)
         return component.Variant("err", rec) if kind == "result-tagged" else rec
 
-    inline_safe = interface in INLINE_SAFE
-
     def host_function(_store: Any, *args: Any) -> Any:
         ctx = current()
-        if ctx.inline is not None and not inline_safe:
-            # An inline attempt runs on the server's event loop: anything that could
-            # block or act on the world waits for the call's rerun on a thread. The
-            # guest's answer no longer counts; it is stopped at its next epoch check.
-            ctx.inline.refuse()
-            if kind == "plain":  # mcp.cancelled returns a bool: None failed the lowering
-                return False if (interface, name) == ("mcp", "cancelled") else None
-            return err("unavailable", "retried on a thread", None)
         try:
             value = fn(ctx, *[to_py(a) for a in args])
         except HostCallError as exc:

@@ -10,6 +10,7 @@ wrote (key-value state, files). Traps, deadlines and memory exhaustion become
 from __future__ import annotations
 
 import collections
+import contextvars
 import ctypes
 import json
 import logging
@@ -28,7 +29,7 @@ import wasmtime
 from wasmtime import _ffi as ffi
 from wasmtime import component
 
-from skilld.call import CallContext, Inline, entered
+from skilld.call import CallContext, entered
 from skilld.errors import (
     CallCancelled,
     CompileError,
@@ -68,6 +69,12 @@ _MAX_UNFREED = 4
 # Components that instantiate faster than this are not pre-warmed (measured: a
 # store and instance of echo-wat take about 10 us, a Python component 600-1000 us).
 _WARM_WORTH_S = 0.0002
+
+# The components whose background work (freeing used instances, warming new ones) waits
+# for the outermost guest call running on this thread: set while one runs (Component._run).
+_DEFERRED: contextvars.ContextVar[set[Component] | None] = contextvars.ContextVar(
+    "skilld_deferred_tending", default=None
+)
 
 GUEST = f"{PACKAGE}/guest"
 _WASI_OK = re.compile(r"^wasi:(io|clocks|random|cli|filesystem|sockets)/")
@@ -163,7 +170,7 @@ _EpochCallback = ctypes.CFUNCTYPE(
 )
 _NO_FINALIZER = ctypes.cast(0, ctypes.CFUNCTYPE(None, ctypes.c_void_p))
 _STOPPED_TEXT = "skilld: call stopped"
-_STOPPED = re.compile(re.escape(_STOPPED_TEXT) + r" \((deadline|cancelled|inline)\)")
+_STOPPED = re.compile(re.escape(_STOPPED_TEXT) + r" \((deadline|cancelled)\)")
 _CONTINUE = 0  # WASMTIME_UPDATE_DEADLINE_CONTINUE
 
 
@@ -182,17 +189,13 @@ class _Interrupt:
     clock passed the call's deadline or the channel says cancelled, and otherwise
     lets it run to the next check. A store is only ever touched from the thread
     running it, which a cancel from another thread could not do safely.
-
-    An inline attempt (``ctx.inline``) is stopped, as ``inline``, once it is over
-    (its time is up or a host call said it needs a thread).
     """
 
-    __slots__ = ("at", "callback", "ctx", "inline", "reason")
+    __slots__ = ("at", "callback", "ctx", "reason")
 
-    def __init__(self, store: wasmtime.Store, budget_s: float, inline: Inline | None = None):
+    def __init__(self, store: wasmtime.Store, budget_s: float):
         self.at = time.monotonic() + budget_s
         self.ctx: CallContext | None = None
-        self.inline = inline
         self.reason: str | None = None
         # kept alive with the store (None once it is freed)
         self.callback: Any = _EpochCallback(self._on_deadline)
@@ -203,13 +206,11 @@ class _Interrupt:
         """Start the clock for one call (or warm-up) of ``budget_s`` seconds."""
         self.at = time.monotonic() + budget_s
         self.ctx = ctx
-        self.inline = None if ctx is None else ctx.inline
         self.reason = None
         store.set_epoch_deadline(self._next_check())
 
     def _next_check(self) -> int:
-        at = self.at if self.inline is None else min(self.at, self.inline.until)
-        remaining = math.ceil((at - time.monotonic()) / TICK_S)
+        remaining = math.ceil((self.at - time.monotonic()) / TICK_S)
         return max(1, min(remaining, _CHECK_TICKS))
 
     def _on_deadline(self, _context: Any, _data: Any, delta: Any, kind: Any) -> int:
@@ -217,8 +218,6 @@ class _Interrupt:
             now = time.monotonic()
             if self.ctx is not None and self.ctx.channel.cancelled():
                 self.reason = "cancelled"
-            elif self.inline is not None and self.inline.over(now):
-                self.reason = "inline"
             elif now >= self.at:
                 self.reason = "deadline"
             else:
@@ -351,9 +350,14 @@ class Component:
     # concurrency, pooled slots included).
 
     def prewarm(
-        self, limits: Limits, depth: int = 2, *, warm_call: tuple[str, str] = ("", "{}")
+        self, limits: Limits, depth: int = 3, *, warm_call: tuple[str, str] = ("", "{}")
     ) -> None:
         """Keep ``depth`` fresh, initialised instances ready for calls under ``limits``.
+
+        Three by default: a delegate program calls a kit's skill several times in a row,
+        faster than the background worker refills, and with two ready instances about
+        one nested call in seven instantiated on its path (five in ninety with three;
+        bench numbers in docs/runtime.md).
 
         Args:
             warm_call: the (method, JSON arguments) each instance runs once before a
@@ -372,7 +376,6 @@ class Component:
     def _fresh(
         self,
         memory_bytes: int,
-        inline: Inline | None = None,
         preopens: tuple[tuple[str, str, bool], ...] = (),
         *,
         ctx: CallContext | None = None,
@@ -396,7 +399,7 @@ class Component:
         # Instantiation runs guest start code, which the epoch interrupts too; the
         # deadline of the call proper is armed again right before the call.
         budget = _INSTANTIATE_BUDGET_S if ctx is None else ctx.remaining()
-        interrupt = _Interrupt(store, budget, inline)
+        interrupt = _Interrupt(store, budget)
         interrupt.ctx = ctx
         started = time.perf_counter()
         instance = self.sandbox.linker.instantiate(store, self.native)
@@ -437,8 +440,7 @@ class Component:
 
     def _take(self, ctx: CallContext) -> _Instance:
         if ctx.preopens:
-            ctx.thread_only()
-            return self._fresh(ctx.limits.memory_bytes, None, ctx.preopens, ctx=ctx)
+            return self._fresh(ctx.limits.memory_bytes, ctx.preopens, ctx=ctx)
         limits = self._pool_limits
         if limits is not None and ctx.limits.memory_bytes == limits.memory_bytes:
             try:
@@ -447,13 +449,9 @@ class Component:
                 pass
             else:
                 return inst
-        if ctx.inline is not None and self._instantiate_s >= _WARM_WORTH_S:
-            # Instantiating a large component (or one never instantiated yet) costs
-            # more than an inline attempt may hold up the event loop.
-            ctx.inline.give_up()
-        return self._fresh(ctx.limits.memory_bytes, ctx.inline, ctx=ctx)
+        return self._fresh(ctx.limits.memory_bytes, ctx=ctx)
 
-    def _retire(self, inst: _Instance) -> None:
+    def _retire(self, inst: _Instance, deferred: set[Component] | None = None) -> None:
         """Hand a used instance to the background worker, which frees it.
 
         Freeing (and warming a replacement) during a call slows it: both map and
@@ -461,21 +459,43 @@ class Component:
         per component does the work, so a burst of calls queues instances, not tasks;
         if it still falls behind, the caller frees an instance itself, so the used
         ones can never fill the engine's instance pool.
+
+        A nested call (``invoke``: a delegate program's tool calls, say) leaves the
+        worker alone while ready instances are left: this component goes into
+        ``deferred``, and the outermost guest call starts its worker when it ends. A
+        program's calls come back to back, and a refill running meanwhile took the
+        cores from the program (in process, a delegate of three notes calls with three
+        warm instances: p50 10.6 / 9.3 ms refilling during the program, 9.2 / 8.7 ms
+        after it; docs/runtime.md).
         """
         if self._instantiate_s < _WARM_WORTH_S:
             # A small component's store frees in microseconds: no worker needed.
             _free(inst)
             return
+        if self._pool.qsize() == 0:
+            # The program already runs out of ready instances: refill now, or each of
+            # its next calls would instantiate on its path.
+            deferred = None
         with self._tend_lock:
             self._used.append(inst)
             behind = len(self._used) > _MAX_UNFREED
-            start = not self._tending
-            self._tending = True
+            start = not self._tending and deferred is None
+            self._tending = self._tending or start
         if behind:
             with self._tend_lock:
                 oldest = self._used.popleft() if self._used else None
             if oldest is not None:
                 _free(oldest)
+        if deferred is not None:
+            deferred.add(self)
+        elif start:
+            self.sandbox.background.submit(self._tend)
+
+    def _kick(self) -> None:
+        """Start the background worker if it is idle and has work (see :meth:`_retire`)."""
+        with self._tend_lock:
+            start = not self._tending and (bool(self._used) or self._wants_warm())
+            self._tending = self._tending or start
         if start:
             self.sandbox.background.submit(self._tend)
 
@@ -514,7 +534,19 @@ class Component:
                 return
 
     def _run(self, ctx: CallContext, export: component.ExportIndex, *args: Any) -> Any:
+        # Guest code never runs inline (on the server's event loop), decided here, before
+        # any of it runs: an inline attempt gives up unseen and the call runs once, on a
+        # worker thread. A guest stopped inline and run again on a thread would run its
+        # body twice (its host calls' side effects too), and one that ran to its end
+        # inline would hold up every session for as long as it liked. A thread costs
+        # about what the attempt saved (docs/runtime.md) and lets the guest run on
+        # another core while the event loop serves other sessions.
+        ctx.thread_only()
         engine = self.sandbox.engine
+        # The outermost guest call on this thread collects the components its nested
+        # calls used, and starts their background work when it ends (see _retire).
+        deferred = _DEFERRED.get()
+        token = _DEFERRED.set(set()) if deferred is None else None
         engine.ticker.enter()
         inst: _Instance | None = None
         try:
@@ -531,18 +563,20 @@ class Component:
                 func.post_return(inst.store)
         except wasmtime.WasmtimeError as exc:
             stopped = inst.interrupt.reason if inst else _stop_reason(str(exc))
-            if ctx.inline is not None and (stopped == "inline" or ctx.inline.needs_thread):
-                ctx.inline.give_up(ran=True)
             raise self._fault(exc, ctx, stopped) from None
         finally:
-            engine.ticker.leave()
-            ctx.close_handles()
-            if inst is not None:
-                inst.streams.ctx = None
-                self._retire(inst)
-        if ctx.inline is not None and ctx.inline.needs_thread:
-            # The guest went on after a host call refused inline: its answer does not count.
-            ctx.inline.give_up(ran=True)
+            try:
+                engine.ticker.leave()
+                ctx.close_handles()
+                if inst is not None:
+                    inst.streams.ctx = None
+                    self._retire(inst, deferred)
+            finally:
+                if token is not None:
+                    nested = _DEFERRED.get() or set()
+                    _DEFERRED.reset(token)
+                    for comp in nested:
+                        comp._kick()
         return result
 
     def _fault(
@@ -632,11 +666,8 @@ class Component:
     def call(self, method: str, args_json: str, ctx: CallContext) -> CallOutput:
         """Run ``method`` with JSON arguments in a fresh instance.
 
-        With ``ctx.inline`` set the call is an inline attempt on a thread that
-        must not block (the server's event loop): it runs only while it needs no
-        more time than that, no instantiation of a large component and no host call
-        outside ``INLINE_SAFE``; otherwise it stops and raises :class:`RunOnThread`,
-        its output dropped, for the caller to run the call again on a worker thread.
+        With ``ctx.inline`` set (an inline attempt, on the server's event loop) it
+        raises :class:`RunOnThread` before any guest code runs: guests run on threads.
 
         Raises:
             GuestError: the guest returned a typed error.
