@@ -242,6 +242,105 @@ def test_socketpair_still_works() -> None:
     assert answers(result.stdout) == {"pair": "ping", "pipe": "pong"}, result.stderr
 
 
+@pytest.fixture
+def host_datagram_socket(tmp_path: Path) -> Iterator[socket.socket]:
+    """A world-writable (0666) pathname datagram socket outside every grant (``/dev/log``
+    and journald's sockets are such)."""
+    path = tmp_path / "log.sock"
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    srv.bind(str(path))
+    path.chmod(0o666)
+    srv.settimeout(0)
+    yield srv
+    srv.close()
+
+
+DATAGRAM_PAIR = """
+try:
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    print("pair ok")
+    a.sendto(b"forged", {path!r})
+    print("sendto ok")
+except OSError as exc:
+    print("pair", errno.errorcode.get(exc.errno, exc.errno))
+"""
+
+
+@pytest.mark.parametrize("confinement", NETWORKS)
+def test_a_datagram_socketpair_cannot_reach_a_pathname_socket(
+    host_datagram_socket: socket.socket, confinement: Confinement
+) -> None:
+    """A datagram socketpair's end can ``sendto`` (or ``connect`` to) any pathname datagram
+    socket, which no AF_UNIX refusal stops: the filter refuses datagram pairs. Unconfined,
+    the same probe delivers its datagram."""
+    code = DATAGRAM_PAIR.format(path=host_datagram_socket.getsockname())
+    assert answers(unconfined(code).stdout)["sendto"] == "ok"
+    assert host_datagram_socket.recv(64) == b"forged"
+    refused(probe(code, confinement).stdout, ["pair"])
+    with pytest.raises(BlockingIOError):
+        host_datagram_socket.recv(64)
+
+
+LOCAL_SOCKETS = """
+import sys
+here, there = sys.argv[1], sys.argv[2]
+def act(name, fn):
+    try:
+        fn()
+        print(name, "ok", flush=True)
+    except OSError as exc:
+        print(name, errno.errorcode.get(exc.errno, exc.errno), flush=True)
+own = socket.socket(socket.AF_UNIX)
+act("bind", lambda: own.bind(here + "/pipe"))
+act("listen", lambda: own.listen(1))
+act("connect-own", lambda: socket.socket(socket.AF_UNIX).connect(here + "/pipe"))
+act("connect-host", lambda: socket.socket(socket.AF_UNIX).connect(there))
+act("dgram", lambda: socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM))
+act("seqpacket", lambda: socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET).close())
+act("file", lambda: open(here + "/file", "w").close())
+act("unlink", lambda: os.unlink(here + "/pipe"))
+"""
+
+
+def test_local_sockets_listen_but_reach_no_other_socket(tmp_path: Path, host_socket: Path) -> None:
+    """A command given a socket directory (LibreOffice's pipe) binds and listens there,
+    but cannot connect anywhere (its own socket included: connect() is refused), make a
+    datagram socket or any other file there; unconfined, the same probe connects to the
+    host's 0666 socket."""
+    here = tmp_path / "sockets"
+    here.mkdir()
+    here.chmod(0o1777)
+    code = PRELUDE + textwrap.dedent(LOCAL_SOCKETS)
+    control = subprocess.run(
+        [PY, "-I", "-S", "-c", code, str(tmp_path / "control"), str(host_socket)],
+        capture_output=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert answers(control.stdout)["connect-host"] == "ok"
+    result = confine.run(
+        [PY, "-I", "-S", "-c", code, str(here), str(host_socket)],
+        confinement=Confinement(read_only=(sys.base_prefix,), socket_dirs=(str(here),)),
+        deadline=time.monotonic() + 30,
+        env=PATH,
+    )
+    got = answers(result.stdout)
+    assert got["bind"] == got["listen"] == got["seqpacket"] == "ok", result.stdout
+    refused(result.stdout, ["connect-own", "connect-host", "dgram"])
+    assert got["file"] == "EACCES"
+    # Sharing skilld's uid (this module's identity), it may not remove files there.
+    assert got["unlink"] == "EACCES"
+
+
+def test_local_sockets_never_come_with_network(tmp_path: Path) -> None:
+    """connect() refused and a network granted cannot both hold: the command is refused."""
+    with pytest.raises(confine.ConfinementUnavailable, match="network"):
+        confine.run(
+            ["/bin/true"],
+            confinement=Confinement(socket_dirs=(str(tmp_path),), tcp_connect=(9,)),
+            deadline=time.monotonic() + 10,
+            env=PATH,
+        )
+
+
 SOCKETS = """
 def sock(name, domain, kind, proto=0):
     call(name, 41, domain, kind, proto)
@@ -651,8 +750,12 @@ def test_without_the_metadata_rules_landlock_alone_lets_chmod_through(
     govern metadata): the rules above are what stop it."""
     real = _seccomp.compile_filter
 
-    def no_metadata(*, unix_sockets: bool, udp: bool, metadata: bool) -> bytes:
-        return real(unix_sockets=unix_sockets, udp=udp, metadata=False)
+    def no_metadata(
+        *, unix_sockets: bool, udp: bool, metadata: bool, local_sockets: bool = False
+    ) -> bytes:
+        return real(
+            unix_sockets=unix_sockets, udp=udp, metadata=False, local_sockets=local_sockets
+        )
 
     monkeypatch.setattr(_seccomp, "compile_filter", no_metadata)
     got = answers(metadata_probe(files).stdout)

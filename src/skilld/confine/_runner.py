@@ -119,6 +119,7 @@ class Confinement:
     tcp_connect: tuple[int, ...] = ()
     tcp_bind: tuple[int, ...] = ()
     network: bool = False
+    socket_dirs: tuple[str, ...] = ()
     limits: ResourceLimits = field(default_factory=ResourceLimits)
     skill: str | None = None
     workspace: str | None = None
@@ -202,6 +203,13 @@ def require(confinement: Confinement) -> int:
             f"Landlock ABI {abi} lacks {need}, needed for a command that shares the host's network",
             feature="landlock-tcp" if abi < 4 else "landlock-scope",
             hint=hint,
+        )
+    if confinement.socket_dirs and confinement.shares_network:
+        raise ConfinementUnavailable(
+            "a command that makes its own unix sockets gets no connect() at all, so that "
+            "no pathname socket outside it is reachable; it cannot also have network",
+            feature="local-sockets",
+            hint="do not grant tcp or http to a skill whose programs listen on a local socket",
         )
     walls = _client.profile()
     if not walls.seccomp:
@@ -371,10 +379,19 @@ _log = logging.getLogger("skilld.confine")
 
 
 def _landlock(
-    abi: int, confinement: Confinement, program: str, env: Mapping[str, str]
+    abi: int,
+    confinement: Confinement,
+    program: str,
+    env: Mapping[str, str],
+    *,
+    separate: bool = True,
 ) -> tuple[int, int, int, int, list[tuple[str, int, bool]], list[int], list[int]]:
     """The ruleset as the launcher applies it: handled fs and net rights, scopes, the
-    struct's size for this ABI, and the (path, rights, follow links) and port rules."""
+    struct's size for this ABI, and the (path, rights, follow links) and port rules.
+
+    In ``socket_dirs`` the command may make sockets; removing files there too only
+    when it has its own uid (then the sticky ``/tmp`` lets it remove only what that uid
+    owns; sharing skilld's uid, it could remove skilld's files)."""
     handled = la.fs_rights(abi)
     net = la.NET_BIND_TCP | la.NET_CONNECT_TCP if abi >= 4 and not confinement.network else 0
     scoped = la.SCOPE_ABSTRACT_UNIX_SOCKET | la.SCOPE_SIGNAL if abi >= 6 else 0
@@ -383,12 +400,14 @@ def _landlock(
     rules: list[tuple[str, int, bool]] = []
     libraries = [*confinement.libraries, *(NETWORK_FILES if confinement.shares_network else ())]
     executables = [*program_files(program, env.get("PATH", os.defpath)), *confinement.executables]
+    sockets = la.FS_MAKE_SOCK | (la.FS_REMOVE_FILE if separate else 0)
     for paths, access, follow in (
         (libraries, la.READ, True),
         (executables, la.EXEC, True),
         (confinement.devices, la.DEVICE, True),
         (confinement.read_only, la.READ, False),
         (confinement.read_write, la.WRITE, False),
+        (confinement.socket_dirs, sockets, False),
     ):
         rules += [(path, access & handled, follow) for path in paths]
     connect = sorted(set(confinement.tcp_connect)) if net else []
@@ -460,6 +479,7 @@ def _spec(
         unix_sockets=_filters.names_socket((*confinement.read_only, *confinement.read_write)),
         udp=confinement.network,
         metadata=not separate,
+        local_sockets=bool(confinement.socket_dirs),
     )
     spaces = _client.namespaces(hello, bpf is not None, abi)
     unshare = la.CLONE_NEWIPC if "ipc" in spaces else 0
@@ -470,7 +490,7 @@ def _spec(
         "argv": list(argv),
         "env": dict(env),
         "cwd": cwd,
-        "landlock": _landlock(abi, confinement, program, env),
+        "landlock": _landlock(abi, confinement, program, env, separate=separate),
         "unshare": unshare,
         "identity": identity,
         "owner": int(hello["uid"]),
