@@ -104,8 +104,8 @@ def host_env():
     leaked = [
         k
         for k in os.environ
-        if k
-        not in ("PATH", "HOME", "TMPDIR", "XDG_CACHE_HOME", "LANG", "LC_ALL", "SKILL_DIR", "LC_CTYPE")
+        if k not in ("PATH", "HOME", "TMPDIR", "XDG_CACHE_HOME", "LANG", "LC_ALL", "SKILL_DIR")
+        and k != "LC_CTYPE"
     ]
     if leaked or CTX["secret_name"] in os.environ:
         return leaked
