@@ -330,6 +330,37 @@ def test_local_sockets_listen_but_reach_no_other_socket(tmp_path: Path, host_soc
     assert got["unlink"] == "EACCES"
 
 
+LEAVE_A_SOCKET = """
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX)
+s.bind(sys.argv[1] + "/left.sock")
+s.listen(1)
+print("bound", flush=True)
+time.sleep(60)
+"""
+
+
+def test_sockets_left_in_a_socket_directory_are_removed_after_the_call(tmp_path: Path) -> None:
+    """A program killed at the deadline (or crashed) cannot remove its socket: the
+    launcher removes the sockets the command's uid made there during the call, and
+    nothing else (another uid's socket stays)."""
+    here = tmp_path / "sockets"
+    here.mkdir()
+    here.chmod(0o1777)
+    other = socket.socket(socket.AF_UNIX)
+    other.bind(str(here / "other.sock"))
+    os.chown(here / "other.sock", 12345, 12345)
+    result = confine.run(
+        [PY, "-I", "-S", "-c", LEAVE_A_SOCKET, str(here)],
+        confinement=Confinement(read_only=(sys.base_prefix,), socket_dirs=(str(here),)),
+        deadline=time.monotonic() + 3,
+        env=PATH,
+    )
+    other.close()
+    assert result.timed_out and b"bound" in result.stdout, result
+    assert sorted(p.name for p in here.iterdir()) == ["other.sock"]
+
+
 def test_local_sockets_never_come_with_network(tmp_path: Path) -> None:
     """connect() refused and a network granted cannot both hold: the command is refused."""
     with pytest.raises(confine.ConfinementUnavailable, match="network"):

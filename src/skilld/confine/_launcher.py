@@ -548,6 +548,28 @@ def _hand_over_dir(fd: int, frm: int, to: int, owner_view: bool, depth: int = 0)
                 os.chown(entry.name, to, to, dir_fd=fd, follow_symlinks=False)
 
 
+def sweep_sockets(dirs: Any, uid: int, since: float) -> None:
+    """Remove the unix sockets ``uid`` made at the top of ``dirs`` since ``since`` (wall
+    clock): what a program killed at the deadline, or one that crashed, left behind
+    (LibreOffice's pipe in /tmp). The tree is gone; this process acts as root or as
+    ``uid`` itself (then the sticky /tmp lets it remove only ``uid``'s files)."""
+    for directory in dirs or ():
+        try:
+            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            with os.scandir(fd) as entries:
+                names = [e.name for e in entries]
+            for name in names:
+                with contextlib.suppress(OSError):
+                    st = os.lstat(name, dir_fd=fd)
+                    if stat.S_ISSOCK(st.st_mode) and st.st_uid == uid and st.st_ctime >= since:
+                        os.unlink(name, dir_fd=fd)
+        finally:
+            os.close(fd)
+
+
 # -- C: one command --------------------------------------------------------------
 
 
@@ -592,6 +614,8 @@ def _call(call: int, stdio: tuple[int, int, int]) -> None:
         identity, owner, workspace = spec["identity"], spec["owner"], spec["workspace"]
         if identity is not None and workspace:
             hand_over(workspace, owner, identity[0], owner_view=False)
+        # Whole seconds: a file's ctime may be taken from a coarser clock than time().
+        started = int(time.time()) - 1
         child = os.fork()
         if child == 0:
             _command(spec, call, stdio)
@@ -623,6 +647,9 @@ def _call(call: int, stdio: tuple[int, int, int]) -> None:
         kill_descendants(reaped)
         if identity is not None and workspace:
             hand_over(workspace, identity[0], owner, owner_view=as_skill)
+        sweep_sockets(
+            spec.get("socket_dirs"), os.geteuid() if identity is None else identity[0], started
+        )
         if as_skill:
             os.setresuid(-1, os.getuid(), -1)
         waited = reaped.get(child)

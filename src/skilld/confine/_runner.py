@@ -495,6 +495,7 @@ def _spec(
         "identity": identity,
         "owner": int(hello["uid"]),
         "workspace": confinement.workspace if separate else None,
+        "socket_dirs": list(confinement.socket_dirs),
         "seccomp": bpf,
         "until": deadline + _KILL_GRACE_S,
         "rlimits": {
