@@ -43,6 +43,7 @@ def _shared_identity(monkeypatch: pytest.MonkeyPatch) -> None:
     kernel refuse those changes too: tests/adversarial/test_confined_host.py)."""
     monkeypatch.setenv(confine_client.IDENTITY_ENV, "shared")
 
+
 # Helpers every probe starts with: ``call(name, nr, *args)`` prints ``name ok`` or
 # ``name EPERM`` (the errno's name); integers go to the kernel as unsigned longs.
 PRELUDE = """\
@@ -295,70 +296,52 @@ act("bind", lambda: own.bind(here + "/pipe"))
 act("listen", lambda: own.listen(1))
 act("connect-own", lambda: socket.socket(socket.AF_UNIX).connect(here + "/pipe"))
 act("connect-host", lambda: socket.socket(socket.AF_UNIX).connect(there))
+act("connect-tcp", lambda: socket.create_connection(("127.0.0.1", 9)))
 act("dgram", lambda: socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM))
+act("dgram-pair", lambda: socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM))
 act("seqpacket", lambda: socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET).close())
-act("file", lambda: open(here + "/file", "w").close())
-act("unlink", lambda: os.unlink(here + "/pipe"))
+act("stream-pair", lambda: socket.socketpair())
 """
 
 
-def test_local_sockets_listen_but_reach_no_other_socket(tmp_path: Path, host_socket: Path) -> None:
-    """A command given a socket directory (LibreOffice's pipe) binds and listens there,
-    but cannot connect anywhere (its own socket included: connect() is refused), make a
-    datagram socket or any other file there; unconfined, the same probe connects to the
-    host's 0666 socket."""
-    here = tmp_path / "sockets"
-    here.mkdir()
-    here.chmod(0o1777)
-    code = PRELUDE + textwrap.dedent(LOCAL_SOCKETS)
+def test_local_sockets_listen_but_connect_nowhere(tmp_path: Path, host_socket: Path) -> None:
+    """The filter for a command with socket directories (LibreOffice's pipe): stream and
+    seqpacket unix sockets bind and listen, but connect() is refused everywhere (its own
+    socket, a 0666 host socket, TCP), and datagram sockets and pairs are refused. With
+    root's capabilities kept, so the filter alone decides; unconfined, the same probe
+    connects to the host socket."""
+    code = textwrap.dedent(LOCAL_SOCKETS)
     control = subprocess.run(
-        [PY, "-I", "-S", "-c", code, str(tmp_path / "control"), str(host_socket)],
+        [PY, "-I", "-S", "-c", PRELUDE + code, str(tmp_path), str(host_socket)],
         capture_output=True, timeout=30, check=False,
     )  # fmt: skip
     assert answers(control.stdout)["connect-host"] == "ok"
-    result = confine.run(
-        [PY, "-I", "-S", "-c", code, str(here), str(host_socket)],
-        confinement=Confinement(read_only=(sys.base_prefix,), socket_dirs=(str(here),)),
-        deadline=time.monotonic() + 30,
-        env=PATH,
+    (tmp_path / "pipe").unlink()
+    bpf = _seccomp.compile_filter(unix_sockets=False, udp=False, metadata=True, local_sockets=True)
+    setup = (
+        "from skilld.confine import _seccomp\n"
+        "libc.prctl(38, 1, 0, 0, 0)\n"
+        f"_seccomp.install(bytes.fromhex({bpf.hex()!r}))\n"
     )
-    got = answers(result.stdout)
-    assert got["bind"] == got["listen"] == got["seqpacket"] == "ok", result.stdout
-    refused(result.stdout, ["connect-own", "connect-host", "dgram"])
-    assert got["file"] == "EACCES"
-    # Sharing skilld's uid (this module's identity), it may not remove files there.
-    assert got["unlink"] == "EACCES"
+    done = subprocess.run(
+        [PY, "-c", PRELUDE + setup + code, str(tmp_path), str(host_socket)],
+        capture_output=True, timeout=30, check=False,
+    )  # fmt: skip
+    got = answers(done.stdout)
+    assert got["bind"] == got["listen"] == got["seqpacket"] == got["stream-pair"] == "ok", got
+    refused(done.stdout, ["connect-own", "connect-host", "connect-tcp", "dgram", "dgram-pair"])
 
 
-LEAVE_A_SOCKET = """
-import socket, sys, time
-s = socket.socket(socket.AF_UNIX)
-s.bind(sys.argv[1] + "/left.sock")
-s.listen(1)
-print("bound", flush=True)
-time.sleep(60)
-"""
-
-
-def test_sockets_left_in_a_socket_directory_are_removed_after_the_call(tmp_path: Path) -> None:
-    """A program killed at the deadline (or crashed) cannot remove its socket: the
-    launcher removes the sockets the command's uid made there during the call, and
-    nothing else (another uid's socket stays)."""
-    here = tmp_path / "sockets"
-    here.mkdir()
-    here.chmod(0o1777)
-    other = socket.socket(socket.AF_UNIX)
-    other.bind(str(here / "other.sock"))
-    os.chown(here / "other.sock", 12345, 12345)
-    result = confine.run(
-        [PY, "-I", "-S", "-c", LEAVE_A_SOCKET, str(here)],
-        confinement=Confinement(read_only=(sys.base_prefix,), socket_dirs=(str(here),)),
-        deadline=time.monotonic() + 3,
-        env=PATH,
-    )
-    other.close()
-    assert result.timed_out and b"bound" in result.stdout, result
-    assert sorted(p.name for p in here.iterdir()) == ["other.sock"]
+def test_local_sockets_need_a_separate_identity(tmp_path: Path) -> None:
+    """Sharing skilld's uid, a command that may remove files in /tmp could remove
+    skilld's: it is refused (this module's launcher shares the uid)."""
+    with pytest.raises(confine.ConfinementUnavailable, match="remove skilld's own files"):
+        confine.run(
+            ["/bin/true"],
+            confinement=Confinement(socket_dirs=(str(tmp_path),)),
+            deadline=time.monotonic() + 10,
+            env=PATH,
+        )
 
 
 def test_local_sockets_never_come_with_network(tmp_path: Path) -> None:
@@ -784,9 +767,7 @@ def test_without_the_metadata_rules_landlock_alone_lets_chmod_through(
     def no_metadata(
         *, unix_sockets: bool, udp: bool, metadata: bool, local_sockets: bool = False
     ) -> bytes:
-        return real(
-            unix_sockets=unix_sockets, udp=udp, metadata=False, local_sockets=local_sockets
-        )
+        return real(unix_sockets=unix_sockets, udp=udp, metadata=False, local_sockets=local_sockets)
 
     monkeypatch.setattr(_seccomp, "compile_filter", no_metadata)
     got = answers(metadata_probe(files).stdout)

@@ -255,6 +255,8 @@ class NativeExecutor:
         self.skill_id = skill_id
         self.work = work
         self._copies: tempfile.TemporaryDirectory[str] | None = None
+        # Absolute: the script starts in its workspace (``--bundle bundle`` is relative).
+        root, env = root.absolute(), (env.absolute() if env is not None else None)
         if os.geteuid() == 0:
             root, env = self._unowned_copy(root, env)
         self.root = root

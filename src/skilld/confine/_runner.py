@@ -212,6 +212,15 @@ def require(confinement: Confinement) -> int:
             hint="do not grant tcp or http to a skill whose programs listen on a local socket",
         )
     walls = _client.profile()
+    if confinement.socket_dirs and walls.identity == "shared":
+        raise ConfinementUnavailable(
+            "a command that makes its own unix sockets must remove them (LibreOffice "
+            "removes its pipe before it restarts), and sharing skilld's uid it could then "
+            "remove skilld's own files there",
+            feature="local-sockets",
+            hint="run skilld where it can give each skill its own uid (as root, or with "
+            "SKILLD_RUN_AS as the image does)",
+        )
     if not walls.seccomp:
         # Pathname unix sockets (a 0666 one answers any uid), keyrings, and metadata
         # where the identity is shared: no other wall governs them.
@@ -379,19 +388,14 @@ _log = logging.getLogger("skilld.confine")
 
 
 def _landlock(
-    abi: int,
-    confinement: Confinement,
-    program: str,
-    env: Mapping[str, str],
-    *,
-    separate: bool = True,
+    abi: int, confinement: Confinement, program: str, env: Mapping[str, str]
 ) -> tuple[int, int, int, int, list[tuple[str, int, bool]], list[int], list[int]]:
     """The ruleset as the launcher applies it: handled fs and net rights, scopes, the
     struct's size for this ABI, and the (path, rights, follow links) and port rules.
 
-    In ``socket_dirs`` the command may make sockets; removing files there too only
-    when it has its own uid (then the sticky ``/tmp`` lets it remove only what that uid
-    owns; sharing skilld's uid, it could remove skilld's files)."""
+    In ``socket_dirs`` the command may make sockets and remove files: it runs as its
+    skill's own uid (``require``), so the sticky ``/tmp`` lets it remove only what that
+    uid owns."""
     handled = la.fs_rights(abi)
     net = la.NET_BIND_TCP | la.NET_CONNECT_TCP if abi >= 4 and not confinement.network else 0
     scoped = la.SCOPE_ABSTRACT_UNIX_SOCKET | la.SCOPE_SIGNAL if abi >= 6 else 0
@@ -400,7 +404,7 @@ def _landlock(
     rules: list[tuple[str, int, bool]] = []
     libraries = [*confinement.libraries, *(NETWORK_FILES if confinement.shares_network else ())]
     executables = [*program_files(program, env.get("PATH", os.defpath)), *confinement.executables]
-    sockets = la.FS_MAKE_SOCK | (la.FS_REMOVE_FILE if separate else 0)
+    sockets = la.FS_MAKE_SOCK | la.FS_REMOVE_FILE
     for paths, access, follow in (
         (libraries, la.READ, True),
         (executables, la.EXEC, True),
@@ -490,7 +494,7 @@ def _spec(
         "argv": list(argv),
         "env": dict(env),
         "cwd": cwd,
-        "landlock": _landlock(abi, confinement, program, env, separate=separate),
+        "landlock": _landlock(abi, confinement, program, env),
         "unshare": unshare,
         "identity": identity,
         "owner": int(hello["uid"]),
