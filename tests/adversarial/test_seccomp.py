@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from skilld import confine
@@ -511,6 +511,74 @@ def test_no_argument_values_yield_a_unix_raw_or_udp_socket(
         assert got_domain in (socket.AF_INET, socket.AF_INET6)
         assert got_type == socket.SOCK_STREAM
         assert got_protocol == socket.IPPROTO_TCP
+
+
+PAIR_SERVER = """
+import sys
+from skilld.confine import _seccomp
+libc.prctl(38, 1, 0, 0, 0)
+_seccomp.install(bytes.fromhex(sys.argv[1]))
+opt = ctypes.c_int()
+size = ctypes.c_uint(4)
+pair = (ctypes.c_int * 2)()
+for line in sys.stdin:
+    d, t, p = (int(x) for x in line.split())
+    r, e = raw(53, d, t, p, ctypes.addressof(pair))
+    if r < 0:
+        print("err", e, flush=True)
+        continue
+    libc.getsockopt(pair[0], 1, 3, ctypes.byref(opt), ctypes.byref(size))  # SO_TYPE
+    os.close(pair[0])
+    os.close(pair[1])
+    print("ok", opt.value, flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def pair_oracle() -> Iterator[subprocess.Popen[str]]:
+    """A process under the filter (no grants) that makes the socketpair each line asks for
+    and says its type."""
+    bpf = _seccomp.compile_filter(unix_sockets=False, udp=False, metadata=True)
+    proc = subprocess.Popen(
+        [PY, "-c", PRELUDE + PAIR_SERVER, bpf.hex()],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    yield proc
+    assert proc.stdin is not None
+    proc.stdin.close()
+    proc.wait(timeout=10)
+
+
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    domain=st.one_of(st.just(socket.AF_UNIX), DOMAINS),
+    kind=TYPES,
+    protocol=st.one_of(st.just(0), PROTOCOLS),
+)
+# Datagram and raw pairs, with flags and high bits the kernel drops.
+@example(domain=1, kind=2, protocol=0)
+@example(domain=1, kind=2 | 0o2004000, protocol=0)
+@example(domain=1, kind=(7 << 32) | 2, protocol=0)
+@example(domain=1, kind=3, protocol=0)
+def test_no_argument_values_yield_a_datagram_socketpair(
+    pair_oracle: subprocess.Popen[str], domain: int, kind: int, protocol: int
+) -> None:
+    """Whatever 64-bit values socketpair() gets, the only pairs the filter lets the kernel
+    make are stream and seqpacket ones (and the plain stream pair is made: not vacuous)."""
+    assert pair_oracle.stdin is not None
+    assert pair_oracle.stdout is not None
+    for line in (f"{domain} {kind} {protocol}", "1 1 0"):
+        pair_oracle.stdin.write(line + "\n")
+        pair_oracle.stdin.flush()
+        answer = pair_oracle.stdout.readline().split()
+        assert answer, "the oracle died"
+        if answer[0] == "ok":
+            assert int(answer[1]) in (socket.SOCK_STREAM, socket.SOCK_SEQPACKET), line
+    assert answer == ["ok", str(int(socket.SOCK_STREAM))]
 
 
 def test_the_oracle_makes_what_it_is_allowed() -> None:
