@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import ast
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from skilld import agentskills
+from skilld.agentskills._executors import NativeExecutor
 from skilld.errors import GuestError
 from skilld.registry import Registry, SkillEntry
 from skilld.types import Limits
@@ -115,3 +117,16 @@ def test_caches_temporary_files_and_profiles_do_not_come_back_as_outputs(
     where = dict(line.split() for line in value["stdout"].splitlines())
     assert where == {"HOME": "../home", "TMPDIR": "../home", "XDG_CACHE_HOME": "../home/.cache"}
     assert value["files"] == ["workspace://shelly/result.txt"]
+
+
+def test_only_the_operator_can_give_a_program_its_socket_directory(tmp_path: Path) -> None:
+    """``soffice`` named by the policy brings LibreOffice's socket directory (/tmp); named
+    only in the skill's own metadata it brings its tools, files and variables, but no
+    wider walls: a skill cannot open /tmp to itself by naming a program."""
+    (tmp_path / "skill").mkdir()
+    args = ("s", tmp_path / "skill", None, ("python",), {}, Limits(), tmp_path)
+    by_skill = NativeExecutor(*args, ("soffice",))
+    by_operator = NativeExecutor(*args, ("soffice",), operator_programs=("soffice",))
+    assert by_skill.needs.socket_dirs == ()
+    assert by_operator.needs.socket_dirs == (os.path.realpath("/tmp"),)
+    assert by_skill.needs.env == by_operator.needs.env == {"SYSUSERCONFIG": "file://{home}/.config"}

@@ -236,7 +236,11 @@ class NativeExecutor:
         grants: the skill's effective policy table (``fs``, ``tcp``, ``shell``).
         limits: the skill's limits (memory becomes the address-space rlimit).
         work: the node's work directory (the root-owned copies of the skill go there).
-        programs: the system programs it declared (``pdfinfo``): executable, on ``PATH``.
+        programs: the system programs declared for it (``pdfinfo``): executable, on
+            ``PATH``, with what ``PROGRAM_NEEDS`` says they need.
+        operator_programs: those of them the operator's policy names: only these may
+            widen the walls (a socket directory); one the skill names in its own
+            metadata brings its tools, files and variables, not that.
     """
 
     name = "native"
@@ -251,6 +255,8 @@ class NativeExecutor:
         limits: Limits,
         work: Path,
         programs: Sequence[str] = (),
+        *,
+        operator_programs: Sequence[str] = (),
     ):
         self.skill_id = skill_id
         self.work = work
@@ -275,7 +281,13 @@ class NativeExecutor:
             skill=skill_id,
         )
         self.writable = tuple(self.confinement.read_write)
-        needs = [PROGRAM_NEEDS[n] for n in dict.fromkeys(programs) if n in PROGRAM_NEEDS]
+        needs = [
+            PROGRAM_NEEDS[n]
+            if n in operator_programs
+            else replace(PROGRAM_NEEDS[n], socket_dirs=())
+            for n in dict.fromkeys(programs)
+            if n in PROGRAM_NEEDS
+        ]
         named = [str(r["program"]) for r in grants.get("shell") or ()] + list(programs)
         named += [tool for need in needs for tool in need.tools]
         self.programs = program_tree(p for p in map(shutil.which, named) if p)
