@@ -846,7 +846,7 @@ def _check_temp_path(path: str, where: Where) -> None:
         raise _fail(where, f"temp path {path!r} must not contain '.' or '..'")
     if parts[0] != "tmp":
         raise _fail(where, f"temp path {path!r} must be under /tmp")
-    if path.rstrip("/") == "/tmp":
+    if not any(parts[1:]):
         raise _fail(where, "temp path '/tmp' is /tmp itself; name a directory in it")
     if not _TEMP_PATH.match(path):
         raise _fail(
