@@ -344,6 +344,19 @@ def test_local_sockets_need_a_separate_identity(tmp_path: Path) -> None:
         )
 
 
+def test_temp_paths_need_a_separate_identity() -> None:
+    """Sharing skilld's uid, a command given a declared temporary path is refused."""
+    with pytest.raises(confine.ConfinementUnavailable, match="needs its own uid") as err:
+        confine.run(
+            ["/bin/true"],
+            confinement=Confinement(temp_paths=("/tmp/skilld-never-made",)),
+            deadline=time.monotonic() + 10,
+            env=PATH,
+        )
+    assert err.value.feature == "temp-paths"
+    assert not os.path.lexists("/tmp/skilld-never-made")
+
+
 def test_local_sockets_never_come_with_network(tmp_path: Path) -> None:
     """connect() refused and a network granted cannot both hold: the command is refused."""
     with pytest.raises(confine.ConfinementUnavailable, match="network"):
