@@ -241,6 +241,9 @@ class NativeExecutor:
         operator_programs: those of them the operator's policy names: only these may
             widen the walls (a socket directory); one the skill names in its own
             metadata brings its tools, files and variables, not that.
+        temp_paths: the fixed directories under /tmp the operator's policy declares
+            (``scripts.temp_paths``): made fresh for each call, removed after it, one
+            call at a time (docs/confinement.md).
     """
 
     name = "native"
@@ -257,8 +260,10 @@ class NativeExecutor:
         programs: Sequence[str] = (),
         *,
         operator_programs: Sequence[str] = (),
+        temp_paths: Sequence[str] = (),
     ):
         self.skill_id = skill_id
+        self.temp_paths = tuple(temp_paths)
         self.work = work
         self._copies: tempfile.TemporaryDirectory[str] | None = None
         # Absolute: the script starts in its workspace (``--bundle bundle`` is relative).
@@ -379,6 +384,7 @@ class NativeExecutor:
             libraries=(*self.confinement.libraries, *python_libraries()),
             executables=(*self.confinement.executables, command[0], *self.programs),
             socket_dirs=self.needs.socket_dirs,
+            temp_paths=self.temp_paths,
             workspace=str(call_dir),
         )  # fmt: skip
         env = {
