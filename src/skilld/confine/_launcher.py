@@ -629,9 +629,14 @@ def _make_temp_path(tmp: int, path: str, uid: int) -> tuple[str, int, int, int]:
     try:
         fd = os.open(name, _DIR_FLAGS, dir_fd=tmp)
     except OSError as exc:
+        what = os.strerror(exc.errno or 0)
+        with contextlib.suppress(OSError):
+            st = os.lstat(name, dir_fd=tmp)
+            what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory"
+            what += f" of uid {st.st_uid}"
         raise TempPathRefused(
-            f"{path} already exists and is not a directory ({os.strerror(exc.errno or 0)}); "
-            "it was left alone"
+            f"{path} already exists and is {what}; it was left alone (remove it, or find "
+            "who made it)"
         ) from None
     try:
         st = _claim(fd, path, uid, fresh=fresh)
