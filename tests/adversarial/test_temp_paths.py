@@ -192,3 +192,36 @@ def test_a_call_waiting_for_the_path_ends_at_its_deadline_unstarted(temp: str) -
         holder.join()
     assert second.timed_out and second.exit_code is None and second.stdout == b""
     assert first[0].exit_code == 0, first
+
+
+DEEP = """
+import os, sys
+os.chdir(sys.argv[1])
+os.symlink(sys.argv[2], "link")
+os.symlink(sys.argv[2] + "/keep", "file-link")
+for i in range(300):
+    os.mkdir("d")
+    os.chdir("d")
+    open("f", "w").close()
+    if i % 50 == 0:
+        os.chmod(".", 0o300)
+print("deep")
+"""
+
+
+def test_a_deep_tree_with_links_is_removed_without_following_them(
+    temp: str, tmp_path: Path
+) -> None:
+    """A command leaves 300 nested directories (some closed to their owner) and links
+    to a directory of root's: all is removed after the call, the links' targets are
+    untouched."""
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "keep").write_text("root's")
+    code = DEEP.replace("sys.argv[1]", repr(temp)).replace("sys.argv[2]", repr(str(target)))
+    walls = Confinement(read_only=(PREFIX,), temp_paths=(temp,), skill=SKILL)
+    result = probe(code, walls)
+    assert result.stdout == b"deep\n", result
+    assert not os.path.lexists(temp)
+    assert sorted(p.name for p in target.iterdir()) == ["keep"]
+    assert (target / "keep").read_text() == "root's"

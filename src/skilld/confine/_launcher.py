@@ -669,15 +669,31 @@ def _claim(fd: int, path: str, uid: int, *, fresh: bool) -> os.stat_result:
         raise TempPathRefused(f"{path} is in use by another call of this skill") from None
     if not fresh:
         _empty(fd)
+        with os.scandir(fd) as entries:
+            if next(entries, None) is not None:
+                raise TempPathRefused(
+                    f"{path} is a leftover of this skill that could not be emptied; remove it"
+                )
     return st
 
 
-def _empty(fd: int, depth: int = 0) -> None:
+_DEEP = 32
+_moves = [0]
+
+
+def _empty(fd: int) -> None:
     """Remove everything beneath the directory ``fd``, by descriptor, never through a
     link (a link is removed, not followed). Directories the command closed (mode 0) are
-    opened again first: the tree is gone, nothing else writes there."""
-    if depth > 256:
-        return
+    opened again first: the tree is gone, nothing else writes there. A tree deeper than
+    32 is moved up to ``fd`` piece by piece, so no pass holds more than 32 descriptors;
+    passes go on while one moves something."""
+    while _empty_level(fd, fd, 0):
+        pass
+
+
+def _empty_level(fd: int, top: int, depth: int) -> bool:
+    """One pass under ``fd``; whether it moved a deep directory up to ``top``."""
+    moved = False
     with os.scandir(fd) as entries:
         names = [e.name for e in entries]
     for name in names:
@@ -688,13 +704,20 @@ def _empty(fd: int, depth: int = 0) -> None:
                 continue
             with contextlib.suppress(OSError):
                 os.chmod(name, 0o700, dir_fd=fd)
+            if depth >= _DEEP:
+                _moves[0] += 1
+                os.rename(name, f".deep-{os.getpid()}-{_moves[0]}", src_dir_fd=fd, dst_dir_fd=top)
+                moved = True
+                continue
             sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
             try:
-                if (os.fstat(sub).st_dev, os.fstat(sub).st_ino) == (st.st_dev, st.st_ino):
-                    _empty(sub, depth + 1)
+                now = os.fstat(sub)
+                if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
+                    moved = _empty_level(sub, top, depth + 1) or moved
             finally:
                 os.close(sub)
             os.rmdir(name, dir_fd=fd)
+    return moved
 
 
 def remove_temp_paths(made: list[tuple[str, int, int, int]]) -> None:
