@@ -485,3 +485,56 @@ def test_run_as_keeps_only_the_launcher_privileged_and_hands_the_workspace_back(
     assert out["script"] == f"from the server {out['skill_uid']}\n", out
     assert out["result"] == "made by the script"
     assert out["owners"] == [10001] * 3, out
+
+
+LOCAL_PIPE = """
+import errno, socket, sys, time
+here, there = sys.argv[1], sys.argv[2]
+def act(name, fn):
+    try:
+        fn()
+        print(name, "ok", flush=True)
+    except OSError as exc:
+        print(name, errno.errorcode.get(exc.errno, exc.errno), flush=True)
+own = socket.socket(socket.AF_UNIX)
+act("bind", lambda: own.bind(here + "/pipe"))
+act("listen", lambda: own.listen(1))
+act("connect-host", lambda: socket.socket(socket.AF_UNIX).connect(there))
+act("file", lambda: open(here + "/file", "w").close())
+act("unlink-root", lambda: __import__("os").unlink(here + "/root.sock"))
+left = socket.socket(socket.AF_UNIX)
+act("left", lambda: left.bind(here + "/left.sock"))
+left.listen(1)
+time.sleep(60)
+"""
+
+
+def test_a_socket_directory_gives_sockets_only_and_is_swept(
+    host: dict[str, Any], tmp_path: Path
+) -> None:
+    """Given a socket directory (LibreOffice's /tmp), the skill's uid binds and listens
+    there, makes no other file, removes nothing it does not own, connects nowhere (a
+    0666 socket outside included); killed at the deadline, the socket it left is removed
+    by the launcher, root's is kept."""
+    here = tmp_path / "sockets"
+    here.mkdir()
+    here.chmod(0o1777)
+    root_sock = socket.socket(socket.AF_UNIX)
+    root_sock.bind(str(here / "root.sock"))
+    world = str(host["root"] / "world.sock")
+    walls = Confinement(read_only=host["walls"].read_only, socket_dirs=(str(here),), skill=SKILL)
+    try:
+        result = probe(
+            LOCAL_PIPE.replace("sys.argv[1]", repr(str(here))).replace("sys.argv[2]", repr(world)),
+            walls,
+            seconds=4,
+        )
+    finally:
+        root_sock.close()
+    got = dict(line.split(" ", 1) for line in result.stdout.decode().splitlines())
+    assert result.timed_out, result
+    assert got["bind"] == got["listen"] == got["left"] == "ok", (got, result.stderr)
+    assert got["connect-host"] != "ok"
+    assert got["file"] == "EACCES"
+    assert got["unlink-root"] in ("EPERM", "EACCES")
+    assert sorted(p.name for p in here.iterdir()) == ["root.sock"]

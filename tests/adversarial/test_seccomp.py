@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from skilld import confine
@@ -42,6 +42,7 @@ def _shared_identity(monkeypatch: pytest.MonkeyPatch) -> None:
     unprivileged skilld, so its metadata rules apply (a separate uid per skill makes the
     kernel refuse those changes too: tests/adversarial/test_confined_host.py)."""
     monkeypatch.setenv(confine_client.IDENTITY_ENV, "shared")
+
 
 # Helpers every probe starts with: ``call(name, nr, *args)`` prints ``name ok`` or
 # ``name EPERM`` (the errno's name); integers go to the kernel as unsigned longs.
@@ -242,6 +243,131 @@ def test_socketpair_still_works() -> None:
     assert answers(result.stdout) == {"pair": "ping", "pipe": "pong"}, result.stderr
 
 
+@pytest.fixture
+def host_datagram_socket(tmp_path: Path) -> Iterator[socket.socket]:
+    """A world-writable (0666) pathname datagram socket outside every grant (``/dev/log``
+    and journald's sockets are such)."""
+    path = tmp_path / "log.sock"
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    srv.bind(str(path))
+    path.chmod(0o666)
+    srv.settimeout(0)
+    yield srv
+    srv.close()
+
+
+DATAGRAM_PAIR = """
+try:
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    print("pair ok")
+    a.sendto(b"forged", {path!r})
+    print("sendto ok")
+except OSError as exc:
+    print("pair", errno.errorcode.get(exc.errno, exc.errno))
+"""
+
+
+@pytest.mark.parametrize("confinement", NETWORKS)
+def test_a_datagram_socketpair_cannot_reach_a_pathname_socket(
+    host_datagram_socket: socket.socket, confinement: Confinement
+) -> None:
+    """A datagram socketpair's end can ``sendto`` (or ``connect`` to) any pathname datagram
+    socket, which no AF_UNIX refusal stops: the filter refuses datagram pairs. Unconfined,
+    the same probe delivers its datagram."""
+    code = DATAGRAM_PAIR.format(path=host_datagram_socket.getsockname())
+    assert answers(unconfined(code).stdout)["sendto"] == "ok"
+    assert host_datagram_socket.recv(64) == b"forged"
+    refused(probe(code, confinement).stdout, ["pair"])
+    with pytest.raises(BlockingIOError):
+        host_datagram_socket.recv(64)
+
+
+LOCAL_SOCKETS = """
+import sys
+here, there = sys.argv[1], sys.argv[2]
+def act(name, fn):
+    try:
+        fn()
+        print(name, "ok", flush=True)
+    except OSError as exc:
+        print(name, errno.errorcode.get(exc.errno, exc.errno), flush=True)
+own = socket.socket(socket.AF_UNIX)
+act("bind", lambda: own.bind(here + "/pipe"))
+act("listen", lambda: own.listen(1))
+act("connect-own", lambda: socket.socket(socket.AF_UNIX).connect(here + "/pipe"))
+act("connect-host", lambda: socket.socket(socket.AF_UNIX).connect(there))
+act("connect-tcp", lambda: socket.create_connection(("127.0.0.1", 9)))
+act("dgram", lambda: socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM))
+act("dgram-pair", lambda: socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM))
+act("seqpacket", lambda: socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET).close())
+act("stream-pair", lambda: socket.socketpair())
+"""
+
+
+def test_local_sockets_listen_but_connect_nowhere(tmp_path: Path, host_socket: Path) -> None:
+    """The filter for a command with socket directories (LibreOffice's pipe): stream and
+    seqpacket unix sockets bind and listen, but connect() is refused everywhere (its own
+    socket, a 0666 host socket, TCP), and datagram sockets and pairs are refused. With
+    root's capabilities kept, so the filter alone decides; unconfined, the same probe
+    connects to the host socket."""
+    code = textwrap.dedent(LOCAL_SOCKETS)
+    control = subprocess.run(
+        [PY, "-I", "-S", "-c", PRELUDE + code, str(tmp_path), str(host_socket)],
+        capture_output=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert answers(control.stdout)["connect-host"] == "ok"
+    (tmp_path / "pipe").unlink()
+    bpf = _seccomp.compile_filter(unix_sockets=False, udp=False, metadata=True, local_sockets=True)
+    setup = (
+        "from skilld.confine import _seccomp\n"
+        "libc.prctl(38, 1, 0, 0, 0)\n"
+        f"_seccomp.install(bytes.fromhex({bpf.hex()!r}))\n"
+    )
+    done = subprocess.run(
+        [PY, "-c", PRELUDE + setup + code, str(tmp_path), str(host_socket)],
+        capture_output=True, timeout=30, check=False,
+    )  # fmt: skip
+    got = answers(done.stdout)
+    assert got["bind"] == got["listen"] == got["seqpacket"] == got["stream-pair"] == "ok", got
+    refused(done.stdout, ["connect-own", "connect-host", "connect-tcp", "dgram", "dgram-pair"])
+
+
+def test_local_sockets_need_a_separate_identity(tmp_path: Path) -> None:
+    """Sharing skilld's uid, a command that may remove files in /tmp could remove
+    skilld's: it is refused (this module's launcher shares the uid)."""
+    with pytest.raises(confine.ConfinementUnavailable, match="remove skilld's own files"):
+        confine.run(
+            ["/bin/true"],
+            confinement=Confinement(socket_dirs=(str(tmp_path),)),
+            deadline=time.monotonic() + 10,
+            env=PATH,
+        )
+
+
+def test_temp_paths_need_a_separate_identity() -> None:
+    """Sharing skilld's uid, a command given a declared temporary path is refused."""
+    with pytest.raises(confine.ConfinementUnavailable, match="needs its own uid") as err:
+        confine.run(
+            ["/bin/true"],
+            confinement=Confinement(temp_paths=("/tmp/skilld-never-made",)),
+            deadline=time.monotonic() + 10,
+            env=PATH,
+        )
+    assert err.value.feature == "temp-paths"
+    assert not os.path.lexists("/tmp/skilld-never-made")
+
+
+def test_local_sockets_never_come_with_network(tmp_path: Path) -> None:
+    """connect() refused and a network granted cannot both hold: the command is refused."""
+    with pytest.raises(confine.ConfinementUnavailable, match="network"):
+        confine.run(
+            ["/bin/true"],
+            confinement=Confinement(socket_dirs=(str(tmp_path),), tcp_connect=(9,)),
+            deadline=time.monotonic() + 10,
+            env=PATH,
+        )
+
+
 SOCKETS = """
 def sock(name, domain, kind, proto=0):
     call(name, 41, domain, kind, proto)
@@ -398,6 +524,74 @@ def test_no_argument_values_yield_a_unix_raw_or_udp_socket(
         assert got_domain in (socket.AF_INET, socket.AF_INET6)
         assert got_type == socket.SOCK_STREAM
         assert got_protocol == socket.IPPROTO_TCP
+
+
+PAIR_SERVER = """
+import sys
+from skilld.confine import _seccomp
+libc.prctl(38, 1, 0, 0, 0)
+_seccomp.install(bytes.fromhex(sys.argv[1]))
+opt = ctypes.c_int()
+size = ctypes.c_uint(4)
+pair = (ctypes.c_int * 2)()
+for line in sys.stdin:
+    d, t, p = (int(x) for x in line.split())
+    r, e = raw(53, d, t, p, ctypes.addressof(pair))
+    if r < 0:
+        print("err", e, flush=True)
+        continue
+    libc.getsockopt(pair[0], 1, 3, ctypes.byref(opt), ctypes.byref(size))  # SO_TYPE
+    os.close(pair[0])
+    os.close(pair[1])
+    print("ok", opt.value, flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def pair_oracle() -> Iterator[subprocess.Popen[str]]:
+    """A process under the filter (no grants) that makes the socketpair each line asks for
+    and says its type."""
+    bpf = _seccomp.compile_filter(unix_sockets=False, udp=False, metadata=True)
+    proc = subprocess.Popen(
+        [PY, "-c", PRELUDE + PAIR_SERVER, bpf.hex()],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    yield proc
+    assert proc.stdin is not None
+    proc.stdin.close()
+    proc.wait(timeout=10)
+
+
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    domain=st.one_of(st.just(socket.AF_UNIX), DOMAINS),
+    kind=TYPES,
+    protocol=st.one_of(st.just(0), PROTOCOLS),
+)
+# Datagram and raw pairs, with flags and high bits the kernel drops.
+@example(domain=1, kind=2, protocol=0)
+@example(domain=1, kind=2 | 0o2004000, protocol=0)
+@example(domain=1, kind=(7 << 32) | 2, protocol=0)
+@example(domain=1, kind=3, protocol=0)
+def test_no_argument_values_yield_a_datagram_socketpair(
+    pair_oracle: subprocess.Popen[str], domain: int, kind: int, protocol: int
+) -> None:
+    """Whatever 64-bit values socketpair() gets, the only pairs the filter lets the kernel
+    make are stream and seqpacket ones (and the plain stream pair is made: not vacuous)."""
+    assert pair_oracle.stdin is not None
+    assert pair_oracle.stdout is not None
+    for line in (f"{domain} {kind} {protocol}", "1 1 0"):
+        pair_oracle.stdin.write(line + "\n")
+        pair_oracle.stdin.flush()
+        answer = pair_oracle.stdout.readline().split()
+        assert answer, "the oracle died"
+        if answer[0] == "ok":
+            assert int(answer[1]) in (socket.SOCK_STREAM, socket.SOCK_SEQPACKET), line
+    assert answer == ["ok", str(int(socket.SOCK_STREAM))]
 
 
 def test_the_oracle_makes_what_it_is_allowed() -> None:
@@ -651,8 +845,10 @@ def test_without_the_metadata_rules_landlock_alone_lets_chmod_through(
     govern metadata): the rules above are what stop it."""
     real = _seccomp.compile_filter
 
-    def no_metadata(*, unix_sockets: bool, udp: bool, metadata: bool) -> bytes:
-        return real(unix_sockets=unix_sockets, udp=udp, metadata=False)
+    def no_metadata(
+        *, unix_sockets: bool, udp: bool, metadata: bool, local_sockets: bool = False
+    ) -> bytes:
+        return real(unix_sockets=unix_sockets, udp=udp, metadata=False, local_sockets=local_sockets)
 
     monkeypatch.setattr(_seccomp, "compile_filter", no_metadata)
     got = answers(metadata_probe(files).stdout)

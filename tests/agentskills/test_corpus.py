@@ -1,18 +1,23 @@
-"""What running the public corpus by hand found, with a skill written here shaped like it:
+"""What running the public corpus by hand found, with skills written here shaped like it:
 an office script unpacking a document into dozens of parts, served from a relative
-``--state-dir``."""
+``--state-dir``; a script driving LibreOffice headless as xlsx's ``recalc.py`` does."""
 
 from __future__ import annotations
 
 import base64
 import io
+import json
 import os
 import shutil
+import socket
 import sys
+import tempfile
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
+import pytest
 from agentskills_util import FIXTURES
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
@@ -110,3 +115,95 @@ def test_a_declared_program_brings_its_interpreter_and_its_own_directory(tmp_pat
     assert os.path.realpath("/bin/sh") in tree
     assert os.path.realpath(sed) in tree
     assert str(Path(os.path.realpath(sed)).parent) not in tree
+
+
+FODS = """<?xml version="1.0" encoding="UTF-8"?>
+<office:document xmlns:office="urn:oasis:names:tc:opendocument:xmlns:office:1.0"
+ xmlns:table="urn:oasis:names:tc:opendocument:xmlns:table:1.0"
+ xmlns:of="urn:oasis:names:tc:opendocument:xmlns:of:1.2" office:version="1.3"
+ office:mimetype="application/vnd.oasis.opendocument.spreadsheet">
+ <office:body><office:spreadsheet><table:table table:name="S">
+  <table:table-row><table:table-cell office:value-type="float" office:value="20"/>
+   <table:table-cell table:formula="of:=[.A1]+[.A2]"/></table:table-row>
+  <table:table-row><table:table-cell office:value-type="float" office:value="22"/>
+   <table:table-cell table:formula="of:=[.B1]*2"/></table:table-row>
+ </table:table></office:spreadsheet></office:body></office:document>
+"""
+
+
+def _pipes() -> set[str]:
+    """LibreOffice's single-instance pipes in /tmp."""
+    return {p.name for p in Path("/tmp").glob("OSL_PIPE_*")}
+
+
+@pytest.fixture
+def outside_socket() -> Iterator[str]:
+    """A listening 0666 unix socket in a world-searchable directory of /tmp: file modes
+    alone would let any uid connect."""
+    where = Path(tempfile.mkdtemp(prefix="skilld-outside-", dir="/tmp"))
+    where.chmod(0o755)
+    path = where / "engine.sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.listen(4)
+    path.chmod(0o666)
+    try:
+        yield str(path)
+    finally:
+        server.close()
+        shutil.rmtree(where)
+
+
+@pytest.mark.skipif(
+    shutil.which("soffice") is None and not os.environ.get("CI"),
+    reason="LibreOffice is not installed (CI installs it: .ci/run)",
+)
+def test_a_script_driving_libreoffice_headless_runs_confined(
+    sandbox: Sandbox, tmp_path: Path, outside_socket: str
+) -> None:
+    """Shaped like xlsx's recalc.py (a script driving ``soffice --headless`` through a local
+    helper module that first checks a unix socket can be made): with ``soffice`` declared
+    in the policy, it runs natively over MCP on a spreadsheet handed in ``files``, the
+    formulas come back evaluated in the returned CSV, LibreOffice's profile and caches do
+    not come back as outputs, its pipe in /tmp is gone after the call, and the same
+    script cannot connect to a 0666 socket outside (the filter refuses connect())."""
+    shutil.copytree(FIXTURES / "corpus" / "office-convert", tmp_path / "skills" / "office-convert")
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "office-convert.yaml").write_text(
+        "skill: office-convert\nscripts:\n  executor: native\n  programs: [soffice]\n"
+        "limits:\n  memory: 1GiB\n  wall_time: 90s\n"
+    )
+    build_bundle(
+        tmp_path / "skills",
+        tmp_path / "policies",
+        tmp_path / "bundle",
+        sandbox=sandbox,
+        cache_dir=cache_dir(),
+        lenient=False,
+        strict=True,
+    )
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "skilld", "serve", "--bundle", "bundle", "--state-dir", "state"],
+        env={**os.environ, "SKILLD_CACHE": str(cache_dir())},
+        cwd=str(tmp_path),
+    )
+    before = _pipes()
+
+    async def main() -> None:
+        async with stdio_client(params) as (r, w), ClientSession(r, w) as s:
+            await s.initialize()
+            ran = await s.call_tool(
+                "office-convert/run_script",
+                {"script": "scripts/recalc.py", "args": ["s.fods", outside_socket],
+                 "files": [{"path": "s.fods", "text": FODS}]},
+            )  # fmt: skip
+            value = _value(ran)
+            assert value["exit_status"] == 0, value
+            summary = json.loads(value["stdout"])
+            assert summary["csv"].split() == ["20,42", "22,84"], summary
+            assert summary["outside_socket"] == "EPERM", summary
+            assert value["files"] == ["workspace://office-convert/s.csv"], value["files"]
+
+    anyio.run(main)
+    assert _pipes() <= before

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import ast
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from skilld import agentskills
+from skilld.agentskills._executors import NativeExecutor
 from skilld.errors import GuestError
 from skilld.registry import Registry, SkillEntry
 from skilld.types import Limits
@@ -19,6 +21,20 @@ HELLO_SH = 'echo "hello $1"\ncompgen -e\n'
 ENV_PY = "import os, sys\nprint(sorted(os.environ))\nprint(sys.flags.isolated)\n"
 
 
+# Writes a cache, a temporary file and a profile the way libraries do, and one output.
+CACHES_PY = """
+import os, tempfile
+for var in ("HOME", "TMPDIR", "XDG_CACHE_HOME"):
+    print(var, os.path.relpath(os.environ[var]))
+os.makedirs(os.path.join(os.environ["XDG_CACHE_HOME"], "fontconfig"))
+open(os.path.join(os.environ["XDG_CACHE_HOME"], "fontconfig", "x.cache"), "w").write("c")
+tempfile.NamedTemporaryFile(delete=False).write(b"t")
+os.makedirs(os.path.expanduser("~/.config/app"))
+open(os.path.expanduser("~/.config/app/profile"), "w").write("p")
+open("result.txt", "w").write("r")
+"""
+
+
 def registry_for(tmp_path: Path, interpreters: tuple[str, ...]) -> Registry:
     """A registry holding the skill, its scripts run natively with ``interpreters``."""
     skill = tmp_path / "shelly"
@@ -27,6 +43,7 @@ def registry_for(tmp_path: Path, interpreters: tuple[str, ...]) -> Registry:
     (skill / "scripts" / "hello.sh").write_text(HELLO_SH)
     (skill / "scripts" / "env.py").write_text(ENV_PY)
     (skill / "scripts" / "other.sh").write_text("/usr/bin/env\necho status=$?\n")
+    (skill / "scripts" / "caches.py").write_text(CACHES_PY)
     source = agentskills.read_source(skill)
     spec = agentskills.describe(source.md, "0.0.0", source.files)
     limits = Limits(timeout_ms=5000)
@@ -54,7 +71,7 @@ def test_a_shell_script_runs_when_the_policy_names_bash(tmp_path: Path) -> None:
     lines = value["stdout"].splitlines()
     assert lines[0] == "hello world"
     assert set(lines[1:]) <= {"HOME", "LANG", "LC_ALL", "PATH", "PWD", "SHLVL", "SKILL_DIR",
-                              "TMPDIR", "_"}  # fmt: skip
+                              "TMPDIR", "XDG_CACHE_HOME", "_"}  # fmt: skip
 
 
 def test_an_interpreter_the_policy_does_not_name_is_refused(tmp_path: Path) -> None:
@@ -76,6 +93,7 @@ def test_python_runs_isolated(tmp_path: Path) -> None:
         "PATH",
         "SKILL_DIR",
         "TMPDIR",
+        "XDG_CACHE_HOME",
         "LC_CTYPE",
     }
     assert isolated == "1"
@@ -86,3 +104,29 @@ def test_other_programs_need_a_shell_grant(tmp_path: Path) -> None:
     value = run(registry_for(tmp_path, ("python", "bash")), "scripts/other.sh")
     assert "status=126" in value["stdout"]
     assert "Permission denied" in value["stderr"]
+
+
+def test_caches_temporary_files_and_profiles_do_not_come_back_as_outputs(
+    tmp_path: Path,
+) -> None:
+    """HOME, TMPDIR and XDG_CACHE_HOME are a private directory of the call beside its
+    workspace, not in it: what libraries leave there (fontconfig's cache, a temporary
+    file, a profile) is not returned, what the script writes in its workspace is."""
+    value = run(registry_for(tmp_path, ("python",)), "scripts/caches.py")
+    assert value["exit_status"] == 0, value["stderr"]
+    where = dict(line.split() for line in value["stdout"].splitlines())
+    assert where == {"HOME": "../home", "TMPDIR": "../home", "XDG_CACHE_HOME": "../home/.cache"}
+    assert value["files"] == ["workspace://shelly/result.txt"]
+
+
+def test_only_the_operator_can_give_a_program_its_socket_directory(tmp_path: Path) -> None:
+    """``soffice`` named by the policy brings LibreOffice's socket directory (/tmp); named
+    only in the skill's own metadata it brings its tools, files and variables, but no
+    wider walls: a skill cannot open /tmp to itself by naming a program."""
+    (tmp_path / "skill").mkdir()
+    args = ("s", tmp_path / "skill", None, ("python",), {}, Limits(), tmp_path)
+    by_skill = NativeExecutor(*args, ("soffice",))
+    by_operator = NativeExecutor(*args, ("soffice",), operator_programs=("soffice",))
+    assert by_skill.needs.socket_dirs == ()
+    assert by_operator.needs.socket_dirs == (os.path.realpath("/tmp"),)
+    assert by_skill.needs.env == by_operator.needs.env == {"SYSUSERCONFIG": "file://{home}/.config"}

@@ -28,7 +28,7 @@ FILL = """\
 import os, sys, time
 target, mib = sys.argv[1], int(sys.argv[2])
 files = int(sys.argv[3]) if len(sys.argv) > 3 else 0
-print("cwd", os.getcwd(), os.path.ismount(os.getcwd()))
+print("cwd", os.getcwd(), os.path.ismount(os.path.dirname(os.getcwd())))
 os.makedirs(target, exist_ok=True)
 chunk = b"x" * (1 << 20)
 for i in range(files):
@@ -134,15 +134,15 @@ def test_a_script_runs_in_a_workspace_inside_the_work_dir(
     world: dict[str, Any], monkeypatch: pytest.MonkeyPatch, capping: str
 ) -> None:
     """With the default temp directory unusable (a read-only root), a script still runs:
-    its workspace is in the work directory (a tmpfs of its own where skilld may mount),
-    removed after the call."""
+    its workspace is in its call's directory in the work directory (a tmpfs of its own
+    where skilld may mount, which holds its private home too), removed after the call."""
     monkeypatch.setattr(tempfile, "tempdir", "/nonexistent/tmp")
     value = fill(world, "out", 1)
     assert value["exit_status"] == 0, value["stderr"]
     assert "done" in value["stdout"]
     if world["executor"] == "native":
         _, cwd, mounted = value["stdout"].split()[:3]
-        assert Path(cwd).parent == world["work"], cwd
+        assert Path(cwd).parent.parent == world["work"], cwd
         assert mounted == str(capping == "tmpfs")
     assert _workspaces(world["work"]) == []
 

@@ -23,6 +23,7 @@ def test_without_a_scripts_section_the_build_chooses() -> None:
         "interpreters": None,
         "requirements": (),
         "programs": (),
+        "temp_paths": (),
     }
 
 
@@ -62,3 +63,42 @@ def test_malformed_scripts_are_refused_at_their_line(text: str, words: str, line
     with pytest.raises(PolicyError, match=words) as err:
         compile_one(text)
     assert err.value.location == f"policies/demo.yaml:{line}"
+
+
+def test_temp_paths_reach_the_tables() -> None:
+    """scripts.temp_paths names fixed directories under /tmp (sorted, unique)."""
+    scripts = compile_one(
+        "scripts:\n  executor: native\n  temp_paths:\n"
+        "    - /tmp/libreoffice_docx_profile\n    - /tmp/a.b\n    - /tmp/a.b\n"
+    )
+    assert scripts["temp_paths"] == ("/tmp/a.b", "/tmp/libreoffice_docx_profile")
+
+
+@pytest.mark.parametrize(
+    ("path", "words"),
+    [
+        ("tmp/x", "must be absolute"),
+        ("/tmp/../etc", "must not contain '.' or '..'"),
+        ("/tmp/..", "must not contain '.' or '..'"),
+        ("/tmp/./x", "must not contain '.' or '..'"),
+        ("/var/tmp/x", "must be under /tmp"),
+        ("/tmpx", "must be under /tmp"),
+        ("/tmp", "is /tmp itself"),
+        ("/tmp/", "is /tmp itself"),
+        ("/tmp/a/b", "one name directly under /tmp"),
+        ("/tmp/a b", "one name directly under /tmp"),
+        ("/tmp/x/", "one name directly under /tmp"),
+    ],
+)
+def test_bad_temp_paths_are_refused_at_their_line(path: str, words: str) -> None:
+    """A relative path, '..', a path outside /tmp, /tmp itself or a nested path is
+    refused at the line of the entry."""
+    with pytest.raises(PolicyError, match=words) as err:
+        compile_one(f"scripts:\n  executor: native\n  temp_paths:\n    - /tmp/ok\n    - '{path}'\n")
+    assert err.value.location == "policies/demo.yaml:5"
+
+
+def test_temp_paths_are_refused_for_the_wasm_executor() -> None:
+    """The wasm executor has no /tmp: temp_paths with executor: wasm is refused."""
+    with pytest.raises(PolicyError, match="for native programs"):
+        compile_one("scripts:\n  executor: wasm\n  temp_paths: [/tmp/x]\n")

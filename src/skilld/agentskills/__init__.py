@@ -113,8 +113,10 @@ def open_backend(
         if interpreters is None:
             interpreters = plan.get("interpreters") or ("python",)
         chosen = NativeExecutor(
-            spec.id, root, env, interpreters, grants, limits, work, plan.get("programs") or ()
-        )
+            spec.id, root, env, interpreters, grants, limits, work, plan.get("programs") or (),
+            operator_programs=scripts.get("programs") or (),
+            temp_paths=scripts.get("temp_paths") or (),
+        )  # fmt: skip
     return AgentSkillBackend(
         spec, root, chosen, work, unavailable=plan.get("unavailable") or {}, digests=digests
     )

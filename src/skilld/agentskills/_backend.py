@@ -92,9 +92,19 @@ class ScriptExecutor(Protocol):
     writable: tuple[str, ...]
 
     def run(
-        self, script: str, argv: Sequence[str], stdin: bytes, workspace: Path, ctx: CallContext
+        self,
+        script: str,
+        argv: Sequence[str],
+        stdin: bytes,
+        workspace: Path,
+        ctx: CallContext,
+        *,
+        private: Path | None = None,
     ) -> ScriptRun:
-        """Run ``script`` (a path inside the skill) with ``argv`` and ``stdin``."""
+        """Run ``script`` (a path inside the skill) with ``argv`` and ``stdin`` in
+        ``workspace`` (what it leaves there is collected); ``private``, beside it in the
+        same call directory, is for its home, temporary files and caches (not
+        collected)."""
         ...
 
 
@@ -257,15 +267,16 @@ class AgentSkillBackend:
             else str(args.get("stdin") or "").encode()
         )
         # A fresh private directory (mode 0700) per call in the node's work directory
-        # (never an implicit /tmp), removed when the call ends.
-        workspace = Path(tempfile.mkdtemp(prefix=scratch_prefix("ws", self.spec.id), dir=self.work))
+        # (never an implicit /tmp), removed when the call ends: ``work/`` is the
+        # script's workspace (collected), ``home/`` its HOME and TMPDIR (not collected).
+        call_dir = Path(tempfile.mkdtemp(prefix=scratch_prefix("ws", self.spec.id), dir=self.work))
         ctx.audit.update(executor=self.executor.name, script=script, files_given=len(inputs))
         try:
-            run = self._run_capped(script, argv, stdin, workspace, inputs, ctx)
+            run = self._run_capped(script, argv, stdin, call_dir, inputs, ctx)
             given = {rel: hashlib.sha256(data).digest() for rel, data in inputs}
-            files, large, omitted = _collect(workspace, self.spec.id, given)
+            files, large, omitted = _collect(call_dir / _WORK, self.spec.id, given)
         finally:
-            remove_tree(workspace)
+            remove_tree(call_dir)
         kept = self._keep(large) if large else []
         ctx.audit.update(
             exit_status=run.exit_status,
@@ -294,30 +305,33 @@ class AgentSkillBackend:
         script: str,
         argv: Sequence[str],
         stdin: bytes,
-        workspace: Path,
+        call_dir: Path,
         inputs: Sequence[tuple[str, bytes]],
         ctx: CallContext,
     ) -> ScriptRun:
-        """Run the script with its workspace capped (a tmpfs where skilld may mount, else
-        accounted) and its rw grants accounted (``_quota``): past a cap the call's channel
-        says cancelled, the executor ends the run, and the call is answered
-        ``limit-exceeded`` naming the cap. The client's ``inputs`` are placed once the
-        workspace is mounted (a tmpfs would hide them otherwise)."""
+        """Run the script with its call directory (workspace and private home) capped (a
+        tmpfs where skilld may mount, else accounted) and its rw grants accounted
+        (``_quota``): past a cap the call's channel says cancelled, the executor ends the
+        run, and the call is answered ``limit-exceeded`` naming the cap. The client's
+        ``inputs`` are placed once the directory is mounted (a tmpfs would hide them)."""
         assert self.executor is not None
         cap = ctx.limits.workspace_bytes
         quota = Quota(
-            workspace,
+            call_dir,
             self.executor.writable,
             workspace_bytes=cap,
             write_bytes=ctx.limits.write_bytes,
             channel=ctx.channel,
-            tmpfs=mount_tmpfs(workspace, cap),
+            tmpfs=mount_tmpfs(call_dir, cap),
         )
+        workspace, private = call_dir / _WORK, call_dir / _HOME
+        for made in (workspace, private):
+            made.mkdir(mode=0o700)
         _place(workspace, inputs)
         channel, ctx.channel = ctx.channel, quota.channel
         try:
             with quota:
-                run = self.executor.run(script, argv, stdin, workspace, ctx)
+                run = self.executor.run(script, argv, stdin, workspace, ctx, private=private)
         except CallCancelled:
             if quota.exceeded is None:
                 raise
@@ -455,6 +469,10 @@ def _file_block(uri: str, mime: str, data: bytes) -> ContentBlock:
         except UnicodeDecodeError:
             pass
     return ContentBlock("embedded", data=data, mime_type=mime or None, uri=uri)
+
+
+# The two directories of a call: the script's workspace and its private home.
+_WORK, _HOME = "work", "home"
 
 
 def _workspace_path(raw: Any) -> str:

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 from skilld.agentskills._backend import ScriptRun
 from skilld.agentskills._build import INTERPRETERS
-from skilld.agentskills._plan import SYSTEM_FILES
+from skilld.agentskills._plan import PROGRAM_NEEDS, SYSTEM_FILES, ProgramNeeds
 from skilld.call import CallContext
 from skilld.confine import ProgramNotStarted, ResourceLimits, from_grants, program_files, run
 from skilld.errors import CallCancelled, DeadlineExceeded, ErrorCode, GuestError
@@ -101,6 +101,23 @@ def system_files() -> tuple[str, ...]:
     """
     found = {str(Path(p).resolve()) for p in SYSTEM_FILES if Path(p).exists()}
     return tuple(sorted(found))
+
+
+def _present(paths: Iterable[str]) -> tuple[str, ...]:
+    """Those of ``paths`` that exist, as real paths (a grant through a link gives nothing)."""
+    return tuple(dict.fromkeys(str(Path(p).resolve()) for p in paths if Path(p).exists()))
+
+
+def _merged(needs: Sequence[ProgramNeeds]) -> ProgramNeeds:
+    """What the declared programs need together (paths present on this host only)."""
+    env: dict[str, str] = {}
+    for need in needs:
+        env.update(need.env)
+    return ProgramNeeds(
+        read=_present(p for n in needs for p in n.read),
+        socket_dirs=_present(p for n in needs for p in n.socket_dirs),
+        env=env,
+    )
 
 
 class _Runner(Protocol):
@@ -178,9 +195,17 @@ class WasmExecutor:
         self.writable = tuple(d for d, rw in self.grants if rw)
 
     def run(
-        self, script: str, argv: Sequence[str], stdin: bytes, workspace: Path, ctx: CallContext
+        self,
+        script: str,
+        argv: Sequence[str],
+        stdin: bytes,
+        workspace: Path,
+        ctx: CallContext,
+        *,
+        private: Path | None = None,
     ) -> ScriptRun:
-        """Run ``script`` in a fresh runner instance.
+        """Run ``script`` in a fresh runner instance (``private`` is not used: the
+        runner's temporary files stay in its own memory).
 
         Raises:
             GuestError: the runner refused the arguments.
@@ -211,7 +236,14 @@ class NativeExecutor:
         grants: the skill's effective policy table (``fs``, ``tcp``, ``shell``).
         limits: the skill's limits (memory becomes the address-space rlimit).
         work: the node's work directory (the root-owned copies of the skill go there).
-        programs: the system programs it declared (``pdfinfo``): executable, on ``PATH``.
+        programs: the system programs declared for it (``pdfinfo``): executable, on
+            ``PATH``, with what ``PROGRAM_NEEDS`` says they need.
+        operator_programs: those of them the operator's policy names: only these may
+            widen the walls (a socket directory); one the skill names in its own
+            metadata brings its tools, files and variables, not that.
+        temp_paths: the fixed directories under /tmp the operator's policy declares
+            (``scripts.temp_paths``): made fresh for each call, removed after it, one
+            call at a time (docs/confinement.md).
     """
 
     name = "native"
@@ -226,10 +258,16 @@ class NativeExecutor:
         limits: Limits,
         work: Path,
         programs: Sequence[str] = (),
+        *,
+        operator_programs: Sequence[str] = (),
+        temp_paths: Sequence[str] = (),
     ):
         self.skill_id = skill_id
+        self.temp_paths = tuple(temp_paths)
         self.work = work
         self._copies: tempfile.TemporaryDirectory[str] | None = None
+        # Absolute: the script starts in its workspace (``--bundle bundle`` is relative).
+        root, env = root.absolute(), (env.absolute() if env is not None else None)
         if os.geteuid() == 0:
             root, env = self._unowned_copy(root, env)
         self.root = root
@@ -248,9 +286,18 @@ class NativeExecutor:
             skill=skill_id,
         )
         self.writable = tuple(self.confinement.read_write)
+        needs = [
+            PROGRAM_NEEDS[n]
+            if n in operator_programs
+            else replace(PROGRAM_NEEDS[n], socket_dirs=())
+            for n in dict.fromkeys(programs)
+            if n in PROGRAM_NEEDS
+        ]
         named = [str(r["program"]) for r in grants.get("shell") or ()] + list(programs)
+        named += [tool for need in needs for tool in need.tools]
         self.programs = program_tree(p for p in map(shutil.which, named) if p)
         self.system_files = system_files()
+        self.needs = _merged(needs)
 
     def _unowned_copy(self, root: Path, env: Path | None) -> tuple[Path, Path | None]:
         """The skill's files and environment, copied once and owned by ``nobody``.
@@ -296,9 +343,18 @@ class NativeExecutor:
         return [path, target]
 
     def run(
-        self, script: str, argv: Sequence[str], stdin: bytes, workspace: Path, ctx: CallContext
+        self,
+        script: str,
+        argv: Sequence[str],
+        stdin: bytes,
+        workspace: Path,
+        ctx: CallContext,
+        *,
+        private: Path | None = None,
     ) -> ScriptRun:
-        """Run ``script`` as a confined process in ``workspace``.
+        """Run ``script`` as a confined process in ``workspace``; its ``HOME``, ``TMPDIR``
+        and ``XDG_CACHE_HOME`` are ``private`` (a directory of the call that is not
+        collected: caches and profiles do not come back as outputs), else the workspace.
 
         Raises:
             ConfinementUnavailable: the kernel lacks what the confinement needs (named);
@@ -311,21 +367,35 @@ class NativeExecutor:
         command = self._interpreter(script)
         _record(ctx, self.skill_id, script, self.name)
         readable = [str(self.root), *([str(self.env)] if self.env else [])]
+        home = private or workspace
+        # Both live in the call's one directory (its mount and its cap), handed to the
+        # skill's uid for the call and back after it.
+        call_dir = workspace if private is None else workspace.parent
+        if private is not None and private.parent != call_dir:
+            raise GuestError(
+                "internal", "a script's private directory must sit beside its workspace"
+            )
         confinement = replace(
             self.confinement,
-            read_only=(*self.confinement.read_only, *readable, *self.system_files),
-            read_write=(*self.confinement.read_write, str(workspace)),
+            read_only=(
+                *self.confinement.read_only, *readable, *self.system_files, *self.needs.read
+            ),
+            read_write=(*self.confinement.read_write, str(call_dir)),
             libraries=(*self.confinement.libraries, *python_libraries()),
             executables=(*self.confinement.executables, command[0], *self.programs),
-            workspace=str(workspace),
-        )
+            socket_dirs=self.needs.socket_dirs,
+            temp_paths=self.temp_paths,
+            workspace=str(call_dir),
+        )  # fmt: skip
         env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin",
-            "HOME": str(workspace),
-            "TMPDIR": str(workspace),
+            "HOME": str(home),
+            "TMPDIR": str(home),
+            "XDG_CACHE_HOME": str(home / ".cache"),
             "LANG": "C.UTF-8",
             "SKILL_DIR": str(self.root),
         }
+        env.update({k: v.replace("{home}", str(home)) for k, v in self.needs.env.items()})
         env.update({k: os.environ[k] for k in _ENV_KEEP if k in os.environ})
         try:
             with egress_route(ctx, confinement, env, _deadline(ctx)) as (confinement, env):

@@ -80,9 +80,10 @@ DEBIAN_PACKAGES = {
 _PROGRAM = re.compile(r"[A-Za-z0-9_.+-]{1,64}")
 METADATA_PROGRAMS = "system-programs"
 # Files and trees that ordinary libraries read and a confined script may read too:
-# MIME tables (mimetypes, openpyxl), CA certificates (ssl), fonts (Pillow, matplotlib,
-# LibreOffice), the shared MIME database, the timezone database. Listed once here;
-# docs/agent-skills.md lists them too. Only those present on the host are passed.
+# MIME tables (mimetypes, openpyxl), CA certificates (ssl), fonts and fontconfig's
+# system cache (Pillow, matplotlib, LibreOffice), the shared MIME database, the timezone
+# database, glibc's locale aliases. Listed once here; docs/agent-skills.md lists them
+# too. Only those present on the host are passed.
 SYSTEM_FILES = (
     "/etc/mime.types",
     "/usr/share/mime",
@@ -90,10 +91,49 @@ SYSTEM_FILES = (
     "/usr/share/ca-certificates",
     "/etc/fonts",
     "/usr/share/fonts",
+    "/usr/local/share/fonts",
     "/usr/share/fontconfig",
+    "/var/cache/fontconfig",
     "/usr/share/zoneinfo",
     "/usr/share/poppler",
+    "/etc/locale.alias",
 )
+
+
+@dataclass(frozen=True, slots=True)
+class ProgramNeeds:
+    """What a declared system program needs beyond its own files (``program_tree``).
+
+    ``tools``: programs its own scripts run (executable with it); ``read``: its data and
+    configuration outside its installation directory; ``socket_dirs``: directories where
+    it makes a listening socket of its own (the runner then refuses ``connect()`` and
+    network: ``docs/confinement.md``); ``env``: variables it needs, ``{home}`` being the
+    call's private home directory.
+    """
+
+    tools: tuple[str, ...] = ()
+    read: tuple[str, ...] = ()
+    socket_dirs: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+
+
+# LibreOffice (Debian's packages): ``soffice`` is a shell script running the tools below;
+# its data and configuration are linked from /usr/lib/libreoffice into /usr/share,
+# /etc and /var; it creates its single-instance pipe in /tmp (its path is fixed: osl's
+# PIPEDEFAULTPATH) and refuses to start when it cannot; and it finds its user profile
+# from the passwd entry of its uid, which a skill's uid does not have, unless
+# SYSUSERCONFIG names it.
+_LIBREOFFICE = ProgramNeeds(
+    tools=("dirname", "basename", "ls", "sed", "grep", "uname"),
+    read=("/etc/libreoffice", "/usr/share/libreoffice", "/var/lib/libreoffice",
+          "/var/spool/libreoffice"),
+    socket_dirs=("/tmp",),  # noqa: S108 - where LibreOffice binds its pipe, not a temp file
+    env={"SYSUSERCONFIG": "file://{home}/.config"},
+)  # fmt: skip
+PROGRAM_NEEDS: Mapping[str, ProgramNeeds] = {
+    "soffice": _LIBREOFFICE,
+    "libreoffice": _LIBREOFFICE,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -411,9 +451,11 @@ def plan(
 __all__ = [
     "DEBIAN_PACKAGES",
     "INTERPRETERS",
+    "PROGRAM_NEEDS",
     "SCRIPTS",
     "SYSTEM_FILES",
     "Plan",
+    "ProgramNeeds",
     "ScriptNeeds",
     "declared_programs",
     "local_modules",

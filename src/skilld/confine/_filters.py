@@ -11,11 +11,17 @@ from skilld.confine import _seccomp
 from skilld.errors import SkilldError
 
 
-def program(*, unix_sockets: bool, udp: bool, metadata: bool) -> bytes | None:
+def program(
+    *, unix_sockets: bool, udp: bool, metadata: bool, local_sockets: bool = False
+) -> bytes | None:
     """The filter's BPF bytes for these flags, or ``None`` when there is no seccomp layer
     (``compile_filter`` keeps each program it built: this is called per command)."""
     try:
-        return bytes(_seccomp.compile_filter(unix_sockets=unix_sockets, udp=udp, metadata=metadata))
+        return bytes(
+            _seccomp.compile_filter(
+                unix_sockets=unix_sockets, udp=udp, metadata=metadata, local_sockets=local_sockets
+            )
+        )
     except (ImportError, OSError, RuntimeError, ValueError, SkilldError):
         # The binding or libseccomp is missing here: no seccomp layer (the profile says so).
         return None

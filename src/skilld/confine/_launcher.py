@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import gc
 import marshal
 import os
@@ -548,6 +549,197 @@ def _hand_over_dir(fd: int, frm: int, to: int, owner_view: bool, depth: int = 0)
                 os.chown(entry.name, to, to, dir_fd=fd, follow_symlinks=False)
 
 
+def sweep_sockets(dirs: Any, uid: int, since: float) -> None:
+    """Remove the unix sockets ``uid`` made at the top of ``dirs`` since ``since`` (wall
+    clock): what a program killed at the deadline, or one that crashed, left behind
+    (LibreOffice's pipe in /tmp). The tree is gone; this process acts as root or as
+    ``uid`` itself (then the sticky /tmp lets it remove only ``uid``'s files)."""
+    for directory in dirs or ():
+        try:
+            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            with os.scandir(fd) as entries:
+                names = [e.name for e in entries]
+            for name in names:
+                with contextlib.suppress(OSError):
+                    st = os.lstat(name, dir_fd=fd)
+                    if stat.S_ISSOCK(st.st_mode) and st.st_uid == uid and st.st_ctime >= since:
+                        os.unlink(name, dir_fd=fd)
+        finally:
+            os.close(fd)
+
+
+class TempPathRefused(Exception):
+    """A declared temporary path cannot be made the call's own (the message says why)."""
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# Where every temporary path lives: sticky, so a name made there stays its owner's.
+TEMP_PARENT = "/tmp"  # noqa: S108 - the parent of declared temporary paths, by design
+
+
+def temp_name(path: str) -> str:
+    """The name of ``path`` in /tmp.
+
+    Raises:
+        TempPathRefused: ``path`` is not one name directly under /tmp.
+    """
+    parent, _, name = path.rpartition("/")
+    if parent != TEMP_PARENT or name in ("", ".", "..") or "\x00" in name:
+        raise TempPathRefused(f"{path!r} is not one name directly under {TEMP_PARENT}")
+    return name
+
+
+def make_temp_paths(paths: Any, uid: int) -> list[tuple[str, int, int, int]]:
+    """Make each of ``paths`` (``/tmp/NAME``) a fresh directory of ``uid``, mode 0700,
+    locked (``flock``) for the call: ``(name, fd, st_dev, st_ino)`` each.
+
+    Never through a link: ``mkdir``, then ``open(O_DIRECTORY|O_NOFOLLOW)`` and ``fstat``.
+    A directory ``uid`` already owns there is a leftover of a call that died with its
+    launcher: emptied and used, unless another call holds its lock. Anything else at
+    the name (a link, a file, another uid's directory) refuses the call, untouched.
+
+    Raises:
+        TempPathRefused: naming the path and why; what was made so far is removed.
+    """
+    made: list[tuple[str, int, int, int]] = []
+    if not paths:
+        return made
+    tmp = os.open(TEMP_PARENT, _DIR_FLAGS)
+    try:
+        for path in paths:
+            made.append(_make_temp_path(tmp, path, uid))
+    except BaseException:
+        remove_temp_paths(made)
+        raise
+    finally:
+        os.close(tmp)
+    return made
+
+
+def _make_temp_path(tmp: int, path: str, uid: int) -> tuple[str, int, int, int]:
+    name = temp_name(path)
+    try:
+        os.mkdir(name, 0o700, dir_fd=tmp)
+        fresh = True
+    except FileExistsError:
+        fresh = False
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=tmp)
+    except OSError as exc:
+        what = os.strerror(exc.errno or 0)
+        with contextlib.suppress(OSError):
+            st = os.lstat(name, dir_fd=tmp)
+            what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory"
+            what += f" of uid {st.st_uid}"
+        raise TempPathRefused(
+            f"{path} already exists and is {what}; it was left alone (remove it, or find "
+            "who made it)"
+        ) from None
+    try:
+        st = _claim(fd, path, uid, fresh=fresh)
+    except BaseException:
+        os.close(fd)
+        raise
+    return name, fd, st.st_dev, st.st_ino
+
+
+def _claim(fd: int, path: str, uid: int, *, fresh: bool) -> os.stat_result:
+    """Make the directory ``fd`` (at ``path``) ``uid``'s for the call, locked and empty.
+
+    Raises:
+        TempPathRefused: another uid owns it, or another call holds it.
+    """
+    st = os.fstat(fd)
+    if fresh:
+        # Mode first: after the chown a launcher that is not root no longer owns it.
+        os.fchmod(fd, 0o700)
+        if st.st_uid != uid:
+            os.fchown(fd, uid, uid)
+    elif st.st_uid != uid:
+        raise TempPathRefused(
+            f"{path} already exists and belongs to uid {st.st_uid}, not to this skill's "
+            f"uid {uid}; it was left alone (remove it, or find who made it)"
+        )
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise TempPathRefused(f"{path} is in use by another call of this skill") from None
+    if not fresh:
+        _empty(fd)
+        with os.scandir(fd) as entries:
+            if next(entries, None) is not None:
+                raise TempPathRefused(
+                    f"{path} is a leftover of this skill that could not be emptied; remove it"
+                )
+    return st
+
+
+_DEEP = 32
+_moves = [0]
+
+
+def _empty(fd: int) -> None:
+    """Remove everything beneath the directory ``fd``, by descriptor, never through a
+    link (a link is removed, not followed). Directories the command closed (mode 0) are
+    opened again first: the tree is gone, nothing else writes there. A tree deeper than
+    32 is moved up to ``fd`` piece by piece, so no pass holds more than 32 descriptors;
+    passes go on while one moves something."""
+    while _empty_level(fd, fd, 0):
+        pass
+
+
+def _empty_level(fd: int, top: int, depth: int) -> bool:
+    """One pass under ``fd``; whether it moved a deep directory up to ``top``."""
+    moved = False
+    with os.scandir(fd) as entries:
+        names = [e.name for e in entries]
+    for name in names:
+        with contextlib.suppress(OSError):
+            st = os.lstat(name, dir_fd=fd)
+            if not stat.S_ISDIR(st.st_mode):
+                os.unlink(name, dir_fd=fd)
+                continue
+            with contextlib.suppress(OSError):
+                os.chmod(name, 0o700, dir_fd=fd)
+            if depth >= _DEEP:
+                _moves[0] += 1
+                os.rename(name, f".deep-{os.getpid()}-{_moves[0]}", src_dir_fd=fd, dst_dir_fd=top)
+                moved = True
+                continue
+            sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            try:
+                now = os.fstat(sub)
+                if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
+                    moved = _empty_level(sub, top, depth + 1) or moved
+            finally:
+                os.close(sub)
+            os.rmdir(name, dir_fd=fd)
+    return moved
+
+
+def remove_temp_paths(made: list[tuple[str, int, int, int]]) -> None:
+    """Empty and remove the directories :func:`make_temp_paths` made, by descriptor;
+    the name is removed only while it is still that directory. Never raises."""
+    if not made:
+        return
+    try:
+        tmp = os.open(TEMP_PARENT, _DIR_FLAGS)
+    except OSError:
+        tmp = -1
+    for name, fd, dev, ino in made:
+        with contextlib.suppress(OSError):
+            _empty(fd)
+            st = os.lstat(name, dir_fd=tmp)
+            if (st.st_dev, st.st_ino) == (dev, ino):
+                os.rmdir(name, dir_fd=tmp)
+        os.close(fd)
+    if tmp >= 0:
+        os.close(tmp)
+
+
 # -- C: one command --------------------------------------------------------------
 
 
@@ -590,8 +782,13 @@ def _call(call: int, stdio: tuple[int, int, int]) -> None:
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
         spec = _read_spec(call)
         identity, owner, workspace = spec["identity"], spec["owner"], spec["workspace"]
+        temps = make_temp_paths(
+            spec.get("temp_paths"), os.geteuid() if identity is None else identity[0]
+        )
         if identity is not None and workspace:
             hand_over(workspace, owner, identity[0], owner_view=False)
+        # Whole seconds: a file's ctime may be taken from a coarser clock than time().
+        started = int(time.time()) - 1
         child = os.fork()
         if child == 0:
             _command(spec, call, stdio)
@@ -623,6 +820,10 @@ def _call(call: int, stdio: tuple[int, int, int]) -> None:
         kill_descendants(reaped)
         if identity is not None and workspace:
             hand_over(workspace, identity[0], owner, owner_view=as_skill)
+        sweep_sockets(
+            spec.get("socket_dirs"), os.geteuid() if identity is None else identity[0], started
+        )
+        remove_temp_paths(temps)
         if as_skill:
             os.setresuid(-1, os.getuid(), -1)
         waited = reaped.get(child)
@@ -634,6 +835,9 @@ def _call(call: int, stdio: tuple[int, int, int]) -> None:
             _status(call, "exit", os.waitstatus_to_exitcode(waited))
     except Unavailable as exc:
         _status(call, "unavailable", 0, f"{exc.feature}: {exc.detail}")
+        code = 1
+    except TempPathRefused as exc:
+        _status(call, "temp", 0, str(exc))
         code = 1
     except BaseException as exc:  # noqa: BLE001 - reported, then this process ends
         _status(call, "internal", 0, f"{type(exc).__name__}: {exc}")

@@ -24,6 +24,7 @@ import signal
 import socket
 import stat
 import struct
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -109,6 +110,10 @@ class Confinement:
     are Landlock port rules in the host's network; with neither and ``network`` off,
     the command gets an empty network namespace. ``network`` on is the host's whole
     network (no TCP rules).
+
+    ``temp_paths`` (``/tmp/NAME``, declared by the operator) are made fresh for each
+    call as directories of the command's uid, granted read-write beneath, removed after;
+    calls naming one run one at a time (docs/confinement.md).
     """
 
     read_only: tuple[str, ...] = ()
@@ -119,6 +124,8 @@ class Confinement:
     tcp_connect: tuple[int, ...] = ()
     tcp_bind: tuple[int, ...] = ()
     network: bool = False
+    socket_dirs: tuple[str, ...] = ()
+    temp_paths: tuple[str, ...] = ()
     limits: ResourceLimits = field(default_factory=ResourceLimits)
     skill: str | None = None
     workspace: str | None = None
@@ -203,7 +210,31 @@ def require(confinement: Confinement) -> int:
             feature="landlock-tcp" if abi < 4 else "landlock-scope",
             hint=hint,
         )
+    if confinement.socket_dirs and confinement.shares_network:
+        raise ConfinementUnavailable(
+            "a command that makes its own unix sockets gets no connect() at all, so that "
+            "no pathname socket outside it is reachable; it cannot also have network",
+            feature="local-sockets",
+            hint="do not grant tcp or http to a skill whose programs listen on a local socket",
+        )
     walls = _client.profile()
+    if confinement.temp_paths and walls.identity == "shared":
+        raise ConfinementUnavailable(
+            "a command with declared temporary paths needs its own uid: the directories "
+            "are made for it, and sharing skilld's uid it could reach skilld's files in /tmp",
+            feature="temp-paths",
+            hint="run skilld where it can give each skill its own uid (as root, or with "
+            "SKILLD_RUN_AS as the image does)",
+        )
+    if confinement.socket_dirs and walls.identity == "shared":
+        raise ConfinementUnavailable(
+            "a command that makes its own unix sockets must remove them (LibreOffice "
+            "removes its pipe before it restarts), and sharing skilld's uid it could then "
+            "remove skilld's own files there",
+            feature="local-sockets",
+            hint="run skilld where it can give each skill its own uid (as root, or with "
+            "SKILLD_RUN_AS as the image does)",
+        )
     if not walls.seccomp:
         # Pathname unix sockets (a 0666 one answers any uid), keyrings, and metadata
         # where the identity is shared: no other wall governs them.
@@ -374,7 +405,11 @@ def _landlock(
     abi: int, confinement: Confinement, program: str, env: Mapping[str, str]
 ) -> tuple[int, int, int, int, list[tuple[str, int, bool]], list[int], list[int]]:
     """The ruleset as the launcher applies it: handled fs and net rights, scopes, the
-    struct's size for this ABI, and the (path, rights, follow links) and port rules."""
+    struct's size for this ABI, and the (path, rights, follow links) and port rules.
+
+    In ``socket_dirs`` the command may make sockets and remove files: it runs as its
+    skill's own uid (``require``), so the sticky ``/tmp`` lets it remove only what that
+    uid owns."""
     handled = la.fs_rights(abi)
     net = la.NET_BIND_TCP | la.NET_CONNECT_TCP if abi >= 4 and not confinement.network else 0
     scoped = la.SCOPE_ABSTRACT_UNIX_SOCKET | la.SCOPE_SIGNAL if abi >= 6 else 0
@@ -383,12 +418,15 @@ def _landlock(
     rules: list[tuple[str, int, bool]] = []
     libraries = [*confinement.libraries, *(NETWORK_FILES if confinement.shares_network else ())]
     executables = [*program_files(program, env.get("PATH", os.defpath)), *confinement.executables]
+    sockets = la.FS_MAKE_SOCK | la.FS_REMOVE_FILE
     for paths, access, follow in (
         (libraries, la.READ, True),
         (executables, la.EXEC, True),
         (confinement.devices, la.DEVICE, True),
         (confinement.read_only, la.READ, False),
         (confinement.read_write, la.WRITE, False),
+        (confinement.socket_dirs, sockets, False),
+        (confinement.temp_paths, la.WRITE, False),
     ):
         rules += [(path, access & handled, follow) for path in paths]
     connect = sorted(set(confinement.tcp_connect)) if net else []
@@ -460,6 +498,7 @@ def _spec(
         unix_sockets=_filters.names_socket((*confinement.read_only, *confinement.read_write)),
         udp=confinement.network,
         metadata=not separate,
+        local_sockets=bool(confinement.socket_dirs),
     )
     spaces = _client.namespaces(hello, bpf is not None, abi)
     unshare = la.CLONE_NEWIPC if "ipc" in spaces else 0
@@ -475,6 +514,8 @@ def _spec(
         "identity": identity,
         "owner": int(hello["uid"]),
         "workspace": confinement.workspace if separate else None,
+        "socket_dirs": list(confinement.socket_dirs),
+        "temp_paths": list(confinement.temp_paths),
         "seccomp": bpf,
         "until": deadline + _KILL_GRACE_S,
         "rlimits": {
@@ -516,6 +557,10 @@ def _outcome(status: Iterable[tuple[str, int, str]], argv0: str) -> tuple[int | 
                 f"cannot confine {argv0}: {feature} unavailable ({detail}); "
                 "the command was not run",
                 feature=feature,
+            )
+        if kind == "temp":
+            raise ConfinementUnavailable(
+                f"cannot run {argv0}: {text}; the command was not run", feature="temp-paths"
             )
         if kind == "internal":
             raise ConfinementUnavailable(
@@ -674,6 +719,33 @@ class _Call:
         self.dropped += max(0, len(chunk) - max(room, 0))
 
 
+_temp_locks: dict[str, threading.Lock] = {}
+_temp_locks_guard = threading.Lock()
+_LOCK_POLL_S = 0.05
+
+
+def _hold_temp_paths(
+    paths: Sequence[str], deadline: float, cancelled: Callable[[], bool] | None
+) -> list[threading.Lock] | None:
+    """Take the lock of each of ``paths`` (sorted: no deadlock between two calls), waiting
+    for the calls holding them, until ``deadline`` or ``cancelled()``; ``None`` then,
+    with nothing held."""
+    with _temp_locks_guard:
+        locks = [_temp_locks.setdefault(p, threading.Lock()) for p in sorted(set(paths))]
+    held: list[threading.Lock] = []
+    for lock in locks:
+        while True:
+            left = deadline - time.monotonic()
+            if left > 0 and lock.acquire(timeout=min(left, _LOCK_POLL_S)):
+                held.append(lock)
+                break
+            if left <= 0 or (cancelled is not None and cancelled()):
+                for taken in held:
+                    taken.release()
+                return None
+    return held
+
+
 def run(
     argv: Sequence[str],
     *,
@@ -693,12 +765,44 @@ def run(
     dropped. When the program exits, at the deadline or on cancellation, every process
     it started is killed (the launcher's per-command subreaper ends the tree).
 
+    A command with ``temp_paths`` waits for the commands holding any of them (in this
+    process) within its deadline; a deadline or cancellation met while waiting ends it
+    as such, not started.
+
     Raises:
         ConfinementUnavailable: the kernel or the launcher lacks what ``confinement``
             needs; never run unconfined.
         ProgramNotStarted: the program is missing, not executable or refused by
             Landlock, or ``cwd`` cannot be entered.
     """
+    held: list[threading.Lock] = []
+    if confinement.temp_paths:
+        taken = _hold_temp_paths(confinement.temp_paths, deadline, cancelled)
+        if taken is None:
+            cancelled_now = cancelled is not None and cancelled()
+            return ProcessResult(None, None, b"", b"", 0, not cancelled_now, 0.0, cancelled_now)
+        held = taken
+    try:
+        return _run(
+            argv, confinement=confinement, deadline=deadline, cwd=cwd, env=env,
+            stdin=stdin, output_cap=output_cap, cancelled=cancelled,
+        )  # fmt: skip
+    finally:
+        for lock in held:
+            lock.release()
+
+
+def _run(
+    argv: Sequence[str],
+    *,
+    confinement: Confinement,
+    deadline: float,
+    cwd: str,
+    env: Mapping[str, str] | None,
+    stdin: bytes,
+    output_cap: int,
+    cancelled: Callable[[], bool] | None,
+) -> ProcessResult:
     if not argv or not argv[0] or any("\x00" in a for a in argv):
         raise ProgramNotStarted("argv must name a program, without NUL bytes", errno=errno.EINVAL)
     environment = dict(env or {})

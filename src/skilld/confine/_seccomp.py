@@ -20,7 +20,14 @@ flags a filter can read):
   Landlock nor by an empty network namespace) unless a grant names a socket; netlink,
   packet and every other family; ``SOCK_RAW``; UDP unless granted (no grant type exists
   yet); protocols other than 0, TCP and UDP (SCTP and MPTCP bypass Landlock's TCP
-  rules). ``socketpair`` stays: Python's ``multiprocessing`` needs it;
+  rules). ``socketpair`` stays for stream and seqpacket pairs (Python's
+  ``multiprocessing`` needs it), which the kernel never lets reach another socket; a
+  datagram pair is refused: ``sendto`` or ``connect`` on one reaches any pathname
+  datagram socket (``/dev/log``);
+- with ``local_sockets`` (a command that makes its own listening socket, such as
+  LibreOffice's single-instance pipe): ``AF_UNIX`` stream and seqpacket sockets, and no
+  ``connect`` at all, so that no pathname socket outside the command is reachable (the
+  runner gives such a command no network);
 - other processes and namespaces: ``ptrace``, ``process_vm_*``, ``process_madvise``,
   ``kcmp``, ``pidfd_getfd``, ``unshare``, ``setns``, ``clone`` with a ``CLONE_NEW*`` flag,
   every mount call (old and new API), ``pivot_root``, ``chroot``;
@@ -62,7 +69,10 @@ BPF_MAXINSNS = 4096
 SYS_SECCOMP = {"x86_64": 317, "aarch64": 277}
 
 AF_UNIX, AF_INET, AF_INET6 = 1, 2, 10
-SOCK_STREAM, SOCK_DGRAM = 1, 2
+SOCK_STREAM, SOCK_DGRAM, SOCK_SEQPACKET = 1, 2, 5
+# Connection-oriented unix sockets: a pair of them is connected to itself for good, and
+# ``sendto`` ignores (seqpacket) or refuses (stream) an address.
+UNIX_CONNECTED = (SOCK_STREAM, SOCK_SEQPACKET)
 SOCK_TYPE_MASK = 0xF
 IPPROTO_TCP, IPPROTO_UDP = 6, 17
 CLONE_NEW = {
@@ -128,22 +138,26 @@ class _SockFprog(ctypes.Structure):
     _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.c_void_p))
 
 
-_cache: dict[tuple[bool, bool, bool], bytes] = {}
+_cache: dict[tuple[bool, bool, bool, bool], bytes] = {}
 
 
-def compile_filter(*, unix_sockets: bool, udp: bool, metadata: bool) -> bytes:
+def compile_filter(
+    *, unix_sockets: bool, udp: bool, metadata: bool, local_sockets: bool = False
+) -> bytes:
     """The BPF program (``struct sock_filter[]``, native byte order) of the filter.
 
-    ``unix_sockets`` lets ``socket(AF_UNIX)`` through (a grant names a socket path);
-    ``udp`` lets UDP over IPv4/IPv6 through; ``metadata`` refuses changes of modes,
-    owners, times and extended attributes (the command runs as skilld's own uid).
-    Compiled once per argument tuple, in the host.
+    ``unix_sockets`` lets ``socket(AF_UNIX)`` and ``socketpair`` of every type through
+    (a grant names a socket path); ``local_sockets`` lets stream and seqpacket
+    ``socket(AF_UNIX)`` through and refuses ``connect`` (the command listens on its
+    own socket and reaches none); ``udp`` lets UDP over IPv4/IPv6 through; ``metadata``
+    refuses changes of modes, owners, times and extended attributes (the command runs
+    as skilld's own uid). Compiled once per argument tuple, in the host.
 
     Raises:
         ConfinementUnavailable: ``feature="seccomp"``: the binding or libseccomp is
             missing, or the machine is not one the filter is written for.
     """
-    key = (unix_sockets, udp, metadata)
+    key = (unix_sockets, udp, metadata, local_sockets)
     if key not in _cache:
         _cache[key] = _compile(*key)
     return _cache[key]
@@ -170,7 +184,7 @@ def _binding() -> Any:
     return pyseccomp
 
 
-def _compile(unix_sockets: bool, udp: bool, metadata: bool) -> bytes:
+def _compile(unix_sockets: bool, udp: bool, metadata: bool, local_sockets: bool) -> bytes:
     machine = os.uname().machine
     if machine not in _MACHINES:
         raise _unavailable(
@@ -199,7 +213,7 @@ def _compile(unix_sockets: bool, udp: bool, metadata: bool) -> bytes:
         for bit in CLONE_NEW.values():
             refuse("clone", arg(0, sc.MASKED_EQ, bit, bit))
         _personality(refuse, sc)
-        _sockets(refuse, sc, unix_sockets=unix_sockets, udp=udp)
+        _sockets(refuse, sc, unix_sockets=unix_sockets, udp=udp, local=local_sockets)
         if metadata:
             for name in METADATA:
                 refuse(name)
@@ -231,9 +245,11 @@ def _personality(refuse: Any, sc: Any) -> None:
         refuse("personality", sc.Arg(0, sc.MASKED_EQ, here | after, here))
 
 
-def _sockets(refuse: Any, sc: Any, *, unix_sockets: bool, udp: bool) -> None:
+def _sockets(refuse: Any, sc: Any, *, unix_sockets: bool, udp: bool, local: bool) -> None:
     """``socket(domain, type, protocol)``: what stays is TCP (and UDP, and AF_UNIX, when
-    granted) over IPv4/IPv6.
+    granted) over IPv4/IPv6; ``socketpair``: stream and seqpacket pairs (every type when
+    AF_UNIX is granted); with ``local``, AF_UNIX stream and seqpacket sockets and no
+    ``connect``.
 
     The kernel reads each argument as a 32-bit int; the filter compares all 64 bits.
     Refusals therefore cover whole ranges (``GT``), so a value with high bits set is
@@ -245,9 +261,21 @@ def _sockets(refuse: Any, sc: Any, *, unix_sockets: bool, udp: bool) -> None:
     arg = sc.Arg
     refuse("socket", arg(0, sc.GT, AF_INET6))
     for domain in range(AF_INET6):
-        if domain in (AF_INET,) or (domain == AF_UNIX and unix_sockets):
+        if domain in (AF_INET,) or (domain == AF_UNIX and (unix_sockets or local)):
             continue
         refuse("socket", arg(0, sc.EQ, domain))
+    if not unix_sockets:
+        # The kernel reads the type's low 4 bits (SOCK_TYPE_MASK); the flags above them
+        # are checked by the kernel itself.
+        for kind in range(SOCK_TYPE_MASK + 1):
+            if kind in UNIX_CONNECTED:
+                continue
+            refuse("socketpair", arg(1, sc.MASKED_EQ, SOCK_TYPE_MASK, kind))
+            if local:
+                refuse("socket", arg(0, sc.EQ, AF_UNIX), arg(1, sc.MASKED_EQ, SOCK_TYPE_MASK, kind))
+        if local:
+            # The only way a stream or seqpacket socket reaches another is connect().
+            refuse("connect")
     types = {SOCK_STREAM, SOCK_DGRAM} if udp else {SOCK_STREAM}
     for domain in (AF_INET, AF_INET6):
         inet = arg(0, sc.EQ, domain)

@@ -50,6 +50,9 @@ POLICY_KEYS = ("skill", "description", *CAPABILITY_SECTIONS, "limits", "mcp", "s
 # native script may be started with, and packages baked into its environment at build.
 EXECUTORS = ("wasm", "native")
 _INTERPRETER = re.compile(r"^[A-Za-z0-9_.+-]{1,64}\Z")
+# A fixed temporary path a skill's programs use (``/tmp/libreoffice_docx_profile``): one
+# name directly under /tmp, whose sticky bit keeps the launcher's directory there its own.
+_TEMP_PATH = re.compile(r"^/tmp/[A-Za-z0-9_.+@=-]{1,200}\Z")
 _REQUIREMENT = re.compile(
     r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9,._-]+\])?([<>=!~]=?[A-Za-z0-9.*+!_-]+)?\Z"
 )
@@ -805,11 +808,15 @@ def _mcp(m: Mapping[str, Any], where: Where, *, needs: bool = False) -> dict[str
 
 def _scripts(m: Mapping[str, Any], where: Where) -> dict[str, Any]:
     """The ``scripts`` section: ``executor``, ``interpreters``, ``requirements``,
-    ``programs`` (system programs the scripts need; the build refuses when missing).
+    ``programs`` (system programs the scripts need; the build refuses when missing),
+    ``temp_paths`` (fixed directories under /tmp its programs use, made fresh for each
+    call: docs/confinement.md).
 
     ``executor`` and ``interpreters`` are kept only when written: otherwise the build
     chooses them from what the scripts need (docs/agent-skills.md)."""
-    _check_keys(m, ("executor", "interpreters", "requirements", "programs"), where, "scripts")
+    _check_keys(
+        m, ("executor", "interpreters", "requirements", "programs", "temp_paths"), where, "scripts"
+    )
     out: dict[str, Any] = {}
     executor = m.get("executor")
     if executor is not None:
@@ -844,7 +851,36 @@ def _scripts(m: Mapping[str, Any], where: Where) -> dict[str, Any]:
         if not _REQUIREMENT.match(req):
             raise _fail(rw, f"requirement {req!r} must be NAME, NAME[extra] or NAME==VERSION")
     out["requirements"] = list(requirements)
+    tw = _line(m, "temp_paths", where)
+    temp_paths = _str_list(m["temp_paths"], tw, "a path") if m.get("temp_paths") else ()
+    for i, path in enumerate(temp_paths):
+        _check_temp_path(path, _line(m["temp_paths"], i, tw))
+    if temp_paths and executor == "wasm":
+        raise _fail(tw, "temp_paths are for native programs", "use executor: native")
+    if temp_paths:
+        out["temp_paths"] = sorted(set(temp_paths))
     return out
+
+
+def _check_temp_path(path: str, where: Where) -> None:
+    """A temporary path must be one plain name directly under /tmp (``/tmp/NAME``)."""
+    if not path.startswith("/"):
+        raise _fail(where, f"temp path {path!r} must be absolute (/tmp/NAME)")
+    parts = path.split("/")[1:]
+    if ".." in parts or "." in parts:
+        raise _fail(where, f"temp path {path!r} must not contain '.' or '..'")
+    if parts[0] != "tmp":
+        raise _fail(where, f"temp path {path!r} must be under /tmp")
+    if not any(parts[1:]):
+        raise _fail(where, "temp path '/tmp' is /tmp itself; name a directory in it")
+    if not _TEMP_PATH.match(path):
+        raise _fail(
+            where,
+            f"temp path {path!r} must be one name directly under /tmp, of letters, digits "
+            "and _.+@=-",
+            "the launcher makes it fresh for each call in the sticky /tmp, which keeps it "
+            "the call's own",
+        )
 
 
 def parse_grants(

@@ -138,7 +138,8 @@ class Tables:
     def scripts(self, skill_id: str) -> Mapping[str, Any]:
         """How the skill's Agent Skills scripts run: ``executor`` and ``interpreters``
         (``None`` when the policy does not say: the build chooses from the scripts),
-        ``requirements`` and ``programs`` (system programs the scripts need).
+        ``requirements``, ``programs`` (system programs the scripts need) and
+        ``temp_paths`` (fixed directories under /tmp made fresh for each call).
 
         Raises:
             PolicyError: the tables have no entry for ``skill_id``.
@@ -150,6 +151,7 @@ class Tables:
             "interpreters": None if interpreters is None else tuple(interpreters),
             "requirements": tuple(raw.get("requirements", ())),
             "programs": tuple(raw.get("programs", ())),
+            "temp_paths": tuple(raw.get("temp_paths", ())),
         }
 
     def interfaces(self, skill_id: str) -> frozenset[str]:

@@ -104,7 +104,8 @@ def host_env():
     leaked = [
         k
         for k in os.environ
-        if k not in ("PATH", "HOME", "TMPDIR", "LANG", "LC_ALL", "SKILL_DIR", "LC_CTYPE")
+        if k not in ("PATH", "HOME", "TMPDIR", "XDG_CACHE_HOME", "LANG", "LC_ALL", "SKILL_DIR")
+        and k != "LC_CTYPE"
     ]
     if leaked or CTX["secret_name"] in os.environ:
         return leaked
@@ -183,7 +184,9 @@ CASES = {
     "list-skill-parent": lambda: os.listdir(os.path.dirname(SKILL)),
     "read-state-dir": lambda: os.listdir(CTX["outside_dir"]),
     "read-proc-root-escape": lambda: read("/proc/self/root/etc/shadow"),
-    "read-cwd-escape": lambda: os.listdir(os.path.join(WORK, "..")),
+    # The workspace's parent is the call's own directory (work/ and home/); above it is
+    # the node's work directory, where every call has its directory.
+    "read-cwd-escape": lambda: os.listdir(os.path.join(WORK, "..", "..")),
     "read-dev-mem": lambda: read("/dev/mem"),
     "read-docker-sock": lambda: os.stat("/var/run/docker.sock") and read("/var/run/docker.sock"),
     # links planted in the workspace
