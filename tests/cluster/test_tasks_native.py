@@ -57,7 +57,8 @@ def scripts_bundle(sandbox: Sandbox, keys: Keys, tmp_path: Path) -> Path:
     shutil.copytree(HOSTILE, src / "skills" / "hostile")
     (src / "policies" / "trust").mkdir(parents=True)
     (src / "policies" / "hostile.yaml").write_text(POLICY)
-    shutil.copy(keys.trust, src / "policies" / "trust" / keys.trust.name)
+    for trust_file in sorted(keys.trust.glob("*.pub.json")):  # one per node key
+        shutil.copy(trust_file, src / "policies" / "trust" / trust_file.name)
     out = tmp_path / "bundle"
     build_bundle(
         src / "skills", src / "policies", out, sandbox=sandbox, cache_dir=cache_dir(), strict=False
