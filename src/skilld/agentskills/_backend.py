@@ -39,7 +39,13 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote
 
-from skilld.agentskills._build import INSTRUCTIONS, RUN_SCRIPT, mime_type, resource_uri
+from skilld.agentskills._build import (
+    INSTRUCTIONS,
+    MAX_INPUT_FILES,
+    RUN_SCRIPT,
+    mime_type,
+    resource_uri,
+)
 from skilld.agentskills._quota import Quota, mount_tmpfs
 from skilld.agentskills._skillmd import SKILL_MD, jsonable, split_frontmatter
 from skilld.call import CallContext
@@ -60,8 +66,8 @@ MAX_KEPT_FILE = 64 << 20
 # (the oldest go first): a client reads them soon after the call, or not at all.
 KEPT_SECONDS = 900
 MAX_KEPT_BYTES = 256 << 20
-# Files a client hands to one run: at most this many, this many bytes in all.
-MAX_INPUT_FILES = 32
+# Files a client hands to one run: at most MAX_INPUT_FILES (an unpacked presentation is
+# 40 parts and more, each one file), this many bytes in all.
 MAX_INPUT_BYTES = 32 << 20
 _TEXT_MIME = ("text/", "application/json", "application/xml")
 
