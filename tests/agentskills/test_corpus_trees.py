@@ -129,3 +129,39 @@ def test_an_unpacked_tree_of_many_parts_goes_in_and_is_packed(
             assert "files" in message and len(message) < 1000, message[:300]
 
     anyio.run(main)
+
+
+def test_parts_a_script_removes_are_listed(sandbox: Sandbox, tmp_path: Path) -> None:
+    """clean.py deletes two of the parts handed in: ``files_removed`` names exactly those
+    two, nothing comes back as written, and a run deleting nothing has no such key."""
+    params = _serve(sandbox, tmp_path)
+    tree = [
+        _text("unpacked/ppt/slides/slide1.xml", "<s/>"),
+        _text("unpacked/ppt/slides/orphan9.xml", "<s/>"),
+        _text("unpacked/ppt/orphan.xml", "<o/>"),
+    ]
+
+    async def main() -> None:
+        async with stdio_client(params) as (r, w), ClientSession(r, w) as s:
+            await s.initialize()
+            value = _value(
+                await s.call_tool(
+                    "office-edit/run_script",
+                    {"script": "scripts/clean.py", "args": ["unpacked"], "files": tree},
+                )
+            )
+            assert value["exit_status"] == 0, value
+            assert value["files"] == []
+            assert value["files_removed"] == [
+                "unpacked/ppt/orphan.xml",
+                "unpacked/ppt/slides/orphan9.xml",
+            ]
+            again = _value(
+                await s.call_tool(
+                    "office-edit/run_script",
+                    {"script": "scripts/clean.py", "args": ["unpacked"], "files": tree[:1]},
+                )
+            )
+            assert again["exit_status"] == 0 and "files_removed" not in again, again
+
+    anyio.run(main)

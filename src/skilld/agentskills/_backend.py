@@ -280,7 +280,7 @@ class AgentSkillBackend:
         try:
             run = self._run_capped(script, argv, stdin, call_dir, inputs, ctx)
             given = {rel: hashlib.sha256(data).digest() for rel, data in inputs}
-            files, large, omitted = _collect(call_dir / _WORK, self.spec.id, given)
+            files, large, omitted, removed = _collect(call_dir / _WORK, self.spec.id, given)
         finally:
             remove_tree(call_dir)
         kept = self._keep(large) if large else []
@@ -304,6 +304,8 @@ class AgentSkillBackend:
             value["resources"] = kept
         if omitted:
             value["files_omitted"] = omitted
+        if removed:
+            value["files_removed"] = removed
         return CallOutput(value, tuple(files))
 
     def _run_capped(
@@ -519,13 +521,16 @@ def _place(workspace: Path, inputs: Sequence[tuple[str, bytes]]) -> None:
 
 def _collect(
     workspace: Path, skill_id: str, given: Mapping[str, bytes]
-) -> tuple[list[ContentBlock], list[tuple[str, bytes]], int]:
+) -> tuple[list[ContentBlock], list[tuple[str, bytes]], int, list[str]]:
     """Regular files the script left in its workspace (links are not followed): those
     small enough embedded while :data:`MAX_EMBEDDED_BYTES` lasts, and up to
     :data:`MAX_KEPT_FILE` the others' bytes (to keep); and how many files past
     :data:`MAX_RETURNED_FILES` were left out. A file the client gave (``given``: path to
-    sha256) comes back only if it changed."""
+    sha256) comes back only if it changed, and the paths of those the script removed (or
+    replaced by something not a file) are listed: a client mirroring an unpacked tree
+    learns what a cleaning script deleted."""
     out: list[ContentBlock] = []
+    seen: set[str] = set()
     large: list[tuple[str, bytes]] = []
     omitted = 0
     budget = MAX_EMBEDDED_BYTES
@@ -534,9 +539,12 @@ def _collect(
         for name in sorted(names):
             path = Path(dirpath) / name
             info = path.lstat()
-            if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_KEPT_FILE:
+            if not stat.S_ISREG(info.st_mode):
                 continue
             rel = path.relative_to(workspace).as_posix()
+            seen.add(rel)
+            if info.st_size > MAX_KEPT_FILE:
+                continue
             if len(out) + len(large) >= MAX_RETURNED_FILES:
                 omitted += 1
                 continue
@@ -556,7 +564,7 @@ def _collect(
             else:
                 budget -= size
                 out.append(block)
-    return out, large, omitted
+    return out, large, omitted, sorted(set(given) - seen)
 
 
 def _sent_size(block: ContentBlock, data: bytes) -> int:
