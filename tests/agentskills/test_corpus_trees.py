@@ -20,6 +20,7 @@ from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from test_mcp import _value
 
+from skilld.agentskills._backend import MAX_RETURNED_FILES
 from skilld.agentskills._build import MAX_INPUT_FILES
 from skilld.bundle import build_bundle
 from skilld.sandbox import Sandbox
@@ -163,5 +164,50 @@ def test_parts_a_script_removes_are_listed(sandbox: Sandbox, tmp_path: Path) -> 
                 )
             )
             assert again["exit_status"] == 0 and "files_removed" not in again, again
+
+    anyio.run(main)
+
+
+def test_an_unpacked_tree_comes_back_whole_and_goes_back_by_uri(
+    sandbox: Sandbox, tmp_path: Path
+) -> None:
+    """unpack.py writes 40 parts: 16 at most are embedded, every other one is kept as a
+    skill:// resource of the run (none omitted); handing the embedded ones back as
+    content and the kept ones by ``uri`` lets pack.py rebuild the same document."""
+    params = _serve(sandbox, tmp_path)
+    parts = {f"ppt/slides/slide{i}.xml": f"<p:sld n='{i}'/>" for i in range(PARTS)}
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for name, body in parts.items():
+            z.writestr(name, body)
+    document = base64.b64encode(buf.getvalue()).decode()
+
+    async def main() -> None:
+        async with stdio_client(params) as (r, w), ClientSession(r, w) as s:
+            await s.initialize()
+            ran = await s.call_tool(
+                "office-edit/run_script",
+                {"script": "scripts/office/unpack.py", "args": ["d.pptx", "unpacked"],
+                 "files": [{"path": "d.pptx", "content": document}]},
+            )  # fmt: skip
+            value = _value(ran)
+            assert value["exit_status"] == 0, value
+            assert "files_omitted" not in value
+            embedded = [c.resource for c in ran.content if c.type == "resource"]
+            kept: list[dict[str, Any]] = value["resources"]  # type: ignore[assignment]
+            assert len(embedded) <= MAX_RETURNED_FILES
+            assert len(embedded) + len(kept) == PARTS
+            prefix = "workspace://office-edit/"
+            back = [_text(str(e.uri)[len(prefix) :], e.text) for e in embedded]  # type: ignore[union-attr]
+            back += [{"path": k["path"], "uri": k["uri"]} for k in kept]
+            packed = await s.call_tool(
+                "office-edit/run_script",
+                {"script": "scripts/office/pack.py", "args": ["unpacked", "again.pptx"],
+                 "files": back},
+            )  # fmt: skip
+            assert _value(packed)["exit_status"] == 0
+            blob = next(c for c in packed.content if c.type == "resource").resource.blob  # type: ignore[union-attr]
+            with zipfile.ZipFile(io.BytesIO(base64.b64decode(blob))) as z:
+                assert {n: z.read(n).decode() for n in z.namelist()} == parts
 
     anyio.run(main)

@@ -54,8 +54,11 @@ from skilld.paths import remove_tree, scratch_prefix
 from skilld.types import CallOutput, ContentBlock, SkillSpec
 
 # Workspace files returned with a result: at most this many, each at most this large
-# embedded; larger ones (up to MAX_KEPT_FILE) are kept as resources of the run.
+# embedded; larger ones (up to MAX_KEPT_FILE) and those past the count or the budget
+# below are kept as resources of the run, up to MAX_RUN_FILES in all (an unpacked
+# document's parts all come back, to be handed to the next run by URI).
 MAX_RETURNED_FILES = 16
+MAX_RUN_FILES = 256
 MAX_RETURNED_FILE = 1 << 20
 # What all embedded files of one result may take, as sent (base64 for binary): the MCP
 # SDK's client refuses a server-sent event over 1 MiB, and an unpacked document is
@@ -522,13 +525,13 @@ def _place(workspace: Path, inputs: Sequence[tuple[str, bytes]]) -> None:
 def _collect(
     workspace: Path, skill_id: str, given: Mapping[str, bytes]
 ) -> tuple[list[ContentBlock], list[tuple[str, bytes]], int, list[str]]:
-    """Regular files the script left in its workspace (links are not followed): those
-    small enough embedded while :data:`MAX_EMBEDDED_BYTES` lasts, and up to
-    :data:`MAX_KEPT_FILE` the others' bytes (to keep); and how many files past
-    :data:`MAX_RETURNED_FILES` were left out. A file the client gave (``given``: path to
-    sha256) comes back only if it changed, and the paths of those the script removed (or
-    replaced by something not a file) are listed: a client mirroring an unpacked tree
-    learns what a cleaning script deleted."""
+    """Regular files the script left in its workspace (links are not followed): the
+    first :data:`MAX_RETURNED_FILES` small enough embedded while
+    :data:`MAX_EMBEDDED_BYTES` lasts, and up to :data:`MAX_KEPT_FILE` the others' bytes
+    (to keep); how many files past :data:`MAX_RUN_FILES` were left out; and the paths
+    of the files the client gave (``given``: path to sha256) that the script removed or
+    replaced by something not a file (a client mirroring an unpacked tree learns what a
+    cleaning script deleted). A given file comes back only if it changed."""
     out: list[ContentBlock] = []
     seen: set[str] = set()
     large: list[tuple[str, bytes]] = []
@@ -545,7 +548,7 @@ def _collect(
             seen.add(rel)
             if info.st_size > MAX_KEPT_FILE:
                 continue
-            if len(out) + len(large) >= MAX_RETURNED_FILES:
+            if len(out) + len(large) >= MAX_RUN_FILES:
                 omitted += 1
                 continue
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
@@ -559,7 +562,7 @@ def _collect(
                 else None
             )
             size = 0 if block is None else _sent_size(block, data)
-            if block is None or size > budget:
+            if block is None or size > budget or len(out) >= MAX_RETURNED_FILES:
                 large.append((rel, data))
             else:
                 budget -= size
