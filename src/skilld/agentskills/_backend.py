@@ -39,7 +39,13 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote
 
-from skilld.agentskills._build import INSTRUCTIONS, RUN_SCRIPT, mime_type, resource_uri
+from skilld.agentskills._build import (
+    INSTRUCTIONS,
+    MAX_INPUT_FILES,
+    RUN_SCRIPT,
+    mime_type,
+    resource_uri,
+)
 from skilld.agentskills._quota import Quota, mount_tmpfs
 from skilld.agentskills._skillmd import SKILL_MD, jsonable, split_frontmatter
 from skilld.call import CallContext
@@ -48,8 +54,11 @@ from skilld.paths import remove_tree, scratch_prefix
 from skilld.types import CallOutput, ContentBlock, SkillSpec
 
 # Workspace files returned with a result: at most this many, each at most this large
-# embedded; larger ones (up to MAX_KEPT_FILE) are kept as resources of the run.
+# embedded; larger ones (up to MAX_KEPT_FILE) and those past the count or the budget
+# below are kept as resources of the run, up to MAX_RUN_FILES in all (an unpacked
+# document's parts all come back, to be handed to the next run by URI).
 MAX_RETURNED_FILES = 16
+MAX_RUN_FILES = 256
 MAX_RETURNED_FILE = 1 << 20
 # What all embedded files of one result may take, as sent (base64 for binary): the MCP
 # SDK's client refuses a server-sent event over 1 MiB, and an unpacked document is
@@ -60,8 +69,8 @@ MAX_KEPT_FILE = 64 << 20
 # (the oldest go first): a client reads them soon after the call, or not at all.
 KEPT_SECONDS = 900
 MAX_KEPT_BYTES = 256 << 20
-# Files a client hands to one run: at most this many, this many bytes in all.
-MAX_INPUT_FILES = 32
+# Files a client hands to one run: at most MAX_INPUT_FILES (an unpacked presentation is
+# 40 parts and more, each one file), this many bytes in all.
 MAX_INPUT_BYTES = 32 << 20
 _TEXT_MIME = ("text/", "application/json", "application/xml")
 
@@ -274,7 +283,7 @@ class AgentSkillBackend:
         try:
             run = self._run_capped(script, argv, stdin, call_dir, inputs, ctx)
             given = {rel: hashlib.sha256(data).digest() for rel, data in inputs}
-            files, large, omitted = _collect(call_dir / _WORK, self.spec.id, given)
+            files, large, omitted, removed = _collect(call_dir / _WORK, self.spec.id, given)
         finally:
             remove_tree(call_dir)
         kept = self._keep(large) if large else []
@@ -298,6 +307,8 @@ class AgentSkillBackend:
             value["resources"] = kept
         if omitted:
             value["files_omitted"] = omitted
+        if removed:
+            value["files_removed"] = removed
         return CallOutput(value, tuple(files))
 
     def _run_capped(
@@ -513,13 +524,16 @@ def _place(workspace: Path, inputs: Sequence[tuple[str, bytes]]) -> None:
 
 def _collect(
     workspace: Path, skill_id: str, given: Mapping[str, bytes]
-) -> tuple[list[ContentBlock], list[tuple[str, bytes]], int]:
-    """Regular files the script left in its workspace (links are not followed): those
-    small enough embedded while :data:`MAX_EMBEDDED_BYTES` lasts, and up to
-    :data:`MAX_KEPT_FILE` the others' bytes (to keep); and how many files past
-    :data:`MAX_RETURNED_FILES` were left out. A file the client gave (``given``: path to
-    sha256) comes back only if it changed."""
+) -> tuple[list[ContentBlock], list[tuple[str, bytes]], int, list[str]]:
+    """Regular files the script left in its workspace (links are not followed): the
+    first :data:`MAX_RETURNED_FILES` small enough embedded while
+    :data:`MAX_EMBEDDED_BYTES` lasts, and up to :data:`MAX_KEPT_FILE` the others' bytes
+    (to keep); how many files past :data:`MAX_RUN_FILES` were left out; and the paths
+    of the files the client gave (``given``: path to sha256) that the script removed or
+    replaced by something not a file (a client mirroring an unpacked tree learns what a
+    cleaning script deleted). A given file comes back only if it changed."""
     out: list[ContentBlock] = []
+    seen: set[str] = set()
     large: list[tuple[str, bytes]] = []
     omitted = 0
     budget = MAX_EMBEDDED_BYTES
@@ -528,10 +542,13 @@ def _collect(
         for name in sorted(names):
             path = Path(dirpath) / name
             info = path.lstat()
-            if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_KEPT_FILE:
+            if not stat.S_ISREG(info.st_mode):
                 continue
             rel = path.relative_to(workspace).as_posix()
-            if len(out) + len(large) >= MAX_RETURNED_FILES:
+            seen.add(rel)
+            if info.st_size > MAX_KEPT_FILE:
+                continue
+            if len(out) + len(large) >= MAX_RUN_FILES:
                 omitted += 1
                 continue
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
@@ -545,12 +562,12 @@ def _collect(
                 else None
             )
             size = 0 if block is None else _sent_size(block, data)
-            if block is None or size > budget:
+            if block is None or size > budget or len(out) >= MAX_RETURNED_FILES:
                 large.append((rel, data))
             else:
                 budget -= size
                 out.append(block)
-    return out, large, omitted
+    return out, large, omitted, sorted(set(given) - seen)
 
 
 def _sent_size(block: ContentBlock, data: bytes) -> int:

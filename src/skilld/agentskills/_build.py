@@ -36,6 +36,8 @@ SCRIPTS = "scripts/"
 REQUIREMENTS = ("scripts/requirements.txt", "requirements.txt")
 INSTRUCTIONS = "instructions"
 RUN_SCRIPT = "run_script"
+# Files a client may hand to one run_script call (their bytes are capped in _backend).
+MAX_INPUT_FILES = 1024
 # Files that are never part of a skill: caches and editor or OS droppings.
 _SKIP_DIRS = frozenset({"__pycache__", ".git", ".pytest_cache", ".mypy_cache", ".ruff_cache"})
 _SEMVER = re.compile(r"\d+\.\d+\.\d+")
@@ -274,9 +276,11 @@ def describe(md: SkillMd, version: str, files: Mapping[str, bytes]) -> SkillSpec
                         "input": {"description": "JSON given on standard input instead"},
                         "files": {
                             "type": "array",
-                            "maxItems": 32,
+                            "maxItems": MAX_INPUT_FILES,
                             "description": "files placed in the script's working directory "
-                            "before it runs (32 MiB in all): each {path, and one of content "
+                            "before it runs (32 MiB in all; an unpacked document's parts "
+                            "may go as one file each, with their folders in path): each {path, "
+                            "and one of content "
                             "(base64), text, or uri (a skill:// resource of this skill, such "
                             "as an earlier run's output)}",
                             "items": {

@@ -268,8 +268,7 @@ class NativeExecutor:
         self._copies: tempfile.TemporaryDirectory[str] | None = None
         # Absolute: the script starts in its workspace (``--bundle bundle`` is relative).
         root, env = root.absolute(), (env.absolute() if env is not None else None)
-        if os.geteuid() == 0:
-            root, env = self._unowned_copy(root, env)
+        root, env = self._unowned_copy(root, env)
         self.root = root
         self.env = env
         self.interpreters = tuple(interpreters)
@@ -300,12 +299,18 @@ class NativeExecutor:
         self.needs = _merged(needs)
 
     def _unowned_copy(self, root: Path, env: Path | None) -> tuple[Path, Path | None]:
-        """The skill's files and environment, copied once and owned by ``nobody``.
+        """The skill's files and environment, copied once: owned by ``nobody`` when
+        skilld is root, with the modes of a checkout (``0644``, directories ``0755``).
 
         Landlock does not govern metadata: a process owning a file may chmod or utime
         it. Run as root, skilld owns the bundle, and so would the script (uid 0, no
         capabilities); over files owned by another user both fail with EPERM. The
-        bundle was verified when it was opened and is read-only.
+        bundle was verified when it was opened and is read-only (``0444``); a script
+        that copies one of its own files into its workspace (``shutil.copy`` of a
+        template, as docx's ``comment.py`` does) gets the copy's mode, and a ``0444``
+        copy could not be edited. Writes to these files stay refused: Landlock gives
+        the script read and execute beneath them, and the script's uid is not their
+        owner (``nobody``, or skilld's own uid).
         """
         self._copies = tempfile.TemporaryDirectory(
             prefix=scratch_prefix("copies", self.skill_id), dir=self.work
@@ -319,8 +324,10 @@ class NativeExecutor:
             dest = base / name
             shutil.copytree(tree, dest, symlinks=True)
             for path in [dest, *dest.rglob("*")]:
-                os.chown(path, _NOBODY, _NOBODY, follow_symlinks=False)
-                path.chmod(0o555 if path.is_dir() else 0o444)
+                if os.geteuid() == 0:
+                    os.chown(path, _NOBODY, _NOBODY, follow_symlinks=False)
+                if not path.is_symlink():
+                    path.chmod(0o755 if path.is_dir() else 0o644)
             out.append(dest)
         return out[0], (out[1] if env is not None else None)
 

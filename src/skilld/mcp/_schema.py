@@ -49,10 +49,24 @@ class ArgumentValidator:
             return
         path = "/".join(str(p) for p in error.absolute_path) or "(root)"
         raise UsageError(
-            f"invalid arguments at {path}: {error.message}",
+            f"invalid arguments at {path}: {_shortened(error.message)}",
             location=self._where,
             hint=f"schema keyword '{error.validator}'",
         )
+
+
+# jsonschema's messages quote the offending value: a run_script call with too many files
+# would be answered with all of them (megabytes, past what a client accepts in one event).
+_MESSAGE_EDGE = 160
+
+
+def _shortened(message: str) -> str:
+    """``message`` with the middle of a long quoted value left out (its end says what
+    is wrong: "... is too long")."""
+    if len(message) <= 3 * _MESSAGE_EDGE:
+        return message
+    left = len(message) - 2 * _MESSAGE_EDGE
+    return f"{message[:_MESSAGE_EDGE]} ...({left} characters)... {message[-_MESSAGE_EDGE:]}"
 
 
 def _picked_branch(error: Any) -> Any:
