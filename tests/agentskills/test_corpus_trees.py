@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import os
 import shutil
 import sys
@@ -211,3 +212,72 @@ def test_an_unpacked_tree_comes_back_whole_and_goes_back_by_uri(
                 assert {n: z.read(n).decode() for n in z.namelist()} == parts
 
     anyio.run(main)
+
+
+_TAMPER = """import json, os, sys
+me = os.path.abspath(__file__)
+seen = {"uid": os.getuid(), "owner": os.stat(me).st_uid}
+for name, act in (
+    ("write", lambda: open(me, "a").write("#")),
+    ("chmod", lambda: os.chmod(me, 0o4777)),
+    ("utime", lambda: os.utime(me, (0, 0))),
+    ("unlink", lambda: os.unlink(me)),
+    ("rename", lambda: os.rename(me, me + ".x")),
+):
+    try:
+        act()
+        seen[name] = "DONE"
+    except OSError as exc:
+        seen[name] = exc.errno
+print(json.dumps(seen))
+"""
+
+
+def test_a_script_cannot_change_its_own_skill_files(sandbox: Sandbox, tmp_path: Path) -> None:
+    """A native script that tries to rewrite, chmod (setuid), utime, unlink or rename its
+    own file in the skill's run copy is refused each time; the copy is owned neither by
+    the script's uid nor by ``nobody`` (another process of the host), and the next run
+    finds the file unchanged."""
+    skill = tmp_path / "skills" / "tamper"
+    (skill / "scripts").mkdir(parents=True)
+    (skill / "SKILL.md").write_text(
+        "---\nname: tamper\ndescription: Tries to change its own files. Use in tests.\n---\n"
+        "# Tamper\n\n`scripts/tamper.py` reports what it could change.\n"
+    )
+    (skill / "scripts" / "tamper.py").write_text(_TAMPER)
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "tamper.yaml").write_text(
+        "skill: tamper\nscripts:\n  executor: native\n"
+    )
+    build_bundle(
+        tmp_path / "skills",
+        tmp_path / "policies",
+        tmp_path / "bundle",
+        sandbox=sandbox,
+        cache_dir=cache_dir(),
+        lenient=True,
+        strict=False,
+    )
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "skilld", "serve", "--bundle", "bundle", "--state-dir", "state"],
+        env={**os.environ, "SKILLD_CACHE": str(cache_dir())},
+        cwd=str(tmp_path),
+    )
+
+    async def main() -> list[dict[str, Any]]:
+        runs = []
+        async with stdio_client(params) as (r, w), ClientSession(r, w) as s:
+            await s.initialize()
+            for _ in range(2):
+                ran = await s.call_tool("tamper/run_script", {"script": "scripts/tamper.py"})
+                value = _value(ran)
+                assert value["exit_status"] == 0, value
+                runs.append(json.loads(value["stdout"]))
+        return runs
+
+    first, second = anyio.run(main)
+    for seen in (first, second):
+        assert all(seen[k] != "DONE" for k in ("write", "chmod", "utime", "unlink", "rename")), seen
+        assert seen["owner"] not in (seen["uid"], 65534), seen
+    assert first == second

@@ -54,7 +54,6 @@ _BOOT = (
     "runpy.run_path(s,run_name='__main__')"
 )
 _ENV_KEEP = ("LANG", "LC_ALL")
-_NOBODY = 65534
 
 
 def python_libraries() -> tuple[str, ...]:
@@ -299,18 +298,19 @@ class NativeExecutor:
         self.needs = _merged(needs)
 
     def _unowned_copy(self, root: Path, env: Path | None) -> tuple[Path, Path | None]:
-        """The skill's files and environment, copied once: owned by ``nobody`` when
-        skilld is root, with the modes of a checkout (``0644``, directories ``0755``).
+        """The skill's files and environment, copied once, owned by skilld (root or its
+        own uid) with the modes of a checkout (``0644``, directories ``0755``).
 
         Landlock does not govern metadata: a process owning a file may chmod or utime
-        it. Run as root, skilld owns the bundle, and so would the script (uid 0, no
-        capabilities); over files owned by another user both fail with EPERM. The
-        bundle was verified when it was opened and is read-only (``0444``); a script
-        that copies one of its own files into its workspace (``shutil.copy`` of a
-        template, as docx's ``comment.py`` does) gets the copy's mode, and a ``0444``
-        copy could not be edited. Writes to these files stay refused: Landlock gives
-        the script read and execute beneath them, and the script's uid is not their
-        owner (``nobody``, or skilld's own uid).
+        it. A script never owns these files: with a separate identity it runs as its
+        skill's uid, and where it shares skilld's uid the seccomp filter refuses every
+        metadata call. Not ``nobody``: other processes of the host run as ``nobody``,
+        and one could rewrite a skill's code between its runs. The bundle was verified
+        when it was opened and is read-only (``0444``); a script that copies one of its
+        own files into its workspace (``shutil.copy`` of a template, as docx's
+        ``comment.py`` does) gets the copy's mode, and a ``0444`` copy could not be
+        edited. Writes to these files stay refused: Landlock gives the script read and
+        execute beneath them, and (with a separate identity) the file's owner is not it.
         """
         self._copies = tempfile.TemporaryDirectory(
             prefix=scratch_prefix("copies", self.skill_id), dir=self.work
@@ -324,8 +324,6 @@ class NativeExecutor:
             dest = base / name
             shutil.copytree(tree, dest, symlinks=True)
             for path in [dest, *dest.rglob("*")]:
-                if os.geteuid() == 0:
-                    os.chown(path, _NOBODY, _NOBODY, follow_symlinks=False)
                 if not path.is_symlink():
                     path.chmod(0o755 if path.is_dir() else 0o644)
             out.append(dest)
