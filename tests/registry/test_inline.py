@@ -147,9 +147,7 @@ def test_no_free_slot_sends_the_call_to_a_thread_without_waiting(
     reg, sink, _ = inline_registry
     reg.call("echo-wat/echo", {"text": "x"}, NullChannel())
     entry = next(e for e in reg.skills() if e.spec.id == "echo-wat")
-    held = 0
-    while entry.slots.acquire(blocking=False):
-        held += 1
+    held = [entry.gate.take(0) for _ in range(entry.gate.limit)]
     try:
         started = time.perf_counter()
         with pytest.raises(RunOnThread) as gave_up:
@@ -157,8 +155,8 @@ def test_no_free_slot_sends_the_call_to_a_thread_without_waiting(
         assert not gave_up.value.ran
         assert time.perf_counter() - started < 0.5
     finally:
-        for _ in range(held):
-            entry.slots.release()
+        for slot in held:
+            slot.release()
     # Not backed off: a slot-less attempt ran no guest.
     assert reg.call_inline("echo-wat/echo", {"text": "x"}, NullChannel(), 0.05).value == "x"
     assert len(sink.records) == 2

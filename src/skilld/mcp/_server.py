@@ -45,6 +45,7 @@ from skilld.errors import (
     GuestError,
     RegistryError,
     RunOnThread,
+    SkillBusy,
     SkilldError,
     UsageError,
 )
@@ -56,8 +57,7 @@ from skilld.mcp._rounds import ParkedCalls, RoundChannel, missing_capability, sk
 from skilld.mcp._schema import ArgumentValidator
 from skilld.mcp._tasks import TASKS, MemoryTaskStore, Tasks, declares_tasks, tasks_required
 from skilld.mcp._workers import WorkerPool
-from skilld.registry import Dispatcher, Tool
-from skilld.registry import busy as busy_error
+from skilld.registry import Dispatcher, Slot, Tool
 from skilld.types import CallOutput, ContentBlock, PromptSpec, ResourceSpec
 
 T = TypeVar("T")
@@ -271,7 +271,6 @@ class McpService:
         self.metrics = metrics
         self._log = log
         self._workers = WorkerPool(config.worker_threads)
-        self._slots: dict[str, anyio.Semaphore] = {}
         self._tools: dict[str, Tool] = {}
         self._validators: dict[str, ArgumentValidator] = {}
         self._in_flight = 0
@@ -704,7 +703,8 @@ class McpService:
         """Run guest code for one request: the one path tools, resources and prompts take.
 
         Refuses while draining, waits up to ``queue_timeout_s`` for one of the skill's
-        slots, counts the call in flight (what :meth:`drain` waits for), runs ``run``
+        slots (its one gate, ``dispatcher.gate``; lent to the call, which takes no
+        other), counts the call in flight (what :meth:`drain` waits for), runs ``run``
         on a worker thread with a channel to the client, and records metrics and one
         ``tool_call`` log line (``label`` names the tool, resource or prompt).
         ``inline``, when given, is tried first on the event loop itself; when it
@@ -712,21 +712,20 @@ class McpService:
         inline attempt may take), ``run`` goes to the thread as above.
 
         Raises:
-            GuestError: ``unavailable`` while draining, ``limit-exceeded`` when the
-                skill stays busy; the guest has not run.
+            GuestError: ``unavailable`` while draining; the guest has not run.
+            SkillBusy: the skill stayed busy; the guest has not run.
+            RegistryError: no such skill.
             SkilldError: whatever ``run`` raised (``RegistryError`` for unknown names).
             Exception: a bug below the seam, logged here with its traceback.
         """
         self._refuse_if_draining(skill, label, arguments)
-        slots = self._slots.setdefault(skill, anyio.Semaphore(self.config.skill_concurrency))
+        gate = self.dispatcher.gate(skill)
         try:
-            with anyio.fail_after(self.config.queue_timeout_s):
-                await slots.acquire()
-        except TimeoutError:
-            self._log.warning("busy", tool=label, skill=skill, limit=self.config.skill_concurrency)
-            busy = busy_error(skill, self.config.skill_concurrency)
+            slot = await gate.take_async(self.config.queue_timeout_s)
+        except SkillBusy as busy:
+            self._log.warning("busy", tool=label, skill=skill, limit=gate.limit)
             self._refused(skill, label, "busy", error_text(busy)[2], arguments)
-            raise busy from None
+            raise
         try:
             # Again: drain() may have seen nothing in flight and returned while this
             # call waited for its slot. No await between here and _enter().
@@ -738,7 +737,7 @@ class McpService:
             self._enter()
             self._running.add(channel)
             try:
-                result = await self._inline_or_blocking(run, inline, channel)
+                result = await self._inline_or_blocking(run, inline, channel, slot)
             except RegistryError:
                 outcome = "unknown"
                 raise
@@ -776,7 +775,7 @@ class McpService:
                     request_id=ctx.request_id,
                 )
         finally:
-            slots.release()
+            slot.release()
 
     def _refuse_if_draining(
         self, skill: str, label: str, arguments: Mapping[str, Any] | None
@@ -852,13 +851,15 @@ class McpService:
         run: Callable[[SessionChannel], T],
         inline: Callable[[SessionChannel], T] | None,
         channel: SessionChannel,
+        slot: Slot,
     ) -> T:
+        # The call runs in the slot taken for it (lent: the dispatcher takes no second one).
         if inline is not None:
             try:
-                return inline(channel)
+                return slot.lend(inline, channel)
             except RunOnThread:
                 pass
-        return await self._blocking(partial(run, channel), channel)
+        return await self._blocking(partial(slot.lend, run, channel), channel)
 
     async def _blocking(self, fn: Callable[[], T], channel: SessionChannel) -> T:
         """Run ``fn`` on a worker thread; a cancelled request marks the channel and waits.

@@ -10,7 +10,7 @@
 
 # A backend's methods take the call's context: part of this package's contract, so that
 # backends outside the sandbox (a cluster's remote skills) need not reach into it.
-from skilld.call import CallContext, busy
+from skilld.call import CallContext, CallGate, Slot
 from skilld.policy import Exposure
 from skilld.registry._catalogue import Catalogue, SkillEntry, annotations_for, per_skill_schema
 from skilld.registry._contract import (
@@ -25,6 +25,7 @@ from skilld.types import ClientChannel
 
 __all__ = [
     "CallContext",
+    "CallGate",
     "Catalogue",
     "ClientChannel",
     "Dispatcher",
@@ -34,9 +35,9 @@ __all__ = [
     "Registry",
     "SkillBackend",
     "SkillEntry",
+    "Slot",
     "Tool",
     "ToolAnnotations",
     "annotations_for",
-    "busy",
     "per_skill_schema",
 ]
