@@ -40,6 +40,7 @@ from skilld.bundle._kinds import (
     Grants,
     Staged,
     Staging,
+    Verified,
     _sha256,
     _write,
 )
@@ -276,9 +277,10 @@ def build_bundle(
         progress("compiling policies")
         needs: dict[str, Mapping[str, Any] | None] = {}
         sources: dict[str, str] = {}
+        ready = Verified(stage, sandbox, opts, verified)
         grants = _grants_as_stated(policies_dir, [v.manifest.id for _c, v in verified])
         for kind in KINDS:
-            for sid, declared in kind.needs(verified, opts, grants).items():
+            for sid, declared in kind.needs(ready, grants).items():
                 needs[sid] = declared.needs
                 if declared.source is not None:
                     sources[sid] = declared.source
@@ -288,7 +290,7 @@ def build_bundle(
         if opts.strict:
             compiled.raise_for_problems()
         _write(stage / "policy" / "tables.json", compiled.tables_bytes)
-        staging = Staging(stage, sandbox, opts, compiled, verified)
+        staging = Staging(stage, sandbox, opts, verified, compiled)
         staged = Staged()
         for kind in KINDS:
             kind.stage(staging, staged)

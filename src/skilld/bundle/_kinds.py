@@ -111,15 +111,21 @@ def _write(path: Path, data: bytes) -> None:
 
 
 @dataclass(frozen=True, slots=True)
-class Staging:
-    """What every kind stages from: the stage directory, the sandbox, the options, the
-    compiled policy and every verified package (``(collected, verified)``)."""
+class Verified:
+    """What every kind works from once the packages are verified: the stage directory,
+    the sandbox, the options and every verified package (``(collected, verified)``)."""
 
     stage: Path
     sandbox: Sandbox
     options: BuildOptions
-    compiled: CompileResult
     packages: list[tuple[Any, package.VerifiedPackage]]
+
+
+@dataclass(frozen=True, slots=True)
+class Staging(Verified):
+    """What every kind stages from: :class:`Verified`, and the compiled policy."""
+
+    compiled: CompileResult
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,13 +170,8 @@ class SkillKind(Protocol):
 
     name: str
 
-    def needs(
-        self,
-        packages: Sequence[tuple[Any, package.VerifiedPackage]],
-        options: BuildOptions,
-        grants: Grants,
-    ) -> dict[str, Declared]:
-        """The declared needs of this kind's skills among ``packages``, by id.
+    def needs(self, verified: Verified, grants: Grants) -> dict[str, Declared]:
+        """The declared needs of this kind's skills among the verified packages, by id.
 
         Raises:
             SkilldError: a package's declaration cannot be read (names its file).
@@ -223,16 +224,11 @@ class WasmComponents:
         dirs = [d for d in sorted(skills_dir.iterdir()) if (d / "skill.yaml").is_file()]
         return [_component_source(d, options) for d in dirs]
 
-    def needs(
-        self,
-        packages: Sequence[tuple[Any, package.VerifiedPackage]],
-        options: BuildOptions,
-        grants: Grants,
-    ) -> dict[str, Declared]:
+    def needs(self, verified: Verified, grants: Grants) -> dict[str, Declared]:
         """Each component's manifest ``needs`` (the runner's grants are the kits', no policy's)."""
         return {
             v.manifest.id: Declared(dict(v.manifest.needs))
-            for _c, v in packages
+            for _c, v in verified.packages
             if v.manifest.kind != package.KIND_AGENT_SKILL and v.manifest.id != RUNNER
         }
 
@@ -297,12 +293,7 @@ class DelegateKits:
             return [_component_source(paths.runner_dir(), options)]
         return []
 
-    def needs(
-        self,
-        packages: Sequence[tuple[Any, package.VerifiedPackage]],
-        options: BuildOptions,
-        grants: Grants,
-    ) -> dict[str, Declared]:
+    def needs(self, verified: Verified, grants: Grants) -> dict[str, Declared]:
         """None: the kits are policy (``policies/kits/``); their runner is a component."""
         return {}
 
@@ -341,22 +332,18 @@ class AgentSkills:
             out.append(Source(source.md.id, source.origin, pack))
         return out
 
-    def needs(
-        self,
-        packages: Sequence[tuple[Any, package.VerifiedPackage]],
-        options: BuildOptions,
-        grants: Grants,
-    ) -> dict[str, Declared]:
+    def needs(self, verified: Verified, grants: Grants) -> dict[str, Declared]:
         """Each Agent Skill's ``allowed-tools``, mapped to needs against its grants
         (``Read``: the fs paths the operator granted); the findings go to ``progress``.
         """
         out = {}
-        for sid, md in _parsed(packages, options).items():
+        progress = verified.options.progress
+        for sid, md in _parsed(verified.packages, verified.options).items():
             mapped = agentskills.tools_to_needs(
                 md.allowed_tools, grants(sid), md.allowed_tools_line
             )
             for note in mapped.findings:
-                options.progress(f"warning: {sid}/SKILL.md: {note}")
+                progress(f"warning: {sid}/SKILL.md: {note}")
             out[sid] = Declared(mapped.needs, f"{sid}/SKILL.md")
         return out
 

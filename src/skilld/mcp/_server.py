@@ -724,7 +724,7 @@ class McpService:
             slot = await gate.take_async(self.config.queue_timeout_s)
         except SkillBusy as busy:
             self._log.warning("busy", tool=label, skill=skill, limit=gate.limit)
-            self._refused(skill, label, "busy", error_text(busy)[2], arguments)
+            self._refused(skill, label, busy.outcome, error_text(busy)[2], arguments)
             raise
         try:
             # Again: drain() may have seen nothing in flight and returned while this
