@@ -1,15 +1,37 @@
-"""The call contract every backend shares, below the sandbox.
+"""The call contract every backend shares, below the sandbox; and the path of one call.
+
+One ``tools/call``, in five hops (each stage in one place):
+
+1. **MCP layer** (``mcp/_server.py``, ``McpService._call_tool`` then ``_guest_call``):
+   the arguments against the tool's input schema, refused while draining, then a
+   slot of the skill's one :class:`CallGate` awaited on the event loop
+   (``dispatcher.gate(skill).take_async``; none in time: :class:`~skilld.errors.SkillBusy`).
+   The slot is lent (:meth:`Slot.lend`) to the call, which runs on a worker thread
+   (``_inline_or_blocking``; a tool call is first tried inline on the loop). A routed call
+   from another node (``cluster/_worker.py``), ``invoke`` and ``skilld call`` enter at
+   hop 2 on their own thread.
+2. **Registry** (``registry/_dispatch.py``, ``Registry.call``, ``call_method``, ``_run``):
+   the tool name to (skill, method); an inline attempt (:class:`Inline`, started by its
+   ``InlineStrategy``); a :class:`CallContext` with its :class:`~skilld.audit.CallRecorder`;
+   the slot (:meth:`CallGate.take`: the lent one, or one waited for here).
+3. **Backend** (``SkillBackend.call``, ``registry/_contract.py``): a wasm component
+   (``sandbox/_sandbox.py``, which makes the context :func:`current` with
+   :func:`entered` for the guest), an Agent Skill, a delegate kit or a remote node.
+4. **Host functions** (``sandbox/abi/``): each finds the call with :func:`current`,
+   asks the permission checker typed (``check_path``, ``check_url``, ``check_argv``,
+   ``check_address``, ``check_tcp``; ``abi.decide``) and records the decision on the
+   context (:meth:`CallContext.record`); ``invoke`` comes back to hop 2 for the callee.
+5. **Outcome and audit** (``Registry._run``): the error class carries its WIT code and
+   its audit outcome (``errors.py``'s table); the slot goes back; the recorder's one
+   ``call`` record goes to the sink (``registry/_audit.py``; a ``started`` record went
+   before the call's first state write); the result or the error goes to the caller.
 
 :class:`CallContext` is everything one call of one skill acts in: its limits, its
 key-value namespace, its permission checker, the client channel, the orchestrator
-for ``invoke``, its deadline and the decisions it took. The registry builds one per
-call (``registry/_dispatch.py``); every backend (a wasm component, an Agent Skill, a
-delegate kit, a remote node) is handed it, and host functions find it again with
-:func:`current`.
-
-A guest runs synchronously on the thread that called it, and host functions are
-called back on that same thread, so the current call is kept in a context variable
-holding a stack (a stack, because ``invoke`` nests calls).
+for ``invoke``, its deadline and the decisions it took. A guest runs synchronously
+on the thread that called it, and host functions are called back on that same
+thread, so the current call is kept in a context variable holding a stack (a stack,
+because ``invoke`` nests calls).
 """
 
 from __future__ import annotations

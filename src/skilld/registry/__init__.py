@@ -1,6 +1,7 @@
 """Skills, methods, schemas and tool names; the dispatch of one call to its backend.
 
-- ``_dispatch.py``: the path of one call, stage by stage, in its docstring (start there);
+- ``_dispatch.py``: the registry's part of a call's path, stage by stage, in its docstring
+  (the whole path, MCP layer to audit: ``skilld/call.py``'s docstring);
   :class:`Registry` implements the :class:`Dispatcher` contract.
 - ``_catalogue.py``: what is loaded, and what a tool name means (:class:`Catalogue`).
 - ``_audit.py``: where the records go (built by :class:`skilld.audit.CallRecorder`).
