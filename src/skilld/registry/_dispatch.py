@@ -3,8 +3,8 @@ to a backend and back. Each stage is in one place:
 
 1. **Name** (``_catalogue.py``): :meth:`Registry.call` resolves the tool name to
    (skill, method, arguments). The MCP layer has already checked the arguments against
-   the tool's input schema, refused while draining and queued the call for the
-   skill (``skilld.mcp``); a routed call from another node enters at
+   the tool's input schema, refused while draining and taken a slot of the skill's
+   gate for the call (``skilld.mcp``); a routed call from another node enters at
    :meth:`Registry.call_method` (``skilld.cluster``), ``skilld call`` too.
 2. **Inline or thread** (:class:`InlineStrategy` here, :class:`skilld.call.Inline`): a
    call from the event loop is first tried there; it gives up, before anything can be
