@@ -229,3 +229,33 @@ def test_a_lent_slot_is_taken_once_and_returned_to_its_lender() -> None:
     for slot in held:
         slot.release()
     assert gate.running == 0
+
+
+async def test_a_storm_of_cancelled_calls_leaves_no_slot_behind() -> None:
+    """Twelve MCP calls on a skill of two slots, half of them cancelled while queued or
+    running: never more than two run at once, every slot comes back, the rest all finish."""
+    reg, _sink, backend = _registry(limit=2)
+    service = memory_service(reg, ServeConfig(queue_timeout_s=30, inline_ms=0))
+    gate = reg.gate("held")
+    finished: list[str] = []
+
+    async def call(scope: anyio.CancelScope) -> None:
+        with scope:
+            finished.append(text_of(await session.call_tool("held/hold", {})))
+
+    with anyio.fail_after(30):
+        async with memory_session(service) as session, anyio.create_task_group() as tg:
+            scopes = [anyio.CancelScope() for _ in range(12)]
+            for scope in scopes:
+                tg.start_soon(call, scope)
+            while gate.waiting < 10:  # a condition, not a pause: the queue fills up
+                await anyio.sleep(0.001)
+            assert gate.running == 2
+            for scope in scopes[::2]:
+                scope.cancel()
+            while gate.waiting > 4:  # the cancelled waiters leave the queue
+                await anyio.sleep(0.001)
+            backend.release.set()
+    assert finished == ["held"] * 6
+    assert backend.most == 2
+    assert (gate.running, gate.waiting) == (0, 0)
