@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 from typing import Any
@@ -13,8 +12,8 @@ import pytest
 from mcp_fakes import memory_service, memory_session, text_of
 
 from skilld.audit import MemorySink
-from skilld.call import CallContext, CallGate
-from skilld.errors import CallCancelled, GuestError, SkillBusy
+from skilld.call import CallContext
+from skilld.errors import CallCancelled, SkillBusy
 from skilld.mcp import ServeConfig
 from skilld.registry import NullChannel, Registry, SkillEntry
 from skilld.types import CallOutput, Decision, Limits, MethodSpec, SkillSpec
@@ -144,91 +143,6 @@ async def test_an_invoke_inside_an_mcp_call_takes_its_own_slot() -> None:
     calls = [(r["skill"], r["caller"], r["outcome"]) for r in sink.records if r["event"] == "call"]
     assert ("held", "skill:relay", "busy") in calls
     assert reg.gate("held").running == reg.gate("relay").running == 0
-
-
-def test_the_gate_serves_threads_and_an_event_loop_in_turn() -> None:
-    """Waiters on a thread and on an event loop share one queue; none is counted twice and a
-    waiter that gave up holds nothing."""
-    gate = CallGate("s", 1)
-    first = gate.take(0)
-    order: list[str] = []
-    got: list[Any] = []
-
-    def on_thread() -> None:
-        slot = gate.take(10)
-        order.append("thread")
-        got.append(slot)
-
-    async def on_loop() -> None:
-        slot = await gate.take_async(10)
-        order.append("loop")
-        slot.release()
-
-    thread = threading.Thread(target=on_thread)
-    thread.start()
-    while gate.waiting < 1:
-        threading.Event().wait(0.001)
-
-    async def main() -> None:
-        task = asyncio.ensure_future(on_loop())
-        while gate.waiting < 2:
-            await asyncio.sleep(0)
-        first.release()
-        await anyio.to_thread.run_sync(thread.join)
-        assert gate.running == 1
-        got[0].release()
-        await task
-
-    asyncio.run(main())
-    assert order == ["thread", "loop"]
-    assert (gate.running, gate.waiting) == (0, 0)
-    held = gate.take(0)
-
-    async def gives_up() -> None:
-        with pytest.raises(SkillBusy):
-            await gate.take_async(0.01)
-        waiter = asyncio.ensure_future(gate.take_async(10))
-        while gate.waiting < 1:
-            await asyncio.sleep(0)
-        waiter.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await waiter
-
-    asyncio.run(gives_up())
-    held.release()
-    assert (gate.running, gate.waiting) == (0, 0)
-
-
-def test_a_lent_slot_is_taken_once_and_returned_to_its_lender() -> None:
-    """Within ``lend`` the first take of that gate borrows the slot; a second (a nested call
-    of the same skill) takes one of its own; a cancelled or timed-out wait holds nothing."""
-    gate = CallGate("s", 2)
-    lent = gate.take(0)
-
-    def run() -> tuple[int, int]:
-        borrowed = gate.take(0)
-        counts = gate.running
-        nested = gate.take(0)
-        both = gate.running
-        nested.release()
-        borrowed.release()
-        return counts, both
-
-    assert lent.lend(run) == (1, 2)
-    assert gate.running == 1  # still the lender's
-    assert lent.lend(run) == (1, 2)  # returned: the next attempt (a thread's) borrows it again
-    lent.release()
-    lent.release()  # a second release does nothing
-    assert gate.running == 0
-    held = [gate.take(0), gate.take(0)]
-    with pytest.raises(CallCancelled, match="while it waited for a slot"):
-        gate.take(5, lambda: True)
-    with pytest.raises(GuestError, match="busy"):
-        gate.take(0.02)
-    assert gate.waiting == 0
-    for slot in held:
-        slot.release()
-    assert gate.running == 0
 
 
 async def test_a_storm_of_cancelled_calls_leaves_no_slot_behind() -> None:
