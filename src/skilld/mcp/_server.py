@@ -4,8 +4,9 @@ Nothing here knows what a skill does: tools, resources and prompts come from the
 dispatcher, and every behaviour lives behind it. This module owns the protocol
 mapping (skill values and content blocks to MCP content, skilld errors to tool
 errors or JSON-RPC errors), argument validation before a guest runs, waiting for a
-slot of each skill's gate (``dispatcher.gate``) on the event loop, the worker threads that run blocking guest calls, cancellation,
-per-session state (log level, subscriptions), metrics and the call log.
+slot of each skill's gate (``dispatcher.gate``) on the event loop, the worker threads
+that run blocking guest calls, cancellation, per-session state (log level,
+subscriptions), metrics and the call log.
 """
 
 from __future__ import annotations
