@@ -60,6 +60,7 @@ from skilld.types import (
 )
 
 T = TypeVar("T")
+W = TypeVar("W", bound="_Waiter")
 
 # invoke(callee_skill, method, args_json, depth) -> result JSON
 Invoker = Callable[[str, str, str, int], str]
@@ -116,20 +117,15 @@ class CallGate:
         lent = _lent.get()
         if lent is not None and lent.gate is self and lent.lendable():
             return Slot(self, lender=lent)
-        with self._lock:
-            if self._grab():
-                return Slot(self)
-            if wait_s <= 0:
-                raise SkillBusy(self.skill, self.limit)
-            event = threading.Event()
-            waiter = _Waiter(event.set)
-            self._waiters.append(waiter)
+        waiter = self._join(wait_s, _OnThread)
+        if waiter is None:
+            return Slot(self)
         end = time.monotonic() + wait_s
         while not cancelled():
             left = end - time.monotonic()
             if left <= 0:
                 break
-            if event.wait(min(left, WAIT_SLICE_S)):
+            if waiter.event.wait(min(left, WAIT_SLICE_S)):
                 return Slot(self)
         if self._abandon(waiter):
             if not cancelled():
@@ -149,17 +145,11 @@ class CallGate:
         Raises:
             SkillBusy: no slot freed up in time.
         """
-        with self._lock:
-            if self._grab():
-                return Slot(self)
-            if wait_s <= 0:
-                raise SkillBusy(self.skill, self.limit)
-            loop = asyncio.get_running_loop()
-            event = asyncio.Event()
-            waiter = _Waiter(lambda: loop.call_soon_threadsafe(event.set))
-            self._waiters.append(waiter)
+        waiter = self._join(wait_s, _OnLoop)
+        if waiter is None:
+            return Slot(self)
         try:
-            await asyncio.wait_for(event.wait(), wait_s)
+            await asyncio.wait_for(waiter.event.wait(), wait_s)
         except TimeoutError:
             if not self._abandon(waiter):
                 raise SkillBusy(self.skill, self.limit) from None
@@ -169,12 +159,23 @@ class CallGate:
             raise
         return Slot(self)
 
-    def _grab(self) -> bool:
-        # Under the lock. Never ahead of a waiter: the queue is first come, first served.
-        if self._free > 0 and not self._waiters:
-            self._free -= 1
-            return True
-        return False
+    def _join(self, wait_s: float, waiter: Callable[[], W]) -> W | None:
+        """Take a free slot (None), or queue a new ``waiter()`` for one.
+
+        Never ahead of a waiter: the queue is first come, first served.
+
+        Raises:
+            SkillBusy: no slot is free and ``wait_s`` allows no waiting.
+        """
+        with self._lock:
+            if self._free > 0 and not self._waiters:
+                self._free -= 1
+                return None
+            if wait_s <= 0:
+                raise SkillBusy(self.skill, self.limit)
+            queued = waiter()
+            self._waiters.append(queued)
+            return queued
 
     def _abandon(self, waiter: _Waiter) -> bool:
         """A waiter stops waiting; True when a slot was handed to it meanwhile (it holds it)."""
@@ -199,11 +200,43 @@ class CallGate:
 
 
 class _Waiter:
-    __slots__ = ("granted", "wake")
+    """A call waiting for a slot; ``granted`` once one was handed to it (under the gate's lock)."""
 
-    def __init__(self, wake: Callable[[], object]) -> None:
-        self.granted = False  # a slot was handed to it (under the gate's lock)
-        self.wake = wake
+    __slots__ = ("granted",)
+
+    def __init__(self) -> None:
+        self.granted = False
+
+    def wake(self) -> None:
+        """Tell the waiting call its slot came (from any thread).
+
+        Raises:
+            RuntimeError: nobody can be told (its event loop closed).
+        """
+        raise NotImplementedError
+
+
+class _OnThread(_Waiter):
+    __slots__ = ("event",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.event = threading.Event()
+
+    def wake(self) -> None:
+        self.event.set()
+
+
+class _OnLoop(_Waiter):
+    __slots__ = ("event", "loop")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.get_running_loop()
+        self.event = asyncio.Event()
+
+    def wake(self) -> None:
+        self.loop.call_soon_threadsafe(self.event.set)
 
 
 class Slot:
