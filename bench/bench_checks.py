@@ -2,10 +2,10 @@
 
 Run: python bench/bench_checks.py [--iterations N] [--pool N] [--rounds N]
 
-Each check is made exactly as the sandbox makes it: typed for a command
-(``check_argv(argv)``), an address (``check_address(ip, port, capability, host)``) and a
-connection (``check_tcp(host, port)``), ``check(capability, action, target)`` for a path
-or a URL; each is timed over a pool of distinct
+Each check is made exactly as the sandbox makes it, typed: a path (``check_path(path,
+write)``), a URL (``check_url(url, method)``), a command (``check_argv(argv)``), an address
+(``check_address(ip, port, capability, host)``) and a connection (``check_tcp(host,
+port)``); each is timed over a pool of distinct
 targets spread across the rules. The default pool (8,192) is twice the size of
 the checks' 4,096-entry caches (host names, addresses), so cycling through it
 misses them: the numbers are for targets the checker has not just seen. Where a
@@ -173,7 +173,11 @@ def question(c: SkillPermissions, capability: str, action: str) -> Callable[[Any
         return lambda t: c.check_tcp(t[0], t[1])
     if capability == "shell" and action == "run":
         return c.check_argv
-    return lambda t: c.check(capability, action, t)
+    if capability == "fs":
+        return lambda t: c.check_path(t, action == "write")
+    if capability == "http":
+        return lambda t: c.check_url(t, action)
+    raise ValueError(f"no typed question for {capability}.{action}")
 
 
 def measure(

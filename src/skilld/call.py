@@ -1,19 +1,43 @@
-"""The call contract every backend shares, below the sandbox.
+"""The call contract every backend shares, below the sandbox; and the path of one call.
+
+One ``tools/call``, in five hops (each stage in one place):
+
+1. **MCP layer** (``mcp/_server.py``, ``McpService._call_tool`` then ``_guest_call``):
+   the arguments against the tool's input schema, refused while draining, then a
+   slot of the skill's one :class:`CallGate` awaited on the event loop
+   (``dispatcher.gate(skill).take_async``; none in time: :class:`~skilld.errors.SkillBusy`).
+   The slot is lent (:meth:`Slot.lend`) to the call, which runs on a worker thread
+   (``_inline_or_blocking``; a tool call is first tried inline on the loop). A routed call
+   from another node (``cluster/_worker.py``), ``invoke`` and ``skilld call`` enter at
+   hop 2 on their own thread.
+2. **Registry** (``registry/_dispatch.py``, ``Registry.call``, ``call_method``, ``_run``):
+   the tool name to (skill, method); an inline attempt (:class:`Inline`, started by its
+   ``InlineStrategy``); a :class:`CallContext` with its :class:`~skilld.audit.CallRecorder`;
+   the slot (:meth:`CallGate.take`: the lent one, or one waited for here).
+3. **Backend** (``SkillBackend.call``, ``registry/_contract.py``): a wasm component
+   (``sandbox/_sandbox.py``, which makes the context :func:`current` with
+   :func:`entered` for the guest), an Agent Skill, a delegate kit or a remote node.
+4. **Host functions** (``sandbox/abi/``): each finds the call with :func:`current`,
+   asks the permission checker typed (``check_path``, ``check_url``, ``check_argv``,
+   ``check_address``, ``check_tcp``; ``abi.decide``) and records the decision on the
+   context (:meth:`CallContext.record`); ``invoke`` comes back to hop 2 for the callee.
+5. **Outcome and audit** (``Registry._run``): the error class carries its WIT code and
+   its audit outcome (``errors.py``'s table); the slot goes back; the recorder's one
+   ``call`` record goes to the sink (``registry/_audit.py``; a ``started`` record went
+   before the call's first state write); the result or the error goes to the caller.
 
 :class:`CallContext` is everything one call of one skill acts in: its limits, its
 key-value namespace, its permission checker, the client channel, the orchestrator
-for ``invoke``, its deadline and the decisions it took. The registry builds one per
-call (``registry/_dispatch.py``); every backend (a wasm component, an Agent Skill, a
-delegate kit, a remote node) is handed it, and host functions find it again with
-:func:`current`.
-
-A guest runs synchronously on the thread that called it, and host functions are
-called back on that same thread, so the current call is kept in a context variable
-holding a stack (a stack, because ``invoke`` nests calls).
+for ``invoke``, its deadline and the decisions it took. A guest runs synchronously
+on the thread that called it, and host functions are called back on that same
+thread, so the current call is kept in a context variable holding a stack (a stack,
+because ``invoke`` nests calls).
 """
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import contextvars
 import math
 import queue
@@ -25,7 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn, TypeVar
 
 from skilld.audit import CallRecorder
-from skilld.errors import GuestError, HostCallError, RunOnThread
+from skilld.errors import CallCancelled, HostCallError, RunOnThread, SkillBusy
 from skilld.types import (
     ClientChannel,
     Decision,
@@ -36,6 +60,7 @@ from skilld.types import (
 )
 
 T = TypeVar("T")
+W = TypeVar("W", bound="_Waiter")
 
 # invoke(callee_skill, method, args_json, depth) -> result JSON
 Invoker = Callable[[str, str, str, int], str]
@@ -47,15 +72,226 @@ MAX_CAPTURE = 64 * 1024
 WAIT_SLICE_S = 0.05
 
 
-def busy(skill: str, limit: int) -> GuestError:
-    """The one refusal of a call for want of a slot of its skill (audit outcome ``busy``).
+class CallGate:
+    """At most ``limit`` calls of one skill at once: the one concurrency gate.
 
-    The same words whichever gate refused: the MCP layer's queue or the skill's own
-    ``max_concurrency`` (``registry/_dispatch.py``).
+    Every call of a skill holds one of its slots while its guest runs: a request of an
+    MCP client, a routed call from another node, an ``invoke``, ``skilld call``, a
+    resource read, a prompt. The MCP layer waits for one on the event loop without
+    tying up a thread (:meth:`take_async`); everyone else waits on their own thread
+    (:meth:`take`, which gives up as soon as the client cancels). Waiters on either
+    side are served in the order they came. A call that gets no slot in time is
+    refused with :class:`~skilld.errors.SkillBusy`, whichever side it waited on.
+
+    A slot is taken once per call: the MCP layer takes it before it hands the call to
+    a thread and lends it to the call it runs (:meth:`Slot.lend`); the registry's
+    :meth:`take` there finds it lent and does not count the call again (a nested call
+    of the same skill, made while it is borrowed, takes a slot of its own).
     """
-    return GuestError(
-        "limit-exceeded", f"skill {skill} is busy ({limit} calls running); retry later"
-    )
+
+    def __init__(self, skill: str, limit: int):
+        self.skill = skill
+        self.limit = max(1, limit)
+        self._lock = threading.Lock()
+        self._free = self.limit
+        self._waiters: collections.deque[_Waiter] = collections.deque()
+
+    @property
+    def running(self) -> int:
+        """How many slots are taken now."""
+        return self.limit - self._free
+
+    @property
+    def waiting(self) -> int:
+        """How many calls wait for a slot now."""
+        return len(self._waiters)
+
+    def take(self, wait_s: float, cancelled: Callable[[], bool] = lambda: False) -> Slot:
+        """A slot for a call on this thread: the one lent here, a free one, or one that
+        frees up within ``wait_s`` (0: no waiting), given up as soon as ``cancelled()``.
+
+        Raises:
+            SkillBusy: no slot freed up in time.
+            CallCancelled: the client cancelled the call while it waited.
+        """
+        lent = _lent.get()
+        if lent is not None and lent.gate is self and lent.lendable():
+            return Slot(self, lender=lent)
+        waiter = self._join(wait_s, _OnThread)
+        if waiter is None:
+            return Slot(self)
+        end = time.monotonic() + wait_s
+        while not cancelled():
+            left = end - time.monotonic()
+            if left <= 0:
+                break
+            if waiter.event.wait(min(left, WAIT_SLICE_S)):
+                return Slot(self)
+        if self._abandon(waiter):
+            if not cancelled():
+                return Slot(self)  # it came as the time ran out
+            self._give_back()
+        if cancelled():
+            raise CallCancelled(
+                f"{self.skill}: the client cancelled the call while it waited for a slot"
+            )
+        raise SkillBusy(self.skill, self.limit)
+
+    async def take_async(self, wait_s: float) -> Slot:
+        """A slot for a call, awaited on the running event loop for up to ``wait_s``.
+
+        A cancelled await takes no slot (one handed over meanwhile is given back).
+
+        Raises:
+            SkillBusy: no slot freed up in time.
+        """
+        waiter = self._join(wait_s, _OnLoop)
+        if waiter is None:
+            return Slot(self)
+        try:
+            await asyncio.wait_for(waiter.event.wait(), wait_s)
+        except TimeoutError:
+            if not self._abandon(waiter):
+                raise SkillBusy(self.skill, self.limit) from None
+        except BaseException:
+            if self._abandon(waiter):
+                self._give_back()
+            raise
+        return Slot(self)
+
+    def _join(self, wait_s: float, waiter: Callable[[], W]) -> W | None:
+        """Take a free slot (None), or queue a new ``waiter()`` for one.
+
+        Never ahead of a waiter: the queue is first come, first served.
+
+        Raises:
+            SkillBusy: no slot is free and ``wait_s`` allows no waiting.
+        """
+        with self._lock:
+            if self._free > 0 and not self._waiters:
+                self._free -= 1
+                return None
+            if wait_s <= 0:
+                raise SkillBusy(self.skill, self.limit)
+            queued = waiter()
+            self._waiters.append(queued)
+            return queued
+
+    def _abandon(self, waiter: _Waiter) -> bool:
+        """A waiter stops waiting; True when a slot was handed to it meanwhile (it holds it)."""
+        with self._lock:
+            if waiter.granted:
+                return True
+            self._waiters.remove(waiter)
+            return False
+
+    def _give_back(self) -> None:
+        """A slot is free: hand it to the first waiter, else count it free."""
+        with self._lock:
+            while self._waiters:
+                waiter = self._waiters.popleft()
+                try:
+                    waiter.wake()
+                except RuntimeError:  # its event loop closed: nobody waits there any more
+                    continue
+                waiter.granted = True
+                return
+            self._free += 1
+
+
+class _Waiter:
+    """A call waiting for a slot; ``granted`` once one was handed to it (under the gate's lock)."""
+
+    __slots__ = ("granted",)
+
+    def __init__(self) -> None:
+        self.granted = False
+
+    def wake(self) -> None:
+        """Tell the waiting call its slot came (from any thread).
+
+        Raises:
+            RuntimeError: nobody can be told (its event loop closed).
+        """
+        raise NotImplementedError
+
+
+class _OnThread(_Waiter):
+    __slots__ = ("event",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.event = threading.Event()
+
+    def wake(self) -> None:
+        self.event.set()
+
+
+class _OnLoop(_Waiter):
+    __slots__ = ("event", "loop")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.get_running_loop()
+        self.event = asyncio.Event()
+
+    def wake(self) -> None:
+        self.loop.call_soon_threadsafe(self.event.set)
+
+
+class Slot:
+    """One slot of a :class:`CallGate`, held until :meth:`release` (a second release does nothing).
+
+    Also a context manager that releases it on exit.
+    """
+
+    __slots__ = ("_held", "_lender", "_out", "gate")
+
+    def __init__(self, gate: CallGate, *, lender: Slot | None = None) -> None:
+        self.gate = gate
+        self._held = True
+        self._lender = lender  # the lent slot this one borrows (releasing returns it)
+        self._out = False  # lent out to a call running now
+
+    def release(self) -> None:
+        """Give the slot back (a borrowed one to its lender)."""
+        if not self._held:
+            return
+        self._held = False
+        if self._lender is not None:
+            self._lender._out = False
+        else:
+            self.gate._give_back()
+
+    def lendable(self) -> bool:
+        """True while held and not lent out to a call running now; marks it lent out."""
+        if not self._held or self._out:
+            return False
+        self._out = True
+        return True
+
+    def lend(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)``, during which the first call of this slot's skill takes this slot.
+
+        For the MCP layer, which takes the slot on the event loop and runs the call
+        on the loop (an inline attempt) or a worker thread: call ``lend`` where the
+        call runs. An inline attempt that gives up returns it, for the thread.
+        """
+        token = _lent.set(self)
+        try:
+            return fn(*args)
+        finally:
+            _lent.reset(token)
+
+    def __enter__(self) -> Slot:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+# The slot lent to the call about to run here (Slot.lend), if any.
+_lent: contextvars.ContextVar[Slot | None] = contextvars.ContextVar("skilld_lent", default=None)
 
 
 @dataclass(slots=True)

@@ -27,6 +27,7 @@ into this tree at the one boundary that uses the library (``raise X(...) from ex
     │       ├── MemoryExhausted         the guest hit its memory cap
     │       └── StackExhausted          the guest overflowed its stack
     ├── GuestError              the guest returned a typed error (code, message, rule)
+    │   └── SkillBusy               every slot of the skill is taken (``skilld.call.CallGate``)
     ├── HostCallError           a host function refused or failed; the guest gets it typed
     ├── StateError              the key-value store failed
     │   └── QuotaExceeded           a value or a skill's total size is over its limit
@@ -55,10 +56,11 @@ record, metrics and delegate's results use (``deadline``). There is no other map
     MemoryExhausted    limit-exceeded     memory
     StackExhausted     limit-exceeded     stack
     GuestError         its own code       error:<code>
+    SkillBusy          limit-exceeded     busy
     HostCallError      its own code       error:<code>
 
-``deadline``, ``memory`` and ``stack`` (and ``busy``, a call refused for want of a
-slot) are also the names of the limits a record lists under ``limits_hit``.
+``deadline``, ``memory``, ``stack`` and ``busy`` are also the names of the limits a
+record lists under ``limits_hit``.
 
 Outside the tree, :class:`RunOnThread` is a signal between the sandbox and the MCP
 layer, never an error anyone reports.
@@ -245,6 +247,20 @@ class GuestError(SkilldError):
         base = super().__str__()
         rule = f", rule {self.rule}" if self.rule else ""
         return f"[{self.code}{rule}] {base}"
+
+
+class SkillBusy(GuestError):
+    """Every slot of a skill is taken and none freed up in time: the call did not run.
+
+    The one refusal of the one concurrency gate (``skilld.call.CallGate``), whoever
+    waited on it: an MCP request on the event loop, a routed call, ``invoke``.
+    """
+
+    def __init__(self, skill: str, limit: int):
+        super().__init__(
+            ErrorCode.LIMIT_EXCEEDED, f"skill {skill} is busy ({limit} calls running); retry later"
+        )
+        self.outcome = "busy"
 
 
 class HostCallError(SkilldError):

@@ -86,16 +86,29 @@ class Limits:
 class PermissionChecker(Protocol):
     """Answers whether one skill may perform one action on one target.
 
-    Structured questions are asked typed, never formatted into text and parsed back:
-    a command as its argv, an address as (ip, port, host), a connection as (host,
-    port). :meth:`check` asks the questions whose target is one plain string (a kv
-    key, an env name, a skill to invoke, a file path, a URL). Implementations must be
+    Questions are asked typed, never formatted into text and parsed back: a file as
+    its canonical path, a request as (URL, method), a command as its argv, an address
+    as (ip, port, host), a connection as (host, port). :meth:`check` asks the rest,
+    whose target is one plain name (a kv key, an env name, a skill to invoke, a
+    working directory, a transfer's ``NODE:PATH``, an MCP client request). Implementations must be
     cheap (microseconds) and must never raise for a well-formed question: a refusal
     is a :class:`Decision` with ``allowed=False``.
     """
 
     def check(self, capability: str, action: str, target: str) -> Decision:
         """Decide ``action`` (e.g. ``read``) on ``target`` (e.g. a path) for ``capability``."""
+        ...
+
+    def check_path(self, path: str, write: bool = False, *, action: str | None = None) -> Decision:
+        """May the skill read (or write) the canonical absolute ``path`` (``fs``)?
+
+        ``action`` names the host call in the decision (``list``, ``mkdir``, ...);
+        ``write`` says whether it needs a writable grant.
+        """
+        ...
+
+    def check_url(self, url: str, method: str = "GET") -> Decision:
+        """May the skill send ``method`` to ``url`` (``http``, before resolution)?"""
         ...
 
     def check_argv(self, argv: Sequence[str], cwd: str | None = None) -> Decision:

@@ -645,8 +645,11 @@ class SwapAfterCheck:
         self.inner, self.target, self.hook = inner, target, hook
 
     def check(self, capability: str, action: str, target: str) -> Decision:
-        decision = self.inner.check(capability, action, target)
-        if capability == "fs" and target == self.target:
+        return self.inner.check(capability, action, target)
+
+    def check_path(self, path: str, write: bool = False, *, action: str | None = None) -> Decision:
+        decision = self.inner.check_path(path, write, action=action)
+        if path == self.target:
             self.hook()
         return decision
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import anyio
 import anyio.to_thread
 import httpx2
@@ -86,10 +88,10 @@ def test_metrics_exposition_escapes_labels() -> None:
 async def test_a_full_skill_refuses_after_the_queue_timeout() -> None:
     """With every slot of a skill taken, another call waits briefly then fails as busy."""
     gate = Gate()
-    config = ServeConfig(transport="http", port=0, skill_concurrency=1, queue_timeout_s=0.2)
+    config = ServeConfig(transport="http", port=0, queue_timeout_s=0.2)
     with anyio.fail_after(30):
         async with (
-            running_http(fake_dispatcher(gate), config) as server,
+            running_http(replace(fake_dispatcher(gate), concurrency=1), config) as server,
             streamable_http_client(server.url) as (read, write),
             ClientSession(read, write) as session,
             anyio.create_task_group() as tg,
@@ -152,8 +154,8 @@ async def test_memory_transport_sanity() -> None:
 async def test_drain_refuses_a_call_still_waiting_for_a_slot() -> None:
     """A call queued for a slot when draining began is refused once the slot frees, never run."""
     gate = Gate()
-    dispatcher = fake_dispatcher(gate)
-    service = memory_service(dispatcher, ServeConfig(skill_concurrency=1, queue_timeout_s=30))
+    dispatcher = replace(fake_dispatcher(gate), concurrency=1)
+    service = memory_service(dispatcher, ServeConfig(queue_timeout_s=30))
     results: dict[str, types.CallToolResult] = {}
     drained: list[bool] = []
 
@@ -169,7 +171,7 @@ async def test_drain_refuses_a_call_still_waiting_for_a_slot() -> None:
             await anyio.to_thread.run_sync(gate.started.wait)
             tg.start_soon(call, "work/progress")
             await wait_all_tasks_blocked()
-            assert service._slots["work"].statistics().tasks_waiting == 1
+            assert dispatcher.gate("work").waiting == 1
             tg.start_soon(drain)
             await wait_all_tasks_blocked()
             assert drained == []
@@ -222,7 +224,7 @@ async def test_resources_and_prompts_share_the_skills_slots() -> None:
     """With the skill's only slot taken by a resource read, a prompt of that skill is busy."""
     gate = Gate()
     service = memory_service(
-        fake_dispatcher(gate), ServeConfig(skill_concurrency=1, queue_timeout_s=0.05)
+        replace(fake_dispatcher(gate), concurrency=1), ServeConfig(queue_timeout_s=0.05)
     )
     with anyio.fail_after(30):
         async with memory_session(service) as session, anyio.create_task_group() as tg:
@@ -261,8 +263,8 @@ async def test_wildcard_bind_url_serves() -> None:
 async def test_refusals_before_the_guest_runs_reach_the_audit() -> None:
     """Invalid arguments, a busy skill and a draining server each hand the dispatcher a refusal."""
     gate = Gate()
-    dispatcher = fake_dispatcher(gate)
-    service = memory_service(dispatcher, ServeConfig(skill_concurrency=1, queue_timeout_s=0.2))
+    dispatcher = replace(fake_dispatcher(gate), concurrency=1)
+    service = memory_service(dispatcher, ServeConfig(queue_timeout_s=0.2))
     with anyio.fail_after(30):
         async with memory_session(service) as session, anyio.create_task_group() as tg:
             invalid = await session.call_tool("notes/echo", {})

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from skilld.permissions import SkillPermissions
+from skilld.permissions import SkillPermissions, check_text
 from skilld.types import PermissionChecker
 
 POLICY = """
@@ -82,13 +82,13 @@ def test_non_canonical_paths_are_refused(c: SkillPermissions, path: str) -> None
 
 def test_readonly_grant_names_itself_on_write(c: SkillPermissions) -> None:
     """Writing under a read-only grant is denied by that rule, saying it needs rw."""
-    d = c.check("fs", "write", "/data/md/a.md")
+    d = c.check_path("/data/md/a.md", write=True)
     assert not d.allowed and d.rule == "s.fs[2]" and "rw" in d.reason
 
 
 def test_default_deny_says_what_would_allow(c: SkillPermissions) -> None:
     """A default denial names the path and the rule that would allow it."""
-    d = c.check("fs", "read", "/etc/passwd")
+    d = c.check_path("/etc/passwd")
     assert d.rule == "default-deny" and "/etc/passwd" in d.reason and "path:" in d.reason
 
 
@@ -104,7 +104,27 @@ def test_no_policy_denies_everything(make: Make) -> None:
     """A skill with an empty policy gets nothing."""
     c = make("{}\n")
     assert not c.check_path("/").allowed
-    assert not c.check("fs", "read", "/tmp/x").allowed
+    assert not c.check_path("/tmp/x").allowed
+
+
+def test_a_path_or_a_url_written_as_text_is_asked_typed(c: SkillPermissions) -> None:
+    """check_text's fs and http questions decide what check_path and check_url decide; the
+    plain check() refuses them, naming the typed question to ask."""
+    assert check_text(c, "fs", "write", "/data/md/a.md") == c.check_path(
+        "/data/md/a.md", write=True
+    )
+    assert check_text(c, "fs", "read", "/etc/passwd") == c.check_path("/etc/passwd")
+    url = "https://api.example.com/v1/x"
+    assert check_text(c, "http", "get", url) == c.check_url(url, "GET")
+    for capability, action, target, typed in (
+        ("fs", "read", "/etc/passwd", "check_path"),
+        ("fs", "mkdir", "/data/md/new", "check_path"),
+        ("http", "GET", url, "check_url"),
+        ("http", "POST", url, "check_url"),
+    ):
+        refused = c.check(capability, action, target)
+        assert (refused.allowed, refused.rule) == (False, "bad-request")
+        assert f"ask it typed, with {typed}" in refused.reason
 
 
 _segment = st.text(alphabet="abn-._~e", min_size=1, max_size=6).filter(

@@ -130,9 +130,7 @@ def test_no_free_slot_sends_the_call_to_a_thread_without_waiting(
     reg, sink, _ = inline_registry
     reg.call("echo-wat/echo", {"text": "x"}, NullChannel())
     entry = next(e for e in reg.skills() if e.spec.id == "echo-wat")
-    held = 0
-    while entry.slots.acquire(blocking=False):
-        held += 1
+    held = [entry.gate.take(0) for _ in range(entry.gate.limit)]
     try:
         started = time.perf_counter()
         with pytest.raises(RunOnThread) as gave_up:
@@ -140,8 +138,8 @@ def test_no_free_slot_sends_the_call_to_a_thread_without_waiting(
         assert not gave_up.value.ran
         assert time.perf_counter() - started < 0.5
     finally:
-        for _ in range(held):
-            entry.slots.release()
+        for slot in held:
+            slot.release()
     assert len(sink.records) == 1
 
 

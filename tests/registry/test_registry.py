@@ -357,12 +357,12 @@ def test_resource_reads_take_a_slot(
 ) -> None:
     """A resource read waits for the skill's slots like a call, and is refused when none frees."""
     reg, sink, entry = conformance
-    assert entry.slots.acquire(timeout=0)  # the skill's only slot, held by "another call"
+    slot = entry.gate.take(0)  # the skill's only slot, held by "another call"
     try:
         with pytest.raises(GuestError, match=r"busy \(1 calls running\)"):
             reg.read_resource("test://static-text", NullChannel())
     finally:
-        entry.slots.release()
+        slot.release()
     (busy,) = sink.records
     assert (busy["method"], busy["outcome"], busy["limits_hit"]) == (
         "read-resource",
@@ -388,12 +388,12 @@ def test_a_call_waiting_for_a_slot_lets_go_when_cancelled(
     """A call queued for a busy skill's slot ends as cancelled once its client cancels,
     not after the skill's whole wall time, and is audited as such."""
     reg, sink, entry = conformance
-    assert entry.slots.acquire(timeout=0)  # the skill's only slot, held by "another call"
+    slot = entry.gate.take(0)  # the skill's only slot, held by "another call"
     try:
         with pytest.raises(CallCancelled, match="while it waited for a slot"):
             reg.read_resource("test://static-text", _CancelsAfter(3))
     finally:
-        entry.slots.release()
+        slot.release()
     (record,) = sink.records
     assert record["outcome"] == "cancelled"
     (out,) = reg.read_resource("test://static-text", NullChannel())  # the slot is free again

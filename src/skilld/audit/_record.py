@@ -65,7 +65,7 @@ class CallRecorder:
     ::
 
         rec = CallRecorder("notes", "0.1.0", "add", caller="mcp:stdio", input=args_json)
-        rec.record(checker.check("fs", "read", path))
+        rec.record(checker.check_path(path))
         sink.emit(rec.finish("ok", output=result))
     """
 

@@ -13,11 +13,13 @@ Steps, each timed and reported through ``progress``:
 6. write the bundle (packages, native code, tables, trust set) and ``bundle.lock``,
    optionally signed with a bundle key.
 
-Agent Skills (``skilld.agentskills``) take steps 3-5 their own way: their
-``allowed-tools`` become needs against the policy's grants, their files are unpacked
-into ``agentskills/NAME/files`` and their Python requirements installed from the
-wheelhouse into ``agentskills/NAME/env`` (every file in the lock), and the CPython
-runner component is compiled once when a skill uses the ``wasm`` executor.
+Each step is a loop over the kinds of skill (``_kinds.py``, one seam each: ``find``,
+``needs``, ``stage``, ``finish``). Agent Skills (``skilld.agentskills``) take steps 3-5
+their own way there: their ``allowed-tools`` become needs against the policy's grants,
+their files are unpacked into ``agentskills/NAME/files`` and their Python requirements
+installed from the wheelhouse into ``agentskills/NAME/env`` (every file in the lock),
+and the CPython runner component is compiled once when a skill uses the ``wasm``
+executor.
 """
 
 from __future__ import annotations
@@ -25,18 +27,20 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from skilld import ABI_VERSION, __version__, agentskills, package
+from skilld import ABI_VERSION, __version__, package
 from skilld.bundle._kinds import (
     KINDS,
     BuildOptions,
     BuildSummaryRow,
+    Grants,
     Staged,
     Staging,
+    Verified,
     _sha256,
     _write,
 )
@@ -48,7 +52,7 @@ from skilld.bundle._lock import (
     canonical_json,
 )
 from skilld.errors import BundleError, SkilldError, UsageError
-from skilld.policy import RUNNER, compile_policies
+from skilld.policy import CompileResult, compile_policies
 from skilld.sandbox import Sandbox
 
 LOCK_SIGNING_CONTEXT = b"skilld bundle lock v1\n"
@@ -270,40 +274,28 @@ def build_bundle(
             [(v.manifest.id, v.manifest.version) for _, v in verified],
             opts.allow_downgrade,
         )
-        agents = [(c, v) for c, v in verified if v.manifest.kind == package.KIND_AGENT_SKILL]
-        components = [(c, v) for c, v in verified if v.manifest.kind != package.KIND_AGENT_SKILL]
-        mds = {
-            v.manifest.id: agentskills.reparse(v.manifest.id, v.files, lenient=opts.lenient)
-            for _, v in agents
-        }
         progress("compiling policies")
-        # The runner's grants come from the kits (skilld.policy._kits), not from a policy.
-        needs: dict[str, dict[str, Any] | None] = {
-            v.manifest.id: dict(v.manifest.needs) for _, v in components if v.manifest.id != RUNNER
-        }
+        needs: dict[str, Mapping[str, Any] | None] = {}
         sources: dict[str, str] = {}
-        if agents:
-            # allowed-tools asks for what the operator granted (Read: the fs paths), so
-            # the grants come first: compiled without the Agent Skills' needs.
-            ceiling = compile_policies(policies_dir, {**needs, **dict.fromkeys(mds)})
-            for sid, md in mds.items():
-                mapped = agentskills.tools_to_needs(
-                    md.allowed_tools, ceiling.tables.skill(sid), md.allowed_tools_line
-                )
-                for note in mapped.findings:
-                    progress(f"warning: {sid}/SKILL.md: {note}")
-                needs[sid] = mapped.needs
-                sources[sid] = f"{sid}/SKILL.md"
+        ready = Verified(stage, sandbox, opts, verified)
+        grants = _grants_as_stated(policies_dir, [v.manifest.id for _c, v in verified])
+        for kind in KINDS:
+            for sid, declared in kind.needs(ready, grants).items():
+                needs[sid] = declared.needs
+                if declared.source is not None:
+                    sources[sid] = declared.source
         compiled = compile_policies(policies_dir, needs, needs_sources=sources)
         for finding in compiled.warnings:
             progress(f"warning: {finding}")
         if opts.strict:
             compiled.raise_for_problems()
         _write(stage / "policy" / "tables.json", compiled.tables_bytes)
-        staging = Staging(stage, sandbox, opts, compiled, verified, mds)
+        staging = Staging(stage, sandbox, opts, verified, compiled)
         staged = Staged()
         for kind in KINDS:
             kind.stage(staging, staged)
+        for kind in KINDS:
+            kind.finish(staging, staged)
         files = {}
         for path in sorted(stage.rglob("*")):
             if path.is_file():
@@ -333,6 +325,20 @@ def build_bundle(
         _replace(out, stage)
         progress(f"wrote {out} (bundle digest {lock.bundle_digest[:16]})")
         return BuildResult(out, lock, tuple(staged.rows), tuple(str(w) for w in compiled.warnings))
+
+
+def _grants_as_stated(policies_dir: Path, ids: Sequence[str]) -> Grants:
+    """Each skill's grants as its policy states them: the policy compiled without anyone's
+    needs (once, when a kind first asks: an Agent Skill's ``allowed-tools`` ask for what
+    the operator granted)."""
+    compiled: list[CompileResult] = []
+
+    def grants(sid: str) -> Mapping[str, Any]:
+        if not compiled:
+            compiled.append(compile_policies(policies_dir, dict.fromkeys(ids)))
+        return compiled[0].tables.skill(sid)
+
+    return grants
 
 
 def _replace(out: Path, stage: Path) -> None:

@@ -1,11 +1,19 @@
 """The kinds of skill a build takes, one seam each.
 
-A kind finds its sources in the skills directory (:meth:`SkillKind.find`) and packs
-each into a signed ``.skill`` (:attr:`Source.pack`); once every package is verified and
-the policy compiled, it stages its skills into the bundle (:meth:`SkillKind.stage`).
-``_build.py`` loops over :data:`KINDS` instead of branching on them (in this order: the
-Agent Skills' runner may be a component the first kind staged). A new kind of skill is
-one class here.
+Each step of ``_build.py`` is a loop over :data:`KINDS`, never a branch on them, and
+no kind depends on the order of the others:
+
+1. :meth:`SkillKind.find`: its sources in the skills directory, each packed into a
+   signed ``.skill`` (:attr:`Source.pack`);
+2. :meth:`SkillKind.needs`: once every package is verified, the needs each of its
+   skills declares, for the policy compile (an Agent Skill's come from its
+   ``allowed-tools`` mapped against its grants);
+3. :meth:`SkillKind.stage`: with the policy compiled, its own skills into the bundle;
+4. :meth:`SkillKind.finish`: once every kind staged, what depends on other kinds'
+   skills (a kit's tools are methods of staged components; the CPython runner is
+   shared with a component that is the runner).
+
+A new kind of skill is one class here.
 
 - :class:`WasmComponents`: ``NAME/skill.yaml`` (+ ``skill.py`` or ``skill.wat``),
   compiled to a component;
@@ -18,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -103,17 +111,34 @@ def _write(path: Path, data: bytes) -> None:
 
 
 @dataclass(frozen=True, slots=True)
-class Staging:
-    """What every kind stages from: the stage directory, the sandbox, the options, the
-    compiled policy, every verified package (``(collected, verified)``) and the Agent
-    Skills' parsed SKILL.md by id."""
+class Verified:
+    """What every kind works from once the packages are verified: the stage directory,
+    the sandbox, the options and every verified package (``(collected, verified)``)."""
 
     stage: Path
     sandbox: Sandbox
     options: BuildOptions
-    compiled: CompileResult
     packages: list[tuple[Any, package.VerifiedPackage]]
-    mds: dict[str, agentskills.SkillMd]
+
+
+@dataclass(frozen=True, slots=True)
+class Staging(Verified):
+    """What every kind stages from: :class:`Verified`, and the compiled policy."""
+
+    compiled: CompileResult
+
+
+@dataclass(frozen=True, slots=True)
+class Declared:
+    """One skill's declared needs for the policy compile (``None``: none declared, its
+    grants are taken as they are) and where they were read, for findings."""
+
+    needs: Mapping[str, Any] | None
+    source: str | None = None
+
+
+# A skill's grants as its policy states them, compiled without anyone's needs.
+Grants = Callable[[str], Mapping[str, Any]]
 
 
 @dataclass(slots=True)
@@ -124,6 +149,8 @@ class Staged:
     agents: list[LockedAgentSkill] = field(default_factory=list)
     runner: LockedRunner | None = None
     rows: list[BuildSummaryRow] = field(default_factory=list)
+    # An Agent Skill runs scripts in the CPython runner (``AgentSkills.finish`` provides it).
+    wants_runner: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,16 +166,31 @@ class Source:
 
 
 class SkillKind(Protocol):
-    """What a kind of skill does at build time: find its sources (then pack each), and
-    stage its verified packages into the bundle."""
+    """What a kind of skill does at build time (the module's four steps)."""
 
     name: str
+
+    def needs(self, verified: Verified, grants: Grants) -> dict[str, Declared]:
+        """The declared needs of this kind's skills among the verified packages, by id.
+
+        Raises:
+            SkilldError: a package's declaration cannot be read (names its file).
+        """
+        ...
 
     def stage(self, staging: Staging, staged: Staged) -> None:
         """Stage this kind's packages of ``staging`` into the bundle; record them in ``staged``.
 
         Raises:
             SkilldError: a package cannot be staged (names its origin).
+        """
+        ...
+
+    def finish(self, staging: Staging, staged: Staged) -> None:
+        """After every kind staged: what needs other kinds' staged skills.
+
+        Raises:
+            SkilldError: what was staged does not fit together (names the file).
         """
         ...
 
@@ -181,6 +223,14 @@ class WasmComponents:
         """Every ``NAME/skill.yaml`` directory."""
         dirs = [d for d in sorted(skills_dir.iterdir()) if (d / "skill.yaml").is_file()]
         return [_component_source(d, options) for d in dirs]
+
+    def needs(self, verified: Verified, grants: Grants) -> dict[str, Declared]:
+        """Each component's manifest ``needs`` (the runner's grants are the kits', no policy's)."""
+        return {
+            v.manifest.id: Declared(dict(v.manifest.needs))
+            for _c, v in verified.packages
+            if v.manifest.kind != package.KIND_AGENT_SKILL and v.manifest.id != RUNNER
+        }
 
     def stage(self, staging: Staging, staged: Staged) -> None:
         """AOT-compile each component, ask it to describe itself, lock both."""
@@ -227,6 +277,9 @@ class WasmComponents:
                 )
             )
 
+    def finish(self, staging: Staging, staged: Staged) -> None:
+        """Nothing: components stand alone."""
+
 
 class DelegateKits:
     """delegate's kits: their programs run in the CPython runner, built like a source skill."""
@@ -240,7 +293,14 @@ class DelegateKits:
             return [_component_source(paths.runner_dir(), options)]
         return []
 
+    def needs(self, verified: Verified, grants: Grants) -> dict[str, Declared]:
+        """None: the kits are policy (``policies/kits/``); their runner is a component."""
+        return {}
+
     def stage(self, staging: Staging, staged: Staged) -> None:
+        """Nothing of its own: the runner is staged as a component."""
+
+    def finish(self, staging: Staging, staged: Staged) -> None:
         """Check that every kit's tools are methods the staged components describe."""
         check_kit_methods(
             staging.compiled.tables.kits,
@@ -272,9 +332,24 @@ class AgentSkills:
             out.append(Source(source.md.id, source.origin, pack))
         return out
 
+    def needs(self, verified: Verified, grants: Grants) -> dict[str, Declared]:
+        """Each Agent Skill's ``allowed-tools``, mapped to needs against its grants
+        (``Read``: the fs paths the operator granted); the findings go to ``progress``.
+        """
+        out = {}
+        progress = verified.options.progress
+        for sid, md in _parsed(verified.packages, verified.options).items():
+            mapped = agentskills.tools_to_needs(
+                md.allowed_tools, grants(sid), md.allowed_tools_line
+            )
+            for note in mapped.findings:
+                progress(f"warning: {sid}/SKILL.md: {note}")
+            out[sid] = Declared(mapped.needs, f"{sid}/SKILL.md")
+        return out
+
     def stage(self, staging: Staging, staged: Staged) -> None:
-        """Unpack each Agent Skill, bake its requirements, and compile the CPython runner
-        if a wasm-executor skill needs it (once: delegate's kits may have staged it).
+        """Unpack each Agent Skill and bake its requirements; say whether one needs the
+        CPython runner (``finish`` provides it).
 
         Raises:
             AgentSkillError: a system program the policy names is missing; or, unless
@@ -287,12 +362,9 @@ class AgentSkills:
         ]
         if not agents:
             return
-        stage, sandbox, mds = staging.stage, staging.sandbox, staging.mds
+        stage, mds = staging.stage, _parsed(agents, staging.options)
         tables, progress = staging.compiled.tables, staging.options.progress
-        cache_dir, wheelhouse = staging.options.cache_dir, staging.options.wheelhouse
-        # A bundle that already holds the runner as a skill (delegate's kits) shares it.
-        built_runner = next((s for s in staged.locked if s.id == RUNNER), None)
-        wants_runner = False
+        wheelhouse = staging.options.wheelhouse
         findings: list[str] = []
         for c, v in agents:
             sid, version = v.manifest.id, v.manifest.version
@@ -330,7 +402,7 @@ class AgentSkills:
             findings += planned.findings
             env = ""
             if planned.executor == "wasm":
-                wants_runner = True
+                staged.wants_runner = True
             elif planned.executor == "native" and planned.distributions:
                 env = f"agentskills/{sid}/env"
                 progress(
@@ -378,19 +450,6 @@ class AgentSkills:
                 "'scripts: {executor: native}'), or build with --lenient to serve the skills "
                 "with those scripts unavailable",
             )
-        runner = None
-        if wants_runner and built_runner is not None:
-            runner = LockedRunner(
-                built_runner.component_sha256, built_runner.native, built_runner.native_sha256
-            )
-        elif wants_runner:
-            progress("building the CPython runner component for the wasm executor")
-            wasm = build_component(paths.runner_dir(), cache_dir=cache_dir).read_bytes()
-            comp = sandbox.load(wasm, name="pyrunner")
-            native_rel = "native/_pyrunner.cwasm"
-            native_sha = write_native(comp.native, stage / native_rel)
-            runner = LockedRunner(_sha256(wasm), native_rel, native_sha)
-        staged.runner = runner
         for c, v in agents:
             # The grants column says, for an Agent Skill, which executor and why.
             a = next(a for a in staged.agents if a.id == v.manifest.id)
@@ -406,6 +465,34 @@ class AgentSkills:
                     0,
                 )
             )
+
+    def finish(self, staging: Staging, staged: Staged) -> None:
+        """The CPython runner, when a wasm-executor skill needs it: the staged component
+        when the bundle holds the runner as a skill (delegate's kits), else built here."""
+        if not staged.wants_runner:
+            return
+        built = next((s for s in staged.locked if s.id == RUNNER), None)
+        if built is not None:
+            staged.runner = LockedRunner(built.component_sha256, built.native, built.native_sha256)
+            return
+        staging.options.progress("building the CPython runner component for the wasm executor")
+        cache_dir = staging.options.cache_dir
+        wasm = build_component(paths.runner_dir(), cache_dir=cache_dir).read_bytes()
+        comp = staging.sandbox.load(wasm, name="pyrunner")
+        native_rel = "native/_pyrunner.cwasm"
+        native_sha = write_native(comp.native, staging.stage / native_rel)
+        staged.runner = LockedRunner(_sha256(wasm), native_rel, native_sha)
+
+
+def _parsed(
+    packages: Sequence[tuple[Any, package.VerifiedPackage]], options: BuildOptions
+) -> dict[str, agentskills.SkillMd]:
+    """The Agent Skills among ``packages``: their SKILL.md, parsed from the verified files."""
+    return {
+        v.manifest.id: agentskills.reparse(v.manifest.id, v.files, lenient=options.lenient)
+        for _c, v in packages
+        if v.manifest.kind == package.KIND_AGENT_SKILL
+    }
 
 
 KINDS: tuple[SkillKind, ...] = (WasmComponents(), DelegateKits(), AgentSkills())

@@ -281,7 +281,7 @@ class Transfers:
                 sink, doc, _at, expected = self._incoming[tid]
                 if doc["node"] != opened.sender or _int(opened.meta.get("seq")) != expected[0]:
                     raise HostCallError(
-                        "not-permitted",
+                        ErrorCode.NOT_PERMITTED,
                         f"chunk {opened.meta.get('seq')} of transfer {tid} from node "
                         f"{opened.sender}: not the next chunk of a transfer it began",
                         rule="cluster.trust",
@@ -386,7 +386,7 @@ class Transfers:
         sink, doc, _at, _n = self._incoming[tid]
         if doc["node"] != sender:
             raise HostCallError(
-                "not-permitted",
+                ErrorCode.NOT_PERMITTED,
                 f"node {sender} may not end transfer {tid}, which node {doc['node']} began",
                 rule="cluster.trust",
             )
@@ -431,7 +431,7 @@ def _int(value: object) -> int:
 
 
 def _refusal(exc: ClusterError) -> bytes:
-    err = {"code": "not-permitted", "message": exc.message, "rule": "cluster.trust"}
+    err = {"code": ErrorCode.NOT_PERMITTED.value, "message": exc.message, "rule": "cluster.trust"}
     return dumps({"error": err})
 
 

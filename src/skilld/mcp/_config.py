@@ -34,8 +34,8 @@ class ServeConfig:
         token_file: a file holding bearer tokens, one per line (``#`` comments allowed).
         token_env: the name of an environment variable holding a bearer token.
         max_body_bytes: the largest HTTP request body accepted (larger: 413).
-        skill_concurrency: calls one skill may run at once over MCP.
-        queue_timeout_s: how long a call waits for a free slot before it fails as busy.
+        queue_timeout_s: how long a call waits for a free slot of its skill (the skill's
+            one gate, ``max_concurrency`` of its policy) before it fails as busy.
         worker_threads: threads that run blocking guest calls (shared by all sessions).
         inline_ms: how long a tool call may first run on the event loop itself: a
             backend that runs no guest code (delegate's ``kit_list``) answers there and
@@ -84,7 +84,6 @@ class ServeConfig:
     token_file: Path | None = None
     token_env: str | None = None
     max_body_bytes: int = 4 * 1024 * 1024
-    skill_concurrency: int = 8
     queue_timeout_s: float = 2.0
     worker_threads: int = 64
     inline_ms: float = 1.0
@@ -110,10 +109,8 @@ class ServeConfig:
     def __post_init__(self) -> None:
         if self.max_body_bytes <= 0:
             raise UsageError("max_body_bytes must be positive", location="serve config")
-        if self.skill_concurrency <= 0 or self.worker_threads <= 0:
-            raise UsageError(
-                "skill_concurrency and worker_threads must be positive", location="serve config"
-            )
+        if self.worker_threads <= 0:
+            raise UsageError("worker_threads must be positive", location="serve config")
         if not 0 <= self.inline_ms <= 100:
             raise UsageError(
                 f"inline_ms must be between 0 and 100, not {self.inline_ms}",

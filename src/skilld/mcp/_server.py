@@ -3,9 +3,10 @@
 Nothing here knows what a skill does: tools, resources and prompts come from the
 dispatcher, and every behaviour lives behind it. This module owns the protocol
 mapping (skill values and content blocks to MCP content, skilld errors to tool
-errors or JSON-RPC errors), argument validation before a guest runs, the per-skill
-concurrency slots, the worker threads that run blocking guest calls, cancellation,
-per-session state (log level, subscriptions), metrics and the call log.
+errors or JSON-RPC errors), argument validation before a guest runs, waiting for a
+slot of each skill's gate (``dispatcher.gate``) on the event loop, the worker threads
+that run blocking guest calls, cancellation, per-session state (log level,
+subscriptions), metrics and the call log.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from skilld.errors import (
     GuestError,
     RegistryError,
     RunOnThread,
+    SkillBusy,
     SkilldError,
     UsageError,
 )
@@ -65,8 +67,7 @@ from skilld.mcp._tasks import (
     tasks_required,
 )
 from skilld.mcp._workers import WorkerPool
-from skilld.registry import Dispatcher, Tool
-from skilld.registry import busy as busy_error
+from skilld.registry import Dispatcher, Slot, Tool
 from skilld.types import CallOutput, ContentBlock, PromptSpec, ResourceSpec
 
 T = TypeVar("T")
@@ -277,7 +278,6 @@ class McpService:
         self.metrics = metrics
         self._log = log
         self._workers = WorkerPool(config.worker_threads)
-        self._slots: dict[str, anyio.Semaphore] = {}
         self._tools: dict[str, Tool] = {}
         self._validators: dict[str, ArgumentValidator] = {}
         self._in_flight = 0
@@ -745,7 +745,8 @@ class McpService:
         """Run guest code for one request: the one path tools, resources and prompts take.
 
         Refuses while draining, waits up to ``queue_timeout_s`` for one of the skill's
-        slots, counts the call in flight (what :meth:`drain` waits for), runs ``run``
+        slots (its one gate, ``dispatcher.gate``; lent to the call, which takes no
+        other), counts the call in flight (what :meth:`drain` waits for), runs ``run``
         on a worker thread with a channel to the client, and records metrics and one
         ``tool_call`` log line (``label`` names the tool, resource or prompt).
         ``inline``, when given, is tried first on the event loop itself; when it
@@ -753,21 +754,20 @@ class McpService:
         inline attempt may take), ``run`` goes to the thread as above.
 
         Raises:
-            GuestError: ``unavailable`` while draining, ``limit-exceeded`` when the
-                skill stays busy; the guest has not run.
+            GuestError: ``unavailable`` while draining; the guest has not run.
+            SkillBusy: the skill stayed busy; the guest has not run.
+            RegistryError: no such skill.
             SkilldError: whatever ``run`` raised (``RegistryError`` for unknown names).
             Exception: a bug below the seam, logged here with its traceback.
         """
         self._refuse_if_draining(skill, label, arguments)
-        slots = self._slots.setdefault(skill, anyio.Semaphore(self.config.skill_concurrency))
+        gate = self.dispatcher.gate(skill)
         try:
-            with anyio.fail_after(self.config.queue_timeout_s):
-                await slots.acquire()
-        except TimeoutError:
-            self._log.warning("busy", tool=label, skill=skill, limit=self.config.skill_concurrency)
-            busy = busy_error(skill, self.config.skill_concurrency)
-            self._refused(skill, label, "busy", error_text(busy)[2], arguments)
-            raise busy from None
+            slot = await gate.take_async(self.config.queue_timeout_s)
+        except SkillBusy as busy:
+            self._log.warning("busy", tool=label, skill=skill, limit=gate.limit)
+            self._refused(skill, label, busy.outcome, error_text(busy)[2], arguments)
+            raise
         try:
             # Again: drain() may have seen nothing in flight and returned while this
             # call waited for its slot. No await between here and _enter().
@@ -779,7 +779,7 @@ class McpService:
             self._enter()
             self._running.add(channel)
             try:
-                result = await self._inline_or_blocking(run, inline, channel)
+                result = await self._inline_or_blocking(run, inline, channel, slot)
             except RegistryError:
                 outcome = "unknown"
                 raise
@@ -817,7 +817,7 @@ class McpService:
                     request_id=ctx.request_id,
                 )
         finally:
-            slots.release()
+            slot.release()
 
     def _refuse_if_draining(
         self, skill: str, label: str, arguments: Mapping[str, Any] | None
@@ -893,13 +893,15 @@ class McpService:
         run: Callable[[SessionChannel], T],
         inline: Callable[[SessionChannel], T] | None,
         channel: SessionChannel,
+        slot: Slot,
     ) -> T:
+        # The call runs in the slot taken for it (lent: the dispatcher takes no second one).
         if inline is not None:
             try:
-                return inline(channel)
+                return slot.lend(inline, channel)
             except RunOnThread:
                 pass
-        return await self._blocking(partial(run, channel), channel)
+        return await self._blocking(partial(slot.lend, run, channel), channel)
 
     async def _blocking(self, fn: Callable[[], T], channel: SessionChannel) -> T:
         """Run ``fn`` on a worker thread; a cancelled request marks the channel and waits.

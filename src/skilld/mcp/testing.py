@@ -23,7 +23,7 @@ from typing import Any
 from mcp.shared.uri_template import UriTemplate
 
 from skilld.errors import GuestError, RegistryError, RunOnThread
-from skilld.registry import Tool, ToolAnnotations
+from skilld.registry import CallGate, Tool, ToolAnnotations
 from skilld.types import CallOutput, ClientChannel, ContentBlock, PromptSpec, ResourceSpec
 
 ToolFn = Callable[[Mapping[str, Any], ClientChannel], Any]
@@ -77,7 +77,8 @@ def _as_output(value: Any) -> CallOutput:
 class StaticDispatcher:
     """A :class:`skilld.registry.Dispatcher` over plain callables; blocks like the real one.
 
-    Its resources and prompts belong to the skill ``skill_id``.
+    Its resources and prompts belong to the skill ``skill_id``; each skill's gate has
+    ``concurrency`` slots.
     """
 
     tools_: Sequence[StaticTool] = ()
@@ -85,9 +86,11 @@ class StaticDispatcher:
     prompts_: Sequence[tuple[PromptSpec, PromptFn]] = ()
     is_ready: bool = True
     skill_id: str = "static"
+    concurrency: int = 8
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     # (skill, label, outcome) of each request refused before it ran.
     refusals: list[tuple[str, str, str]] = field(default_factory=list)
+    gates: dict[str, CallGate] = field(default_factory=dict)
 
     def tools(self) -> Sequence[Tool]:
         """Every tool, in the order given."""
@@ -120,6 +123,10 @@ class StaticDispatcher:
     ) -> None:
         """Keep (skill, label, outcome) in ``refusals``."""
         self.refusals.append((skill, label, outcome))
+
+    def gate(self, skill_id: str) -> CallGate:
+        """The gate of ``skill_id`` (made on first use, ``concurrency`` slots)."""
+        return self.gates.setdefault(skill_id, CallGate(skill_id, self.concurrency))
 
     def resources(self) -> Sequence[ResourceSpec]:
         """Every resource and template."""

@@ -4,8 +4,9 @@ The sandbox's host functions ask one :class:`SkillPermissions` per skill::
 
     checker = SkillPermissions.from_tables(tables, "notes")
     checker.limits                      # skilld.types.Limits
-    checker.check("fs", "read", "/data/notes/a.txt")     # Decision
+    checker.check_path("/data/notes/a.txt")              # Decision (fs read)
     checker.check_url("https://api.example.com/v1/x", "GET")
+    checker.check("env", "read", "HOME")                 # a question about one name
     checker.check_address("10.0.0.5", 5432, "tcp")       # after resolution
     checker.check_argv(("git", "status"))                # a command, as its argv
     check_text(checker, "shell", "run", "git status")    # the same, written by a person
@@ -96,6 +97,4 @@ def explain(tables: Tables, skill_id: str, action: str, target: str) -> Decision
     """
     capability, act = explain_action(action)
     checker = SkillPermissions.from_tables(tables, skill_id)
-    if capability == "http" and act != "address":
-        return checker.check_url(target, act.upper())
     return check_text(checker, capability, act, target)

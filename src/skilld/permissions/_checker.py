@@ -23,6 +23,14 @@ from skilld.types import Decision, Limits
 DEFAULT_DENY = "default-deny"
 FS_READ_ACTIONS = frozenset({"read", "list", "stat", "glob"})
 FS_WRITE_ACTIONS = frozenset({"write", "create", "delete", "remove", "mkdir", "rename"})
+# The questions check() does not answer: each is asked typed, with the method named.
+_TYPED = {
+    "shell.run": "check_argv",
+    "http.address": "check_address",
+    "tcp.connect": "check_tcp",
+    "tcp.address": "check_address",
+    **{f"fs.{a}": "check_path" for a in (*FS_READ_ACTIONS, *FS_WRITE_ACTIONS)},
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -422,12 +430,12 @@ class SkillPermissions:
     def check(self, capability: str, action: str, target: str) -> Decision:
         """Decide one question whose target is one plain string (:class:`PermissionChecker`).
 
-        ``fs``: read|write PATH; ``http``: METHOD URL; ``shell``: cwd DIR; ``env``: read
-        NAME; ``invoke``: call SKILL, or called-by NODE/SKILL (a cluster node's skill);
-        ``transfer``: send|fetch NODE:PATH; ``kv``: any action; ``mcp``: sample|elicit.
-        A command, an address and a connection are asked typed (:meth:`check_argv`,
-        :meth:`check_address`, :meth:`check_tcp`); their text forms are
-        ``skilld.permissions.check_text``'s, for people.
+        ``shell``: cwd DIR; ``env``: read NAME; ``invoke``: call SKILL, or called-by
+        NODE/SKILL (a cluster node's skill); ``transfer``: send|fetch NODE:PATH; ``kv``:
+        any action; ``mcp``: sample|elicit. A path, a URL, a command, an address and a
+        connection are asked typed (:meth:`check_path`, :meth:`check_url`,
+        :meth:`check_argv`, :meth:`check_address`, :meth:`check_tcp`); their text
+        forms are ``skilld.permissions.check_text``'s, for people.
         """
         try:
             return self._check(capability, action, target)
@@ -437,40 +445,35 @@ class SkillPermissions:
             )
 
     def _check(self, capability: str, action: str, target: str) -> Decision:
-        if capability == "fs":
-            if action in FS_READ_ACTIONS or action in FS_WRITE_ACTIONS:
-                return self.check_path(target, write=action in FS_WRITE_ACTIONS, action=action)
-        elif capability == "http" and action != "address":
-            return self.check_url(target, action)
-        elif capability == "shell" and action == "cwd":
+        if capability == "shell" and action == "cwd":
             return self.check_cwd(target)
-        elif capability == "env" and action == "read":
+        if capability == "env" and action == "read":
             return self.check_env(target)
-        elif capability == "invoke" and action == "call":
+        if capability == "invoke" and action == "call":
             return self.check_invoke(target)
-        elif capability == "invoke" and action == "called-by":
+        if capability == "invoke" and action == "called-by":
             node, slash, caller = target.rpartition("/")
             if not slash:
                 return self._deny(
                     capability, action, target, "name the caller as NODE/SKILL", "bad-request"
                 )
             return self.check_remote_caller(node, caller)
-        elif capability == "transfer" and action in ("send", "fetch"):
+        if capability == "transfer" and action in ("send", "fetch"):
             node, _, path = target.partition(":")
             return self.check_transfer(node, path, fetch=action == "fetch")
-        elif capability == "kv":
+        if capability == "kv":
             if self._kv is not None:
                 return self._allow("kv", action, target, self._kv, "the skill has a namespace")
             return self._deny("kv", action, target, "no kv grant; add 'kv: {}' to the policy")
-        elif capability == "log":
+        if capability == "log":
             return self._allow("log", action, target, "builtin.log", "logging is always allowed")
-        elif capability == "mcp":
+        if capability == "mcp":
             if action in self._client:
                 return self._allow("mcp", action, target, f"{self.skill_id}.mcp", "mcp.client")
             return self._deny("mcp", action, target, f"add '{action}' to mcp.client to allow")
-        typed = {"shell.run": "check_argv", "http.address": "check_address"}
-        typed |= {"tcp.connect": "check_tcp", "tcp.address": "check_address"}
-        ask = typed.get(f"{capability}.{action}")
+        ask = _TYPED.get(f"{capability}.{action}")
+        if capability == "http" and action != "address":
+            ask = "check_url"
         reason = f"ask it typed, with {ask}" if ask else f"unknown question {capability}.{action}"
         return self._deny(capability, action, target, reason, "bad-request")
 

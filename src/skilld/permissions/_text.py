@@ -1,8 +1,9 @@
 """Permission questions written as text, for people (``skilld policy explain``, tests).
 
-The host asks typed (``check_argv(argv)``, ``check_address(ip, port, capability, host)``,
-``check_tcp(host, port)``); a person writes ``shell.run "git status"`` or
-``tcp.connect db.internal:5432``. :func:`check_text` splits such text once, here, and
+The host asks typed (``check_path(path, write)``, ``check_url(url, method)``,
+``check_argv(argv)``, ``check_address(ip, port, capability, host)``, ``check_tcp(host,
+port)``); a person writes ``fs.write /data/x``, ``http.get URL``, ``shell.run "git status"``
+or ``tcp.connect db.internal:5432``. :func:`check_text` splits such text once, here, and
 asks the typed question: no text travels between the host and the checker.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 import re
 import shlex
 
-from skilld.permissions._checker import SkillPermissions
+from skilld.permissions._checker import FS_READ_ACTIONS, FS_WRITE_ACTIONS, SkillPermissions
 from skilld.types import Decision
 
 # One shell word: runs of anything but whitespace and quotes, and '...' pairs.
@@ -52,11 +53,16 @@ def _split_hostport(target: str) -> tuple[str, int]:
 def check_text(checker: SkillPermissions, capability: str, action: str, target: str) -> Decision:
     """Decide a question written as text.
 
-    ``shell.run`` takes a command line (split like a shell would, then checked as argv),
-    ``tcp.connect`` ``HOST:PORT``, ``http.address`` and ``tcp.address`` ``IP:PORT [HOST]``
-    (IPv6 in brackets); everything else is :meth:`SkillPermissions.check`'s. A malformed
+    ``fs.ACTION`` takes a path, ``http.METHOD`` a URL (any case), ``shell.run`` a command
+    line (split like a shell would, then checked as argv), ``tcp.connect`` ``HOST:PORT``,
+    ``http.address`` and ``tcp.address`` ``IP:PORT [HOST]`` (IPv6 in brackets);
+    everything else is :meth:`SkillPermissions.check`'s. A malformed
     target is refused with rule ``bad-request``, never raised.
     """
+    if capability == "fs" and (action in FS_READ_ACTIONS or action in FS_WRITE_ACTIONS):
+        return checker.check_path(target, write=action in FS_WRITE_ACTIONS, action=action)
+    if capability == "http" and action != "address":
+        return checker.check_url(target, action.upper())
     try:
         if capability == "shell" and action == "run":
             return checker.check_argv(_split_argv(target))

@@ -1,6 +1,7 @@
 """Skills, methods, schemas and tool names; the dispatch of one call to its backend.
 
-- ``_dispatch.py``: the path of one call, stage by stage, in its docstring (start there);
+- ``_dispatch.py``: the registry's part of a call's path, stage by stage, in its docstring
+  (the whole path, MCP layer to audit: ``skilld/call.py``'s docstring);
   :class:`Registry` implements the :class:`Dispatcher` contract.
 - ``_catalogue.py``: what is loaded, and what a tool name means (:class:`Catalogue`).
 - ``_audit.py``: where the records go (built by :class:`skilld.audit.CallRecorder`).
@@ -10,7 +11,7 @@
 
 # A backend's methods take the call's context: part of this package's contract, so that
 # backends outside the sandbox (a cluster's remote skills) need not reach into it.
-from skilld.call import CallContext, busy
+from skilld.call import CallContext, CallGate, Slot
 from skilld.policy import Exposure
 from skilld.registry._catalogue import Catalogue, SkillEntry, annotations_for, per_skill_schema
 from skilld.registry._contract import (
@@ -25,6 +26,7 @@ from skilld.types import ClientChannel
 
 __all__ = [
     "CallContext",
+    "CallGate",
     "Catalogue",
     "ClientChannel",
     "Dispatcher",
@@ -34,9 +36,9 @@ __all__ = [
     "Registry",
     "SkillBackend",
     "SkillEntry",
+    "Slot",
     "Tool",
     "ToolAnnotations",
     "annotations_for",
-    "busy",
     "per_skill_schema",
 ]

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from skilld.call import CallGate
 from skilld.errors import GuestError, RegistryError, UsageError
 from skilld.policy import Exposure
 from skilld.registry._contract import SkillBackend, Tool, ToolAnnotations
@@ -79,7 +80,8 @@ class SkillEntry:
     services: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.slots = threading.BoundedSemaphore(max(1, self.limits.max_concurrency))
+        # The skill's one concurrency gate (policy ``max_concurrency``), whoever calls.
+        self.gate = CallGate(self.spec.id, self.limits.max_concurrency)
 
 
 class Catalogue:
@@ -259,6 +261,17 @@ class Catalogue:
             RegistryError: no skill serves ``uri``.
         """
         return self._resource_owner(uri).spec.id
+
+    def gate(self, skill_id: str) -> CallGate:
+        """The concurrency gate of ``skill_id``: every call of it holds one of its slots.
+
+        Raises:
+            RegistryError: no skill ``skill_id`` is registered.
+        """
+        entry = self._skills.get(skill_id)
+        if entry is None:
+            raise RegistryError(f"no skill named '{skill_id}'")
+        return entry.gate
 
     def prompts(self) -> Sequence[PromptSpec]:
         """Every prompt the skills serve."""

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from skilld.call import CallContext
+from skilld.call import CallContext, CallGate
 from skilld.types import CallOutput, ClientChannel, PromptSpec, ResourceSpec
 
 
@@ -153,6 +153,13 @@ class Dispatcher(Protocol):
 
     def resource_skill(self, uri: str) -> str:
         """The id of the skill serving ``uri`` (its concurrency slots apply to the read)."""
+        ...
+
+    def gate(self, skill_id: str) -> CallGate:
+        """The skill's one concurrency gate (``skilld.call.CallGate``; ``RegistryError``
+        for an unknown skill). The caller takes a slot there and lends it to the call
+        it runs (``Slot.lend``), which then takes no second one.
+        """
         ...
 
     def read_resource(self, uri: str, channel: ClientChannel) -> Sequence[CallOutput]:

@@ -3,15 +3,17 @@ to a backend and back. Each stage is in one place:
 
 1. **Name** (``_catalogue.py``): :meth:`Registry.call` resolves the tool name to
    (skill, method, arguments). The MCP layer has already checked the arguments against
-   the tool's input schema, refused while draining and queued the call for the
-   skill (``skilld.mcp``); a routed call from another node enters at
+   the tool's input schema, refused while draining and taken a slot of the skill's
+   gate for the call (``skilld.mcp``); a routed call from another node enters at
    :meth:`Registry.call_method` (``skilld.cluster``), ``skilld call`` too.
 2. **Inline or thread** (:class:`InlineStrategy` here, :class:`skilld.call.Inline`): a
    call from the event loop is first tried there; it gives up, before anything can be
    observed, when it could block, and then runs once on a worker thread.
-3. **Slot** (:func:`_take_slot`): one of the skill's ``max_concurrency`` slots, waited
-   for up to its wall time (never by a nested call, never inline); none frees up:
-   ``limit-exceeded``, outcome ``busy``.
+3. **Slot** (:class:`skilld.call.CallGate`, the skill's one gate): one of its
+   ``max_concurrency`` slots. The MCP layer took it on the event loop and lent it to
+   this call; anyone else waits for one here on their thread, up to the skill's wall
+   time (never a nested call, never inline). None frees up: :class:`SkillBusy`
+   (``limit-exceeded``, outcome ``busy``).
 4. **Context** (:meth:`Registry._run`): a :class:`skilld.call.CallContext` with the
    skill's limits, key-value namespace, permission checker, the client channel, the
    orchestrator for ``invoke`` (:meth:`Registry._invoke`, which comes back to step 3
@@ -30,13 +32,12 @@ to a backend and back. Each stage is in one place:
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from skilld.audit import CallRecorder
-from skilld.call import CallContext, Inline, busy
+from skilld.call import CallContext, Inline
 from skilld.errors import (
     CallCancelled,
     DeadlineExceeded,
@@ -89,24 +90,6 @@ class InlineStrategy:
     def forget(self, skill_id: str) -> None:
         """A skill left: drop what was learnt about its methods."""
         self._skipping = {k: v for k, v in self._skipping.items() if k[0] != skill_id}
-
-
-# A call waiting for a slot looks at its client's cancellation this often.
-_SLOT_SLICE_S = 0.05
-
-
-def _take_slot(slots: threading.BoundedSemaphore, wait_s: float, channel: ClientChannel) -> bool:
-    """A slot within ``wait_s``, given up as soon as the client cancels the call."""
-    if slots.acquire(blocking=False):
-        return True
-    end = time.monotonic() + wait_s
-    while not channel.cancelled():
-        left = end - time.monotonic()
-        if left <= 0:
-            return False
-        if slots.acquire(timeout=min(left, _SLOT_SLICE_S)):
-            return True
-    return False
 
 
 class Registry(Catalogue):
@@ -252,7 +235,8 @@ class Registry(Catalogue):
         Tool calls, ``invoke``, resource reads and prompts all come through here.
 
         Raises:
-            GuestError: ``limit-exceeded`` when no slot frees up in time; the guest's own.
+            SkillBusy: no slot freed up in time.
+            GuestError: the guest's own.
             GuestFault: the guest trapped, ran out of time, memory or stack, or was cancelled.
         """
         skill_id = entry.spec.id
@@ -292,21 +276,15 @@ class Registry(Catalogue):
         error: SkilldError | None = None
         # A nested call (invoke) never waits for a slot: waiting inside a call chain
         # that already holds slots of the same skill could deadlock it. Nor does an
-        # inline attempt: waiting is for a thread, not the event loop.
+        # inline attempt: waiting is for a thread, not the event loop. A call the MCP
+        # layer runs takes the slot it was lent (skilld.call.CallGate).
         wait = entry.limits.timeout_ms / 1000 if depth == 0 and inline is None else 0
-        if not _take_slot(entry.slots, wait, ctx.channel):
+        try:
+            slot = entry.gate.take(wait, ctx.channel.cancelled)
+        except SkilldError as exc:  # SkillBusy, or CallCancelled while it waited
             if inline is not None:
                 inline.give_up()
-            if ctx.channel.cancelled():
-                outcome, error = (
-                    "cancelled",
-                    CallCancelled(
-                        f"{skill_id}: the client cancelled the call while it waited for a slot"
-                    ),
-                )
-            else:
-                outcome = "busy"
-                error = busy(skill_id, entry.limits.max_concurrency)
+            outcome, error = exc.outcome, exc
         else:
             try:
                 out = guest(ctx)
@@ -320,7 +298,7 @@ class Registry(Catalogue):
                     error = CallCancelled(f"{skill_id}: the server shut down during the call")
                     error.__cause__ = exc
             finally:
-                entry.slots.release()
+                slot.release()
                 # The invoker and hook closures refer back to ctx; without them the
                 # context is freed at once rather than by the garbage collector.
                 ctx.invoker = None

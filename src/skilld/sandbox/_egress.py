@@ -11,8 +11,8 @@ The proxy applies the checks of the wasm ``http`` host function (``abi/http.py``
 through the same code, recorded in the call's audit record the same way:
 
 - ``METHOD http://host[:port]/path HTTP/1.1`` (absolute form): the URL is checked as
-  ``check("http", METHOD, URL)``, the name is resolved once, each address is checked
-  (``check("http", "address", "IP:PORT HOST")``: private, loopback, link-local and
+  ``check_url(URL, METHOD)``, the name is resolved once, each address is checked
+  (``check_address(ip, port, "http", host)``: private, loopback, link-local and
   metadata addresses refused unless a rule names them), and the request goes to the
   checked address, never to the name again (no DNS rebinding). The Host header is the
   checked URL's; hop-by-hop headers are dropped; the body is re-framed with a
@@ -60,7 +60,7 @@ from typing import Any
 from skilld.call import CallContext
 from skilld.confine import Confinement
 from skilld.errors import ErrorCode, HostCallError
-from skilld.sandbox.abi import decide
+from skilld.sandbox.abi import decide, url_question
 from skilld.sandbox.abi._net import BoundedSocket, bound_socket, connect, resolve_checked
 from skilld.sandbox.abi.http import _METHODS, MAX_BODY, _cap, _split
 from skilld.types import ClientChannel, Decision
@@ -507,7 +507,7 @@ class EgressProxy:
             raise self._bad_request(_bad(why), f"{req.method} {url}")
         if req.method not in _METHODS:
             raise self._bad_request(_bad(f"unsupported method {req.method}"), f"{req.method} {url}")
-        decision = decide(ctx, "http", req.method, url)
+        decision = decide(ctx, "http", req.method, url, question=url_question(url, req.method))
         _scheme, host, port, path = _split(url)
         cap = _cap(ctx, decision)
         ip = resolve_checked(ctx, "http", host, port)
@@ -656,7 +656,7 @@ class EgressProxy:
             if checker is None:
                 answer = Decision(False, "http", method, origin, "default-deny", "no policy")
             else:
-                answer = checker.check("http", method, origin)
+                answer = checker.check_url(origin, method)
             if not answer.allowed:
                 reason = (
                     "a CONNECT tunnel carries any path and method unseen, so it needs every "

@@ -28,6 +28,11 @@ HostFn = Callable[..., Any]
 Functions = dict[str, tuple[HostFn, Kind]]
 
 
+def url_question(url: str, method: str) -> Question:
+    """``check_url(url, method)``: the typed question of an HTTP request (``http``, the proxy)."""
+    return lambda checker: checker.check_url(url, method)
+
+
 def ask(
     ctx: CallContext,
     capability: str,
@@ -37,8 +42,9 @@ def ask(
 ) -> Decision:
     """Ask the skill's tables and record the decision for the audit, allowed or not.
 
-    ``question`` asks it typed (``check_argv``, ``check_address``, ``check_tcp``);
-    without it the plain ``check(capability, action, target)`` is asked. ``target``
+    ``question`` asks it typed (``check_path``, ``check_url``, ``check_argv``,
+    ``check_address``, ``check_tcp``); without it the plain ``check(capability, action,
+    target)`` is asked (a question about one name: kv, env, invoke, shell's cwd, ...). ``target``
     names the question where no policy applies to the skill at all.
 
     For host functions that act on a denial themselves (``fs.glob`` leaves refused

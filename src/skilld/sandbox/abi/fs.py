@@ -2,7 +2,7 @@
 
 Paths are host paths and must be absolute. Each is folded *lexically* (``//``,
 ``.``, ``..`` and trailing slashes; nothing on disk is looked at) and that folded
-path is checked against the tables (``check("fs", "read" | "write", path)``). The
+path is checked against the tables (``check_path(path, write)``). The
 host then opens the grant's root directory (the rule's path up to its first
 wildcard) and resolves the rest of the path beneath that descriptor with
 ``openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)``, and acts
@@ -44,7 +44,7 @@ from collections.abc import Iterator
 
 from skilld.call import CallContext
 from skilld.errors import ErrorCode, HostCallError
-from skilld.sandbox.abi import Functions, ask, decide
+from skilld.sandbox.abi import Functions, Question, ask, decide
 from skilld.types import Decision
 
 MAX_READ = 16 * 1024 * 1024
@@ -199,9 +199,15 @@ def _anchor(ctx: CallContext, decision: Decision, lex: str) -> str:
     return _parent(root) if lex == root else root
 
 
+def _path_question(path: str, action: str) -> Question:
+    """The typed question for ``action`` (``read`` or ``write``) on the folded ``path``."""
+    write = action == "write"
+    return lambda c: c.check_path(path, write)
+
+
 def _checked(ctx: CallContext, path: str, action: str) -> _Target:
     lex = lexical(path)
-    decision = decide(ctx, "fs", action, lex, shown=path)
+    decision = decide(ctx, "fs", action, lex, path, _path_question(lex, action))
     return _Target(lex, _anchor(ctx, decision, lex))
 
 
@@ -447,7 +453,7 @@ def mkdir(ctx: CallContext, path: str) -> None:
                         nxt = _step(fd, part, os.O_PATH | os.O_DIRECTORY)
                     except FileNotFoundError:
                         if here != target.lex:
-                            decide(ctx, "fs", "write", here, shown=here)
+                            decide(ctx, "fs", "write", here, here, _path_question(here, "write"))
                         # Made meanwhile by someone else: opened below like any other.
                         with contextlib.suppress(FileExistsError):
                             os.mkdir(part, 0o755, dir_fd=fd)
@@ -559,7 +565,7 @@ class _Glob:
     def match(self, path: str) -> None:
         if len(self.found) >= MAX_GLOB:
             raise HostCallError("limit-exceeded", f"glob matched more than {MAX_GLOB} paths")
-        if ask(self.ctx, "fs", "read", path).allowed:
+        if ask(self.ctx, "fs", "read", path, _path_question(path, "read")).allowed:
             self.found.append(path)
 
     def tick(self) -> None:

@@ -1,7 +1,7 @@
 """``http``: outgoing requests to allowlisted URLs.
 
 Each hop (the first request and every redirect) is checked as
-``check("http", METHOD, URL)``; the host name is resolved once, the address is
+``check_url(URL, METHOD)``; the host name is resolved once, the address is
 checked (``check_address(ip, port, "http", host)``) and the connection goes to
 that address, with the name kept for the Host header, SNI and certificate checks.
 URLs with userinfo and schemes other than http and https are refused outright.
@@ -25,7 +25,7 @@ from urllib.parse import urljoin, urlsplit
 
 from skilld.call import CallContext
 from skilld.errors import ErrorCode, HostCallError
-from skilld.sandbox.abi import Functions, decide, rule_settings
+from skilld.sandbox.abi import Functions, decide, rule_settings, url_question
 from skilld.sandbox.abi._net import BoundedSSLSocket, bound_socket, connect, resolve_checked
 from skilld.types import Decision
 
@@ -128,7 +128,7 @@ def fetch(ctx: CallContext, req: dict[str, Any]) -> dict[str, Any]:
     for _hop in range(MAX_REDIRECTS + 1):
         # The tables judge the URL first: they refuse other schemes, userinfo and
         # malformed URLs with a rule id; _split is the host's own backstop.
-        decision = decide(ctx, "http", method, url)
+        decision = decide(ctx, "http", method, url, question=url_question(url, method))
         scheme, host, port, path = _split(url)
         if origin is not None and origin != (scheme, host, port):
             headers = {k: v for k, v in headers.items() if k.lower() not in _CREDENTIAL_HEADERS}
