@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from adversarial_harness import WebHandler
 
 from skilld.package.build import build_component
 from skilld.sandbox import Component, Sandbox
-from tests_env import SKILLS, cache_dir
+from support.adversarial import WebHandler
+from support.env import SKILLS, cache_dir
 
 # name → addresses (getaddrinfo order); the only names the tests resolve besides literals.
 FAKE_DNS: dict[str, tuple[str, ...]] = {

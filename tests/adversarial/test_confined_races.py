@@ -18,11 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from adversarial_harness import Outcome, Probe, compile_dir
 
 from skilld import confine
 from skilld.policy import Tables
 from skilld.sandbox import Component
+from support.adversarial import Outcome, Probe, compile_dir
 
 SECRET = "CANARY-8f3a-outside-every-grant"
 ROUNDS = 10

@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 import pytest
-from adversarial_harness import compile_dir
 
 from skilld import confine
 from skilld.call import CallContext
@@ -15,6 +14,7 @@ from skilld.errors import HostCallError
 from skilld.permissions import SkillPermissions
 from skilld.registry import NullChannel
 from skilld.sandbox.abi import shell
+from support.adversarial import compile_dir
 
 
 def context(tmp_path: Path, policy: str, deadline: float | None = None) -> CallContext:

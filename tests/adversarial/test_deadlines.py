@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from adversarial_harness import Probe, compile_dir
 
 from skilld.errors import CallCancelled, DeadlineExceeded
 from skilld.permissions import SkillPermissions
@@ -28,6 +27,7 @@ from skilld.policy import Tables
 from skilld.registry import NullChannel, Registry, SkillEntry
 from skilld.sandbox import CallContext, Component
 from skilld.state import SqliteState
+from support.adversarial import Probe, compile_dir
 
 WALL_S = 0.3
 SLACK_S = 0.1

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from adversarial_harness import Probe, compile_dir, fill
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -24,6 +23,7 @@ from skilld.policy import Tables
 from skilld.registry import NullChannel
 from skilld.sandbox import CallContext, Component
 from skilld.types import Limits
+from support.adversarial import Probe, compile_dir, fill
 
 POLICY = """\
 fs:

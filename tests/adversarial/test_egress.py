@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from adversarial_harness import compile_dir
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -39,6 +38,7 @@ from skilld.sandbox import CallContext
 from skilld.sandbox._egress import BAD_REQUEST, TUNNEL_SLACK, EgressProxy
 from skilld.sandbox.abi import shell
 from skilld.types import Decision, Limits
+from support.adversarial import compile_dir
 
 CURL = "/usr/bin/curl"
 CAP = 1000

@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from adversarial_harness import Probe, assert_outcome, case_ids, compile_dir, fill
 
 from skilld.policy import Tables, compile_policies
 from skilld.sandbox import Component
+from support.adversarial import Probe, assert_outcome, case_ids, compile_dir, fill
 
 POLICY = """\
 shell:

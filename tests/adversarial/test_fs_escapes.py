@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from adversarial_harness import Probe, assert_outcome, case_ids, compile_dir, fill
 
 from skilld import confine
 from skilld.permissions import SkillPermissions
 from skilld.policy import Tables
 from skilld.sandbox import Component
 from skilld.types import Decision
+from support.adversarial import Probe, assert_outcome, case_ids, compile_dir, fill
 
 POLICY = """\
 fs:

@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from adversarial_harness import Probe, compile_dir
 
 from skilld import confine
 from skilld.errors import HostCallError
 from skilld.sandbox import Component
 from skilld.sandbox.abi import fs
+from support.adversarial import Probe, compile_dir
 
 CANARY = "CANARY-" * 191  # 1337 bytes: a stat that followed a link would show this size
 ENTRIES = ("e0", "e1", "e2", "e3")

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from adversarial_harness import Outcome, Probe, assert_outcome, case_ids, compile_dir
 
 from skilld.audit import JsonLinesSink
 from skilld.permissions import SkillPermissions
@@ -19,6 +18,7 @@ from skilld.registry import NullChannel, Registry, SkillEntry
 from skilld.sandbox import CallContext, Component
 from skilld.state import SqliteState
 from skilld.types import KeyValueStore
+from support.adversarial import Outcome, Probe, assert_outcome, case_ids, compile_dir
 
 DENY = "default-deny"
 

@@ -11,10 +11,10 @@ import socket
 from typing import Any
 
 import pytest
-from adversarial_harness import Probe, assert_outcome, case_ids, compile_dir
 
 from skilld.policy import Tables
 from skilld.sandbox import Component
+from support.adversarial import Probe, assert_outcome, case_ids, compile_dir
 
 POLICY = """\
 http:

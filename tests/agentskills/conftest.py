@@ -5,11 +5,11 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from agentskills_util import FIXTURES, wheelhouse
 
 from skilld.bundle import BuildResult, build_bundle
 from skilld.sandbox import Sandbox
-from tests_env import cache_dir
+from support.agentskills import FIXTURES, wheelhouse
+from support.env import cache_dir
 
 
 @pytest.fixture(scope="session")

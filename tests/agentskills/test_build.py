@@ -7,7 +7,6 @@ import shutil
 from pathlib import Path
 
 import pytest
-from agentskills_util import FIXTURES, wheelhouse
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -17,7 +16,8 @@ from skilld.cli import main
 from skilld.errors import AgentSkillError, BundleError, PolicyError
 from skilld.node import Node, NodeConfig
 from skilld.sandbox import Sandbox
-from tests_env import cache_dir
+from support.agentskills import FIXTURES, wheelhouse
+from support.env import cache_dir
 
 
 def tree(tmp_path: Path, skills: dict[str, dict[str, str]], policies: dict[str, str]) -> Path:
@@ -299,7 +299,7 @@ def test_one_runner_serves_kits_and_wasm_scripts(
     compiled (no second copy), and a script runs on it through a node."""
     from skilld.node import Node, NodeConfig
     from skilld.policy import RUNNER
-    from tests_env import ROOT
+    from support.env import ROOT
 
     shutil.copytree(ROOT / "skills", tmp_path / "skills")
     shutil.copytree(ROOT / "policies", tmp_path / "policies")

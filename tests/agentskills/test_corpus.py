@@ -18,7 +18,6 @@ from pathlib import Path
 
 import anyio
 import pytest
-from agentskills_util import FIXTURES
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from test_mcp import _value
@@ -27,7 +26,8 @@ from skilld.agentskills._backend import MAX_EMBEDDED_BYTES, MAX_RETURNED_FILES
 from skilld.agentskills._executors import program_tree
 from skilld.bundle import build_bundle
 from skilld.sandbox import Sandbox
-from tests_env import cache_dir
+from support.agentskills import FIXTURES
+from support.env import cache_dir
 
 PARTS = 20
 PART = 60 << 10

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-from agentskills_util import FIXTURES
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from test_mcp import _value
@@ -25,7 +24,8 @@ from skilld.agentskills._backend import MAX_RETURNED_FILES
 from skilld.agentskills._build import MAX_INPUT_FILES
 from skilld.bundle import build_bundle
 from skilld.sandbox import Sandbox
-from tests_env import cache_dir
+from support.agentskills import FIXTURES
+from support.env import cache_dir
 
 # An unpacked python-pptx presentation has 40 parts (one slide).
 PARTS = 40

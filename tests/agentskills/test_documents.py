@@ -17,7 +17,6 @@ from typing import Any
 
 import anyio
 import pytest
-from agentskills_util import FIXTURES, make_docx, make_pdf, make_xlsx, wheelhouse
 from mcp import types
 from mcp.client.client import Client
 from mcp.server.lowlevel.server import NotificationOptions
@@ -34,7 +33,8 @@ from skilld.mcp._server import McpService
 from skilld.mcp._skills_ext import GetSkillParams
 from skilld.node import Node, NodeConfig
 from skilld.sandbox import Sandbox
-from tests_env import cache_dir
+from support.agentskills import FIXTURES, make_docx, make_pdf, make_xlsx, wheelhouse
+from support.env import cache_dir
 
 DOCUMENTS = FIXTURES / "documents"
 PACKAGES = ("defusedxml", "openpyxl", "pypdf", "pyyaml")

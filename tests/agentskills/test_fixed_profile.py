@@ -18,7 +18,7 @@ from test_mcp import _value
 
 from skilld.bundle import build_bundle
 from skilld.sandbox import Sandbox
-from tests_env import cache_dir
+from support.env import cache_dir
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs a uid per skill (root)")
 

@@ -12,12 +12,12 @@ from pathlib import Path
 
 import anyio
 import pytest
-from agentskills_util import make_pdf
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from skilld.bundle import BuildResult
-from tests_env import cache_dir
+from support.agentskills import make_pdf
+from support.env import cache_dir
 
 
 @asynccontextmanager

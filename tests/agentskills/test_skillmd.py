@@ -7,13 +7,13 @@ import re
 from pathlib import Path
 
 import pytest
-from agentskills_util import FIXTURES
 from hypothesis import given
 from hypothesis import strategies as st
 
 from skilld.agentskills import parse_skill_md, parse_skill_text, read_source
 from skilld.agentskills._skillmd import split_allowed_tools
 from skilld.errors import AgentSkillError
+from support.agentskills import FIXTURES
 
 SRC = "demo/SKILL.md"
 

@@ -17,7 +17,7 @@ import pytest
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
-from tests_env import ROOT, cache_dir
+from support.env import ROOT, cache_dir
 
 pytestmark = pytest.mark.slow
 

@@ -26,7 +26,7 @@ import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-from tests_env import ROOT, cache_dir
+from support.env import ROOT, cache_dir
 
 # CI (.ci/run) installs buildah, podman and debootstrap, so there a missing buildah fails
 # the run instead of skipping the image tests unseen.

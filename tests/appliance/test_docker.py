@@ -44,7 +44,7 @@ import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-from tests_env import ROOT, cache_dir
+from support.env import ROOT, cache_dir
 
 DOCKER = shutil.which("docker", path="/usr/bin") or shutil.which("docker")
 BUILDAH = shutil.which("buildah")

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from serve_process import build_ops_bundle
 
 from skilld.sandbox import Sandbox
+from support.serve_process import build_ops_bundle
 
 
 @pytest.fixture(scope="session")

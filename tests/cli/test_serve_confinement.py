@@ -6,9 +6,8 @@ import json
 import urllib.request
 from pathlib import Path
 
-from serve_process import ServeProcess
-
 from skilld import confine
+from support.serve_process import ServeProcess
 
 
 def test_ready_line_and_readyz_name_the_confinement_profile(

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import httpx2
 import pytest
-from serve_process import ServeProcess
+
+from support.serve_process import ServeProcess
 
 LIMIT = 256
 CROWD = 1000

@@ -16,7 +16,8 @@ import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
-from serve_process import ServeProcess
+
+from support.serve_process import ServeProcess
 
 pytestmark = pytest.mark.anyio
 

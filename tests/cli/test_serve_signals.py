@@ -18,9 +18,9 @@ from mcp.client.sse import sse_client
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
-from serve_process import ServeProcess, serve_argv
 
 from support.env import cache_dir
+from support.serve_process import ServeProcess, serve_argv
 
 pytestmark = pytest.mark.anyio
 

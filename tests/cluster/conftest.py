@@ -6,10 +6,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster_harness import HOSTILE_POLICY, Keys, NatsServer, make_bundle, make_keys
 
 from skilld.sandbox import Sandbox
-from tests_env import ROOT
+from support.cluster import HOSTILE_POLICY, Keys, NatsServer, make_bundle, make_keys
+from support.env import ROOT
 
 
 @pytest.fixture(scope="session")

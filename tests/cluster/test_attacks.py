@@ -19,7 +19,15 @@ from typing import Any
 
 import nats as nats_client
 import pytest
-from cluster_harness import (
+from mcp import types
+from nats.aio.client import Client as NatsClient
+from nats.aio.msg import Msg
+
+from skilld.cluster import _announce
+from skilld.cluster._envelope import H_BOX, Sealer, digest
+from skilld.package import BoxKey, load_private_key
+from skilld.sandbox import Sandbox
+from support.cluster import (
     HOSTILE_POLICY,
     Keys,
     NatsServer,
@@ -29,14 +37,6 @@ from cluster_harness import (
     mcp_client,
     start_node,
 )
-from mcp import types
-from nats.aio.client import Client as NatsClient
-from nats.aio.msg import Msg
-
-from skilld.cluster import _announce
-from skilld.cluster._envelope import H_BOX, Sealer, digest
-from skilld.package import BoxKey, load_private_key
-from skilld.sandbox import Sandbox
 
 pytestmark = pytest.mark.anyio
 

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import anyio
 import pytest
-from cluster_harness import Keys, NatsServer, NodeProc, mcp_client, start_node
 from mcp import types
 
 from skilld.cluster import ClusterConfig
 from skilld.cluster._kv import JetStreamKV
 from skilld.cluster._link import NatsLink
+from support.cluster import Keys, NatsServer, NodeProc, mcp_client, start_node
 
 CHAOS_S = 45.0
 WORKERS = ("node-w1", "node-w2")

@@ -8,9 +8,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from cluster_harness import Keys, NatsServer, start_node
 
-from tests_env import ROOT
+from support.cluster import Keys, NatsServer, start_node
+from support.env import ROOT
 
 # Where tests/cli/test_conformance_serve.py looks for the runner too.
 SUITE = Path(os.environ.get("SKILLD_MCP_CONFORMANCE") or ROOT / "tools" / "mcp-conformance")

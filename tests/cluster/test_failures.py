@@ -10,10 +10,10 @@ from pathlib import Path
 import anyio
 import nats as nats_client
 import pytest
-from cluster_harness import Keys, NatsServer, NodeProc, mcp_client, start_node
 from mcp import types
 
 from skilld.package import canonical_json, load_private_key
+from support.cluster import Keys, NatsServer, NodeProc, mcp_client, start_node
 
 pytestmark = pytest.mark.anyio
 

@@ -7,10 +7,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from cluster_harness import Keys, NatsServer, NodeProc, make_bundle, mcp_client, start_node
 from mcp import types
 
 from skilld.sandbox import Sandbox
+from support.cluster import Keys, NatsServer, NodeProc, make_bundle, mcp_client, start_node
 
 pytestmark = pytest.mark.anyio
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import anyio
 import pytest
-from cluster_harness import Keys, NatsServer, mcp_client, start_node
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mcp import types
@@ -19,6 +18,7 @@ from skilld.cluster._claim import HOLD_S, StartTurn
 from skilld.cluster._kv import JetStreamKV, bucket_name, decode_key, encode_key
 from skilld.cluster._link import NatsLink
 from skilld.errors import QuotaExceeded
+from support.cluster import Keys, NatsServer, mcp_client, start_node
 
 # What the SDK accepts as a key: 1 to 1024 bytes of UTF-8.
 SDK_KEYS = st.text(min_size=1, max_size=300).filter(lambda k: 0 < len(k.encode()) <= 1024)

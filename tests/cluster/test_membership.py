@@ -9,8 +9,9 @@ from typing import Any
 
 import anyio
 import pytest
-from cluster_harness import Keys, NatsServer, NodeProc, mcp_client, start_node
 from mcp import types
+
+from support.cluster import Keys, NatsServer, NodeProc, mcp_client, start_node
 
 DEMO_TOOLS = {"echo/echo", "echo-wat/echo", "notes/get", "test_simple_text", "test_sampling"}
 HOSTILE_TOOLS = {"hostile/chatty", "hostile/loop", "hostile/ok"}
@@ -133,7 +134,7 @@ async def test_status_and_metrics_show_the_cluster(
     import sys
     import urllib.request
 
-    from tests_env import cache_env
+    from support.env import cache_env
 
     url = three["a"].url
     assert url is not None

@@ -18,9 +18,10 @@ from typing import Any
 import httpx2
 import nats as nats_client
 import pytest
-from cluster_harness import Keys, NatsServer, NodeProc, SignedClient, start_node
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
+
+from support.cluster import Keys, NatsServer, NodeProc, SignedClient, start_node
 
 pytestmark = pytest.mark.anyio
 

@@ -19,10 +19,11 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
-from cluster_harness import Keys, NatsServer, NodeProc, start_node
 from mcp import Client, types
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server.request_state import AESGCMRequestStateCodec, compact_json
+
+from support.cluster import Keys, NatsServer, NodeProc, start_node
 
 pytestmark = pytest.mark.anyio
 

@@ -15,8 +15,9 @@ import anyio
 import httpx2
 import pytest
 import uvicorn
-from cluster_harness import Keys, NatsServer, NodeProc, start_node
 from test_conformance_cluster import SUITE
+
+from support.cluster import Keys, NatsServer, NodeProc, start_node
 
 pytestmark = pytest.mark.anyio
 

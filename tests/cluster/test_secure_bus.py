@@ -11,10 +11,10 @@ from pathlib import Path
 
 import nats as nats_client
 import pytest
-from cluster_harness import Keys, NatsServer, NodeProc, mcp_client, start_node
 from mcp import types
 
 from skilld.package import nkeys
+from support.cluster import Keys, NatsServer, NodeProc, mcp_client, start_node
 
 # nats-py answers the server's challenge with a module named nkeys: skilld's own (the
 # PyPI package has no wheel), as skilld's cluster link registers it.

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_harness import NatsServer
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,6 +19,7 @@ from skilld.cluster._link import NatsLink
 from skilld.cluster._tasks import BUCKET
 from skilld.errors import ClusterError
 from skilld.package import SigningKey, TrustStore, trusted_key
+from support.cluster import NatsServer
 
 KEY_A, KEY_C, STRANGER = SigningKey.generate(), SigningKey.generate(), SigningKey.generate()
 # Per-node keys: each may speak for its own node only; the stranger for nothing.

@@ -14,7 +14,8 @@ from typing import Any
 import anyio
 import httpx2 as httpx
 import pytest
-from cluster_harness import Keys, NatsServer, NodeProc, start_node
+
+from support.cluster import Keys, NatsServer, NodeProc, start_node
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

@@ -13,12 +13,12 @@ from pathlib import Path
 import anyio
 import httpx2 as httpx
 import pytest
-from cluster_harness import Keys, NatsServer, NodeProc, start_node
 from test_tasks_cluster import rpc, task_audit
 
 from skilld.bundle import build_bundle
 from skilld.sandbox import Sandbox
-from tests_env import ROOT, cache_dir
+from support.cluster import Keys, NatsServer, NodeProc, start_node
+from support.env import ROOT, cache_dir
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 

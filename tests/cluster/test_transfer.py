@@ -11,7 +11,11 @@ from typing import Any
 
 import nats as nats_client
 import pytest
-from cluster_harness import (
+from mcp import types
+
+from skilld.package import canonical_json
+from skilld.sandbox import Sandbox
+from support.cluster import (
     Keys,
     NatsServer,
     NodeProc,
@@ -20,10 +24,6 @@ from cluster_harness import (
     mcp_client,
     start_node,
 )
-from mcp import types
-
-from skilld.package import canonical_json
-from skilld.sandbox import Sandbox
 
 pytestmark = pytest.mark.anyio
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from delegate_util import AuditFile, opened, service_of
 
 from skilld.bundle import BuildResult
 from skilld.delegate import DelegateService
 from skilld.registry import Registry
+from support.delegate import AuditFile, opened, service_of
 
 
 @pytest.fixture(scope="session")

@@ -17,13 +17,13 @@ import json
 from typing import Any
 
 import pytest
-from delegate_util import AuditFile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from skilld.delegate import DelegateService, validate
 from skilld.policy import RUNNER_METHOD
 from skilld.registry import Registry
+from support.delegate import AuditFile
 
 NOTES = ("add", "get", "titles", "echo")
 

@@ -9,11 +9,11 @@ import time
 from typing import Any
 
 import pytest
-from delegate_util import AuditFile
 
 from skilld.delegate import DelegateService
 from skilld.errors import RunOnThread
 from skilld.registry import NullChannel, Registry
+from support.delegate import AuditFile
 
 RESULT_KEYS = {
     "success", "output", "error", "program", "grade", "generation_tier", "correction_attempts",

@@ -14,7 +14,6 @@ from typing import Any
 
 import anyio
 import pytest
-from delegate_util import opened, service_of
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
@@ -23,6 +22,7 @@ from skilld.delegate import InferenceConfig, parse_params
 from skilld.delegate._infer import infer, system_prompt
 from skilld.delegate._kits import Kit
 from skilld.errors import CallCancelled, DeadlineExceeded, DelegateError, UsageError
+from support.delegate import opened, service_of
 from support.env import cache_dir
 
 BAD = "Here it is:\n```python\nimport os\nresult = echo('hi')\n```"

@@ -13,7 +13,7 @@ from skilld.permissions import SkillPermissions
 from skilld.policy import compile_policies
 from skilld.registry import NullChannel, Registry, SkillEntry
 from skilld.sandbox import CallContext, Sandbox
-from tests_env import ROOT
+from support.env import ROOT
 
 
 @pytest.fixture

@@ -6,7 +6,8 @@ import anyio
 import anyio.to_thread
 import pytest
 from mcp import types
-from mcp_fakes import Gate, fake_dispatcher, memory_service, memory_session, text_of
+
+from support.mcp_fakes import Gate, fake_dispatcher, memory_service, memory_session, text_of
 
 pytestmark = pytest.mark.anyio
 

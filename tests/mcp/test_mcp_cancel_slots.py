@@ -15,7 +15,6 @@ import anyio
 import pytest
 from mcp.client.session import ClientSession
 from mcp.shared.memory import create_client_server_memory_streams
-from mcp_fakes import connect, memory_service, text_of
 
 from skilld.audit import MemorySink
 from skilld.errors import GuestError
@@ -26,6 +25,7 @@ from skilld.policy import compile_policies
 from skilld.registry import NullChannel, Registry, SkillEntry
 from skilld.sandbox import CallContext, Sandbox
 from skilld.types import ClientChannel
+from support.mcp_fakes import connect, memory_service, text_of
 
 pytestmark = pytest.mark.anyio
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import anyio
 import pytest
-from mcp_fakes import running_http
 
 from skilld.mcp.testing import conformance_dispatcher
-from tests_env import ROOT
+from support.env import ROOT
+from support.mcp_fakes import running_http
 
 # The runner ships in tools/; SKILLD_MCP_CONFORMANCE points at another copy.
 SUITE = Path(os.environ.get("SKILLD_MCP_CONFORMANCE") or ROOT / "tools" / "mcp-conformance")

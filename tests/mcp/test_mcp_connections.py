@@ -9,11 +9,11 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
-from mcp_fakes import fake_dispatcher, running_http
 
 from skilld.mcp import ServeConfig
 from skilld.mcp._connections import ConnectionGuard
 from skilld.mcp._metrics import Metrics
+from support.mcp_fakes import fake_dispatcher, running_http
 
 pytestmark = pytest.mark.anyio
 

@@ -8,7 +8,8 @@ import anyio
 import pytest
 from mcp import types
 from mcp.shared.exceptions import MCPError
-from mcp_fakes import connect, fake_dispatcher, text_of
+
+from support.mcp_fakes import connect, fake_dispatcher, text_of
 
 pytestmark = pytest.mark.anyio
 

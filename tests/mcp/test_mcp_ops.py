@@ -13,7 +13,11 @@ from mcp import types
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
-from mcp_fakes import (
+
+from skilld.mcp import ServeConfig
+from skilld.mcp._metrics import Metrics
+from skilld.mcp._serve_http import advertised_url
+from support.mcp_fakes import (
     Gate,
     connect,
     fake_dispatcher,
@@ -22,10 +26,6 @@ from mcp_fakes import (
     running_http,
     text_of,
 )
-
-from skilld.mcp import ServeConfig
-from skilld.mcp._metrics import Metrics
-from skilld.mcp._serve_http import advertised_url
 
 pytestmark = pytest.mark.anyio
 

@@ -9,7 +9,6 @@ from typing import Any
 import anyio
 import pytest
 from anyio import wait_all_tasks_blocked
-from mcp_fakes import Inbox, connect, memory_service, memory_session, text_of
 
 from skilld.audit import MemorySink
 from skilld.errors import RunOnThread
@@ -18,6 +17,7 @@ from skilld.registry import Exposure, NullChannel, Registry, SkillEntry
 from skilld.sandbox import CallContext, Sandbox
 from skilld.state import SqliteState
 from skilld.types import Limits
+from support.mcp_fakes import Inbox, connect, memory_service, memory_session, text_of
 
 pytestmark = pytest.mark.anyio
 

@@ -21,7 +21,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mcp import Client, types
 from mcp.client.stdio import StdioServerParameters, stdio_client
-from mcp_fakes import running_http, text_of
 
 from skilld.audit import MemorySink
 from skilld.mcp import HttpServer, ServeConfig
@@ -29,7 +28,8 @@ from skilld.permissions import SkillPermissions
 from skilld.policy import compile_policies
 from skilld.registry import NullChannel, Registry, SkillEntry
 from skilld.sandbox import CallContext, Sandbox
-from tests_env import ROOT
+from support.env import ROOT
+from support.mcp_fakes import running_http, text_of
 
 pytestmark = pytest.mark.anyio
 

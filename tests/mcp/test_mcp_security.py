@@ -11,10 +11,10 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
-from mcp_fakes import fake_dispatcher, running_http
 
 from skilld.errors import UsageError
 from skilld.mcp import ServeConfig, _http
+from support.mcp_fakes import fake_dispatcher, running_http
 
 pytestmark = pytest.mark.anyio
 

@@ -10,13 +10,13 @@ import anyio
 import httpx2 as httpx
 import pytest
 from mcp import types
-from mcp_fakes import running_http
 from test_mcp_rounds import modern, payload, tool
 
 from skilld.audit import MemorySink
 from skilld.mcp import HttpServer, ServeConfig
 from skilld.mcp._tasks import TASKS, MemoryTaskStore, TaskRecord
 from skilld.registry import Registry
+from support.mcp_fakes import running_http
 
 pytestmark = pytest.mark.anyio
 

@@ -6,7 +6,8 @@ import anyio
 import anyio.to_thread
 import pytest
 from mcp import types
-from mcp_fakes import Gate, Inbox, connect, fake_dispatcher, text_of
+
+from support.mcp_fakes import Gate, Inbox, connect, fake_dispatcher, text_of
 
 pytestmark = pytest.mark.anyio
 

@@ -8,13 +8,13 @@ from collections.abc import AsyncIterator
 
 import anyio
 import pytest
-from mcp_fakes import running_http
 from test_mcp_rounds import tool
 
 from skilld.audit import MemorySink
 from skilld.mcp import HttpServer, ServeConfig
 from skilld.registry import Registry
-from tests_env import ROOT
+from support.env import ROOT
+from support.mcp_fakes import running_http
 
 CLIENT = ROOT / "tools" / "mcp-ts-client"
 

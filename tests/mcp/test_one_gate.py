@@ -9,7 +9,6 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import pytest
-from mcp_fakes import memory_service, memory_session, text_of
 
 from skilld.audit import MemorySink
 from skilld.call import CallContext
@@ -18,6 +17,7 @@ from skilld.mcp import ServeConfig
 from skilld.registry import NullChannel, Registry, SkillEntry
 from skilld.types import CallOutput, Decision, Limits, MethodSpec, SkillSpec
 from support.checkers import TextQuestions
+from support.mcp_fakes import memory_service, memory_session, text_of
 
 pytestmark = pytest.mark.anyio
 

@@ -10,13 +10,13 @@ from typing import Any
 import anyio
 import httpx2 as httpx
 import pytest
-from mcp_fakes import running_http
 from test_mcp_rounds import MODERN, tool
 from test_mcp_tasks import WITH_TASKS
 
 from skilld.audit import MemorySink
 from skilld.mcp import HttpServer, ServeConfig
 from skilld.registry import Registry
+from support.mcp_fakes import running_http
 
 pytestmark = pytest.mark.anyio
 

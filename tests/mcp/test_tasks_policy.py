@@ -6,13 +6,13 @@ from collections.abc import AsyncIterator
 
 import httpx2 as httpx
 import pytest
-from mcp_fakes import running_http
 from test_mcp_rounds import tool
 from test_mcp_tasks import rpc, until
 
 from skilld.audit import MemorySink
 from skilld.mcp import HttpServer, ServeConfig
 from skilld.registry import Registry
+from support.mcp_fakes import running_http
 
 pytestmark = pytest.mark.anyio
 

@@ -6,9 +6,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from pkg_helpers import COMPONENT, META
 
 from skilld.package import SigningKey, TrustStore, build_package, trusted_key
+from support.packages import COMPONENT, META
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pkg_helpers import COMPONENT, META
 
 from skilld import ABI_VERSION
 from skilld.errors import PackageFormatError
@@ -25,6 +24,7 @@ from skilld.package import (
     read_package,
     verify_package,
 )
+from support.packages import COMPONENT, META
 
 
 def test_verify_returns_every_file(package: bytes, trust: TrustStore, key: SigningKey) -> None:

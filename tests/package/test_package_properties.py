@@ -7,10 +7,10 @@ from functools import cache
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pkg_helpers import COMPONENT, META
 
 from skilld.errors import PackageError
 from skilld.package import SigningKey, TrustStore, build_package, trusted_key, verify_package
+from support.packages import COMPONENT, META
 
 
 @cache

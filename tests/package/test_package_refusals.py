@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pkg_helpers import COMPONENT, META, RawEntry, raw_zip, signed_archive
 
 from skilld.errors import (
     DigestMismatch,
@@ -38,6 +37,7 @@ from skilld.package import (
 from skilld.package._pack import signature_entry
 from skilld.package._verify import _parse_signature
 from skilld.package._zip import ZipEntry, dos_datetime, write_zip
+from support.packages import COMPONENT, META, RawEntry, raw_zip, signed_archive
 
 MakeTrust = Callable[..., TrustStore]
 

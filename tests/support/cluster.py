@@ -26,7 +26,7 @@ from mcp.client.streamable_http import streamable_http_client
 from skilld.bundle import build_bundle
 from skilld.package import SigningKey, trust_file_bytes, trusted_key, write_private_key
 from skilld.sandbox import Sandbox
-from tests_env import ROOT, SKILLS, cache_dir, cache_env
+from support.env import ROOT, SKILLS, cache_dir, cache_env
 
 NATS_SERVER = Path(sys.executable).parent / "nats-server"
 START_TIMEOUT_S = 60.0
@@ -250,7 +250,7 @@ def make_keys(root: Path) -> Keys:
     return Keys(root / "nodes", root / "stranger.pem", root / "trust")
 
 
-CLUSTER_SKILLS = Path(__file__).resolve().parent / "skills"
+CLUSTER_SKILLS = ROOT / "tests" / "cluster" / "skills"
 
 
 def make_bundle(

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from mcp_fakes import fake_dispatcher
-
 from skilld.mcp import ServeConfig, serve
+from support.mcp_fakes import fake_dispatcher
 
 if __name__ == "__main__":
     serve(fake_dispatcher(), ServeConfig(transport="stdio", log_level="warning"))

@@ -37,8 +37,7 @@ from skilld.mcp.testing import ECHO_SCHEMA, StaticDispatcher, static_tool
 from skilld.registry import Dispatcher, ToolAnnotations
 from skilld.types import CallOutput, ClientChannel, ContentBlock, PromptSpec, ResourceSpec
 
-HERE = Path(__file__).resolve().parent
-STDIO_SCRIPT = HERE / "serve_fake.py"
+TESTS = Path(__file__).resolve().parent.parent  # tests/: the server runs from there
 
 
 @dataclass
@@ -323,7 +322,9 @@ async def connect(
     """An initialized SDK client session to a fake dispatcher over ``transport``."""
     inbox = inbox or Inbox()
     if transport == "stdio":
-        params = StdioServerParameters(command=sys.executable, args=[str(STDIO_SCRIPT)])
+        params = StdioServerParameters(
+            command=sys.executable, args=["-m", "support.serve_fake"], cwd=TESTS
+        )
         async with stdio_client(params) as (read, write), _session(read, write, inbox) as s:
             await s.initialize()
             yield s

@@ -9,9 +9,9 @@ import sys
 import zipfile
 from pathlib import Path
 
-from tests_env import cache_dir
+from support.env import ROOT, cache_dir
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURES = ROOT / "tests" / "agentskills" / "fixtures"
 
 
 def wheelhouse(*requirements: str) -> Path:
