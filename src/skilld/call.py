@@ -11,9 +11,9 @@ One ``tools/call``, in five hops (each stage in one place):
    from another node (``cluster/_worker.py``), ``invoke`` and ``skilld call`` enter at
    hop 2 on their own thread.
 2. **Registry** (``registry/_dispatch.py``, ``Registry.call``, ``call_method``, ``_run``):
-   the tool name to (skill, method); an inline attempt (:class:`Inline`, started by its
-   ``InlineStrategy``); a :class:`CallContext` with its :class:`~skilld.audit.CallRecorder`;
-   the slot (:meth:`CallGate.take`: the lent one, or one waited for here).
+   the tool name to (skill, method); an inline attempt (:class:`Inline`); a
+   :class:`CallContext` with its :class:`~skilld.audit.CallRecorder`; the slot
+   (:meth:`CallGate.take`: the lent one, or one waited for here).
 3. **Backend** (``SkillBackend.call``, ``registry/_contract.py``): a wasm component
    (``sandbox/_sandbox.py``, which makes the context :func:`current` with
    :func:`entered` for the guest), an Agent Skill, a delegate kit or a remote node.
@@ -299,7 +299,7 @@ class Inline:
     """One inline attempt at a call: on a thread that must not block (the server's event loop).
 
     The whole inline strategy of a call, in one place. The registry starts an attempt
-    (``registry/_dispatch.py``'s ``InlineStrategy``); a backend answers it only when it
+    (``Registry.call_method``); a backend answers it only when it
     can without running guest code or blocking (delegate's ``kit_list``, say), and
     otherwise gives up (:meth:`give_up`, through :meth:`CallContext.thread_only`) before
     anything runs: when the skill has no free slot, and always for guest code (a wasm

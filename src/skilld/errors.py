@@ -367,11 +367,7 @@ class RunOnThread(Exception):
     code ran (the sandbox gives every inline attempt up before it takes an instance)
     and before anything was audited, so running the call on a thread runs it once.
     See ``Dispatcher.call_inline``.
-
-    ``ran`` says guest code ran before it gave up; since guests no longer run inline
-    nothing sets it (kept for the registry's ``InlineStrategy``, whose backoff it drives).
     """
 
-    def __init__(self, *, ran: bool = False):
+    def __init__(self) -> None:
         super().__init__("run the call on a worker thread")
-        self.ran = ran

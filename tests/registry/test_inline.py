@@ -78,9 +78,8 @@ def test_a_guest_never_runs_inline(
     reg, sink, _ = inline_registry
     reg.call(tool, args, NullChannel())  # instantiated once: its cost is known
     sink.records.clear()
-    with pytest.raises(RunOnThread) as gave_up:
+    with pytest.raises(RunOnThread):
         reg.call_inline(tool, args, NullChannel(), 30.0)
-    assert not gave_up.value.ran
     assert sink.records == []
     assert reg.call(tool, args, NullChannel()).value == value
     assert [r["outcome"] for r in sink.records] == ["ok"]
@@ -115,9 +114,8 @@ def test_the_sandbox_gives_up_before_instantiating(
     """Straight to the component: an inline context raises before any instance exists."""
     comp = sandbox.load(component_path("echo-wat").read_bytes(), name="echo-wat")
     ctx = CallContext("echo-wat", LIMITS, NullChannel(), inline=Inline.for_s(30.0))
-    with pytest.raises(RunOnThread) as gave_up:
+    with pytest.raises(RunOnThread):
         comp.call("echo", '{"text":"hi"}', ctx)
-    assert not gave_up.value.ran
     assert comp._instantiate_s == float("inf")  # never instantiated
     out = comp.call("echo", '{"text":"hi"}', CallContext("echo-wat", LIMITS, NullChannel()))
     assert out.value == "hi"
@@ -133,9 +131,8 @@ def test_no_free_slot_sends_the_call_to_a_thread_without_waiting(
     held = [entry.gate.take(0) for _ in range(entry.gate.limit)]
     try:
         started = time.perf_counter()
-        with pytest.raises(RunOnThread) as gave_up:
+        with pytest.raises(RunOnThread):
             reg.call_inline("echo-wat/echo", {"text": "x"}, NullChannel(), 0.05)
-        assert not gave_up.value.ran
         assert time.perf_counter() - started < 0.5
     finally:
         for slot in held:

@@ -21,7 +21,7 @@ from skilld.registry._contract import (
     Tool,
     ToolAnnotations,
 )
-from skilld.registry._dispatch import InlineStrategy, Registry
+from skilld.registry._dispatch import Registry
 from skilld.types import ClientChannel
 
 __all__ = [
@@ -31,7 +31,6 @@ __all__ = [
     "ClientChannel",
     "Dispatcher",
     "Exposure",
-    "InlineStrategy",
     "NullChannel",
     "Registry",
     "SkillBackend",

@@ -6,7 +6,7 @@ to a backend and back. Each stage is in one place:
    the tool's input schema, refused while draining and taken a slot of the skill's
    gate for the call (``skilld.mcp``); a routed call from another node enters at
    :meth:`Registry.call_method` (``skilld.cluster``), ``skilld call`` too.
-2. **Inline or thread** (:class:`InlineStrategy` here, :class:`skilld.call.Inline`): a
+2. **Inline or thread** (:class:`skilld.call.Inline`): a
    call from the event loop is first tried there; it gives up, before anything can be
    observed, when it could block, and then runs once on a worker thread.
 3. **Slot** (:class:`skilld.call.CallGate`, the skill's one gate): one of its
@@ -45,7 +45,6 @@ from skilld.errors import (
     GuestError,
     HostCallError,
     RegistryError,
-    RunOnThread,
     SkilldError,
 )
 from skilld.registry._audit import AuditTrail, audited
@@ -54,42 +53,6 @@ from skilld.registry._contract import NullChannel
 from skilld.types import AuditSink, CallOutput, ClientChannel
 
 T = TypeVar("T")
-
-
-class InlineStrategy:
-    """When a call is tried inline, and how it gives up (see :class:`skilld.call.Inline`).
-
-    After an attempt at a method gave up having run guest code, the next ``backoff``
-    calls of that method go straight to a thread: a method that always needs one (it
-    calls kv, say) wastes an attempt in ``backoff + 1``, not each. One that gave up
-    before its guest ran is tried again at once.
-    """
-
-    def __init__(self, backoff: int = 32):
-        self._backoff = backoff
-        # (skill, method) -> inline attempts still to skip after one gave up
-        self._skipping: dict[tuple[str, str], int] = {}
-
-    def start(self, key: tuple[str, str], budget_s: float) -> Inline:
-        """An attempt at a call of ``key`` = (skill, method) of about ``budget_s``.
-
-        Raises:
-            RunOnThread: the method is backing off; nothing ran.
-        """
-        skip = self._skipping.get(key, 0)
-        if skip > 0:
-            self._skipping[key] = skip - 1
-            raise RunOnThread
-        return Inline.for_s(budget_s)
-
-    def gave_up(self, key: tuple[str, str], exc: RunOnThread) -> None:
-        """An attempt at ``key`` gave up: back off when its guest ran."""
-        if exc.ran:
-            self._skipping[key] = self._backoff
-
-    def forget(self, skill_id: str) -> None:
-        """A skill left: drop what was learnt about its methods."""
-        self._skipping = {k: v for k, v in self._skipping.items() if k[0] != skill_id}
 
 
 class Registry(Catalogue):
@@ -102,7 +65,6 @@ class Registry(Catalogue):
     def __init__(self, audit: AuditSink | None = None):
         super().__init__()
         self._trail = AuditTrail(audit)
-        self._inline = InlineStrategy()
 
     def emit_audit(self, record: dict[str, Any]) -> None:
         """Send one record that is not a call's (an MCP task's lifecycle) to the audit sink.
@@ -111,16 +73,6 @@ class Registry(Catalogue):
             AuditError: the sink could not record.
         """
         self._trail.emit(record)
-
-    def remove(self, skill_id: str) -> SkillEntry:
-        """Unregister a skill and its tools (see :meth:`Catalogue.remove`); returns its entry.
-
-        Raises:
-            RegistryError: no skill ``skill_id`` is registered.
-        """
-        entry = super().remove(skill_id)
-        self._inline.forget(skill_id)
-        return entry
 
     def call(self, tool: str, arguments: Mapping[str, Any], channel: ClientChannel) -> CallOutput:
         """Run one tool call to the end (see the module docstring).
@@ -143,13 +95,11 @@ class Registry(Catalogue):
         """Try the call on this thread without blocking it for more than about ``budget_s``.
 
         For the MCP server's event loop: a quick guest that needs no blocking host
-        call finishes here, saving the hand-off to a worker thread and back (at 16
-        concurrent calls most of skilld's overhead, docs/mcp.md). The attempt gives
-        up with :class:`RunOnThread`, unaudited and unseen, when the skill has no
-        free slot, its instance would be slow to create, or the guest runs too long
-        or makes a host call that could block; the caller then runs :meth:`call` on
-        a worker thread. A method that gave up is not tried inline for its next
-        calls (:class:`InlineStrategy`; one that gave up before its guest ran is tried again).
+        call finishes here, saving the hand-off to a worker thread and back. Only a
+        backend that runs no guest code answers (delegate's ``kit_list``); the attempt
+        gives up with :class:`RunOnThread`, unaudited and unseen and before any guest
+        code runs, for everything else and when the skill has no free slot; the caller
+        then runs :meth:`call` on a worker thread, once.
 
         Raises:
             RunOnThread: as above.
@@ -190,30 +140,25 @@ class Registry(Catalogue):
         if entry is None:
             raise RegistryError(f"no skill named '{skill_id}'")
         args_json = json.dumps(arguments, separators=(",", ":"), sort_keys=True)
-        key = (skill_id, method)
-        inline = None if inline_s is None else self._inline.start(key, inline_s)
+        inline = None if inline_s is None else Inline.for_s(inline_s)
 
         def guest(ctx: CallContext) -> CallOutput:
             if remote_caller is not None:
                 _consent(entry, *remote_caller, ctx)
             return entry.component.call(method, args_json, ctx)
 
-        try:
-            return self._run(
-                entry,
-                method,
-                args_json,
-                channel,
-                guest,
-                caller=caller,
-                depth=depth,
-                chain=chain,
-                inline=inline,
-                deadline=deadline,
-            )
-        except RunOnThread as exc:
-            self._inline.gave_up(key, exc)
-            raise
+        return self._run(
+            entry,
+            method,
+            args_json,
+            channel,
+            guest,
+            caller=caller,
+            depth=depth,
+            chain=chain,
+            inline=inline,
+            deadline=deadline,
+        )
 
     def _run(
         self,
