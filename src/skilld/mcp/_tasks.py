@@ -162,6 +162,15 @@ class TaskBoard(Protocol):
         """Hear the requests for this node's tasks (any thread)."""
         ...
 
+    def follow(
+        self,
+        on_record: Callable[[str, dict[str, Any]], None],
+        on_failed: Callable[[str, dict[str, Any]], None],
+    ) -> None:
+        """Hear every record as it changes, and each task this node marked failed because
+        its owner went (any thread)."""
+        ...
+
 
 _FIELDS = (
     "task_id",
@@ -198,18 +207,21 @@ class BoardTaskStore:
     def get(self, task_id: str) -> TaskRecord | None:
         """The record while its TTL lasts, when its owner signed it."""
         raw = self.board.get(task_id)
-        if raw is None:
-            return None
-        try:
-            fields = {k: raw[k] for k in _FIELDS if k in raw}
-            record = TaskRecord(**fields, owner=str(raw["owner"]))
-        except (KeyError, TypeError, ValueError):
-            return None
-        return record if float(record.expires) > self.clock() else None
+        record = None if raw is None else record_of(raw)
+        return record if record is not None and float(record.expires) > self.clock() else None
 
     def ask(self, owner: str, task_id: str, op: str, body: Mapping[str, Any]) -> None:
         """Send ``op`` for ``task_id`` to the node it runs on."""
         self.board.ask(owner, task_id, op, body)
+
+
+def record_of(raw: Mapping[str, Any]) -> TaskRecord | None:
+    """A board's record (``owner`` included) as a :class:`TaskRecord`; None if malformed."""
+    try:
+        fields = {k: raw[k] for k in _FIELDS if k in raw}
+        return TaskRecord(**fields, owner=str(raw["owner"]))
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def declares_tasks(ctx_params: Mapping[str, Any] | None, connection_caps: Any) -> bool:
@@ -267,6 +279,8 @@ class Tasks:
         self._watchers: list[Callable[[dict[str, Any]], None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._followers: set[asyncio.Task[None]] = set()
+        # The last status told to listeners of each task another node owns (follow_board).
+        self._told: dict[str, tuple[str, float]] = {}
 
     def watch(self, listener: Callable[[dict[str, Any]], None]) -> Callable[[], None]:
         """Hear each status change of this node's tasks (the ``Task`` fields and ``client``,
@@ -288,6 +302,43 @@ class Tasks:
                 loop.call_soon_threadsafe(self._apply, task_id, op, body)
 
         board.listen(heard)
+
+    def follow_board(self, board: TaskBoard) -> None:
+        """Tell this node's listeners of status changes of tasks other entry nodes own
+        (their records, seen changing on the board: a listen stream on any entry node hears
+        any task of its client), and audit the tasks this node marked failed because their
+        owner went. Called on the loop."""
+        self._loop = asyncio.get_running_loop()
+        loop = self._loop
+
+        def later(act: Callable[[TaskRecord], None]) -> Callable[[str, dict[str, Any]], None]:
+            def heard(_task_id: str, raw: dict[str, Any]) -> None:
+                record = record_of(raw)
+                if record is not None and not loop.is_closed():
+                    loop.call_soon_threadsafe(act, record)
+
+            return heard
+
+        board.follow(later(self._seen), later(self._marked_failed))
+
+    def _seen(self, record: TaskRecord) -> None:
+        """A record changed on the board: its status, once per change, to our listeners,
+        unless this node runs it (its own changes are told as they happen, see _emit)."""
+        if record.owner == self.node or record.expires <= time.time():
+            return
+        told = self._told.get(record.task_id)
+        if told is not None and told[0] == record.status:
+            return
+        if len(self._told) >= 4096:
+            now = time.time()
+            for gone in [t for t, (_s, expires) in self._told.items() if expires <= now]:
+                del self._told[gone]
+        self._told[record.task_id] = (record.status, record.expires)
+        for listener in list(self._watchers):
+            listener({**record.wire(), "client": record.client})
+
+    def _marked_failed(self, record: TaskRecord) -> None:
+        self._audit_event("failed", record, by=self.node, reason=record.message)
 
     def _apply(self, task_id: str, op: str, body: dict[str, Any]) -> None:
         if task_id not in self._running:
@@ -383,6 +434,11 @@ class Tasks:
         if status != "cancel-requested":
             for listener in list(self._watchers):
                 listener({**record.wire(), "status": wire, "client": record.client})
+        self._audit_event(status, record, by=by)
+
+    def _audit_event(
+        self, status: str, record: TaskRecord, by: str | None = None, reason: str | None = None
+    ) -> None:
         if self._audit is None:
             return
         event = {
@@ -396,6 +452,8 @@ class Tasks:
         }
         if by is not None:
             event["by"] = by
+        if reason is not None:
+            event["reason"] = reason
         try:
             self._audit(event)
         except SkilldError as exc:  # the task goes on; the trouble is logged
@@ -529,6 +587,7 @@ def tasks_of(dispatcher: Dispatcher, config: ServeConfig, node: str) -> Tasks:
         audit=audit if callable(audit) else None,
     )
     if board is not None:
+        tasks.follow_board(board)
         tasks.serve_requests(board)
     return tasks
 
