@@ -260,6 +260,8 @@ class Tasks:
         poll_interval_ms: the interval clients are told to poll at.
         node: this node's name, the owner recorded in the tasks it creates.
         audit: where the task's lifecycle records go (``None``: nowhere).
+        max_per_client: how many tasks one client may have running here at once.
+        max_tasks: how many tasks may run here at once, all clients together.
     """
 
     def __init__(
@@ -269,8 +271,13 @@ class Tasks:
         poll_interval_ms: int = 500,
         node: str = "",
         audit: Audit | None = None,
+        max_per_client: int = 16,
+        max_tasks: int = 256,
     ) -> None:
         self.store = store
+        self.max_per_client = max_per_client
+        self.max_tasks = max_tasks
+        self._client_of: dict[str, str] = {}  # running task -> its client
         self.ttl_ms = ttl_ms
         self.poll_interval_ms = poll_interval_ms
         self.node = node
@@ -349,10 +356,42 @@ class Tasks:
         elif op == "update" and isinstance(body.get("responses"), dict):
             self._answer(self._running[task_id], body["responses"])
 
+    def admit(self, client: str = "") -> None:
+        """Refuse a new task beyond the caps on tasks running here (the 2025-11-25 tasks
+        text: receivers SHOULD enforce limits on concurrent tasks per requestor; no code is
+        assigned, so the internal-error code with the limit in ``data``).
+
+        Raises:
+            MCPError: ``-32603`` when ``client`` or this node already runs its maximum.
+        """
+        mine = sum(1 for c in self._client_of.values() if c == client)
+        if mine >= self.max_per_client:
+            scope, limit = "client", self.max_per_client
+        elif len(self._running) >= self.max_tasks:
+            scope, limit = "node", self.max_tasks
+        else:
+            return
+        who = "this client has" if scope == "client" else "this server has"
+        raise MCPError(
+            types.INTERNAL_ERROR,
+            f"too many tasks: {who} {limit} running; wait for one to end, or cancel one",
+            data={"limit": limit, "scope": scope},
+        )
+
     def create(
         self, tool: str, call: ParkedCall[Any], outcome: Outcome, client: str = ""
     ) -> TaskRecord:
-        """Record a task for ``call`` made by ``client`` (durably, before it hears of it)."""
+        """Record a task for ``call`` made by ``client`` (durably, before it hears of it).
+
+        Raises:
+            MCPError: ``-32603`` beyond the caps (see :meth:`admit`); the call is cancelled.
+            SkilldError: the store did not take the record; the call is cancelled.
+        """
+        try:
+            self.admit(client)
+        except MCPError:
+            call.channel.cancel()
+            raise
         self._loop = asyncio.get_running_loop()
         now = _now()
         record = TaskRecord(
@@ -373,6 +412,7 @@ class Tasks:
             call.channel.cancel()  # nobody could ever ask for it
             raise
         self._running[record.task_id] = call
+        self._client_of[record.task_id] = client
         self._emit("created", record)
         if hasattr(self.store, "ask"):
             # Other entry nodes read the questions from the record: keep it current.
@@ -382,6 +422,7 @@ class Tasks:
 
         def ended(task: asyncio.Task[Any]) -> None:
             self._running.pop(record.task_id, None)
+            self._client_of.pop(record.task_id, None)
             current = self.store.get(record.task_id) or record
             if current.status == "cancelled":
                 self._emit("cancelled", current)
@@ -585,6 +626,8 @@ def tasks_of(dispatcher: Dispatcher, config: ServeConfig, node: str) -> Tasks:
         ttl_ms=config.task_ttl_ms,
         node=board.node if board is not None else node,
         audit=audit if callable(audit) else None,
+        max_per_client=config.max_tasks_per_client,
+        max_tasks=config.max_tasks,
     )
     if board is not None:
         tasks.follow_board(board)
