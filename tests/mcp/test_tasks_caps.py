@@ -3,12 +3,15 @@ refused call starts; a slot frees when a task ends."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import anyio
 import httpx2 as httpx
 import pytest
+from mcp.shared.exceptions import MCPError
 from mcp_fakes import running_http
 from test_mcp_rounds import tool
 from test_tasks_notify import call
@@ -16,6 +19,7 @@ from test_tasks_notify import call
 from skilld.audit import MemorySink
 from skilld.errors import UsageError
 from skilld.mcp import HttpServer, ServeConfig
+from skilld.mcp._tasks import MemoryTaskStore, Tasks
 from skilld.registry import Registry
 
 pytestmark = pytest.mark.anyio
@@ -74,3 +78,47 @@ def test_task_caps_must_be_positive() -> None:
         ServeConfig(max_tasks=0)
     with pytest.raises(UsageError, match="max_tasks"):
         ServeConfig(max_tasks_per_client=-1)
+
+
+class _Board:
+    """Just enough of a cluster's board to play the records other entry nodes write."""
+
+    node = "node-c"
+
+    def __init__(self) -> None:
+        self.seen: Any = None
+
+    def follow(self, on_record: Any, on_failed: Any) -> None:
+        """Keep the record callback."""
+        self.seen = on_record
+
+
+async def test_a_clients_tasks_on_other_entry_nodes_count_towards_its_cap() -> None:
+    """With a cap of one, alice's unfinished task that node-a runs (seen on the board) makes
+    her next task here -32603; once the board shows it completed, she is admitted again;
+    bob, whose task it is not, is admitted all along."""
+    tasks = Tasks(MemoryTaskStore(), node="node-c", max_per_client=1)
+    board = _Board()
+    tasks.follow_board(cast(Any, board))
+    now = time.time()
+    record = {
+        "task_id": "task-a1",
+        "tool": "slow_compute",
+        "status": "working",
+        "created_at": "t",
+        "updated_at": "t",
+        "ttl_ms": 60_000,
+        "poll_interval_ms": 500,
+        "expires": now + 60,
+        "client": "alice",
+        "owner": "node-a",
+    }
+    board.seen("task-a1", record)
+    await asyncio.sleep(0)  # the record is handed to the loop (call_soon_threadsafe)
+    with pytest.raises(MCPError) as refused:
+        tasks.admit("alice")
+    assert refused.value.error.data == {"limit": 1, "scope": "client"}
+    tasks.admit("bob")
+    board.seen("task-a1", {**record, "status": "completed"})
+    await asyncio.sleep(0)
+    tasks.admit("alice")

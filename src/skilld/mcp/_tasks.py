@@ -288,6 +288,8 @@ class Tasks:
         self._followers: set[asyncio.Task[None]] = set()
         # The last status told to listeners of each task another node owns (follow_board).
         self._told: dict[str, tuple[str, float]] = {}
+        # Unfinished tasks other entry nodes run: task -> (client, expires).
+        self._elsewhere: dict[str, tuple[str, float]] = {}
 
     def watch(self, listener: Callable[[dict[str, Any]], None]) -> Callable[[], None]:
         """Hear each status change of this node's tasks (the ``Task`` fields and ``client``,
@@ -333,6 +335,11 @@ class Tasks:
         unless this node runs it (its own changes are told as they happen, see _emit)."""
         if record.owner == self.node or record.expires <= time.time():
             return
+        # the client's tasks running on other entry nodes count towards its cap here
+        if record.status in TERMINAL:
+            self._elsewhere.pop(record.task_id, None)
+        else:
+            self._elsewhere[record.task_id] = (record.client, record.expires)
         told = self._told.get(record.task_id)
         if told is not None and told[0] == record.status:
             return
@@ -340,6 +347,7 @@ class Tasks:
             now = time.time()
             for gone in [t for t, (_s, expires) in self._told.items() if expires <= now]:
                 del self._told[gone]
+                self._elsewhere.pop(gone, None)
         self._told[record.task_id] = (record.status, record.expires)
         for listener in list(self._watchers):
             listener({**record.wire(), "client": record.client})
@@ -357,14 +365,18 @@ class Tasks:
             self._answer(self._running[task_id], body["responses"])
 
     def admit(self, client: str = "") -> None:
-        """Refuse a new task beyond the caps on tasks running here (the 2025-11-25 tasks
-        text: receivers SHOULD enforce limits on concurrent tasks per requestor; no code is
-        assigned, so the internal-error code with the limit in ``data``).
+        """Refuse a new task beyond the caps: the client's unfinished tasks on any entry node
+        of the cluster (other nodes' as the board shows them), and this node's running
+        tasks. The 2025-11-25 tasks text says receivers SHOULD limit concurrent tasks per
+        requestor and assigns no code: the internal-error code, the limit in ``data``.
 
         Raises:
             MCPError: ``-32603`` when ``client`` or this node already runs its maximum.
         """
-        mine = sum(1 for c in self._client_of.values() if c == client)
+        now = time.time()
+        mine = sum(1 for c in self._client_of.values() if c == client) + sum(
+            1 for c, expires in self._elsewhere.values() if c == client and expires > now
+        )
         if mine >= self.max_per_client:
             scope, limit = "client", self.max_per_client
         elif len(self._running) >= self.max_tasks:
