@@ -22,14 +22,16 @@ from skilld.package import SigningKey, TrustStore, trusted_key
 from support.cluster import NatsServer
 
 KEY_A, KEY_C, STRANGER = SigningKey.generate(), SigningKey.generate(), SigningKey.generate()
+KEY_D = SigningKey.generate()
 # Per-node keys: each may speak for its own node only; the stranger for nothing.
 TRUST = TrustStore(
     (
         trusted_key("node-a", KEY_A.public_raw, [], cluster=["node-a"]),
         trusted_key("node-c", KEY_C.public_raw, [], cluster=["node-c"]),
+        trusted_key("node-d", KEY_D.public_raw, [], cluster=["node-d"]),
     )
 )
-RECORD = {"task_id": "task-1", "status": "working", "tool": "slow_compute"}
+RECORD = {"task_id": "task-1", "status": "working", "tool": "slow_compute", "expires": 4e9}
 
 
 @pytest.fixture
@@ -183,3 +185,103 @@ def test_values_are_signed_json_with_the_key_bound(link: NatsLink) -> None:
     outer = json.loads(raw_get(link, "t.task-5"))
     assert set(outer) == {"h", "d"}
     assert json.loads(outer["d"]) == {"owner": "node-a", "task": "task-5", "record": RECORD}
+
+
+def following(
+    link: NatsLink, node: str, key: SigningKey, refused: list[str]
+) -> tuple[TaskBoard, queue.Queue[tuple[str, str]], queue.Queue[str]]:
+    """``node``'s board following the records: (board, (task, status) of each record it
+    heard, each task it marked failed)."""
+    heard: queue.Queue[tuple[str, str]] = queue.Queue()
+    failed: queue.Queue[str] = queue.Queue()
+    b = board(link, node, key, refused)
+    b.follow(lambda t, r: heard.put((t, r["status"])), lambda t, r: failed.put(t))
+    return b, heard, failed
+
+
+def heard_until(heard: queue.Queue[tuple[str, str]], want: tuple[str, str]) -> None:
+    """Wait until ``want`` is heard."""
+    while heard.get(timeout=10) != want:
+        pass
+
+
+def test_of_two_nodes_that_saw_the_owner_go_one_marks_its_task_failed(link: NatsLink) -> None:
+    """node-c and node-d both hear node-a go at once: its unfinished task is marked failed by
+    exactly one of them (compare-and-set on the revision), naming node-a; its finished task
+    is left alone; both read the failed record as node-a's."""
+    refused: list[str] = []
+    a = board(link, "node-a", KEY_A, refused)
+    c, heard_c, failed_c = following(link, "node-c", KEY_C, refused)
+    d, heard_d, failed_d = following(link, "node-d", KEY_D, refused)
+    a.put("task-run", {**RECORD, "task_id": "task-run"})
+    a.put("task-done", {**RECORD, "task_id": "task-done", "status": "completed"})
+    for heard in (heard_c, heard_d):
+        heard_until(heard, ("task-done", "completed"))
+
+    async def both_hear_it() -> list[Any]:
+        return [c.owner_gone("node-a", None, "expired"), d.owner_gone("node-a", None, "expired")]
+
+    marking = link.run(both_hear_it(), timeout=10)
+    assert all(m is not None for m in marking)
+    for m in marking:
+        m.result(timeout=10)
+    marked = [*(["node-c"] * failed_c.qsize()), *(["node-d"] * failed_d.qsize())]
+    assert len(marked) == 1, marked
+    for reader in (c, d):
+        got = reader.get("task-run")
+        assert got is not None and got["status"] == "failed" and got["owner"] == "node-a"
+        assert "node node-a running this task expired" in got["error"]["message"]
+        assert reader.get("task-done") == {
+            **RECORD,
+            "task_id": "task-done",
+            "status": "completed",
+            "owner": "node-a",
+        }
+    assert not refused, refused
+
+
+def test_a_restarted_owner_loses_only_the_tasks_of_its_earlier_life(link: NatsLink) -> None:
+    """When node-a's boot changes, node-c marks failed the tasks node-a signed before that
+    boot, not those its new life wrote after it."""
+    refused: list[str] = []
+    old = board(link, "node-a", KEY_A, refused)
+    old.put("task-old", {**RECORD, "task_id": "task-old"})
+    new = board(link, "node-a", KEY_A, refused)  # a new stamper: a later boot
+    new.put("task-new", {**RECORD, "task_id": "task-new"})
+    c, heard, failed = following(link, "node-c", KEY_C, refused)
+    heard_until(heard, ("task-new", "working"))
+
+    async def restarted() -> Any:
+        return c.owner_gone("node-a", new._stamper.boot, "restarted")
+
+    link.run(restarted(), timeout=10).result(timeout=10)
+    assert failed.get(timeout=10) == "task-old" and failed.empty()
+    assert (c.get("task-old") or {}).get("status") == "failed"
+    assert (c.get("task-new") or {}).get("status") == "working"
+
+
+def test_only_a_failed_record_without_a_result_may_be_written_for_another_node(
+    link: NatsLink,
+) -> None:
+    """A record node-c signs in node-a's task saying completed, or failed with a result, or
+    signed by a stranger claiming to be the marking node, is refused; node-c's plain failed
+    mark is read."""
+    refused: list[str] = []
+    c = board(link, "node-c", KEY_C, refused)
+    stranger = board(link, "node-c", STRANGER, refused)
+    base = {**RECORD, "status": "failed", "error": {"code": -32603, "message": "gone"}}
+    for n, (signer, record) in enumerate(
+        [
+            (c, {**RECORD, "status": "completed", "result": {"content": []}}),
+            (c, {**base, "result": {"content": [{"type": "text", "text": "forged"}]}}),
+            (stranger, base),
+        ]
+    ):
+        key = f"t.task-{n}"
+        doc = {"owner": "node-a", "by": "node-c", "task": f"task-{n}", "record": record}
+        raw_put(link, key, signer._sign(key, doc))
+        assert c.get(f"task-{n}") is None, record
+    assert len(refused) == 3, refused
+    doc = {"owner": "node-a", "by": "node-c", "task": "task-ok", "record": base}
+    raw_put(link, "t.task-ok", c._sign("t.task-ok", doc))
+    assert c.get("task-ok") == {**base, "owner": "node-a"}

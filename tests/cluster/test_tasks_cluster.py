@@ -287,3 +287,140 @@ async def test_unknown_and_malformed_task_ids_read_as_unknown_on_every_entry(
             for task_id in ("task-nope", "*", ">", "t.x", "r.node-a.>", "a" * 300, "../t"):
                 got = await rpc(http, url, "tasks/get", {"taskId": task_id})
                 assert got["error"]["code"] == -32602, (task_id, got)
+
+
+async def listen(
+    http: httpx.AsyncClient,
+    url: str,
+    out: anyio.abc.ObjectSendStream[dict[str, Any]],
+    ready: anyio.Event,
+    who: str | None = None,
+) -> None:
+    """Hold a subscriptions/listen stream (declaring the tasks extension) on ``url`` as
+    ``who``; send each message it carries to ``out``, and set ``ready`` once acknowledged."""
+    body = {
+        "jsonrpc": "2.0",
+        "id": 99,
+        "method": "subscriptions/listen",
+        "params": {"notifications": {"toolsListChanged": True}, "_meta": META},
+    }
+    headers = {
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": MODERN,
+        "Mcp-Method": "subscriptions/listen",
+    }
+    if who is not None:
+        headers["Authorization"] = f"Bearer {who}"
+    async with http.stream("POST", url, json=body, headers=headers) as response:
+        async for line in response.aiter_lines():
+            if line.startswith("data:"):
+                message = json.loads(line[5:])
+                if message.get("method") == "notifications/subscriptions/acknowledged":
+                    ready.set()
+                else:
+                    await out.send(message)
+
+
+async def heard_until(
+    inbox: anyio.abc.ObjectReceiveStream[dict[str, Any]], task_id: str, last: str
+) -> list[tuple[str, str]]:
+    """The (task id, status) of every task status a listen stream hears, until ``task_id``
+    reads ``last``."""
+    heard: list[tuple[str, str]] = []
+    with anyio.fail_after(30):
+        while not heard or heard[-1] != (task_id, last):
+            message = await inbox.receive()
+            if message.get("method") != "notifications/tasks/status":
+                continue
+            assert message["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == 99
+            heard.append((message["params"]["taskId"], message["params"]["status"]))
+    return heard
+
+
+async def test_a_listener_on_c_hears_the_status_of_a_task_run_through_a(
+    two_entries: tuple[NodeProc, NodeProc, NodeProc],
+) -> None:
+    """alice's listen stream on node-c hears working, then completed, of a task she made and
+    ran through node-a (seen changing in the bucket), each once; her stream on node-a hears
+    the same once, not twice; mallory's stream on node-c hears nothing of it."""
+    a, c, _worker = two_entries
+    assert a.url is not None and c.url is not None
+    send_c, on_c = anyio.create_memory_object_stream[dict[str, Any]](64)
+    send_a, on_a = anyio.create_memory_object_stream[dict[str, Any]](64)
+    send_m, on_m = anyio.create_memory_object_stream[dict[str, Any]](64)
+    async with httpx.AsyncClient(timeout=60) as http, anyio.create_task_group() as tg:
+        ready = [anyio.Event() for _ in range(3)]
+        tg.start_soon(listen, http, c.url, send_c, ready[0], "alice")
+        tg.start_soon(listen, http, a.url, send_a, ready[1], "alice")
+        tg.start_soon(listen, http, c.url, send_m, ready[2], "mallory")
+        with anyio.fail_after(15):
+            for event in ready:
+                await event.wait()
+        created = await rpc(
+            http,
+            a.url,
+            "tools/call",
+            {"name": "slow_compute", "arguments": {"seconds": 1, "label": "heard"}},
+            who="alice",
+        )
+        task_id = created["result"]["taskId"]
+        for inbox in (on_c, on_a):
+            heard = await heard_until(inbox, task_id, "completed")
+            assert heard == [(task_id, "working"), (task_id, "completed")], heard
+        # a marker task: once alice's streams hear it, nothing more of the first is coming
+        marker = await rpc(
+            http,
+            a.url,
+            "tools/call",
+            {"name": "slow_compute", "arguments": {"seconds": 0, "label": "marker"}},
+            who="alice",
+        )
+        marker_id = marker["result"]["taskId"]
+        for inbox in (on_c, on_a):
+            heard = await heard_until(inbox, marker_id, "completed")
+            assert heard == [(marker_id, "working"), (marker_id, "completed")], heard
+        with pytest.raises(anyio.WouldBlock):
+            on_m.receive_nowait()
+        tg.cancel_scope.cancel()
+
+
+async def test_a_task_whose_owner_is_killed_reads_failed_on_the_other_entry(
+    two_entries: tuple[NodeProc, NodeProc, NodeProc],
+) -> None:
+    """kill -9 of node-a while its minute-long task runs: once membership expires node-a,
+    node-c marks the task failed, naming node-a (its tasks/get answers failed with the
+    error, well before the minute), alice's listen stream on node-c hears failed, and
+    node-c audits it as the node that marked it."""
+    a, c, _worker = two_entries
+    assert a.url is not None and c.url is not None
+    send_c, on_c = anyio.create_memory_object_stream[dict[str, Any]](64)
+    async with httpx.AsyncClient(timeout=60) as http, anyio.create_task_group() as tg:
+        ready = anyio.Event()
+        tg.start_soon(listen, http, c.url, send_c, ready, "alice")
+        with anyio.fail_after(15):
+            await ready.wait()
+        created = await rpc(
+            http,
+            a.url,
+            "tools/call",
+            {"name": "slow_compute", "arguments": {"seconds": 60, "label": "orphan"}},
+            who="alice",
+        )
+        task_id = created["result"]["taskId"]
+        assert (await heard_until(on_c, task_id, "working"))[-1] == (task_id, "working")
+        started = time.monotonic()
+        a.kill()
+        heard = await heard_until(on_c, task_id, "failed")
+        assert heard == [(task_id, "failed")], heard
+        got = (await rpc(http, c.url, "tasks/get", {"taskId": task_id}, who="alice"))["result"]
+        assert got["status"] == "failed" and "result" not in got, got
+        assert "node-a" in got["error"]["message"] and "node-a" in got["statusMessage"], got
+        # heartbeat 0.5 s: expired within a few seconds, not at the task's end or TTL
+        assert time.monotonic() - started < 20
+        tg.cancel_scope.cancel()
+    marked = c.audit_until(lambda _r: bool(task_audit(c, task_id)))
+    assert marked is not None
+    mine = task_audit(c, task_id)
+    assert [(r["status"], r["by"], r["owner"]) for r in mine] == [("failed", "node-c", "node-a")], (
+        mine
+    )

@@ -138,6 +138,7 @@ class Cluster:
         self.open_bus = False
         self.disconnects = 0
         self._started = False
+        self._task_board: TaskBoard | None = None
 
     def start(self) -> None:
         """Connect, serve the local skills, announce and listen for peers.
@@ -252,12 +253,14 @@ class Cluster:
         Raises:
             ClusterError: JetStream is not enabled, or refused the bucket.
         """
-        return self.link.run(
+        board: TaskBoard = self.link.run(
             TaskBoard.open(
                 self.link, self.config.node, self._key, self._trust, ttl_s, self._refused
             ),
             timeout=_START_TIMEOUT_S,
         )
+        self._task_board = board  # told when a task's owner goes (_left, _changed)
+        return board
 
     def _roles(self) -> tuple[str, ...]:
         return tuple(
@@ -299,8 +302,12 @@ class Cluster:
     def _left(self, peer: Peer, reason: str) -> None:
         for skill in peer.announcement.skills:
             self._detach(peer.node, skill)
+        if self._task_board is not None:
+            self._task_board.owner_gone(peer.node, None, reason)
 
     def _changed(self, old: Peer, new: Peer) -> None:
+        if self._task_board is not None and new.boot != old.boot:
+            self._task_board.owner_gone(new.node, new.boot, "restarted")
         before = {(s.spec.id, s.digest) for s in old.announcement.skills}
         after = {(s.spec.id, s.digest) for s in new.announcement.skills}
         for skill in old.announcement.skills:

@@ -17,6 +17,14 @@ its signer may speak for the node it claims and it is addressed to this node; re
 are accepted once per stamp (the replay window of membership, its own instance). The
 bus's permissions (only nodes reach ``$KV.>``) are the second wall.
 
+Every entry node also watches the records (:meth:`TaskBoard.follow`): it tells its own
+listeners of each verified change (``notifications/tasks/status`` from any entry node), and
+it keeps an index of who owns which unfinished task, so that when membership reports an
+owner gone (left, expired, or restarted: its boot changed) it marks that owner's unfinished
+tasks ``failed``. Such a record is signed by the node that wrote it (``by``), names the
+owner, and is believed only as ``failed`` with no result; the write is a compare-and-set on
+the record's revision, so of several entry nodes that saw the owner go one writes it.
+
 Values are kept for the bucket's TTL (the tasks' TTL), so a result outlives neither
 its ``ttlMs`` nor, by much, the node that made it. Records are not encrypted: every
 entry node must read them, and only nodes can.
@@ -24,15 +32,24 @@ entry node must read them, and only nodes can.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 import re
 import secrets
+import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from nats.js.api import KeyValueConfig, StorageType
-from nats.js.errors import BucketNotFoundError, KeyDeletedError, KeyNotFoundError
+from nats.js.errors import (
+    BucketNotFoundError,
+    KeyDeletedError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+)
 from nats.js.kv import KeyValue
 
 from skilld.cluster import _announce
@@ -51,8 +68,23 @@ OPS = ("cancel", "update")
 _TIMEOUT_S = 5.0
 _MAX_VALUE = 1024 * 1024
 
+TERMINAL = frozenset({"completed", "failed", "cancelled"})
+
 Request = Callable[[str, str, dict[str, Any]], None]
 """``(task id, op, body)``: a request for a task this node owns (on the link's thread)."""
+
+Seen = Callable[[str, dict[str, Any]], None]
+"""``(task id, record with its owner)``: a verified record (on the link's thread)."""
+
+
+@dataclass(frozen=True)
+class _Known:
+    """What the index keeps of a record: enough to find an owner's unfinished tasks."""
+
+    owner: str
+    status: str
+    boot: int  # the boot in the stamp its writer signed it with
+    expires: float
 
 
 class TaskBoard:
@@ -85,6 +117,9 @@ class TaskBoard:
         self._stamper = _announce.Stamper()
         self._fresh = _announce.Freshness()
         self._on_request: Request | None = None
+        self._on_record: Seen | None = None
+        self._on_failed: Seen | None = None
+        self._index: dict[str, _Known] = {}
 
     @classmethod
     async def open(
@@ -151,11 +186,125 @@ class TaskBoard:
         if value is None:
             return None
         try:
-            owner, record = _record_of(task_id, *self._open(key, value))
+            owner, record, _boot = self._verified(task_id, key, value)
         except ClusterError as exc:
             self._refused(_claimed(value), f"task record {task_id} refused: {exc.message}")
             return None
         return {**record, "owner": owner}
+
+    def _verified(self, task_id: str, key: str, value: bytes) -> tuple[str, dict[str, Any], int]:
+        """A record value's owner, record and signing boot, once verified.
+
+        Raises:
+            ClusterError: see :func:`_record_of`.
+        """
+        signer, doc, boot = self._open_stamped(key, value)
+        owner, record = _record_of(task_id, signer, doc)
+        return owner, record, boot
+
+    # -- every record, as it changes -----------------------------------------------
+
+    def follow(self, on_record: Seen, on_failed: Seen) -> None:
+        """Hear every verified record as it changes (``on_record``, on the link's thread),
+        and keep the index :meth:`owner_gone` works from; ``on_failed`` hears each task this
+        node marked failed because its owner went.
+
+        Raises:
+            ClusterError: JetStream refused the watch.
+        """
+        self._on_record, self._on_failed = on_record, on_failed
+        watcher = self._run(self._kv.watch("t.>"), "watching task records")
+        self._link.spawn(self._follow(watcher))
+
+    async def _follow(self, watcher: Any) -> None:
+        while True:
+            try:
+                entry = await watcher.updates(timeout=3600)
+            except Exception:  # noqa: BLE001 - a quiet hour, or the link closing
+                if self._link.nc.is_closed:
+                    return
+                continue
+            if entry is None or entry is KeyValue.KeyWatcher.STOP_ITER:
+                continue
+            key = str(entry.key)
+            task_id = key[2:]
+            if entry.operation is not None or not entry.value:
+                self._index.pop(task_id, None)  # deleted, purged or aged out
+                continue
+            self._seen(task_id, key, bytes(entry.value))
+
+    def _seen(self, task_id: str, key: str, value: bytes) -> None:
+        try:
+            owner, record, boot = self._verified(task_id, key, value)
+            known = _Known(owner, str(record.get("status")), boot, float(record["expires"]))
+        except (ClusterError, KeyError, TypeError, ValueError) as exc:
+            reason = exc.message if isinstance(exc, ClusterError) else "malformed"
+            self._refused(_claimed(value), f"task record {task_id[:64]} refused: {reason}")
+            return
+        if len(self._index) >= 4096:  # a bounded index: drop what is past its TTL
+            now = time.time()
+            for gone in [t for t, k in self._index.items() if k.expires <= now]:
+                del self._index[gone]
+        self._index[task_id] = known
+        if self._on_record is not None:
+            self._on_record(task_id, {**record, "owner": owner})
+
+    def owner_gone(
+        self, node: str, boot: int | None, reason: str
+    ) -> concurrent.futures.Future[None] | None:
+        """Mark ``node``'s unfinished tasks failed (those of a boot before ``boot`` when it
+        restarted; all of them when ``boot`` is None); called on the link's loop. Returns
+        the marking under way, if any."""
+        if node == self.node:
+            return None
+        doomed = [
+            t
+            for t, k in self._index.items()
+            if k.owner == node and k.status not in TERMINAL and (boot is None or k.boot < boot)
+        ]
+        return self._link.spawn(self._fail(node, boot, reason, doomed)) if doomed else None
+
+    async def _fail(self, node: str, boot: int | None, reason: str, doomed: list[str]) -> None:
+        for task_id in doomed:
+            try:
+                await self._fail_one(task_id, node, boot, reason)
+            except Exception as exc:  # noqa: BLE001 - the task stays as it was until its TTL
+                log.warning("cluster: task %s of node %s not marked failed: %r", task_id, node, exc)
+
+    async def _fail_one(self, task_id: str, node: str, boot: int | None, reason: str) -> None:
+        """Compare-and-set the record failed; another node winning the race ends it here."""
+        key = _record_key(task_id)
+        for _attempt in range(3):
+            try:
+                entry = await self._kv.get(key)
+            except (KeyNotFoundError, KeyDeletedError):
+                return
+            if entry.value is None:
+                return
+            owner, record, signed = self._verified(task_id, key, bytes(entry.value))
+            if owner != node or record.get("status") in TERMINAL:
+                return  # finished, or already marked by another node
+            if boot is not None and signed >= boot:
+                return  # written by the owner's new life
+            message = f"node {node} running this task {reason}; its call is lost"
+            failed = {
+                **record,
+                "status": "failed",
+                "result": None,
+                "input_requests": None,
+                "message": message,
+                "error": {"code": -32603, "message": message},
+                "updated_at": _now(),
+            }
+            doc = {"owner": node, "by": self.node, "task": task_id, "record": failed}
+            try:
+                await self._kv.update(key, self._sign(key, doc), last=entry.revision)
+            except KeyWrongLastSequenceError:
+                continue  # changed under us: read it again
+            log.warning("cluster: task %s marked failed: %s", task_id, message)
+            if self._on_failed is not None:
+                self._on_failed(task_id, {**failed, "owner": node})
+            return
 
     # -- requests to a task's owner ------------------------------------------------
 
@@ -219,6 +368,15 @@ class TaskBoard:
         headers = _announce.sign(_bound(key, data.encode()), self._key, self._stamper(), CONTEXT)
         return json.dumps({"h": headers, "d": data}, separators=(",", ":")).encode()
 
+    def _open_stamped(self, key: str, value: bytes) -> tuple[str, dict[str, Any], int]:
+        """A record's signer, document and the boot of its stamp.
+
+        Raises:
+            ClusterError: see :meth:`_open`.
+        """
+        signer, doc = self._open(key, value)
+        return signer, doc, _announce.parse_stamp(_parse(value)[0])[0]
+
     def _open(self, key: str, value: bytes, *, once: bool = False) -> tuple[str, dict[str, Any]]:
         headers, data, doc = _parse(value)
         signed_by = _announce.check_bytes(
@@ -227,7 +385,8 @@ class TaskBoard:
             self._trust,
             CONTEXT,
         )
-        claimed = doc.get("owner") if key.startswith("t.") else doc.get("from")
+        # a record speaks for its owner, or for the node that marked it failed (``by``)
+        claimed = (doc.get("by") or doc.get("owner")) if key.startswith("t.") else doc.get("from")
         if not isinstance(claimed, str) or not NODE_RE.fullmatch(claimed):
             raise ClusterError(f"a task value from an invalid node name {claimed!r}")
         if not signed_by.may_announce(claimed):
@@ -274,15 +433,28 @@ def _parse(value: bytes) -> tuple[dict[str, Any], str, dict[str, Any]]:
 def _record_of(task_id: str, signer: str, doc: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     """The owner and record of a verified record value.
 
+    A record is the owner's; or, signed by another node (``by``), the owner's task marked
+    ``failed`` with no result after the owner went: nothing else may be said for it.
+
     Raises:
-        ClusterError: its owner did not sign it, or it is another task's.
+        ClusterError: neither its owner nor a marking node signed it, or it is another
+            task's.
     """
-    owner, record = doc.get("owner"), doc.get("record")
-    if doc.get("task") != task_id or owner != signer:
-        raise ClusterError(f"a task record of {owner!r} signed by node {signer!r}")
+    owner, record, by = doc.get("owner"), doc.get("record"), doc.get("by")
     if not isinstance(record, dict):
         raise ClusterError("a task record that is not an object")
-    return signer, record
+    if doc.get("task") != task_id or not isinstance(owner, str) or not NODE_RE.fullmatch(owner):
+        raise ClusterError(f"a task record of {owner!r} stored under another task")
+    if by is None and owner == signer:
+        return owner, record
+    if (
+        by == signer
+        and by != owner
+        and record.get("status") == "failed"
+        and not record.get("result")
+    ):
+        return owner, record
+    raise ClusterError(f"a task record of {owner!r} signed by node {signer!r}")
 
 
 def _request_of(
@@ -302,6 +474,10 @@ def _request_of(
     if op not in OPS or not isinstance(body, dict):
         raise ClusterError(f"an unknown task request {op!r}")
     return task_id, str(op), body
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _record_key(task_id: str) -> str:

@@ -73,6 +73,9 @@ class ServeConfig:
         task_board: task records shared by a cluster's entry nodes (JetStream KV, from
             ``skilld.cluster``), so that any of them answers ``tasks/*``; None: this
             node's memory.
+        max_tasks_per_client: how many tasks one client (one ``Authorization``) may have
+            running on this node at once; the next is refused (-32603) until one ends.
+        max_tasks: how many tasks may run on this node at once, all clients together.
         confinement: the active confinement profile in one line (``/readyz`` shows it).
     """
 
@@ -104,6 +107,8 @@ class ServeConfig:
     task_tools: tuple[tuple[str, Literal["optional", "required"]], ...] = ()
     task_ttl_ms: int = 600_000
     task_board: TaskBoard | None = None
+    max_tasks_per_client: int = 16
+    max_tasks: int = 256
     confinement: str | None = None
 
     def __post_init__(self) -> None:
@@ -124,6 +129,10 @@ class ServeConfig:
             )
         if not 0 <= self.port <= 65535:
             raise UsageError(f"port {self.port} is out of range", location="serve config")
+        if self.max_tasks_per_client <= 0 or self.max_tasks <= 0:
+            raise UsageError(
+                "max_tasks_per_client and max_tasks must be positive", location="serve config"
+            )
 
     def host_allowlist(self) -> tuple[str, ...]:
         """Host header patterns accepted: the local names on any port, then the configured ones."""

@@ -502,6 +502,7 @@ class McpService:
             call.channel.rebind(ctx.session, ctx.request_id, self._min_level(ctx))
             self.parked.answer(call, params.request_state, _plain(params.input_responses))
         else:
+            self.tasks.admit(client_of(ctx))  # refused before the call starts
             channel = self._round_channel(ctx, skill, _plain(params.input_responses))
 
             async def start() -> types.CallToolResult:

@@ -162,6 +162,15 @@ class TaskBoard(Protocol):
         """Hear the requests for this node's tasks (any thread)."""
         ...
 
+    def follow(
+        self,
+        on_record: Callable[[str, dict[str, Any]], None],
+        on_failed: Callable[[str, dict[str, Any]], None],
+    ) -> None:
+        """Hear every record as it changes, and each task this node marked failed because
+        its owner went (any thread)."""
+        ...
+
 
 _FIELDS = (
     "task_id",
@@ -198,18 +207,21 @@ class BoardTaskStore:
     def get(self, task_id: str) -> TaskRecord | None:
         """The record while its TTL lasts, when its owner signed it."""
         raw = self.board.get(task_id)
-        if raw is None:
-            return None
-        try:
-            fields = {k: raw[k] for k in _FIELDS if k in raw}
-            record = TaskRecord(**fields, owner=str(raw["owner"]))
-        except (KeyError, TypeError, ValueError):
-            return None
-        return record if float(record.expires) > self.clock() else None
+        record = None if raw is None else record_of(raw)
+        return record if record is not None and float(record.expires) > self.clock() else None
 
     def ask(self, owner: str, task_id: str, op: str, body: Mapping[str, Any]) -> None:
         """Send ``op`` for ``task_id`` to the node it runs on."""
         self.board.ask(owner, task_id, op, body)
+
+
+def record_of(raw: Mapping[str, Any]) -> TaskRecord | None:
+    """A board's record (``owner`` included) as a :class:`TaskRecord`; None if malformed."""
+    try:
+        fields = {k: raw[k] for k in _FIELDS if k in raw}
+        return TaskRecord(**fields, owner=str(raw["owner"]))
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def declares_tasks(ctx_params: Mapping[str, Any] | None, connection_caps: Any) -> bool:
@@ -248,6 +260,8 @@ class Tasks:
         poll_interval_ms: the interval clients are told to poll at.
         node: this node's name, the owner recorded in the tasks it creates.
         audit: where the task's lifecycle records go (``None``: nowhere).
+        max_per_client: how many tasks one client may have running here at once.
+        max_tasks: how many tasks may run here at once, all clients together.
     """
 
     def __init__(
@@ -257,8 +271,13 @@ class Tasks:
         poll_interval_ms: int = 500,
         node: str = "",
         audit: Audit | None = None,
+        max_per_client: int = 16,
+        max_tasks: int = 256,
     ) -> None:
         self.store = store
+        self.max_per_client = max_per_client
+        self.max_tasks = max_tasks
+        self._client_of: dict[str, str] = {}  # running task -> its client
         self.ttl_ms = ttl_ms
         self.poll_interval_ms = poll_interval_ms
         self.node = node
@@ -267,6 +286,10 @@ class Tasks:
         self._watchers: list[Callable[[dict[str, Any]], None]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._followers: set[asyncio.Task[None]] = set()
+        # The last status told to listeners of each task another node owns (follow_board).
+        self._told: dict[str, tuple[str, float]] = {}
+        # Unfinished tasks other entry nodes run: task -> (client, expires).
+        self._elsewhere: dict[str, tuple[str, float]] = {}
 
     def watch(self, listener: Callable[[dict[str, Any]], None]) -> Callable[[], None]:
         """Hear each status change of this node's tasks (the ``Task`` fields and ``client``,
@@ -289,6 +312,49 @@ class Tasks:
 
         board.listen(heard)
 
+    def follow_board(self, board: TaskBoard) -> None:
+        """Tell this node's listeners of status changes of tasks other entry nodes own
+        (their records, seen changing on the board: a listen stream on any entry node hears
+        any task of its client), and audit the tasks this node marked failed because their
+        owner went. Called on the loop."""
+        self._loop = asyncio.get_running_loop()
+        loop = self._loop
+
+        def later(act: Callable[[TaskRecord], None]) -> Callable[[str, dict[str, Any]], None]:
+            def heard(_task_id: str, raw: dict[str, Any]) -> None:
+                record = record_of(raw)
+                if record is not None and not loop.is_closed():
+                    loop.call_soon_threadsafe(act, record)
+
+            return heard
+
+        board.follow(later(self._seen), later(self._marked_failed))
+
+    def _seen(self, record: TaskRecord) -> None:
+        """A record changed on the board: its status, once per change, to our listeners,
+        unless this node runs it (its own changes are told as they happen, see _emit)."""
+        if record.owner == self.node or record.expires <= time.time():
+            return
+        # the client's tasks running on other entry nodes count towards its cap here
+        if record.status in TERMINAL:
+            self._elsewhere.pop(record.task_id, None)
+        else:
+            self._elsewhere[record.task_id] = (record.client, record.expires)
+        told = self._told.get(record.task_id)
+        if told is not None and told[0] == record.status:
+            return
+        if len(self._told) >= 4096:
+            now = time.time()
+            for gone in [t for t, (_s, expires) in self._told.items() if expires <= now]:
+                del self._told[gone]
+                self._elsewhere.pop(gone, None)
+        self._told[record.task_id] = (record.status, record.expires)
+        for listener in list(self._watchers):
+            listener({**record.wire(), "client": record.client})
+
+    def _marked_failed(self, record: TaskRecord) -> None:
+        self._audit_event("failed", record, by=self.node, reason=record.message)
+
     def _apply(self, task_id: str, op: str, body: dict[str, Any]) -> None:
         if task_id not in self._running:
             return  # over, or never ours: nothing runs here to act on
@@ -298,10 +364,46 @@ class Tasks:
         elif op == "update" and isinstance(body.get("responses"), dict):
             self._answer(self._running[task_id], body["responses"])
 
+    def admit(self, client: str = "") -> None:
+        """Refuse a new task beyond the caps: the client's unfinished tasks on any entry node
+        of the cluster (other nodes' as the board shows them), and this node's running
+        tasks. The 2025-11-25 tasks text says receivers SHOULD limit concurrent tasks per
+        requestor and assigns no code: the internal-error code, the limit in ``data``.
+
+        Raises:
+            MCPError: ``-32603`` when ``client`` or this node already runs its maximum.
+        """
+        now = time.time()
+        mine = sum(1 for c in self._client_of.values() if c == client) + sum(
+            1 for c, expires in self._elsewhere.values() if c == client and expires > now
+        )
+        if mine >= self.max_per_client:
+            scope, limit = "client", self.max_per_client
+        elif len(self._running) >= self.max_tasks:
+            scope, limit = "node", self.max_tasks
+        else:
+            return
+        who = "this client has" if scope == "client" else "this server has"
+        raise MCPError(
+            types.INTERNAL_ERROR,
+            f"too many tasks: {who} {limit} running; wait for one to end, or cancel one",
+            data={"limit": limit, "scope": scope},
+        )
+
     def create(
         self, tool: str, call: ParkedCall[Any], outcome: Outcome, client: str = ""
     ) -> TaskRecord:
-        """Record a task for ``call`` made by ``client`` (durably, before it hears of it)."""
+        """Record a task for ``call`` made by ``client`` (durably, before it hears of it).
+
+        Raises:
+            MCPError: ``-32603`` beyond the caps (see :meth:`admit`); the call is cancelled.
+            SkilldError: the store did not take the record; the call is cancelled.
+        """
+        try:
+            self.admit(client)
+        except MCPError:
+            call.channel.cancel()
+            raise
         self._loop = asyncio.get_running_loop()
         now = _now()
         record = TaskRecord(
@@ -322,6 +424,7 @@ class Tasks:
             call.channel.cancel()  # nobody could ever ask for it
             raise
         self._running[record.task_id] = call
+        self._client_of[record.task_id] = client
         self._emit("created", record)
         if hasattr(self.store, "ask"):
             # Other entry nodes read the questions from the record: keep it current.
@@ -331,6 +434,7 @@ class Tasks:
 
         def ended(task: asyncio.Task[Any]) -> None:
             self._running.pop(record.task_id, None)
+            self._client_of.pop(record.task_id, None)
             current = self.store.get(record.task_id) or record
             if current.status == "cancelled":
                 self._emit("cancelled", current)
@@ -383,6 +487,11 @@ class Tasks:
         if status != "cancel-requested":
             for listener in list(self._watchers):
                 listener({**record.wire(), "status": wire, "client": record.client})
+        self._audit_event(status, record, by=by)
+
+    def _audit_event(
+        self, status: str, record: TaskRecord, by: str | None = None, reason: str | None = None
+    ) -> None:
         if self._audit is None:
             return
         event = {
@@ -396,6 +505,8 @@ class Tasks:
         }
         if by is not None:
             event["by"] = by
+        if reason is not None:
+            event["reason"] = reason
         try:
             self._audit(event)
         except SkilldError as exc:  # the task goes on; the trouble is logged
@@ -527,8 +638,11 @@ def tasks_of(dispatcher: Dispatcher, config: ServeConfig, node: str) -> Tasks:
         ttl_ms=config.task_ttl_ms,
         node=board.node if board is not None else node,
         audit=audit if callable(audit) else None,
+        max_per_client=config.max_tasks_per_client,
+        max_tasks=config.max_tasks,
     )
     if board is not None:
+        tasks.follow_board(board)
         tasks.serve_requests(board)
     return tasks
 
