@@ -12,7 +12,6 @@ import anyio
 import httpx2 as httpx
 import pytest
 from mcp.shared.exceptions import MCPError
-from mcp_fakes import running_http
 from test_mcp_rounds import tool
 from test_tasks_notify import call
 
@@ -21,6 +20,7 @@ from skilld.errors import UsageError
 from skilld.mcp import HttpServer, ServeConfig
 from skilld.mcp._tasks import MemoryTaskStore, Tasks
 from skilld.registry import Registry
+from support.mcp_fakes import running_http
 
 pytestmark = pytest.mark.anyio
 
