@@ -38,7 +38,7 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -216,7 +216,9 @@ class TaskBoard:
         watcher = self._run(self._kv.watch("t.>"), "watching task records")
         self._link.spawn(self._follow(watcher))
 
-    async def _follow(self, watcher: Any) -> None:
+    async def _entries(self, watcher: Any) -> AsyncIterator[Any]:
+        """The watched entries, until the link closes (the end of the initial values and
+        a quiet hour are not entries)."""
         while True:
             try:
                 entry = await watcher.updates(timeout=3600)
@@ -224,8 +226,11 @@ class TaskBoard:
                 if self._link.nc.is_closed:
                     return
                 continue
-            if entry is None or entry is KeyValue.KeyWatcher.STOP_ITER:
-                continue
+            if entry is not None and entry is not KeyValue.KeyWatcher.STOP_ITER:
+                yield entry
+
+    async def _follow(self, watcher: Any) -> None:
+        async for entry in self._entries(watcher):
             key = str(entry.key)
             task_id = key[2:]
             if entry.operation is not None or not entry.value:
@@ -333,15 +338,7 @@ class TaskBoard:
         self._link.spawn(self._hear(watcher))
 
     async def _hear(self, watcher: Any) -> None:
-        while True:
-            try:
-                entry = await watcher.updates(timeout=3600)
-            except Exception:  # noqa: BLE001 - a quiet hour, or the link closing
-                if self._link.nc.is_closed:
-                    return
-                continue
-            if entry is None or entry is KeyValue.KeyWatcher.STOP_ITER:
-                continue  # the end of the initial values
+        async for entry in self._entries(watcher):
             if entry.operation is not None or not entry.value:
                 continue  # a delete marker: a request handled
             self._request(str(entry.key), bytes(entry.value))
