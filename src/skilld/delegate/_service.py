@@ -420,6 +420,9 @@ RUNNER_SPEC = MethodSpec(
 class DelegateBackend:
     """delegate's MCP tools as a host-implemented skill (:class:`SkillBackend`)."""
 
+    # Some of its methods (kit_list) answer on the event loop: the registry tries them inline.
+    answers_inline = True
+
     def __init__(self, service: DelegateService):
         self.service = service
 

@@ -57,7 +57,10 @@ class SkillBackend(Protocol):
       ``ctx.channel.cancelled()``;
     - records every permission decision it takes with ``ctx.record``;
     - calls ``ctx.thread_only()`` first when it cannot finish without blocking
-      (anything but a quick pure answer): an inline attempt gives up there;
+      (anything but a quick pure answer): an inline attempt gives up there. Only a
+      backend with a true ``answers_inline`` attribute is tried inline at all (delegate's,
+      for ``kit_list``); for any other the registry gives an attempt up before the call
+      is set up;
     - raises only :class:`~skilld.errors.SkilldError` subclasses (``GuestError`` for a
       typed refusal, a ``GuestFault`` for deadline, cancellation or a crash).
     """

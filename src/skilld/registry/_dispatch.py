@@ -45,6 +45,7 @@ from skilld.errors import (
     GuestError,
     HostCallError,
     RegistryError,
+    RunOnThread,
     SkilldError,
 )
 from skilld.registry._audit import AuditTrail, audited
@@ -139,6 +140,9 @@ class Registry(Catalogue):
         entry = self._skills.get(skill_id)
         if entry is None:
             raise RegistryError(f"no skill named '{skill_id}'")
+        if inline_s is not None and not getattr(entry.component, "answers_inline", False):
+            # It would give up before its guest runs: give up before the call is set up.
+            raise RunOnThread
         args_json = json.dumps(arguments, separators=(",", ":"), sort_keys=True)
         inline = None if inline_s is None else Inline.for_s(inline_s)
 
