@@ -26,7 +26,7 @@ from skilld.agentskills._backend import MAX_EMBEDDED_BYTES, MAX_RETURNED_FILES
 from skilld.agentskills._executors import program_tree
 from skilld.bundle import build_bundle
 from skilld.sandbox import Sandbox
-from support.agentskills import FIXTURES
+from support.agentskills import FIXTURES, serve_built
 from support.env import cache_dir
 
 PARTS = 20
@@ -174,21 +174,7 @@ def test_a_script_driving_libreoffice_headless_runs_confined(
         "skill: office-convert\nscripts:\n  executor: native\n  programs: [soffice]\n"
         "limits:\n  memory: 1GiB\n  wall_time: 90s\n"
     )
-    build_bundle(
-        tmp_path / "skills",
-        tmp_path / "policies",
-        tmp_path / "bundle",
-        sandbox=sandbox,
-        cache_dir=cache_dir(),
-        lenient=False,
-        strict=True,
-    )
-    params = StdioServerParameters(
-        command=sys.executable,
-        args=["-m", "skilld", "serve", "--bundle", "bundle", "--state-dir", "state"],
-        env={**os.environ, "SKILLD_CACHE": str(cache_dir())},
-        cwd=str(tmp_path),
-    )
+    params = serve_built(tmp_path, sandbox, strict=True)
     before = _pipes()
 
     async def main() -> None:

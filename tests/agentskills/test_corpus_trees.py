@@ -8,9 +8,7 @@ from __future__ import annotations
 import base64
 import io
 import json
-import os
 import shutil
-import sys
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -22,10 +20,8 @@ from test_mcp import _value
 
 from skilld.agentskills._backend import MAX_RETURNED_FILES
 from skilld.agentskills._build import MAX_INPUT_FILES
-from skilld.bundle import build_bundle
 from skilld.sandbox import Sandbox
-from support.agentskills import FIXTURES
-from support.env import cache_dir
+from support.agentskills import FIXTURES, serve_built
 
 # An unpacked python-pptx presentation has 40 parts (one slide).
 PARTS = 40
@@ -40,21 +36,7 @@ def _serve(sandbox: Sandbox, tmp_path: Path) -> StdioServerParameters:
     (tmp_path / "policies" / "office-edit.yaml").write_text(
         "skill: office-edit\nscripts:\n  executor: native\n"
     )
-    build_bundle(
-        tmp_path / "skills",
-        tmp_path / "policies",
-        tmp_path / "bundle",
-        sandbox=sandbox,
-        cache_dir=cache_dir(),
-        lenient=True,
-        strict=False,
-    )
-    return StdioServerParameters(
-        command=sys.executable,
-        args=["-m", "skilld", "serve", "--bundle", "bundle", "--state-dir", "state"],
-        env={**os.environ, "SKILLD_CACHE": str(cache_dir())},
-        cwd=str(tmp_path),
-    )
+    return serve_built(tmp_path, sandbox, strict=False)
 
 
 def _text(path: str, text: str) -> dict[str, Any]:
@@ -249,21 +231,7 @@ def test_a_script_cannot_change_its_own_skill_files(sandbox: Sandbox, tmp_path: 
     (tmp_path / "policies" / "tamper.yaml").write_text(
         "skill: tamper\nscripts:\n  executor: native\n"
     )
-    build_bundle(
-        tmp_path / "skills",
-        tmp_path / "policies",
-        tmp_path / "bundle",
-        sandbox=sandbox,
-        cache_dir=cache_dir(),
-        lenient=True,
-        strict=False,
-    )
-    params = StdioServerParameters(
-        command=sys.executable,
-        args=["-m", "skilld", "serve", "--bundle", "bundle", "--state-dir", "state"],
-        env={**os.environ, "SKILLD_CACHE": str(cache_dir())},
-        cwd=str(tmp_path),
-    )
+    params = serve_built(tmp_path, sandbox, strict=False)
 
     async def main() -> list[dict[str, Any]]:
         runs = []

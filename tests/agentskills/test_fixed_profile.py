@@ -6,19 +6,17 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import anyio
 import pytest
 from mcp import ClientSession
-from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.stdio import stdio_client
 from test_corpus import FODS
 from test_mcp import _value
 
-from skilld.bundle import build_bundle
 from skilld.sandbox import Sandbox
-from support.env import cache_dir
+from support.agentskills import serve_built
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs a uid per skill (root)")
 
@@ -61,21 +59,7 @@ def test_a_declared_fixed_profile_path_is_fresh_for_each_call_and_gone_after(
         f"skill: fixed-profile\n{native}  temp_paths: [{PROFILE}]\n"
     )
     (tmp_path / "policies" / "no-temp.yaml").write_text(f"skill: no-temp\n{native}")
-    build_bundle(
-        tmp_path / "skills",
-        tmp_path / "policies",
-        tmp_path / "bundle",
-        sandbox=sandbox,
-        cache_dir=cache_dir(),
-        lenient=False,
-        strict=True,
-    )
-    params = StdioServerParameters(
-        command=sys.executable,
-        args=["-m", "skilld", "serve", "--bundle", "bundle", "--state-dir", "state"],
-        env={**os.environ, "SKILLD_CACHE": str(cache_dir())},
-        cwd=str(tmp_path),
-    )
+    params = serve_built(tmp_path, sandbox, strict=True)
     assert not os.path.lexists(PROFILE)
     got: list[dict[str, object]] = []
 
@@ -136,21 +120,7 @@ def test_libreoffice_with_its_profile_at_a_declared_fixed_path_runs_confined(
         "skill: fixed-office\nscripts:\n  executor: native\n  programs: [soffice]\n"
         f"  temp_paths: [{LO_PROFILE}]\nlimits:\n  memory: 1GiB\n  wall_time: 90s\n"
     )
-    build_bundle(
-        tmp_path / "skills",
-        tmp_path / "policies",
-        tmp_path / "bundle",
-        sandbox=sandbox,
-        cache_dir=cache_dir(),
-        lenient=False,
-        strict=True,
-    )
-    params = StdioServerParameters(
-        command=sys.executable,
-        args=["-m", "skilld", "serve", "--bundle", "bundle", "--state-dir", "state"],
-        env={**os.environ, "SKILLD_CACHE": str(cache_dir())},
-        cwd=str(tmp_path),
-    )
+    params = serve_built(tmp_path, sandbox, strict=True)
 
     async def main() -> None:
         async with stdio_client(params) as (r, w), ClientSession(r, w) as s:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any
 
 from support.env import ROOT, cache_dir
 
@@ -118,3 +120,28 @@ def make_pdf(text: str, field: tuple[str, str] | None = None) -> bytes:
         xref,
     )
     return bytes(out)
+
+
+def serve_built(root: Path, sandbox: Any, *, strict: bool) -> Any:
+    """Build ``root``/skills with ``root``/policies into ``root``/bundle (strict, or
+    lenient) and the parameters that serve it over stdio from ``root``: a real
+    ``skilld serve`` process, the build cache shared."""
+    from mcp.client.stdio import StdioServerParameters
+
+    from skilld.bundle import build_bundle
+
+    build_bundle(
+        root / "skills",
+        root / "policies",
+        root / "bundle",
+        sandbox=sandbox,
+        cache_dir=cache_dir(),
+        lenient=not strict,
+        strict=strict,
+    )
+    return StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "skilld", "serve", "--bundle", "bundle", "--state-dir", "state"],
+        env={**os.environ, "SKILLD_CACHE": str(cache_dir())},
+        cwd=str(root),
+    )
