@@ -225,3 +225,48 @@ def test_a_deep_tree_with_links_is_removed_without_following_them(
     assert not os.path.lexists(temp)
     assert sorted(p.name for p in target.iterdir()) == ["keep"]
     assert (target / "keep").read_text() == "root's"
+
+
+ESCAPE = """
+import json, os, socket
+path = TEMP
+name = os.path.basename(path)
+with open(os.path.join(path, "secret"), "w") as f:
+    f.write("macro of this call")
+tries = {
+    "rename-away": lambda: os.rename(path, "/tmp/kept-" + name),
+    "mkdir-beside": lambda: os.mkdir("/tmp/beside-" + name),
+    "file-beside": lambda: open("/tmp/file-" + name, "w").close(),
+    "link-beside": lambda: os.link(os.path.join(path, "secret"), "/tmp/link-" + name),
+    "symlink-beside": lambda: os.symlink(path, "/tmp/sym-" + name),
+    "fifo-beside": lambda: os.mkfifo("/tmp/fifo-" + name),
+}
+seen = {}
+for key, act in tries.items():
+    try:
+        act()
+        seen[key] = "DONE"
+    except OSError as exc:
+        seen[key] = exc.errno
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind("/tmp/sock-" + name)
+seen["socket-beside"] = "DONE"
+print(json.dumps(seen))
+"""
+
+
+def test_a_calls_data_cannot_outlive_it_beside_its_temp_path(temp: str) -> None:
+    """A command with a declared temp path and /tmp as a socket directory (LibreOffice's
+    walls) tries to keep this call's data for the next one: renaming the path away,
+    making a directory, file, hard link, symbolic link or FIFO beside it: each is refused;
+    the socket it may make is swept; after the call nothing of it is left in /tmp."""
+    name = Path(temp).name
+    code = ESCAPE.replace("TEMP", repr(temp))
+    walls = Confinement(read_only=(PREFIX,), temp_paths=(temp,), socket_dirs=("/tmp",), skill=SKILL)
+    result = probe(code, walls, seconds=20)
+    assert result.exit_code == 0, result
+    seen = json.loads(result.stdout)
+    assert seen.pop("socket-beside") == "DONE"
+    assert all(v != "DONE" for v in seen.values()), seen
+    left = [p.name for p in Path("/tmp").iterdir() if name in p.name]
+    assert left == [], left
