@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +64,137 @@ def decisions_beyond(counts: Mapping[DecisionKey, int]) -> dict[str, Any]:
             for (c, a, ok, r), n in sorted(counts.items())
         ],
     }
+
+
+CallerKind = Literal["oauth", "token", "local", "anonymous", "skill", "node"]
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who makes a call: the one typed answer every entry gives (DESIGN.md, the call path).
+
+    The transport authenticates a request and builds the caller; nothing downstream
+    parses a header or a string to learn who it is. Kinds:
+
+    - ``oauth``: a verified OAuth 2.1 access token; ``name`` is its subject, ``issuer``
+      its issuer, ``scopes`` and ``groups`` from its claims.
+    - ``token``: one of the operator's named bearer tokens; ``name`` is the token's name.
+    - ``local``: the one local user (stdio, ``skilld call``, the CLI); ``name`` says which.
+    - ``anonymous``: an HTTP client of a server that authenticates no one (loopback, or
+      as the operator said); every such client is one caller.
+    - ``skill``: a skill calling another (``invoke``, delegate); ``name`` is the calling
+      skill, ``via`` the caller of the outer call.
+    - ``node``: a call routed from cluster node ``name``; ``via`` is the entry node's
+      verified caller.
+
+    :attr:`principal` is who is ultimately behind a call (``via`` followed to the end) and
+    :attr:`key` its stable identity: what owns kept outputs, tasks and rounds, what shares
+    are counted under and what a warm instance is bound to. The key never depends on how
+    a credential was spelled.
+    """
+
+    kind: CallerKind
+    name: str = ""
+    issuer: str = ""
+    scopes: frozenset[str] = frozenset()
+    groups: frozenset[str] = frozenset()
+    via: Caller | None = None
+
+    @classmethod
+    def local(cls, name: str = "stdio") -> Caller:
+        """The local user (``stdio``, ``cli``)."""
+        return cls("local", name)
+
+    @classmethod
+    def anonymous(cls) -> Caller:
+        """An unauthenticated HTTP client (all of them are one caller)."""
+        return cls("anonymous")
+
+    @classmethod
+    def token(cls, name: str, scopes: frozenset[str] = frozenset()) -> Caller:
+        """The holder of the operator's bearer token named ``name``."""
+        return cls("token", name, scopes=scopes)
+
+    @classmethod
+    def oauth(
+        cls,
+        issuer: str,
+        subject: str,
+        scopes: frozenset[str] = frozenset(),
+        groups: frozenset[str] = frozenset(),
+    ) -> Caller:
+        """The subject of a verified OAuth access token."""
+        return cls("oauth", subject, issuer=issuer, scopes=scopes, groups=groups)
+
+    def as_skill(self, skill_id: str) -> Caller:
+        """The caller of a nested call that skill ``skill_id`` makes on this caller's behalf."""
+        return Caller("skill", skill_id, via=self)
+
+    def routed_from(self, node: str) -> Caller:
+        """This (entry node's verified) caller, as a worker sees it arriving from ``node``."""
+        return Caller("node", node, via=self)
+
+    @property
+    def principal(self) -> Caller:
+        """Who is behind the call in the end: ``via`` followed to a principal."""
+        caller = self
+        while caller.via is not None and caller.kind in ("skill", "node"):
+            caller = caller.via
+        return caller
+
+    @property
+    def key(self) -> str:
+        """The principal's stable identity (``oauth:ISSUER#SUB``, ``token:NAME``, ``local``...)."""
+        p = self.principal
+        if p.kind == "oauth":
+            return f"oauth:{p.issuer}#{p.name}"
+        if p.kind in ("token", "skill", "node"):
+            return f"{p.kind}:{p.name}"
+        return p.kind
+
+    def label(self) -> str:
+        """A short text for logs and the audit record (``skill:notes<token:alice``)."""
+        own = self.kind if not self.name else f"{self.kind}:{self.name}"
+        if self.kind == "oauth":
+            own = f"oauth:{self.issuer}#{self.name}"
+        return own if self.via is None else f"{own}<{self.via.label()}"
+
+    def as_dict(self) -> dict[str, Any]:
+        """The caller as a JSON-ready mapping (audit records, the cluster envelope)."""
+        out: dict[str, Any] = {"kind": self.kind}
+        if self.name:
+            out["name"] = self.name
+        if self.issuer:
+            out["issuer"] = self.issuer
+        if self.scopes:
+            out["scopes"] = sorted(self.scopes)
+        if self.groups:
+            out["groups"] = sorted(self.groups)
+        if self.via is not None:
+            out["via"] = self.via.as_dict()
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, depth: int = 0) -> Caller:
+        """The inverse of :meth:`as_dict`, for a caller carried in a verified message.
+
+        Raises:
+            ValueError: not a caller (unknown kind, wrong types, nested too deep).
+        """
+        if depth > 16 or not isinstance(data, Mapping):
+            raise ValueError("not a caller")
+        kind = data.get("kind")
+        if kind not in ("oauth", "token", "local", "anonymous", "skill", "node"):
+            raise ValueError(f"unknown caller kind {kind!r}")
+        texts = [data.get(k, "") for k in ("name", "issuer")]
+        sets = [data.get(k, []) for k in ("scopes", "groups")]
+        if not all(isinstance(t, str) for t in texts) or not all(
+            isinstance(s, list) and all(isinstance(x, str) for x in s) for s in sets
+        ):
+            raise ValueError("caller fields have the wrong types")
+        via_data = data.get("via")
+        via = None if via_data is None else cls.from_dict(via_data, depth=depth + 1)
+        return cls(kind, texts[0], texts[1], frozenset(sets[0]), frozenset(sets[1]), via)
 
 
 @dataclass(frozen=True, slots=True)
