@@ -51,6 +51,7 @@ from typing import Any, NoReturn, TypeVar
 from skilld.audit import CallRecorder
 from skilld.errors import CallCancelled, HostCallError, RunOnThread, SkillBusy
 from skilld.types import (
+    Caller,
     ClientChannel,
     Decision,
     DecisionKey,
@@ -332,6 +333,9 @@ class CallContext:
     skill_id: str
     limits: Limits
     channel: ClientChannel
+    # Who makes this call (the principal behind it: ``caller.key``). Warm instances, kept
+    # outputs, tasks and shares are bound to it.
+    caller: Caller = field(default_factory=Caller.local)
     kv: KeyValueStore | None = None
     checker: PermissionChecker | None = None
     invoker: Invoker | None = None
