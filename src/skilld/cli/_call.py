@@ -111,7 +111,9 @@ def run(args: argparse.Namespace) -> int:
             kv = state.store(
                 skill_id, value_limit=limits.kv_value_bytes, total_limit=limits.kv_total_bytes
             )
-            ctx = CallContext(skill_id, limits, NullChannel(), kv=kv)
+            # Messages name the skill as the component describes itself; its key-value
+            # namespace stays ``skill_id`` (see --skill-id: a claimed id is never trusted).
+            ctx = CallContext(spec.id or skill_id, limits, NullChannel(), kv=kv)
             try:
                 out = comp.call(
                     args.method, json.dumps(params, separators=(",", ":"), sort_keys=True), ctx
