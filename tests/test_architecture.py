@@ -171,6 +171,19 @@ def test_every_import_form_is_seen(
         assert imported in names
 
 
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(SRC)))
+def test_no_private_module_of_another_package(path: Path) -> None:
+    """A package uses another only through its public names, never a ``_module`` of it."""
+    pkg = _package_of(path)
+    for name, line in _imports(path):
+        parts = name.split(".")
+        if parts[0] == "skilld" and len(parts) > 2 and parts[1] != pkg:
+            assert not any(part.startswith("_") for part in parts[2:]), (
+                f"{path.relative_to(SRC)}:{line}: {pkg}/ imports {name}, a private module of "
+                f"{parts[1]}/: export what it needs from {parts[1]}/__init__.py or a public module"
+            )
+
+
 def test_sdk_is_self_contained() -> None:
     """The guest SDK imports nothing from skilld (it runs inside the component)."""
     for path in (SRC / "skilld_sdk").rglob("*.py"):

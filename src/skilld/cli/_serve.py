@@ -286,10 +286,10 @@ def _serve(args: argparse.Namespace, text: bool, logger: _Logger, confinement: s
         # The runtime's own modules are imported here, before the loader thread starts:
         # two threads importing at once only slow each other down.
         import skilld.audit
-        import skilld.bundle._load
         import skilld.permissions
         import skilld.registry
         import skilld.state  # noqa: F401
+        from skilld.bundle import open_bundle  # noqa: F401 - the loader, imported here
 
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="skilld-load") as pool:
             loading = pool.submit(Node.open, node_config, prehash=prehash)
