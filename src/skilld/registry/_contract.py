@@ -78,40 +78,6 @@ class SkillBackend(Protocol):
         ...
 
 
-class NullChannel:
-    """A channel with no client behind it (the ``skilld call`` debug path)."""
-
-    def progress(self, progress: float, total: float | None, message: str | None) -> None:
-        """Drop the notification."""
-
-    def log(self, level: str, data: Any) -> None:
-        """Drop the message."""
-
-    def sample(self, params: Mapping[str, Any]) -> Mapping[str, Any]:
-        """Refuse: there is no client to sample from.
-
-        Raises:
-            GuestError: always, with code ``unavailable``.
-        """
-        from skilld.errors import GuestError
-
-        raise GuestError("unavailable", "no MCP client is attached to this call")
-
-    def elicit(self, params: Mapping[str, Any]) -> Mapping[str, Any]:
-        """Refuse: there is no client to ask.
-
-        Raises:
-            GuestError: always, with code ``unavailable``.
-        """
-        from skilld.errors import GuestError
-
-        raise GuestError("unavailable", "no MCP client is attached to this call")
-
-    def cancelled(self) -> bool:
-        """Never cancelled."""
-        return False
-
-
 class Dispatcher(Protocol):
     """What the MCP layer serves. Implemented by ``skilld.registry.Registry``.
 

@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from skilld.audit import CallRecorder
-from skilld.call import CallContext, Inline
+from skilld.call import CallContext, Inline, NullChannel
 from skilld.errors import (
     CallCancelled,
     DeadlineExceeded,
@@ -50,7 +50,6 @@ from skilld.errors import (
 )
 from skilld.registry._audit import AuditTrail, audited
 from skilld.registry._catalogue import Catalogue, SkillEntry
-from skilld.registry._contract import NullChannel
 from skilld.types import AuditSink, CallOutput, ClientChannel
 
 T = TypeVar("T")

@@ -29,7 +29,7 @@ import wasmtime
 from wasmtime import _ffi as ffi
 from wasmtime import component
 
-from skilld.call import CallContext, entered
+from skilld.call import CallContext, NullChannel, entered
 from skilld.errors import (
     CallCancelled,
     CompileError,
@@ -247,22 +247,7 @@ def _free(inst: _Instance) -> None:
     inst.interrupt.callback = None
 
 
-class _NoClient:
-    def progress(self, progress: float, total: float | None, message: str | None) -> None: ...
-
-    def log(self, level: str, data: Any) -> None: ...
-
-    def sample(self, params: Any) -> Any:
-        raise GuestError("unavailable", "no client during warm-up")
-
-    def elicit(self, params: Any) -> Any:
-        raise GuestError("unavailable", "no client during warm-up")
-
-    def cancelled(self) -> bool:
-        return False
-
-
-_NO_CLIENT = _NoClient()
+_NO_CLIENT = NullChannel("no client during warm-up")
 
 
 @dataclass(frozen=True, slots=True)
