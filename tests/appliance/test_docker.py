@@ -45,6 +45,7 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
 from support.env import ROOT, cache_dir
+from support.mcp_fakes import text_of
 
 DOCKER = shutil.which("docker", path="/usr/bin") or shutil.which("docker")
 BUILDAH = shutil.which("buildah")
@@ -200,10 +201,6 @@ class Running:
         """run_script of an Agent Skill; the result."""
         return self.call(f"{skill}/run_script", {"script": script, "args": list(args)})
 
-
-def text_of(result: Any) -> str:
-    """The text of a tool result."""
-    return "".join(getattr(c, "text", "") for c in result.content)
 
 
 def value_of(result: Any) -> dict[str, Any]:

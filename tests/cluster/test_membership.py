@@ -12,15 +12,13 @@ import pytest
 from mcp import types
 
 from support.cluster import Keys, NatsServer, NodeProc, mcp_client, start_node
+from support.mcp_fakes import text_of as _text
 
 DEMO_TOOLS = {"echo/echo", "echo-wat/echo", "notes/get", "test_simple_text", "test_sampling"}
 HOSTILE_TOOLS = {"hostile/chatty", "hostile/loop", "hostile/ok"}
 
 pytestmark = pytest.mark.anyio
 
-
-def _text(result: types.CallToolResult) -> str:
-    return "".join(b.text for b in result.content if isinstance(b, types.TextContent))
 
 
 @pytest.fixture
