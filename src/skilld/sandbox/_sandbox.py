@@ -94,9 +94,13 @@ class Sandbox:
         self.cache = NativeCache(self.engine, cache_dir) if cache_dir is not None else None
         # Warms fresh instances and frees used ones off the calls' path.
         self.background = ThreadPoolExecutor(max_workers=2, thread_name_prefix="skilld-warm")
+        self._closed = False
 
     def close(self) -> None:
-        """Stop the background worker and the epoch ticker."""
+        """Stop the background worker and the epoch ticker; later loads are refused."""
+        if self._closed:
+            return
+        self._closed = True
         self.background.shutdown(wait=True, cancel_futures=True)
         self.engine.close()
 
@@ -115,7 +119,10 @@ class Sandbox:
         Raises:
             CompileError: not a valid component.
             LinkError: it imports an interface that is not granted, or unknown imports.
+            SandboxError: the sandbox was closed.
         """
+        if self._closed:
+            raise SandboxError(f"{name}: the sandbox is closed")
         if self.cache is not None:
             comp = self.cache.load(wasm, name=name)
         else:

@@ -55,6 +55,7 @@ class SqliteState:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._all: list[sqlite3.Connection] = []
+        self._closed = False
         self.path.parent.mkdir(parents=True, exist_ok=True)
         conn = self._conn()
         try:
@@ -72,6 +73,10 @@ class SqliteState:
     def _conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
+            if self._closed:
+                # Never reopened behind the owner's back: a write after close would
+                # land in a database nobody flushes or closes again.
+                raise StateError("the state database is closed", location=str(self.path))
             try:
                 conn = sqlite3.connect(
                     self.path, timeout=_BUSY_S, isolation_level=None, check_same_thread=False
@@ -94,8 +99,9 @@ class SqliteState:
         return SkillStore(self, skill_id, value_limit, total_limit)
 
     def close(self) -> None:
-        """Close every connection."""
+        """Close every connection; later use raises :class:`StateError` (a second close: no-op)."""
         with self._lock:
+            self._closed = True
             for conn in self._all:
                 conn.close()
             self._all.clear()
