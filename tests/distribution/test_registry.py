@@ -1,0 +1,201 @@
+"""Push and pull against a real registry (docker-registry) and image layout directories."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from distribution.conftest import Registry, Signed
+from skilld.cli import main
+from skilld.distribution import (
+    ARTIFACT_TYPE,
+    RegistryOptions,
+    fetch_layer,
+    open_store,
+    parse_reference,
+    push_package,
+    resolve,
+)
+from skilld.errors import DigestMismatch, DistributionError
+
+OPEN = RegistryOptions()
+
+
+def _push(tmp_path: Path, data: bytes, ref: str, capsys: pytest.CaptureFixture[str]) -> str:
+    pkg = tmp_path / "in.skill"
+    pkg.write_bytes(data)
+    assert main(["push", str(pkg), ref]) == 0
+    return capsys.readouterr().out.strip()
+
+
+def test_push_then_pull_by_tag_and_by_digest(
+    registry: Registry, signed: Signed, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """push prints the manifest digest; pull by tag and by that digest give the same bytes."""
+    ref = f"{registry.host}/skills/echo-wat:0.1.0"
+    digest = _push(tmp_path, signed.v1, ref, capsys)
+    artifact = resolve(parse_reference(ref), OPEN)
+    assert artifact.digest == digest
+    assert digest == "sha256:" + hashlib.sha256(artifact.manifest).hexdigest()
+    manifest = json.loads(artifact.manifest)
+    assert manifest["artifactType"] == ARTIFACT_TYPE
+    assert [layer["digest"] for layer in manifest["layers"]] == [
+        "sha256:" + hashlib.sha256(signed.v1).hexdigest()
+    ]
+    assert artifact.annotations["dev.skilld.skill.id"] == "echo-wat"
+    assert artifact.annotations["dev.skilld.skill.version"] == "0.1.0"
+    for by in (ref, f"{registry.host}/skills/echo-wat@{digest}"):
+        out = tmp_path / by.rsplit("@" if "@" in by else ":", 1)[1].replace(":", "-")
+        assert main(["pull", by, "-o", str(out)]) == 0
+        assert capsys.readouterr().out.split()[0] == digest
+        assert (out / "echo-wat-0.1.0.skill").read_bytes() == signed.v1
+
+
+def test_the_same_package_has_the_same_digest_everywhere(
+    registry: Registry, signed: Signed, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The artifact manifest is canonical: another tag, or a layout, gives the same digest."""
+    a = _push(tmp_path, signed.v1, f"{registry.host}/skills/echo-wat:same-a", capsys)
+    b = _push(tmp_path, signed.v1, f"{registry.host}/other/echo:same-b", capsys)
+    c = _push(tmp_path, signed.v1, f"oci:{tmp_path / 'layout'}:same-c", capsys)
+    assert a == b == c
+
+
+def test_a_tampered_layer_is_refused_naming_it(
+    registry: Registry, signed: Signed, tmp_path: Path
+) -> None:
+    """A registry serving changed bytes: the pull fails naming the layer; nothing is kept."""
+    ref = parse_reference(f"{registry.host}/tamper/echo-wat:0.1.0")
+    push_package(signed.v1, ref, OPEN)
+    artifact = resolve(ref, OPEN)
+    blob = registry.blob_file(artifact.layer_digest)
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    blobs = tmp_path / "blobs"
+    try:
+        with pytest.raises(DigestMismatch, match=artifact.layer_digest) as caught:
+            fetch_layer(open_store(ref, OPEN), artifact, blobs)
+    finally:  # blobs are shared by every repository of the registry
+        blob.write_bytes(signed.v1)
+    assert str(ref) in str(caught.value)
+    assert not [p for p in blobs.rglob("*") if p.is_file()]
+
+
+def test_a_download_resumes_from_its_partial_file(
+    registry: Registry, signed: Signed, tmp_path: Path
+) -> None:
+    """A partial download is continued with a range request, never started over."""
+    ref = parse_reference(f"{registry.host}/resume/echo-wat:0.1.0")
+    push_package(signed.v1, ref, OPEN)
+    artifact = resolve(ref, OPEN)
+    dest = tmp_path / "blobs" / "sha256" / artifact.layer_digest[7:]
+    partial = dest.with_name(dest.name + ".partial")
+    partial.parent.mkdir(parents=True)
+    half = len(signed.v1) // 2
+    # A wrong first half proves the partial file was continued (a restart would succeed).
+    partial.write_bytes(b"\0" * half)
+    with pytest.raises(DigestMismatch):
+        fetch_layer(open_store(ref, OPEN), artifact, tmp_path / "blobs")
+    assert not partial.exists()
+    partial.write_bytes(signed.v1[:half])
+    assert fetch_layer(open_store(ref, OPEN), artifact, tmp_path / "blobs").read_bytes() == (
+        signed.v1
+    )
+
+
+def test_a_layer_over_the_cap_is_refused_before_downloading(
+    registry: Registry, signed: Signed
+) -> None:
+    """The manifest's declared size is checked against the cap before any layer byte."""
+    ref = parse_reference(f"{registry.host}/cap/echo-wat:0.1.0")
+    push_package(signed.v1, ref, OPEN)
+    with pytest.raises(DistributionError, match=r"over the 1000-byte package limit"):
+        resolve(ref, OPEN, cap=1000)
+
+
+def test_another_artifact_type_is_refused(registry: Registry) -> None:
+    """A manifest that is not a skilld package is refused as the wrong artifact type."""
+    ref = parse_reference(f"{registry.host}/foreign/thing:1")
+    store = open_store(ref, OPEN)
+    config = store.put_blob(b"{}")
+    layer = store.put_blob(b"hello")
+    manifest = json.dumps({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "artifactType": "application/vnd.example.thing.v1",
+        "config": {"mediaType": "application/vnd.oci.empty.v1+json", "digest": config, "size": 2},
+        "layers": [{"mediaType": "text/plain", "digest": layer, "size": 5}],
+    }).encode()
+    store.put_manifest(manifest, "application/vnd.oci.image.manifest.v1+json", "1")
+    with pytest.raises(DistributionError, match=r"wrong artifact type: application/vnd\.example"):
+        resolve(ref, OPEN)
+
+
+def test_a_missing_tag_is_not_found(registry: Registry) -> None:
+    """An unknown tag says not found, naming the reference."""
+    with pytest.raises(DistributionError, match=r"not found: manifest nope") as caught:
+        resolve(parse_reference(f"{registry.host}/skills/echo-wat:nope"), OPEN)
+    assert "skills/echo-wat:nope" in str(caught.value)
+
+
+def test_auth_is_required_and_read_from_auth_json(
+    private_registry: Registry,
+    signed: Signed,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Without credentials: unauthorized, saying where they go; with an auth.json: push and
+    pull work; a wrong password: unauthorized, naming the file that held it."""
+    ref = f"{private_registry.host}/private/echo-wat:0.1.0"
+    pkg = tmp_path / "echo.skill"
+    pkg.write_bytes(signed.v1)
+    assert main(["push", str(pkg), ref]) == 1
+    err = capsys.readouterr().err
+    assert "unauthorized" in err and "auth.json" in err
+    monkeypatch.setenv("REGISTRY_AUTH_FILE", str(private_registry.auth_file(tmp_path / "a.json")))
+    assert main(["push", str(pkg), ref]) == 0
+    digest = capsys.readouterr().out.strip()
+    assert main(["pull", ref, "-o", str(tmp_path / "out")]) == 0
+    assert capsys.readouterr().out.split()[0] == digest
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps({"auths": {private_registry.host: {"username": "ci",
+                                                                   "password": "nope"}}}))
+    monkeypatch.setenv("REGISTRY_AUTH_FILE", str(wrong))
+    with pytest.raises(DistributionError, match="unauthorized") as caught:
+        resolve(parse_reference(ref), OPEN)
+    assert str(wrong) in str(caught.value)
+
+
+def test_a_registry_that_does_not_answer_fails_at_once(tmp_path: Path) -> None:
+    """A refused connection is an error naming the registry, not minutes of retries."""
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    start = time.monotonic()
+    with pytest.raises(DistributionError, match=f"cannot reach 127.0.0.1:{port}"):
+        resolve(parse_reference(f"127.0.0.1:{port}/x/y:1"), OPEN)
+    assert time.monotonic() - start < 5
+
+
+def test_pull_into_a_layout_keeps_the_digest(
+    registry: Registry, signed: Signed, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """pull -o oci:DIR:TAG copies the artifact unchanged; the layout serves it offline."""
+    ref = f"{registry.host}/skills/echo-wat:layout"
+    digest = _push(tmp_path, signed.v1, ref, capsys)
+    layout = tmp_path / "carry"
+    assert main(["pull", ref, "-o", f"oci:{layout}:echo-wat-0.1.0"]) == 0
+    capsys.readouterr()
+    assert json.loads((layout / "oci-layout").read_text()) == {"imageLayoutVersion": "1.0.0"}
+    local = parse_reference(f"oci:{layout}:echo-wat-0.1.0")
+    assert resolve(local, OPEN).digest == digest
+    assert main(["pull", f"oci:{layout}@{digest}", "-o", str(tmp_path / "o")]) == 0
+    assert (tmp_path / "o" / "echo-wat-0.1.0.skill").read_bytes() == signed.v1
