@@ -135,12 +135,21 @@ def signed(tmp_path_factory: pytest.TempPathFactory) -> Signed:
     from skilld.package.build import build_component
     from support.env import SKILLS, cache_dir
 
-    component = build_component(SKILLS["echo-wat"], cache_dir=cache_dir()).read_bytes()
+    root = tmp_path_factory.mktemp("echo-wat")
+    components = {}
+    for version in ("0.1.0", "0.2.0"):  # the component describes its own version
+        src = root / version
+        shutil.copytree(SKILLS["echo-wat"], src)
+        wat = src / "skill.wat"
+        wat.write_text(wat.read_text().replace('"0.1.0")  ;; version', f'"{version}")  ;; version'))
+        yaml_file = src / "skill.yaml"
+        yaml_file.write_text(yaml_file.read_text().replace("version: 0.1.0", f"version: {version}"))
+        components[version] = build_component(src, cache_dir=cache_dir()).read_bytes()
     key, other = package.SigningKey.generate(), package.SigningKey.generate()
 
     def pack(version: str, signer: package.SigningKey) -> bytes:
         meta = package.SkillMeta("echo-wat", "Echo", version, "Echo, from a registry.")
-        return package.build_package(meta, component, keys=[signer], epoch=0)
+        return package.build_package(meta, components[version], keys=[signer], epoch=0)
 
     trust = tmp_path_factory.mktemp("trust")
     trusted = package.trusted_key("release", key.public_raw, ["echo-wat"])
