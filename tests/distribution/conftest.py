@@ -48,7 +48,11 @@ def _free_port() -> int:
 
 
 def start_registry(
-    root: Path, *, user: str | None = None, password: str | None = None
+    root: Path,
+    *,
+    user: str | None = None,
+    password: str | None = None,
+    tls: tuple[Path, Path] | None = None,
 ) -> tuple[Registry, subprocess.Popen[bytes]]:
     """Start ``docker-registry`` and wait until ``/v2/`` answers."""
     binary = shutil.which("docker-registry")
@@ -71,14 +75,19 @@ def start_registry(
         "log:\n  level: error\n  accesslog:\n    disabled: true\n"
         f"storage:\n  filesystem:\n    rootdirectory: {root / 'data'}\n"
         "  delete:\n    enabled: true\n"
-        f"http:\n  addr: 127.0.0.1:{port}\n" + auth
+        f"http:\n  addr: 127.0.0.1:{port}\n"
+        + (f"  tls:\n    certificate: {tls[0]}\n    key: {tls[1]}\n" if tls else "")
+        + auth
     )
     log = (root / "registry.log").open("wb")
     proc = subprocess.Popen([binary, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 20
     while True:
         try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1)
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                pass
+            if tls is None:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=1)
             break
         except urllib.error.HTTPError:
             break  # 401: it answers
@@ -155,3 +164,57 @@ def signed(tmp_path_factory: pytest.TempPathFactory) -> Signed:
     trusted = package.trusted_key("release", key.public_raw, ["echo-wat"])
     (trust / "release.pub.json").write_bytes(package.trust_file_bytes(trusted))
     return Signed(pack("0.1.0", key), pack("0.2.0", key), pack("0.1.0", other), trust)
+
+
+def make_tls(root: Path) -> tuple[Path, Path, Path]:
+    """A throwaway CA and a certificate it signs for 127.0.0.1: (ca.pem, cert.pem, key.pem)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "skilld test CA")])
+    ca = (
+        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+        .public_key(ca_key.public_key()).serial_number(1)
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    leaf = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+        .issuer_name(ca_name).public_key(key.public_key()).serial_number(2)
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    pem = serialization.Encoding.PEM
+    paths = root / "ca.pem", root / "cert.pem", root / "key.pem"
+    paths[0].write_bytes(ca.public_bytes(pem))
+    paths[1].write_bytes(leaf.public_bytes(pem))
+    paths[2].write_bytes(
+        key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return paths
+
+
+@pytest.fixture(scope="module")
+def tls_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Registry, Path]]:
+    """A registry serving HTTPS with a certificate from a CA of its own: (registry, ca.pem)."""
+    root = tmp_path_factory.mktemp("tls")
+    ca, cert, key = make_tls(root)
+    reg, proc = start_registry(root / "registry", tls=(cert, key))
+    yield reg, ca
+    proc.terminate()
+    proc.wait(10)

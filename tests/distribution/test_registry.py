@@ -16,10 +16,12 @@ from skilld.distribution import (
     fetch_layer,
     open_store,
     parse_reference,
+    pull_sources,
     push_package,
+    read_sources,
     resolve,
 )
-from skilld.errors import DigestMismatch, DistributionError
+from skilld.errors import DigestMismatch, DistributionError, UsageError
 
 OPEN = RegistryOptions()
 
@@ -199,3 +201,46 @@ def test_pull_into_a_layout_keeps_the_digest(
     assert resolve(local, OPEN).digest == digest
     assert main(["pull", f"oci:{layout}@{digest}", "-o", str(tmp_path / "o")]) == 0
     assert (tmp_path / "o" / "echo-wat-0.1.0.skill").read_bytes() == signed.v1
+
+
+def test_tls_with_a_custom_ca(
+    tls_registry: tuple[Registry, Path], signed: Signed, tmp_path: Path
+) -> None:
+    """An HTTPS registry whose CA is unknown is refused (never downgraded to plain HTTP,
+    even on loopback); given its CA, in sources.yaml's registries, it serves."""
+    registry, ca = tls_registry
+    ref = parse_reference(f"{registry.host}/tls/echo-wat:0.1.0")
+    with pytest.raises(DistributionError, match=r"TLS with .* failed") as caught:
+        push_package(signed.v1, ref, OPEN)
+    assert "ca_file" in str(caught.value)
+    (tmp_path / "ca.pem").write_bytes(ca.read_bytes())
+    listing = tmp_path / "sources.yaml"
+    listing.write_text(
+        f"packages:\n  - {ref}\nregistries:\n  {registry.host}:\n    ca_file: ca.pem\n"
+    )
+    sources = read_sources(listing)
+    options = sources.options(ref)
+    digest = push_package(signed.v1, ref, options)
+    (pulled,) = pull_sources(sources, tmp_path / "blobs")
+    assert pulled.artifact.digest == digest
+    assert pulled.path.read_bytes() == signed.v1
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("packages: [1]", ":1: each package is a reference"),
+        ("packages:\n  - nohost/repo:1\n", ":2: nohost/repo:1: name the registry"),
+        ("packages:\n  - a.io/r:1\n  - a.io/r:1\n", ":3: a.io/r:1 is listed twice"),
+        ("pakages: []\n", ":1: unknown key 'pakages'"),
+        ("registries:\n  a.io:\n    plain: true\n", ":3: unknown key 'plain'"),
+        ("registries:\n  a.io:\n    ca_file: nope.pem\n", ":3: ca_file"),
+    ],
+)
+def test_sources_yaml_mistakes_name_their_line(text: str, error: str, tmp_path: Path) -> None:
+    """Each mistake in sources.yaml is refused with its file and line."""
+    listing = tmp_path / "sources.yaml"
+    listing.write_text(text)
+    with pytest.raises(UsageError) as caught:
+        read_sources(listing)
+    assert f"{listing}{error}" in str(caught.value)

@@ -53,8 +53,9 @@ class RegistryOptions:
     """How registries are reached (values only).
 
     Attributes:
-        plain_http: registries (``host[:port]``) named for plain HTTP; loopback
-            registries (``localhost``, ``127.0.0.1``, ``[::1]``) use it without being named.
+        plain_http: registries (``host[:port]``) named for plain HTTP; a loopback
+            registry (``localhost``, ``127.0.0.0/8``, ``[::1]``) that does not speak TLS
+            is spoken to in plain HTTP without being named.
         ca_file: a PEM bundle of the CAs that sign registries' certificates (default:
             the system's, or ``/etc/containers/certs.d/HOST/ca.crt`` and
             ``/etc/docker/certs.d/HOST/ca.crt`` where they exist).
@@ -174,7 +175,7 @@ class RegistryStore:
         self._where = str(ref)
         self._requests = requests
         host = ref.registry
-        self._plain = ref.loopback or host in options.plain_http
+        self._plain = host in options.plain_http
         self._base = f"{'http' if self._plain else 'https'}://{host}"
         self._verify: bool | str = True
         ca = options.ca_file or next(
@@ -193,7 +194,7 @@ class RegistryStore:
         self._timeout = options.timeout
         files = list(options.auth_files) if options.auth_files is not None else None
         self.credential: Credential | None = find_credential(host, ref.repository, files)
-        probe = self._call(requests.get, f"{self._base}/v2/", verify=self._verify)
+        probe = self._probe(loopback=ref.loopback and not self._plain)
         challenge = probe.headers.get("Www-Authenticate", "")
         scheme = "token" if challenge.lower().startswith("bearer") else "basic"
         if probe.status_code == 401 and scheme == "basic" and self.credential is None:
@@ -214,6 +215,23 @@ class RegistryStore:
             registry.auth._basic_auth = None  # oras reads ORAS_USER/ORAS_PASS; we do not
         self._registry = registry
         self._container = oras.container.Container(ref.repository, registry=host)
+
+    def _probe(self, *, loopback: bool) -> Any:
+        """``GET /v2/``: reachable, and how it wants to be authenticated. A loopback
+        registry that does not speak TLS at all is spoken to in plain HTTP (as Docker does
+        for ``localhost``); one whose certificate does not verify is refused, never
+        downgraded."""
+        requests = self._requests
+        try:
+            return self._call(requests.get, f"{self._base}/v2/", verify=self._verify)
+        except DistributionError as exc:
+            cause = exc.__cause__
+            if not (loopback and isinstance(cause, requests.exceptions.SSLError)) or (
+                "CERTIFICATE_VERIFY_FAILED" in str(cause)
+            ):
+                raise
+        self._plain, self._base = True, f"http://{self._ref.registry}"
+        return self._call(requests.get, f"{self._base}/v2/", verify=self._verify)
 
     def _unauthorized(self) -> DistributionError:
         if self.credential is None:
@@ -238,7 +256,8 @@ class RegistryStore:
                 f"TLS with {self._ref.registry} failed: {exc}",
                 location=self._where,
                 hint="give the CA that signed the registry's certificate (ca_file in "
-                "sources.yaml, --ca-file, or /etc/containers/certs.d/HOST/ca.crt)",
+                "sources.yaml, --ca-file, or /etc/containers/certs.d/HOST/ca.crt); a "
+                "registry that speaks plain HTTP must be named (plain_http, --plain-http)",
             ) from exc
         except requests.exceptions.RequestException as exc:
             raise DistributionError(
