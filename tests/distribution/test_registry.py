@@ -244,3 +244,18 @@ def test_sources_yaml_mistakes_name_their_line(text: str, error: str, tmp_path: 
     with pytest.raises(UsageError) as caught:
         read_sources(listing)
     assert f"{listing}{error}" in str(caught.value)
+
+
+def test_each_source_is_pulled_from_its_own_repository(
+    registry: Registry, signed: Signed, tmp_path: Path
+) -> None:
+    """Two repositories of one registry in one sources.yaml: each entry gets its own."""
+    first, second = f"{registry.host}/two/first:1", f"{registry.host}/two/second:1"
+    one = push_package(signed.v1, parse_reference(first), OPEN)
+    two = push_package(signed.v2, parse_reference(second), OPEN)
+    listing = tmp_path / "sources.yaml"
+    listing.write_text(f"packages:\n  - {first}\n  - {second}\n")
+    pulled = pull_sources(read_sources(listing), tmp_path / "blobs")
+    assert [(p.artifact.digest, p.path.read_bytes()) for p in pulled] == [
+        (one, signed.v1), (two, signed.v2)
+    ]

@@ -125,8 +125,8 @@ def _pull(skills_dir: Path, pkg_dir: Path, options: BuildOptions) -> list[_Colle
     ) else {}
     blobs = (options.cache_dir or paths.cache_dir()) / "oci" / "blobs"
     out = []
-    for pulled in distribution.pull_sources(
-        sources, blobs, pinned=pinned, progress=options.progress
+    for i, pulled in enumerate(
+        distribution.pull_sources(sources, blobs, pinned=pinned, progress=options.progress)
     ):
         was = before.get(pulled.entry.text)
         if was is not None and was != pulled.artifact.digest:
@@ -134,7 +134,7 @@ def _pull(skills_dir: Path, pkg_dir: Path, options: BuildOptions) -> list[_Colle
                 f"{pulled.entry.text} moved: {was} in {options.previous}, now "
                 f"{pulled.artifact.digest}"
             )
-        target = pkg_dir / f"pulled-{pulled.artifact.layer_digest[7:23]}.skill"
+        target = pkg_dir / f"pulled-{i}.skill"  # renamed ID-VERSION.skill once verified
         shutil.copyfile(pulled.path, target)
         origin = f"{pulled.entry.where} ({pulled.entry.text})"
         out.append(_Collected(target, origin, None, (pulled.entry.text, pulled.artifact.digest)))

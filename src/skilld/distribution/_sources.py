@@ -155,7 +155,7 @@ def pull_sources(
             entry's file and line.
         DigestMismatch: a manifest or layer is not its digest (names the layer).
     """
-    stores: dict[tuple[str, Path | None], Store] = {}
+    stores: dict[tuple[str, str, Path | None], Store] = {}  # one per repository or layout
     out: list[Pulled] = []
     for entry in sources.entries:
         ref = entry.ref
@@ -169,7 +169,7 @@ def pull_sources(
                 )
             ref = ref.pinned(digest)
         try:
-            key = (ref.registry, ref.layout)
+            key = (ref.registry, ref.repository, ref.layout)
             if key not in stores:
                 stores[key] = open_store(ref, sources.options(ref))
             store = stores[key]
