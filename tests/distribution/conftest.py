@@ -53,8 +53,10 @@ def start_registry(
     user: str | None = None,
     password: str | None = None,
     tls: tuple[Path, Path] | None = None,
+    token: str = "",
 ) -> tuple[Registry, subprocess.Popen[bytes]]:
-    """Start ``docker-registry`` and wait until ``/v2/`` answers."""
+    """Start ``docker-registry`` and wait until ``/v2/`` answers (``token``: the YAML of
+    an ``auth: token:`` section, for a token server the test runs)."""
     binary = shutil.which("docker-registry")
     if binary is None:
         if os.environ.get("CI"):
@@ -62,7 +64,7 @@ def start_registry(
         pytest.skip("docker-registry is not installed (apt-get install docker-registry)")
     root.mkdir(parents=True, exist_ok=True)
     port = _free_port()
-    auth = ""
+    auth = token
     if user is not None:
         import bcrypt
 
@@ -218,3 +220,108 @@ def tls_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Reg
     yield reg, ca
     proc.terminate()
     proc.wait(10)
+
+
+class TokenServer:
+    """A bearer-token server as registries use (distribution's token auth): it checks the
+    basic credentials sent to its realm and answers a JWT, signed ES256 by a key whose
+    certificate (``x5c``) the registry trusts, granting pull and push on the scope asked."""
+
+    def __init__(self, root: Path, user: str, password: str) -> None:
+        import datetime
+        import http.server
+        import threading
+
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.x509.oid import NameOID
+
+        self.key = ec.generate_private_key(ec.SECP256R1())
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "skilld test token issuer")])
+        now = datetime.datetime.now(datetime.UTC)
+        self.cert = (
+            x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(self.key.public_key()).serial_number(7)
+            .not_valid_before(now - datetime.timedelta(hours=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .sign(self.key, hashes.SHA256())
+        )
+        self.bundle = root / "token-ca.pem"
+        self.bundle.write_bytes(self.cert.public_bytes(serialization.Encoding.PEM))
+        self.expected = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+        self.issued: list[str] = []
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                from urllib.parse import parse_qs, urlparse
+
+                query = parse_qs(urlparse(self.path).query)
+                if self.headers.get("Authorization") != server.expected:
+                    self.send_response(401)
+                    self.end_headers()
+                    return
+                scope = query.get("scope", [""])[0]
+                body = json.dumps({"token": server.token(query["service"][0], scope)}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.realm = f"http://127.0.0.1:{self.httpd.server_address[1]}/token"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def token(self, service: str, scope: str) -> str:
+        """A JWT for ``scope`` (``repository:NAME:pull,push``), as distribution checks it."""
+        import time as _time
+
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+        from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
+
+        def b64(data: bytes) -> str:
+            return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+        der = self.cert.public_bytes(serialization.Encoding.DER)
+        header = {"typ": "JWT", "alg": "ES256", "x5c": [base64.b64encode(der).decode()]}
+        now = int(_time.time())
+        access = []
+        if scope.startswith("repository:"):
+            _kind, name, actions = scope.split(":", 2)
+            access = [{"type": "repository", "name": name, "actions": actions.split(",")}]
+        claims = {"iss": "skilld-test", "sub": "ci", "aud": service, "exp": now + 300,
+                  "nbf": now - 10, "iat": now, "jti": f"t{len(self.issued)}", "access": access}
+        signing = f"{b64(json.dumps(header).encode())}.{b64(json.dumps(claims).encode())}"
+        r, s = decode_dss_signature(self.key.sign(signing.encode(), ec.ECDSA(hashes.SHA256())))
+        token = f"{signing}.{b64(r.to_bytes(32, 'big') + s.to_bytes(32, 'big'))}"
+        self.issued.append(scope)
+        return token
+
+    def close(self) -> None:
+        """Stop serving."""
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def token_registry(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[Registry, TokenServer]]:
+    """A registry that requires bearer tokens from a token server (as GHCR, Harbor, GitLab do)."""
+    root = tmp_path_factory.mktemp("token")
+    tokens = TokenServer(root, "ci", "t0ken-pass")
+    section = (
+        f"auth:\n  token:\n    realm: {tokens.realm}\n    service: skilld-test-registry\n"
+        f"    issuer: skilld-test\n    rootcertbundle: {tokens.bundle}\n"
+    )
+    reg, proc = start_registry(root / "registry", token=section)
+    yield Registry(reg.host, reg.storage, "ci", "t0ken-pass"), tokens
+    proc.terminate()
+    proc.wait(10)
+    tokens.close()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from distribution.conftest import Registry, Signed
+from distribution.conftest import Registry, Signed, TokenServer
 from skilld.cli import main
 from skilld.distribution import (
     ARTIFACT_TYPE,
@@ -259,3 +259,23 @@ def test_each_source_is_pulled_from_its_own_repository(
     assert [(p.artifact.digest, p.path.read_bytes()) for p in pulled] == [
         (one, signed.v1), (two, signed.v2)
     ]
+
+
+def test_bearer_tokens_from_the_registrys_realm(
+    token_registry: tuple[Registry, TokenServer],
+    signed: Signed,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A registry that challenges with Bearer: the auth file's credentials buy a token from
+    its realm for the repository's scope; without them the token server's refusal is
+    reported as unauthorized."""
+    registry, tokens = token_registry
+    ref = parse_reference(f"{registry.host}/bearer/echo-wat:0.1.0")
+    with pytest.raises(DistributionError, match="unauthorized"):
+        push_package(signed.v1, ref, OPEN)
+    assert not tokens.issued
+    monkeypatch.setenv("REGISTRY_AUTH_FILE", str(registry.auth_file(tmp_path / "auth.json")))
+    digest = push_package(signed.v1, ref, OPEN)
+    assert resolve(ref, OPEN).digest == digest
+    assert any(scope.startswith("repository:bearer/echo-wat:") for scope in tokens.issued)

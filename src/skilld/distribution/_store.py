@@ -197,6 +197,7 @@ class RegistryStore:
         probe = self._probe(loopback=ref.loopback and not self._plain)
         challenge = probe.headers.get("Www-Authenticate", "")
         scheme = "token" if challenge.lower().startswith("bearer") else "basic"
+        self._bearer = scheme == "token"
         if probe.status_code == 401 and scheme == "basic" and self.credential is None:
             raise self._unauthorized()
         registry = oras.provider.Registry(
@@ -266,9 +267,24 @@ class RegistryStore:
             ) from exc
 
     def _request(self, method: str, url: str, **kw: Any) -> Any:
+        response = self._send(method, url, **kw)
+        auth = self._registry.auth
+        if response.status_code == 401 and self._bearer and auth.token is not None:
+            # oras keeps the first token it got (a pull scope, say) and offers it again when
+            # a push needs a wider scope; forget it so the new challenge's scope is asked for.
+            auth.token = None
+            kw["headers"] = {
+                k: v for k, v in (kw.get("headers") or {}).items() if k != "Authorization"
+            }
+            response = self._send(method, url, **kw)
+        if response.status_code in (401, 403):
+            raise self._unauthorized()
+        return response
+
+    def _send(self, method: str, url: str, **kw: Any) -> Any:
         requests = self._requests
         try:
-            response = self._registry.do_request(url, method, **kw)
+            return self._registry.do_request(url, method, **kw)
         except requests.exceptions.SSLError as exc:
             raise DistributionError(f"TLS failed: {exc}", location=self._where) from exc
         except requests.exceptions.RequestException as exc:
@@ -278,9 +294,6 @@ class RegistryStore:
             ) from exc
         except ValueError as exc:  # oras: "Cannot respond to request for authentication."
             raise self._unauthorized() from exc
-        if response.status_code in (401, 403):
-            raise self._unauthorized()
-        return response
 
     def _fail(self, response: Any, what: str) -> DistributionError:
         if response.status_code == 404:
