@@ -279,3 +279,38 @@ def test_bearer_tokens_from_the_registrys_realm(
     digest = push_package(signed.v1, ref, OPEN)
     assert resolve(ref, OPEN).digest == digest
     assert any(scope.startswith("repository:bearer/echo-wat:") for scope in tokens.issued)
+
+
+def test_referrers_travel_with_the_package_into_a_layout(
+    registry: Registry, signed: Signed, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An SBOM attached to a package (this registry has no referrers API: the tag-schema
+    fallback) is listed, and copied with the package into a layout, bytes unchanged."""
+    ref = parse_reference(f"{registry.host}/refs/echo-wat:0.1.0")
+    subject = push_package(signed.v1, ref, OPEN)
+    store = open_store(ref, OPEN)
+    sbom = b'{"spdxVersion":"SPDX-2.3"}'
+    layer, empty = store.put_blob(sbom), store.put_blob(b"{}")
+    image = "application/vnd.oci.image.manifest.v1+json"
+    subject_size = len(resolve(ref, OPEN).manifest)
+    manifest = json.dumps({
+        "schemaVersion": 2,
+        "mediaType": image,
+        "artifactType": "application/spdx+json",
+        "config": {"mediaType": "application/vnd.oci.empty.v1+json", "digest": empty, "size": 2},
+        "layers": [{"mediaType": "application/spdx+json", "digest": layer, "size": len(sbom)}],
+        "subject": {"mediaType": image, "digest": subject, "size": subject_size},
+    }).encode()
+    referrer = store.put_referrer(manifest, image, subject)
+    listed = store.referrers(subject)
+    assert [(d["digest"], d["artifactType"]) for d in listed] == [
+        (referrer, "application/spdx+json")
+    ]
+    layout = tmp_path / "carry"
+    assert main(["pull", str(ref), "-o", f"oci:{layout}:echo-wat-0.1.0"]) == 0
+    capsys.readouterr()
+    carried = open_store(parse_reference(f"oci:{layout}:echo-wat-0.1.0"), OPEN)
+    assert [d["digest"] for d in carried.referrers(subject)] == [referrer]
+    assert (layout / "blobs" / "sha256" / layer[7:]).read_bytes() == sbom
+    assert (layout / "blobs" / "sha256" / referrer[7:]).read_bytes() == manifest
+    assert resolve(parse_reference(f"oci:{layout}:echo-wat-0.1.0"), OPEN).digest == subject

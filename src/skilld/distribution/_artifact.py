@@ -177,15 +177,17 @@ def fetch_layer(store: Store, artifact: Artifact, blobs: Path) -> Path:
         DistributionError: the layer is missing, over its declared size, cut short.
         DigestMismatch: its bytes are not its digest (names the layer and the reference).
     """
-    dest = blobs / "sha256" / artifact.layer_digest.removeprefix("sha256:")
+    return _cached(store, artifact.layer_digest, artifact.layer_size, blobs)
+
+
+def _cached(store: Store, digest: str, size: int, blobs: Path) -> Path:
+    """``digest``'s bytes in ``blobs`` (kept copies are checked again before reuse)."""
+    dest = blobs / "sha256" / digest.removeprefix("sha256:")
     if dest.is_file():
-        if (
-            dest.stat().st_size == artifact.layer_size
-            and sha256_digest(dest.read_bytes()) == artifact.layer_digest
-        ):
+        if dest.stat().st_size == size and sha256_digest(dest.read_bytes()) == digest:
             return dest
         dest.unlink()
-    store.fetch_blob(artifact.layer_digest, artifact.layer_size, dest)
+    store.fetch_blob(digest, size, dest)
     return dest
 
 
@@ -212,7 +214,8 @@ def copy_artifact(
     source: Reference, target: Reference, options: RegistryOptions, blobs: Path
 ) -> Artifact:
     """Copy a skilld package artifact between stores, bytes unchanged (same digest):
-    a registry into an image layout that is carried into an air gap, say.
+    a registry into an image layout that is carried into an air gap, say. The artifact's
+    referrers (signatures, SBOMs, attestations others attached) travel with it.
 
     Raises:
         DistributionError, DigestMismatch: as :func:`resolve` and :func:`fetch_layer`;
@@ -227,4 +230,35 @@ def copy_artifact(
     dst.put_blob(EMPTY)
     dst.put_blob(layer.read_bytes())
     dst.put_manifest(artifact.manifest, MANIFEST_MEDIA_TYPE, target.tag)
+    for descriptor in src.referrers(artifact.digest):
+        _copy_referrer(src, dst, artifact, descriptor, blobs)
     return artifact
+
+
+def _copy_referrer(
+    src: Store, dst: Store, subject: Artifact, descriptor: dict[str, Any], blobs: Path
+) -> None:
+    """One referrer of ``subject`` (a signature, an SBOM) and its blobs, bytes unchanged.
+    Only image manifests are copied (an index referrer is left out), one level deep."""
+    if descriptor.get("mediaType") != MANIFEST_MEDIA_TYPE:
+        return
+    ref = subject.ref.pinned(str(descriptor["digest"]))
+    _digest, data, _media = src.get_manifest(ref, [MANIFEST_MEDIA_TYPE], MANIFEST_CAP)
+    try:
+        body = json.loads(data)
+        parts = [body["config"], *body.get("layers", [])]
+        wanted = [(str(d["digest"]), int(d["size"])) for d in parts]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DistributionError(
+            f"referrer {descriptor['digest']} of {subject.digest} is malformed",
+            location=str(subject.ref),
+        ) from exc
+    cap = package.PackageLimits().max_package_bytes
+    for digest, size in wanted:
+        if size > cap or not digest.startswith("sha256:") or len(digest) != 71:
+            raise DistributionError(
+                f"referrer {descriptor['digest']} lists blob {digest} ({size} bytes): refused",
+                location=str(subject.ref),
+            )
+        dst.put_blob(_cached(src, digest, size, blobs).read_bytes())
+    dst.put_referrer(data, MANIFEST_MEDIA_TYPE, subject.digest)

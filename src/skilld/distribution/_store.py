@@ -32,7 +32,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -76,7 +76,10 @@ class Store(Protocol):
     bytes checked against the digest; ``fetch_blob`` writes a blob's checked bytes to
     ``dest`` (a download cut short resumes from ``dest.partial``); ``put_blob`` and
     ``put_manifest`` store bytes (a manifest under a tag when one is given) and return
-    their digest.
+    their digest. ``referrers`` lists the descriptors of the manifests whose ``subject`` is
+    ``digest`` (signatures, SBOMs, attestations); ``put_referrer`` stores one. Both use the
+    registry's referrers API where it has one, and the image spec's tag-schema fallback
+    (an index tagged ``sha256-HEX``) where it does not, as in a layout directory.
     """
 
     def get_manifest(
@@ -85,6 +88,12 @@ class Store(Protocol):
     def fetch_blob(self, digest: str, size: int, dest: Path) -> None: ...
     def put_blob(self, data: bytes) -> str: ...
     def put_manifest(self, data: bytes, media_type: str, tag: str | None) -> str: ...
+    def referrers(self, digest: str) -> list[dict[str, Any]]: ...
+    def put_referrer(self, data: bytes, media_type: str, subject: str) -> str: ...
+
+
+class NotFound(DistributionError):
+    """The store has no such tag, manifest or blob (a registry's 404)."""
 
 
 def sha256_digest(data: bytes) -> str:
@@ -297,7 +306,7 @@ class RegistryStore:
 
     def _fail(self, response: Any, what: str) -> DistributionError:
         if response.status_code == 404:
-            return DistributionError(f"not found: {what}", location=self._where)
+            return NotFound(f"not found: {what}", location=self._where)
         try:
             errors = [e.get("message", "") for e in response.json().get("errors", [])]
         except (ValueError, AttributeError):
@@ -397,12 +406,49 @@ class RegistryStore:
             raise self._fail(done, f"blob {digest}")
         return digest
 
+    def referrers(self, digest: str) -> list[dict[str, Any]]:
+        """See :class:`Store`: the referrers API, else the tag-schema fallback.
+
+        Raises:
+            DistributionError: unauthorized, unreachable, a malformed answer.
+        """
+        response = self._request(
+            "GET", self._url(f"referrers/{digest}"),
+            headers={"Accept": INDEX_MEDIA_TYPE}, stream=True,
+        )
+        with contextlib.closing(response):
+            if response.status_code == 200:  # a registry that has the API never says 404
+                index = _read_capped(response.iter_content(_CHUNK), _INDEX_CAP,
+                                     f"referrers of {digest}", self._where)
+                return _descriptors(index, self._where)
+            if response.status_code != 404:
+                raise self._fail(response, f"referrers of {digest}")
+        return _fallback_referrers(self, self._tagged, digest)
+
+    def put_referrer(self, data: bytes, media_type: str, subject: str) -> str:
+        """See :class:`Store`: the manifest by digest; the fallback index too unless the
+        registry says (``OCI-Subject``) that it indexed the subject itself.
+
+        Raises:
+            DistributionError: unauthorized, refused, unreachable.
+        """
+        digest, response = self._put_manifest(data, media_type, None)
+        if response.headers.get("OCI-Subject") != subject:
+            _fallback_add(self, self._tagged, subject, data, media_type)
+        return digest
+
+    def _tagged(self, tag: str) -> Reference:
+        return Reference(self._ref.registry, self._ref.repository, None, tag, None)
+
     def put_manifest(self, data: bytes, media_type: str, tag: str | None) -> str:
         """See :class:`Store`.
 
         Raises:
             DistributionError: unauthorized, refused (the registry's reason), unreachable.
         """
+        return self._put_manifest(data, media_type, tag)[0]
+
+    def _put_manifest(self, data: bytes, media_type: str, tag: str | None) -> tuple[str, Any]:
         digest = sha256_digest(data)
         response = self._request(
             "PUT",
@@ -417,7 +463,7 @@ class RegistryStore:
             raise DigestMismatch(
                 f"the registry stored manifest {said}, not {digest}", location=self._where
             )
-        return digest
+        return digest, response
 
 
 # --- image layout directories -----------------------------------------------------------
@@ -459,7 +505,7 @@ class LayoutStore:
         try:
             fd = open_regular(path)
         except FileNotFoundError as exc:
-            raise DistributionError(f"not found: {what}", location=str(self.root)) from exc
+            raise NotFound(f"not found: {what}", location=str(self.root)) from exc
         except OSError as exc:
             raise DistributionError(f"{what}: {exc.strerror}", location=str(self.root)) from exc
         with os.fdopen(fd, "rb") as f:
@@ -502,7 +548,7 @@ class LayoutStore:
         if digest is None:
             digest = self.tags().get(ref.target)
             if digest is None:
-                raise DistributionError(
+                raise NotFound(
                     f"not found: tag {ref.target} (the layout has "
                     f"{', '.join(sorted(self.tags())) or 'no tags'})",
                     location=str(ref),
@@ -569,6 +615,71 @@ class LayoutStore:
         index["manifests"] = keep
         _atomic_write(self.root / "index.json", json.dumps(index, indent=2).encode() + b"\n")
         return digest
+
+    def referrers(self, digest: str) -> list[dict[str, Any]]:
+        """See :class:`Store`: a layout has no API; the tag-schema fallback index."""
+        return _fallback_referrers(self, self._tagged, digest)
+
+    def put_referrer(self, data: bytes, media_type: str, subject: str) -> str:
+        """See :class:`Store`: the manifest as a blob, listed in the fallback index."""
+        digest = self.put_blob(data)
+        _fallback_add(self, self._tagged, subject, data, media_type)
+        return digest
+
+    def _tagged(self, tag: str) -> Reference:
+        return Reference(layout=self.root, tag=tag)
+
+
+_INDEX_CAP = 4 << 20
+
+
+def _descriptors(index: bytes, where: str) -> list[dict[str, Any]]:
+    try:
+        manifests = json.loads(index).get("manifests", [])
+    except (ValueError, AttributeError) as exc:
+        raise DistributionError("a referrers index is not JSON", location=where) from exc
+    if not isinstance(manifests, list) or not all(
+        isinstance(d, dict) and isinstance(d.get("digest"), str) for d in manifests
+    ):
+        raise DistributionError("a referrers index lists malformed descriptors", location=where)
+    return manifests
+
+
+def _fallback_tag(digest: str) -> str:
+    """The image spec's referrers tag schema: ``<alg>-<hex>``."""
+    return digest.replace(":", "-", 1)
+
+
+def _fallback_referrers(
+    store: Store, tagged: Callable[[str], Reference], digest: str
+) -> list[dict[str, Any]]:
+    try:
+        _d, index, _m = store.get_manifest(tagged(_fallback_tag(digest)), [INDEX_MEDIA_TYPE],
+                                           _INDEX_CAP)
+    except NotFound:
+        return []
+    return _descriptors(index, str(tagged(_fallback_tag(digest))))
+
+
+def _fallback_add(
+    store: Store, tagged: Callable[[str], Reference], subject: str, data: bytes, media: str
+) -> None:
+    """Add the referrer ``data`` to ``subject``'s fallback index (read, extend, write back:
+    the spec's procedure; two writers at once can lose one entry, as with any client)."""
+    body = json.loads(data)
+    entry: dict[str, Any] = {"mediaType": media, "digest": sha256_digest(data), "size": len(data)}
+    if artifact := body.get("artifactType") or (body.get("config") or {}).get("mediaType"):
+        entry["artifactType"] = artifact
+    if body.get("annotations"):
+        entry["annotations"] = body["annotations"]
+    listed = [d for d in _fallback_referrers(store, tagged, subject)
+              if d.get("digest") != entry["digest"]]
+    index = {"schemaVersion": 2, "mediaType": INDEX_MEDIA_TYPE, "manifests": [*listed, entry]}
+    store.put_manifest(
+        json.dumps(index, sort_keys=True, separators=(",", ":")).encode(),
+        INDEX_MEDIA_TYPE,
+        _fallback_tag(subject),
+    )
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
