@@ -13,6 +13,7 @@ import pytest
 
 from distribution.conftest import Registry, Signed
 from skilld.bundle import Lock, build_bundle
+from skilld.cli import main
 from skilld.distribution import RegistryOptions, parse_reference, push_package
 from skilld.errors import BundleError, DistributionError, TrustError
 from skilld.sandbox import Sandbox
@@ -74,10 +75,11 @@ def test_a_rebuild_from_the_lock_keeps_a_moved_tag_pinned(
     moved = push_package(signed.v2, parse_reference(ref), OPEN)
     assert moved != first
     lock = one.out / "bundle.lock"
-    pinned = build_bundle(skills, policies, tmp_path / "pinned", sandbox=sandbox,
-                          cache_dir=cache_dir(), locked=lock)
-    assert [(s.digest, s.version) for s in pinned.lock.sources] == [(first, "0.1.0")]
-    assert pinned.lock.bundle_digest == one.lock.bundle_digest
+    assert main(["build", "-q", "--skills", str(skills), "--policies", str(policies),
+                 "-o", str(tmp_path / "pinned"), "--locked", str(lock)]) == 0
+    pinned = Lock.read(tmp_path / "pinned" / "bundle.lock")
+    assert [(s.digest, s.version) for s in pinned.sources] == [(first, "0.1.0")]
+    assert pinned.bundle_digest == one.lock.bundle_digest
     said: list[str] = []
     fresh = build_bundle(skills, policies, tmp_path / "fresh", sandbox=sandbox,
                          cache_dir=cache_dir(), previous=lock, progress=said.append)

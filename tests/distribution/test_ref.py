@@ -23,7 +23,7 @@ _digest = st.from_regex(r"sha256:[a-f0-9]{64}", fullmatch=True)
 
 
 @given(st.text(max_size=300))
-@settings(max_examples=400)
+@settings(max_examples=400, deadline=None)
 def test_any_text_parses_or_is_refused_plainly(text: str) -> None:
     """No input makes the parser fail with anything but a UsageError."""
     try:
@@ -35,6 +35,7 @@ def test_any_text_parses_or_is_refused_plainly(text: str) -> None:
 
 
 @given(_host, st.lists(_component, min_size=1, max_size=3), st.none() | _tag, st.none() | _digest)
+@settings(deadline=None)
 def test_a_valid_reference_round_trips(
     host: str, path: list[str], tag: str | None, digest: str | None
 ) -> None:
@@ -58,6 +59,7 @@ def test_a_layout_reference_is_relative_to_its_base(tmp_path: Path) -> None:
 
 
 @given(st.binary(max_size=200) | st.text(max_size=200).map(str.encode))
+@settings(deadline=None)
 def test_a_hostile_auth_file_is_refused_naming_it(data: bytes) -> None:
     """An auth file's content never fails with anything but a DistributionError naming it."""
     import tempfile
@@ -76,6 +78,7 @@ def test_a_hostile_auth_file_is_refused_naming_it(data: bytes) -> None:
 
 @given(st.dictionaries(st.text(max_size=20), st.none() | st.text(max_size=30) | st.integers(),
                        max_size=4))
+@settings(deadline=None)
 def test_hostile_entries_are_refused_naming_the_file(entry: dict[str, object]) -> None:
     """Malformed entries for the registry fail with the file's name, never a crash."""
     import tempfile
@@ -108,3 +111,47 @@ def test_the_most_specific_entry_of_the_first_file_wins(tmp_path: Path) -> None:
     assert find_credential("s.io", "team/app", files) is None
     cred = find_credential("r.io", "team/app", [second])
     assert cred is not None and cred.source == second and "pw" not in repr(cred)
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=40),
+    lambda children: st.lists(children, max_size=3)
+    | st.dictionaries(st.text(max_size=12), children, max_size=4),
+    max_leaves=12,
+)
+_IMAGE = "application/vnd.oci.image.manifest.v1+json"
+
+
+def _near_manifest() -> st.SearchStrategy[object]:
+    """Manifests close to a skilld artifact, with any field replaced by anything."""
+    layer = st.fixed_dictionaries({
+        "mediaType": st.sampled_from(["application/vnd.skilld.skill.v1+zip", "x/y"]) | _json,
+        "digest": st.sampled_from(["sha256:" + "a" * 64, "sha256:xyz", "md5:1"]) | _json,
+        "size": st.integers(-5, 1 << 40) | _json,
+    })
+    return st.fixed_dictionaries({
+        "mediaType": st.just(_IMAGE) | _json,
+        "artifactType": st.just("application/vnd.skilld.skill.v1") | _json,
+        "layers": st.lists(layer, max_size=2) | _json,
+        "annotations": st.dictionaries(st.text(max_size=8), _json, max_size=3) | _json,
+    }) | _json
+
+
+@given(_near_manifest())
+@settings(max_examples=300, deadline=None)  # a loaded machine: timing is not the claim
+def test_a_hostile_manifest_is_refused_plainly(body: object) -> None:
+    """Whatever a registry or layout serves as a manifest, resolving it either yields a
+    well-formed skilld artifact or fails with a DistributionError, never a crash."""
+    import tempfile
+
+    from skilld.distribution import LayoutStore, RegistryOptions, resolve
+
+    with tempfile.TemporaryDirectory() as d:
+        store = LayoutStore(Path(d), create=True)
+        store.put_manifest(json.dumps(body).encode(), _IMAGE, "t")
+        try:
+            artifact = resolve(parse_reference(f"oci:{d}:t"), RegistryOptions())
+        except DistributionError:
+            return
+        assert artifact.layer_digest.startswith("sha256:") and len(artifact.layer_digest) == 71
+        assert 0 <= artifact.layer_size <= 256 << 20
