@@ -7,6 +7,7 @@ import base64
 import json
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -155,3 +156,19 @@ def test_a_hostile_manifest_is_refused_plainly(body: object) -> None:
             return
         assert artifact.layer_digest.startswith("sha256:") and len(artifact.layer_digest) == 71
         assert 0 <= artifact.layer_size <= 256 << 20
+
+
+def test_a_layout_index_cannot_point_outside_its_blobs(tmp_path: Path) -> None:
+    """A tag whose digest is a path (``sha256:../../…``) is refused, never opened."""
+    from skilld.distribution import LayoutStore, RegistryOptions, resolve
+
+    LayoutStore(tmp_path / "l", create=True)
+    secret = tmp_path / "secret"
+    secret.write_text("{}")
+    index = json.loads((tmp_path / "l" / "index.json").read_text())
+    index["manifests"] = [{"mediaType": "application/vnd.oci.image.manifest.v1+json",
+                           "digest": "sha256:../../../secret", "size": 2,
+                           "annotations": {"org.opencontainers.image.ref.name": "t"}}]
+    (tmp_path / "l" / "index.json").write_text(json.dumps(index))
+    with pytest.raises(DistributionError, match="not a sha256 digest"):
+        resolve(parse_reference(f"oci:{tmp_path / 'l'}:t"), RegistryOptions())

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from skilld import package
-from skilld.distribution._ref import Reference
+from skilld.distribution._ref import DIGEST_PATTERN, Reference
 from skilld.distribution._store import RegistryOptions, Store, open_store, sha256_digest
 from skilld.errors import DistributionError
 
@@ -129,9 +129,7 @@ def _parse(ref: Reference, digest: str, data: bytes, cap: int) -> Artifact:
         )
     if (
         not isinstance(ldigest, str)
-        or not ldigest.startswith("sha256:")
-        or len(ldigest) != 71
-        or any(c not in "0123456789abcdef" for c in ldigest[7:])
+        or not DIGEST_PATTERN.fullmatch(ldigest)
         or not isinstance(size, int)
         or isinstance(size, bool)
         or size < 0
@@ -255,7 +253,7 @@ def _copy_referrer(
         ) from exc
     cap = package.PackageLimits().max_package_bytes
     for digest, size in wanted:
-        if size > cap or not digest.startswith("sha256:") or len(digest) != 71:
+        if size > cap or size < 0 or not DIGEST_PATTERN.fullmatch(digest):
             raise DistributionError(
                 f"referrer {descriptor['digest']} lists blob {digest} ({size} bytes): refused",
                 location=str(subject.ref),

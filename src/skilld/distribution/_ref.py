@@ -21,7 +21,8 @@ _HOST = re.compile(
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _REPO = re.compile(rf"{_COMPONENT}(?:/{_COMPONENT})*")
 _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
-_DIGEST = re.compile(r"sha256:[a-f0-9]{64}")
+# The one digest algorithm: what registries compute and the lock records.
+DIGEST_PATTERN = re.compile(r"sha256:[a-f0-9]{64}")
 _LOOPBACK = ("localhost", "127.0.0.1", "[::1]")
 
 
@@ -88,7 +89,7 @@ def parse_reference(text: str, *, base: Path | None = None) -> Reference:
     if not isinstance(text, str) or not text or len(text) > 4096 or not text.isprintable():
         raise UsageError(f"not an OCI reference: {text!r}")
     rest, at, digest = text.partition("@")
-    if at and not _DIGEST.fullmatch(digest):
+    if at and not DIGEST_PATTERN.fullmatch(digest):
         raise UsageError(f"{text}: a digest is sha256: and 64 lowercase hex digits")
     if rest.startswith("oci:"):
         path, tag = rest[4:], None

@@ -40,7 +40,7 @@ from urllib.parse import urljoin
 
 from skilld.digest import open_regular
 from skilld.distribution._auth import Credential, find_credential
-from skilld.distribution._ref import Reference
+from skilld.distribution._ref import DIGEST_PATTERN, Reference
 from skilld.errors import DigestMismatch, DistributionError
 
 INDEX_MEDIA_TYPE = "application/vnd.oci.image.index.v1+json"
@@ -94,6 +94,18 @@ class Store(Protocol):
 
 class NotFound(DistributionError):
     """The store has no such tag, manifest or blob (a registry's 404)."""
+
+
+def check_digest(digest: object, where: str) -> str:
+    """``digest`` when it is ``sha256:`` and 64 lowercase hex digits (it names a file in a
+    layout and a path on a registry: nothing else may reach either).
+
+    Raises:
+        DistributionError: anything else.
+    """
+    if not isinstance(digest, str) or not DIGEST_PATTERN.fullmatch(digest):
+        raise DistributionError(f"not a sha256 digest: {str(digest)[:80]!r}", location=where)
+    return digest
 
 
 def sha256_digest(data: bytes) -> str:
@@ -317,6 +329,9 @@ class RegistryStore:
             location=self._where,
         )
 
+    def _blob_url(self, digest: str) -> str:
+        return self._url(f"blobs/{check_digest(digest, self._where)}")
+
     def _url(self, path: str) -> str:
         return f"{self._base}/v2/{self._ref.repository}/{path}"
 
@@ -361,7 +376,7 @@ class RegistryStore:
         headers = {"Range": f"bytes={sink.have}-"} if 0 < sink.have < size else {}
         if sink.have < size:
             response = self._request(
-                "GET", self._url(f"blobs/{digest}"), headers=headers, stream=True
+                "GET", self._blob_url(digest), headers=headers, stream=True
             )
             with contextlib.closing(response):
                 if response.status_code == 200:
@@ -387,7 +402,7 @@ class RegistryStore:
             DistributionError: unauthorized, refused, unreachable.
         """
         digest = sha256_digest(data)
-        head = self._request("HEAD", self._url(f"blobs/{digest}"))
+        head = self._request("HEAD", self._blob_url(digest))
         if head.status_code == 200:
             return digest
         start = self._request("POST", self._url("blobs/uploads/"), headers={"Content-Length": "0"})
@@ -413,7 +428,7 @@ class RegistryStore:
             DistributionError: unauthorized, unreachable, a malformed answer.
         """
         response = self._request(
-            "GET", self._url(f"referrers/{digest}"),
+            "GET", self._url(f"referrers/{check_digest(digest, self._where)}"),
             headers={"Accept": INDEX_MEDIA_TYPE}, stream=True,
         )
         with contextlib.closing(response):
@@ -515,7 +530,7 @@ class LayoutStore:
         return data
 
     def _blob(self, digest: str) -> Path:
-        return self.root / "blobs" / "sha256" / digest.removeprefix("sha256:")
+        return self.root / "blobs" / "sha256" / check_digest(digest, str(self.root))[7:]
 
     def _index(self) -> dict[str, Any]:
         try:
