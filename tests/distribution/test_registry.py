@@ -314,3 +314,18 @@ def test_referrers_travel_with_the_package_into_a_layout(
     assert (layout / "blobs" / "sha256" / layer[7:]).read_bytes() == sbom
     assert (layout / "blobs" / "sha256" / referrer[7:]).read_bytes() == manifest
     assert resolve(parse_reference(f"oci:{layout}:echo-wat-0.1.0"), OPEN).digest == subject
+
+
+def test_a_digest_in_sources_yaml_must_agree_with_the_lock(
+    registry: Registry, signed: Signed, tmp_path: Path
+) -> None:
+    """Pinned to a lock, an entry that names another digest is refused, not overridden."""
+    one = push_package(signed.v1, parse_reference(f"{registry.host}/agree/e:1"), OPEN)
+    two = push_package(signed.v2, parse_reference(f"{registry.host}/agree/e:2"), OPEN)
+    entry = f"{registry.host}/agree/e@{two}"
+    listing = tmp_path / "sources.yaml"
+    listing.write_text(f"packages:\n  - {entry}\n")
+    with pytest.raises(DistributionError, match=f"names {two}, but the lock pins {one}"):
+        pull_sources(read_sources(listing), tmp_path / "blobs", pinned={entry: one})
+    (same,) = pull_sources(read_sources(listing), tmp_path / "blobs", pinned={entry: two})
+    assert same.artifact.digest == two

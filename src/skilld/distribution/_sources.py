@@ -167,6 +167,12 @@ def pull_sources(
                     location=entry.where,
                     hint="build without --locked to resolve and pin it",
                 )
+            if ref.digest is not None and ref.digest != digest:
+                raise DistributionError(
+                    f"{entry.text} names {ref.digest}, but the lock pins {digest}",
+                    location=entry.where,
+                    hint="build without --locked to pin what sources.yaml names",
+                )
             ref = ref.pinned(digest)
         try:
             key = (ref.registry, ref.repository, ref.layout)
