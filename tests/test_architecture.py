@@ -29,8 +29,12 @@ ALLOWED: dict[str, set[str]] = {
     "call": {"audit"},
     # the registry reaches every backend through SkillBackend: it imports no sandbox
     "registry": {"call", "audit", "policy"},
-    # Agent Skills directories are validated, packed and staged by the build.
-    "bundle": {"call", "package", "policy", "sandbox", "agentskills"},
+    # OCI artifacts: the registry client and image layouts, below the build only (a
+    # bundle holds its packages: nothing that serves imports distribution).
+    "distribution": {"package"},
+    # Agent Skills directories are validated, packed and staged by the build; packages
+    # listed in sources.yaml are pulled by it (distribution).
+    "bundle": {"call", "package", "policy", "sandbox", "agentskills", "distribution"},
     "mcp": {"registry"},
     "cluster": {"call", "registry", "state", "package"},
     "confine": {"policy"},
@@ -64,6 +68,9 @@ BOUNDARIES = {
     "jsonschema": {"mcp"},
     "nats": {"cluster", "state"},
     "cryptography": {"package"},
+    # the OCI client (oras-py) and the HTTP library under it: distribution/ only
+    "oras": {"distribution"},
+    "requests": {"distribution"},
     # delegate's Anthropic tier is the only user of the SDK (an optional extra).
     "anthropic": {"delegate"},
 }

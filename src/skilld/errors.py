@@ -34,6 +34,7 @@ into this tree at the one boundary that uses the library (``raise X(...) from ex
     ├── AuditError              an audit sink could not record
     ├── RegistryError           an unknown skill, method or tool name
     ├── BundleError             a bundle or its lock is inconsistent (names the file)
+    ├── DistributionError       an OCI registry or layout refused, lacks or garbled an artifact
     ├── AgentSkillError         an Agent Skill is invalid or its script cannot run (file:line)
     ├── DelegateError           delegate: an unknown kit, no program for an intent
     │   ├── ProgramRejected         the validator refused a program (line, column, rule)
@@ -144,6 +145,12 @@ class SignatureError(PackageError):
 
 class TrustError(PackageError):
     """A key is unknown, outside its scope, or a signing threshold is unmet."""
+
+
+class DistributionError(SkilldError):
+    """An OCI registry or image layout refused a request (unauthorized), lacks the artifact
+    (not found), holds something else (wrong artifact type, over a size cap) or cannot be
+    reached; ``location`` names the reference."""
 
 
 class PolicyError(SkilldError):

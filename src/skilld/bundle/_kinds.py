@@ -61,6 +61,10 @@ class BuildOptions:
             warnings).
         wheelhouse: where Agent Skills' Python requirements are installed from
             (offline; a missing wheel is an error naming the skill and package).
+        sources: the ``sources.yaml`` listing packages in registries and image layouts
+            (default: the skills directory's, when it has one).
+        locked: an earlier ``bundle.lock`` whose digests the sources are fetched at
+            (a moved tag stays pinned; an entry the lock lacks is refused).
         progress: told each step, one line at a time.
     """
 
@@ -72,6 +76,8 @@ class BuildOptions:
     cache_dir: Path | None = None
     lenient: bool = False
     wheelhouse: Path | None = None
+    sources: Path | None = None
+    locked: Path | None = None
     progress: Progress = field(default=lambda _msg: None, compare=False)
 
 
