@@ -6,10 +6,17 @@ location before it has imported the runtime, and the build needs it too.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
+import logging
 import os
+import stat
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 def cache_dir() -> Path:
@@ -34,7 +41,7 @@ def state_dir(name: str) -> Path:
 WORK_DIR_ENV = "SKILLD_WORK_DIR"
 # Per-call directories inside the work directory carry their server's pid after this
 # prefix, so that a start sweeps only what a dead process left.
-_SCRATCH = ("ws-", "copies-")
+_SCRATCH = ("ws-", "copies-", "kept-")
 # Where root's scratch goes when its state directory is out of other uids' reach.
 SHARED_WORK = Path("/var/lib/skilld-work")
 _MNT_DETACH = 2
@@ -53,9 +60,11 @@ def work_dir(state: Path) -> Path:
     return Path(state) / "work"
 
 
-def make_work_dir(state: Path) -> Path:
+def make_work_dir(state: Path, *, audit: Callable[[dict[str, Any]], None] | None = None) -> Path:
     """Create :func:`work_dir` once at node start (mode 0711), and sweep what a dead
-    server left there; the directory.
+    server left there (:func:`sweep_work_dir`); the directory. What the sweep cannot
+    remove is logged and, given ``audit``, recorded there (``event: work-leftover``);
+    it never stops the start.
 
     0711: the server lists it, a script running under another uid can reach its own
     per-call directory inside (made 0700 and handed to it) but cannot list the others'.
@@ -88,10 +97,31 @@ def make_work_dir(state: Path) -> Path:
         os.fchmod(fd, 0o711)
     finally:
         os.close(fd)
-    for entry in os.scandir(work):
-        if entry.name.startswith(_SCRATCH) and not _alive(entry.name):
-            remove_tree(Path(entry.path))
+    for name in sweep_work_dir(work):
+        logging.getLogger("skilld.paths").warning(
+            "could not remove %s, left by a server that is gone; remove it as root "
+            "(rm -rf) when no server uses %s",
+            work / name,
+            work,
+        )
+        if audit is not None:
+            audit({"event": "work-leftover", "path": str(work / name), "start": time.time()})
     return work
+
+
+def sweep_work_dir(work: Path) -> list[str]:
+    """Remove what dead servers left in ``work`` (their per-call directories and
+    copies); the names it could not remove, for the caller to say and audit. Never
+    raises: a leftover never stops a server from starting."""
+    left: list[str] = []
+    try:
+        entries = [e.name for e in os.scandir(work)]
+    except OSError:
+        return left
+    for name in entries:
+        if name.startswith(_SCRATCH) and not _alive(name) and not remove_tree(work / name):
+            left.append(name)
+    return left
 
 
 def _searchable(path: Path) -> bool:
@@ -124,23 +154,134 @@ def _alive(name: str) -> bool:
     return True
 
 
-def remove_tree(path: Path) -> None:
-    """Remove ``path`` (best effort): a tmpfs mounted on it is detached first, and the
-    write permission a script took from its directories is given back."""
-    import shutil
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One step of :func:`walk_beneath`: an entry met (``left`` False), or a directory
+    left after everything beneath it (``left`` True; only directories it entered).
+
+    ``dir_fd`` is the open directory holding ``name`` (valid until the next step);
+    ``parts`` that directory's names below the top; names are as ``os.fsdecode`` gives
+    them (a name that is not UTF-8 holds surrogates)."""
+
+    dir_fd: int
+    parts: tuple[str, ...]
+    name: str
+    st: os.stat_result
+    left: bool = False
+
+
+def walk_beneath(top: int) -> Iterator[Step]:
+    """Every entry beneath the open directory ``top``, pre-order and sorted, by
+    descriptor and never through a link, to any depth.
+
+    Directories are entered after their step is yielded (the consumer may make one
+    searchable first) and left by their ``..``, checked to be the directory that was
+    entered from: at most two descriptors besides ``top`` are open at once, whatever the
+    depth, and nothing recurses (a tree a script made 10,000 levels deep is walked like a
+    flat one). A directory that cannot be opened or listed is not entered.
+
+    Raises:
+        OSError: a directory's ``..`` is not the directory it was entered from (the tree
+            was moved while walked).
+    """
+    # Each level: (identity, parts, names still to visit (reversed), name, st).
+    levels: list[tuple[tuple[int, int], tuple[str, ...], list[str], str, os.stat_result]] = []
+    here = os.fstat(top)
+    levels.append(((here.st_dev, here.st_ino), (), _names(top) or [], "", here))
+    fd = top
+    try:
+        while levels:
+            _ident, parts, names, dname, dstat = levels[-1]
+            if not names:
+                levels.pop()
+                if not levels:
+                    break
+                if len(levels) == 1:
+                    up = top
+                else:
+                    up = os.open("..", _DIR_FLAGS, dir_fd=fd)
+                    now = os.fstat(up)
+                    if (now.st_dev, now.st_ino) != levels[-1][0]:
+                        os.close(up)
+                        raise OSError(f"{'/'.join(parts)} was moved while it was walked")
+                os.close(fd)
+                fd = up
+                yield Step(fd, levels[-1][1], dname, dstat, left=True)
+                continue
+            name = names.pop()
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except OSError:
+                continue
+            yield Step(fd, parts, name, st)
+            if not stat.S_ISDIR(st.st_mode):
+                continue
+            try:
+                sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except OSError:
+                continue
+            now = os.fstat(sub)
+            inner = _names(sub) if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino) else None
+            if inner is None:
+                os.close(sub)
+                continue
+            if fd != top:
+                os.close(fd)
+            fd = sub
+            levels.append(((now.st_dev, now.st_ino), (*parts, name), inner, name, now))
+    finally:
+        if fd != top:
+            os.close(fd)
+
+
+def _names(fd: int) -> list[str] | None:
+    """The names in the open directory ``fd``, reverse-sorted (popped in order)."""
+    try:
+        return sorted(os.listdir(fd), reverse=True)
+    except OSError:
+        return None
+
+
+def remove_tree(path: Path) -> bool:
+    """Remove ``path``, best effort and to any depth (:func:`walk_beneath`): a tmpfs
+    mounted on it is detached first, and the permissions a script took from its
+    directories are given back; whether it is gone. Never raises."""
     if os.path.ismount(path):
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
         libc.umount2(os.fsencode(path), _MNT_DETACH)
-
-    for dirpath, dirs, _names in os.walk(path):
-        for d in dirs:
-            sub = Path(dirpath) / d
-            if not sub.is_symlink():
-                sub.chmod(0o700)
-    shutil.rmtree(path, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        os.chmod(path, 0o700, follow_symlinks=False)  # noqa: PTH101 - not following
+    try:
+        top = os.open(path, _DIR_FLAGS)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        with contextlib.suppress(OSError):
+            path.unlink()  # a link or a file: never followed
+        return not os.path.lexists(path)
+    try:
+        for step in walk_beneath(top):
+            with contextlib.suppress(OSError):
+                if step.left:
+                    os.rmdir(step.name, dir_fd=step.dir_fd)
+                elif stat.S_ISDIR(step.st.st_mode):
+                    # A directory the script closed (mode 0) is opened again: its
+                    # process tree is gone, nothing else writes there.
+                    os.chmod(step.name, 0o700, dir_fd=step.dir_fd)
+                else:
+                    os.unlink(step.name, dir_fd=step.dir_fd)
+    except OSError:
+        pass  # moved while walked: what is left stays, reported below
+    finally:
+        os.close(top)
+    with contextlib.suppress(OSError):
+        path.rmdir()
+    return not os.path.lexists(path)
 
 
 def bundle_state_name(bundle: Path) -> str:
