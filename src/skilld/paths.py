@@ -1,7 +1,12 @@
 """Where skilld's files are: the cache and state directories, the ABI and the skill SDK.
 
-Imports nothing of skilld's and nothing heavy: ``skilld serve`` needs the cache's
-location before it has imported the runtime, and the build needs it too.
+Imports nothing of skilld's but its errors, and nothing heavy: ``skilld serve`` needs
+the cache's location before it has imported the runtime, and the build needs it too.
+
+skilld's own files are private (:func:`private_dir`, :func:`private_file`): its state
+directory 0700, its database, audit log and keys 0600; a wider mode found at start is
+narrowed and said. A secret the operator gives it (a signing key, a token file, a
+request-state key) is read with :func:`read_private`, which refuses one others may read.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ def state_dir(name: str) -> Path:
     return Path(base) / "skilld" / name
 
 
+_log = logging.getLogger("skilld.paths")
 WORK_DIR_ENV = "SKILLD_WORK_DIR"
 # Per-call directories inside the work directory carry their server's pid after this
 # prefix, so that a start sweeps only what a dead process left.
@@ -98,7 +104,7 @@ def make_work_dir(state: Path, *, audit: Callable[[dict[str, Any]], None] | None
     finally:
         os.close(fd)
     for name in sweep_work_dir(work):
-        logging.getLogger("skilld.paths").warning(
+        _log.warning(
             "could not remove %s, left by a server that is gone; remove it as root "
             "(rm -rf) when no server uses %s",
             work / name,
@@ -282,6 +288,91 @@ def remove_tree(path: Path) -> bool:
     with contextlib.suppress(OSError):
         path.rmdir()
     return not os.path.lexists(path)
+
+
+def private_dir(path: Path) -> Path:
+    """Make ``path`` (and missing parents) skilld's private state directory; ``path``.
+
+    Mode 0700; 0711 (others may pass, never list) when skilld is not root and its work
+    directory is inside it, where scripts running under uids of their own must reach
+    their workspace (as root the work directory moves out instead: ``make_work_dir``).
+    An existing directory with a wider mode is narrowed, and said in the log; one of
+    another user is left as it is, and said.
+
+    Raises:
+        OSError: it cannot be created or opened.
+    """
+    inside = not os.environ.get(WORK_DIR_ENV) and os.geteuid() != 0
+    wanted = 0o711 if inside else 0o700
+    path.mkdir(mode=wanted, parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        _narrow(fd, path, wanted, "state directory")
+    finally:
+        os.close(fd)
+    return path
+
+
+def private_file(fd: int, path: Path | str, what: str) -> None:
+    """Narrow the open file ``fd`` (skilld's own ``what`` at ``path``) to mode 0600 when
+    its group or others may use it, and say so in the log. Never raises."""
+    with contextlib.suppress(OSError):
+        _narrow(fd, path, 0o600, what)
+
+
+def _narrow(fd: int, path: Path | str, wanted: int, what: str) -> None:
+    st = os.fstat(fd)
+    mode = stat.S_IMODE(st.st_mode)
+    if not mode & ~wanted & 0o077:
+        return
+    if st.st_uid != os.geteuid() and os.geteuid() != 0:
+        _log.warning(
+            "the %s %s has mode %04o and belongs to uid %d, not skilld's: make it %04o "
+            "(chmod %o %s)",
+            what, path, mode, st.st_uid, wanted, wanted, path,
+        )  # fmt: skip
+        return
+    os.fchmod(fd, mode & wanted)
+    _log.warning(
+        "the %s %s had mode %04o, readable by others; narrowed to %04o",
+        what, path, mode, mode & wanted,
+    )  # fmt: skip
+
+
+# What a key or token file may hold at most.
+MAX_SECRET_FILE = 64 << 10
+
+
+def read_private(path: Path, what: str) -> bytes:
+    """The bytes of the operator's secret ``what`` at ``path`` (a key, a token file),
+    which must be private: no permission for group or others.
+
+    Raises:
+        UsageError: it cannot be read, is larger than :data:`MAX_SECRET_FILE`, or its
+            mode lets others read or write it (the message names the file and the
+            ``chmod`` to run).
+    """
+    from skilld.errors import UsageError
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise UsageError(f"cannot read the {what}: {exc.strerror}", location=str(path)) from exc
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        mode = stat.S_IMODE(st.st_mode)
+        if mode & 0o077:
+            raise UsageError(
+                f"the {what} has mode {mode:04o}: other users may read or change it, so it "
+                "is refused",
+                location=str(path),
+                hint=f"make it private: chmod 600 {path} (in Kubernetes, mount the "
+                "secret with defaultMode: 0400)",
+            )
+        data = fh.read(MAX_SECRET_FILE + 1)
+    if len(data) > MAX_SECRET_FILE:
+        raise UsageError(f"the {what} is too large to be one", location=str(path))
+    return data
 
 
 def bundle_state_name(bundle: Path) -> str:

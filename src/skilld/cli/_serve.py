@@ -373,16 +373,12 @@ def _round_options(args: argparse.Namespace, node: Any, logger: _Logger) -> dict
     ``requestState``, the entry nodes' shared sealing keys and the relay between them.
 
     Raises:
-        UsageError: a key file cannot be read or holds fewer than 32 bytes.
+        UsageError: a key file cannot be read, is readable by other users, or holds
+            fewer than 32 bytes.
     """
     keys = []
     for path in args.request_state_key:
-        try:
-            secret = path.read_bytes().strip()
-        except OSError as exc:
-            raise UsageError(
-                f"cannot read the request-state key: {exc.strerror}", location=str(path)
-            ) from exc
+        secret = paths.read_private(path, "request-state key").strip()
         if len(secret) < 32:
             raise UsageError(
                 "a request-state key must hold 32 bytes or more of secret randomness",

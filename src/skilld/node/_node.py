@@ -140,7 +140,7 @@ class Node:
             )
         if not config.serve_skills and config.cluster is None:
             raise UsageError("a node that serves no skill of its own must join a cluster")
-        config.state_dir.mkdir(parents=True, exist_ok=True)
+        paths.private_dir(config.state_dir)
         target = config.audit_target()
         audit = JsonLinesSink(sys.stderr if target == "-" else target)
         timings: dict[str, float] = {}
