@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,8 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from mcp import ClientSession
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
@@ -309,3 +312,88 @@ def test_one_callers_runs_evict_only_its_own(tmp_path: Path) -> None:
     assert store.open(mallory, str(first["uri"])) is None
     assert keep(Caller.token("eve"), 100) == []  # 200 + 300 held: no room for eve
     assert store.open(alice, str(first["uri"])) is not None
+
+
+BLOCKED = Path("/tmp/skilld-test-cannot-start")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="declared temporary paths need a uid per skill")
+def test_a_call_that_cannot_start_leaves_nothing_behind(sandbox: Sandbox, tmp_path: Path) -> None:
+    """A declared temporary path already taken (a link planted there) refuses the call
+    before the script starts: the call is answered with an error, its call directory is
+    gone, and the next call of another skill runs."""
+    _skill(tmp_path)
+    (tmp_path / "skills" / "blocked").mkdir()
+    shutil.copytree(
+        tmp_path / "skills" / "reporter" / "scripts", tmp_path / "skills" / "blocked" / "scripts"
+    )
+    (tmp_path / "skills" / "blocked" / "SKILL.md").write_text(
+        "---\nname: blocked\ndescription: Cannot start. Test use only.\n---\nRun it.\n"
+    )
+    (tmp_path / "policies" / "blocked.yaml").write_text(
+        f"skill: blocked\nscripts:\n  executor: native\n  temp_paths: [{BLOCKED}]\n"
+    )
+    params = serve_built(tmp_path, sandbox, strict=True)
+    BLOCKED.unlink(missing_ok=True)
+    BLOCKED.symlink_to("/etc")
+    try:
+
+        async def main() -> None:
+            with anyio.fail_after(120):
+                async with stdio_client(params) as (r, w), ClientSession(r, w) as s:
+                    await s.initialize()
+                    args = {"script": "scripts/report.py", "args": ["cat", "/dev/null"]}
+                    refused = await s.call_tool("blocked/run_script", args)
+                    assert refused.is_error
+                    assert "already exists" in refused.content[0].text  # type: ignore[union-attr]
+                    assert [
+                        p for p in _work_dirs(tmp_path / "state") if p.name.startswith("ws-")
+                    ] == []
+                    ran = await s.call_tool("reporter/run_script", args)
+                    assert _value(ran)["exit_status"] == 0
+
+        anyio.run(main)
+    finally:
+        BLOCKED.unlink()
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    steps=st.lists(
+        st.tuples(st.sampled_from(["alice", "mallory", "eve"]), st.integers(1, 400)),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_the_store_never_evicts_another_callers_output(
+    tmp_path_factory: pytest.TempPathFactory, steps: list[tuple[str, int]]
+) -> None:
+    """Any sequence of runs by three callers: no caller ever holds more than its cap,
+    the node never more than its own, and an output disappears only by a commit of the
+    caller that owns it (never another caller's); what a commit lists is readable."""
+    from skilld.agentskills._kept import Spooled
+
+    store = KeptOutputs(tmp_path_factory.mktemp("store"), caller_bytes=500, total_bytes=900)
+    owned: dict[str, str] = {}
+    for who, size in steps:
+        caller = Caller.token(who)
+        reservation = store.reserve(caller)
+        if reservation.room < size:
+            store.release(reservation)
+            continue
+        path = store.spool_path()
+        path.write_bytes(b"x" * size)
+        listed = store.commit(reservation, "s", [Spooled("f", "text/plain", path.name, size)])
+        for entry in listed:
+            owned[str(entry["uri"])] = who
+            assert store.open(caller, str(entry["uri"])) is not None
+        for uri, owner in list(owned.items()):
+            if owner != who:
+                assert store.open(Caller.token(owner), uri) is not None, "another's evicted"
+            elif store.open(caller, uri) is None:
+                del owned[uri]
+        used = {name: store.used(Caller.token(name)) for name in ("alice", "mallory", "eve")}
+        assert all(v <= 500 for v in used.values())
+        assert sum(used.values()) <= 900
