@@ -261,7 +261,8 @@ def remove_tree(path: Path) -> bool:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.umount2(os.fsencode(path), _MNT_DETACH)
     with contextlib.suppress(OSError):
-        os.chmod(path, 0o700, follow_symlinks=False)  # noqa: PTH101 - not following
+        if stat.S_ISDIR(os.lstat(path).st_mode):  # never a link's target
+            os.chmod(path, 0o700)  # noqa: PTH101 - the same call as below, by name
     try:
         top = os.open(path, _DIR_FLAGS)
     except FileNotFoundError:
