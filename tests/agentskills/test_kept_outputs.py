@@ -60,6 +60,8 @@ elif what == "cat":
     print(open(sys.argv[2]).read()[:40])
 print("done")
 """
+# Each caller's room for kept outputs on the served node (--kept-mib-per-caller).
+CALLER_MIB = 128
 TOKENS = {"alice": "alice-" + "a" * 40, "mallory": "mallory-" + "m" * 40}
 
 
@@ -78,7 +80,8 @@ def _skill(root: Path) -> None:
 
 @pytest.fixture(scope="module")
 def served(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """The reporter skill served over HTTP; alice's and mallory's tokens in a 0600 file."""
+    """The reporter skill served over HTTP; alice's and mallory's tokens in a 0600 file;
+    each caller may keep CALLER_MIB."""
     root = tmp_path_factory.mktemp("kept")
     _skill(root)
     serve_built(root, sandbox, strict=True)
@@ -86,7 +89,11 @@ def served(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     fd = os.open(tokens, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     os.write(fd, "\n".join(TOKENS.values()).encode())
     os.close(fd)
-    server = ServeProcess(root / "bundle", root / "state", extra=["--token-file", str(tokens)])
+    server = ServeProcess(
+        root / "bundle",
+        root / "state",
+        extra=["--token-file", str(tokens), "--kept-mib-per-caller", str(CALLER_MIB)],
+    )
     try:
         yield {"server": server, "root": root}
     finally:
@@ -180,14 +187,16 @@ def test_a_kept_output_is_its_callers_alone(served: dict[str, Any]) -> None:
 
 def test_mallorys_runs_never_evict_alices_kept_output(served: dict[str, Any]) -> None:
     """mallory's nine runs of 5 files at the size cap (sparse, so they cost no disk) each
-    pass her own cap (256 MiB): her own outputs make room, alice's report stays readable;
-    each answer lists only what is kept (4 files), the fifth counted as omitted."""
+    pass her own cap (--kept-mib-per-caller 128): her own outputs make room, alice's
+    report stays readable; each answer lists only what is kept (2 files), the other
+    three counted as omitted."""
     value = _value(_run(served, "alice", "secret", "still-mine"))
     uri = value["resources"][0]["uri"]
+    fit = (CALLER_MIB << 20) // MAX_KEPT_FILE
     for _ in range(9):
         ran = _value(_run(served, "mallory", "sparse", "5", str(MAX_KEPT_FILE)))
-        assert len(ran["resources"]) == 4
-        assert ran["files_omitted"] == 1
+        assert len(ran["resources"]) == fit == 2
+        assert ran["files_omitted"] == 5 - fit
 
     async def read(s: ClientSession) -> str:
         got = await s.read_resource(uri)  # type: ignore[arg-type]
