@@ -287,7 +287,15 @@ class AgentSkillBackend:
         try:
             run = self._run_capped(script, argv, stdin, call_dir, inputs, ctx)
             given = {rel: (len(data), hashlib.sha256(data).digest()) for rel, data in inputs}
-            got = collect(call_dir / _WORK, self.spec.id, given, self.kept, reservation)
+            try:
+                got = collect(call_dir / _WORK, self.spec.id, given, self.kept, reservation)
+            except OSError as exc:
+                raise GuestError(
+                    "unavailable",
+                    f"the outputs of script '{script}' of '{self.spec.id}' could not be kept: "
+                    f"{exc.strerror or exc} in {self.kept.directory.parent} (free some space "
+                    "there, or set SKILLD_WORK_DIR to a larger disk)",
+                ) from exc
             kept = self.kept.commit(reservation, self.spec.id, got.spooled)
         finally:
             self.kept.release(reservation)
