@@ -312,6 +312,7 @@ async def test_an_answer_larger_than_one_bus_message_comes_back_in_parts(
     nats.start()
     key = tmp_path / "request-state.key"
     key.write_text("ab" * 32)
+    key.chmod(0o600)  # a key others may read is refused
     nodes: list[NodeProc] = []
     try:
         nodes.append(

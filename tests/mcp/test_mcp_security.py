@@ -116,6 +116,7 @@ async def test_bearer_tokens(bind: str, tmp_path: Path) -> None:
     """No token or a wrong one: 401 with WWW-Authenticate: Bearer; any listed token works."""
     tokens = tmp_path / "tokens"
     tokens.write_text("# clients\nalpha-token-1\n\nbeta-token-2\n")
+    tokens.chmod(0o600)  # a token file others may read is refused
     config = ServeConfig(transport="http", host=bind, port=0, token_file=tokens)
     with anyio.fail_after(30):
         async with running_http(fake_dispatcher(), config) as server:
@@ -145,6 +146,7 @@ async def test_session_belongs_to_its_token(tmp_path: Path) -> None:
     """A session opened with one token cannot be driven with another (per-session isolation)."""
     tokens = tmp_path / "tokens"
     tokens.write_text("alpha-token-1\nbeta-token-2\n")
+    tokens.chmod(0o600)  # a token file others may read is refused
     config = ServeConfig(transport="http", port=0, token_file=tokens)
     with anyio.fail_after(30):
         async with (
@@ -214,6 +216,7 @@ def test_token_configuration_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         ServeConfig(token_file=tmp_path / "absent").load_tokens()
     empty = tmp_path / "empty"
     empty.write_text("# nothing\n\n")
+    empty.chmod(0o600)
     with pytest.raises(UsageError, match="holds no token"):
         ServeConfig(token_file=empty).load_tokens()
     monkeypatch.delenv("SKILLD_UNSET_TOKEN", raising=False)
@@ -275,6 +278,7 @@ async def test_token_is_checked_before_the_body(bind: str, tmp_path: Path) -> No
     """Without a valid token an oversized body gets 401, never 413; with one it gets 413."""
     tokens = tmp_path / "tokens"
     tokens.write_text("alpha-token-1\n")
+    tokens.chmod(0o600)  # a token file others may read is refused
     config = ServeConfig(
         transport="http", host=bind, port=0, max_body_bytes=2048, token_file=tokens
     )

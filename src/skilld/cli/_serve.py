@@ -77,6 +77,20 @@ def register(sub: Any) -> None:
         help="audit records as JSON lines (default: STATE_DIR/audit.jsonl; - = stderr)",
     )
     p.add_argument(
+        "--kept-mib-per-caller",
+        type=_positive_mib,
+        metavar="MIB",
+        help="what one caller's Agent Skill runs may keep as skill://NAME/runs/... outputs "
+        "at once, in MiB (default 256; past it, its own oldest go first)",
+    )
+    p.add_argument(
+        "--kept-mib",
+        type=_positive_mib,
+        metavar="MIB",
+        help="what the node keeps for all callers together, in MiB (default 1024; when "
+        "full, a new output is not kept and no other caller's is evicted)",
+    )
+    p.add_argument(
         "--log-file",
         type=Path,
         metavar="FILE",
@@ -274,6 +288,8 @@ def _serve(args: argparse.Namespace, text: bool, logger: _Logger, confinement: s
         lock_key=args.lock_key,
         cluster=_cluster_config(args),
         serve_skills=not args.entry_only,
+        kept_bytes_per_caller=args.kept_mib_per_caller,
+        kept_bytes=args.kept_mib,
     )
     started = time.perf_counter()
     # Start-up is mostly imports (which hold the GIL) and hashing the bundle (which does
@@ -368,21 +384,28 @@ def _serve(args: argparse.Namespace, text: bool, logger: _Logger, confinement: s
     return 0
 
 
+def _positive_mib(text: str) -> int:
+    """Bytes from a positive whole number of MiB (argparse type).
+
+    Raises:
+        argparse.ArgumentTypeError: not a positive whole number.
+    """
+    if not text.isdigit() or int(text) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number of MiB")
+    return int(text) << 20
+
+
 def _round_options(args: argparse.Namespace, node: Any, logger: _Logger) -> dict[str, Any]:
     """The ServeConfig fields of input-required rounds in a cluster: this node's name in
     ``requestState``, the entry nodes' shared sealing keys and the relay between them.
 
     Raises:
-        UsageError: a key file cannot be read or holds fewer than 32 bytes.
+        UsageError: a key file cannot be read, is readable by other users, or holds
+            fewer than 32 bytes.
     """
     keys = []
     for path in args.request_state_key:
-        try:
-            secret = path.read_bytes().strip()
-        except OSError as exc:
-            raise UsageError(
-                f"cannot read the request-state key: {exc.strerror}", location=str(path)
-            ) from exc
+        secret = paths.read_private(path, "request-state key").strip()
         if len(secret) < 32:
             raise UsageError(
                 "a request-state key must hold 32 bytes or more of secret randomness",

@@ -16,6 +16,7 @@ import ssl
 import sys
 import threading
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 
 import nats
@@ -27,16 +28,19 @@ from nats.js.kv import KeyValue
 from skilld.cluster._config import ClusterConfig
 from skilld.errors import ClusterError, UsageError
 from skilld.package import nkeys
+from skilld.paths import read_private
 
 T = TypeVar("T")
 log = logging.getLogger("skilld.cluster")
 
 
 def _read_secret(path: Any, what: str) -> str:
+    """A NATS secret file's text; it must be private (``skilld.paths.read_private``)."""
+    data = read_private(Path(path), what)
     try:
-        return str(path.read_text(encoding="utf-8")).strip()
-    except OSError as exc:
-        raise UsageError(f"cannot read the {what}: {exc.strerror}", location=str(path)) from exc
+        return data.decode("utf-8").strip()
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"the {what} is not UTF-8 text", location=str(path)) from exc
 
 
 class NatsLink:

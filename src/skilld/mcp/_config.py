@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from skilld import paths
 from skilld.errors import UsageError
 
 if TYPE_CHECKING:
@@ -153,16 +154,17 @@ class ServeConfig:
         """The bearer tokens HTTP clients must present; empty means no authentication.
 
         Raises:
-            UsageError: the token file cannot be read or holds no token, or the
-                named environment variable is unset or empty.
+            UsageError: the token file cannot be read, is readable by other users,
+                or holds no token, or the named environment variable is unset or empty.
         """
         tokens: list[str] = []
         if self.token_file is not None:
+            raw = paths.read_private(self.token_file, "token file")
             try:
-                text = self.token_file.read_text(encoding="utf-8")
-            except OSError as exc:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
                 raise UsageError(
-                    f"cannot read the token file: {exc.strerror}", location=str(self.token_file)
+                    "the token file is not UTF-8 text", location=str(self.token_file)
                 ) from exc
             found = [
                 line.strip()

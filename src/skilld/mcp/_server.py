@@ -24,6 +24,7 @@ from typing import Any, TypeVar, cast
 import anyio
 import structlog
 from mcp import types
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.connection import allowed_log_levels
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions, Server
@@ -40,6 +41,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.uri_template import InvalidUriTemplate, UriTemplate
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
 
 from skilld.errors import (
     ErrorCode,
@@ -68,7 +70,7 @@ from skilld.mcp._tasks import (
 )
 from skilld.mcp._workers import WorkerPool
 from skilld.registry import Dispatcher, Slot, Tool
-from skilld.types import CallOutput, ContentBlock, PromptSpec, ResourceSpec
+from skilld.types import Caller, CallOutput, ContentBlock, PromptSpec, ResourceSpec
 
 T = TypeVar("T")
 Ctx = ServerRequestContext[Any, Any]
@@ -96,6 +98,19 @@ def _session_state(ctx: Ctx) -> dict[str, Any]:
     """
     state: dict[str, Any] = ctx.session._connection.state
     return state
+
+
+def caller_of(ctx: Ctx) -> Caller:
+    """Who sends this request, as its transport authenticated it: the holder of one of
+    the operator's bearer tokens (the SDK's ``AccessToken`` on an HTTP request), an
+    anonymous HTTP client, or the local user over stdio (no HTTP request)."""
+    request = ctx.request
+    if request is None:
+        return Caller.local()
+    user = request.scope.get("user") if isinstance(request, Request) else None
+    if isinstance(user, AuthenticatedUser):
+        return Caller.token(user.access_token.client_id)
+    return Caller.anonymous()
 
 
 def _modern(ctx: Ctx) -> bool:
@@ -594,11 +609,16 @@ class McpService:
             return _error_result(text)
         budget_s = self.config.inline_ms / 1000
 
+        caller = caller_of(ctx)
+
         def run(channel: SessionChannel) -> types.CallToolResult:
-            return self._result(tool, self.dispatcher.call(name, arguments, channel))
+            output = self.dispatcher.call(name, arguments, channel, principal=caller)
+            return self._result(tool, output)
 
         def run_inline(channel: SessionChannel) -> types.CallToolResult:
-            output = self.dispatcher.call_inline(name, arguments, channel, budget_s)
+            output = self.dispatcher.call_inline(
+                name, arguments, channel, budget_s, principal=caller
+            )
             return self._result(tool, output)
 
         inline = run_inline if budget_s > 0 else None
@@ -967,12 +987,13 @@ class McpService:
         if spec is None:
             raise MCPError(RESOURCE_NOT_FOUND, f"Resource not found: {uri}", data={"uri": uri})
 
+        caller = caller_of(ctx)
+
         def read(
             channel: SessionChannel,
         ) -> list[types.TextResourceContents | types.BlobResourceContents]:
-            return resource_contents(
-                uri, self.dispatcher.read_resource(uri, channel), spec.mime_type
-            )
+            outputs = self.dispatcher.read_resource(uri, channel, principal=caller)
+            return resource_contents(uri, outputs, spec.mime_type)
 
         rounds: list[RoundChannel] = []
         try:

@@ -24,7 +24,7 @@ from mcp.shared.uri_template import UriTemplate
 
 from skilld.errors import GuestError, RegistryError, RunOnThread
 from skilld.registry import CallGate, Tool, ToolAnnotations
-from skilld.types import CallOutput, ClientChannel, ContentBlock, PromptSpec, ResourceSpec
+from skilld.types import Caller, CallOutput, ClientChannel, ContentBlock, PromptSpec, ResourceSpec
 
 ToolFn = Callable[[Mapping[str, Any], ClientChannel], Any]
 """Returns a :class:`CallOutput`, or any JSON value (wrapped as one)."""
@@ -96,8 +96,15 @@ class StaticDispatcher:
         """Every tool, in the order given."""
         return [t.tool for t in self.tools_]
 
-    def call(self, tool: str, arguments: Mapping[str, Any], channel: ClientChannel) -> CallOutput:
-        """Run the tool's callable on this thread.
+    def call(
+        self,
+        tool: str,
+        arguments: Mapping[str, Any],
+        channel: ClientChannel,
+        *,
+        principal: Caller | None = None,
+    ) -> CallOutput:
+        """Run the tool's callable on this thread (for any ``principal``).
 
         Raises:
             RegistryError: no tool has that name.
@@ -109,7 +116,13 @@ class StaticDispatcher:
         raise RegistryError(f"no tool named '{tool}'")
 
     def call_inline(
-        self, tool: str, arguments: Mapping[str, Any], channel: ClientChannel, budget_s: float
+        self,
+        tool: str,
+        arguments: Mapping[str, Any],
+        channel: ClientChannel,
+        budget_s: float,
+        *,
+        principal: Caller | None = None,
     ) -> CallOutput:
         """Never inline: the callables may block.
 
@@ -148,8 +161,11 @@ class StaticDispatcher:
         self._resource(uri)
         return self.skill_id
 
-    def read_resource(self, uri: str, channel: ClientChannel) -> Sequence[CallOutput]:
-        """Read ``uri`` from the first resource or template that matches it.
+    def read_resource(
+        self, uri: str, channel: ClientChannel, *, principal: Caller | None = None
+    ) -> Sequence[CallOutput]:
+        """Read ``uri`` from the first resource or template that matches it (for any
+        ``principal``).
 
         Raises:
             RegistryError: nothing serves ``uri``.

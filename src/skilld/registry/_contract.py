@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from skilld.call import CallContext, CallGate
-from skilld.types import CallOutput, ClientChannel, PromptSpec, ResourceSpec
+from skilld.types import Caller, CallOutput, ClientChannel, PromptSpec, ResourceSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,12 +93,25 @@ class Dispatcher(Protocol):
         """Every exposed tool, in a stable order."""
         ...
 
-    def call(self, tool: str, arguments: Mapping[str, Any], channel: ClientChannel) -> CallOutput:
-        """Run one tool call to the end."""
+    def call(
+        self,
+        tool: str,
+        arguments: Mapping[str, Any],
+        channel: ClientChannel,
+        *,
+        principal: Caller | None = None,
+    ) -> CallOutput:
+        """Run one tool call to the end, for ``principal`` (``None``: the local user)."""
         ...
 
     def call_inline(
-        self, tool: str, arguments: Mapping[str, Any], channel: ClientChannel, budget_s: float
+        self,
+        tool: str,
+        arguments: Mapping[str, Any],
+        channel: ClientChannel,
+        budget_s: float,
+        *,
+        principal: Caller | None = None,
     ) -> CallOutput:
         """Try ``call`` on the caller's thread (an event loop) for about ``budget_s`` at most.
 
@@ -131,8 +144,11 @@ class Dispatcher(Protocol):
         """
         ...
 
-    def read_resource(self, uri: str, channel: ClientChannel) -> Sequence[CallOutput]:
-        """Read one resource (each output holds its contents)."""
+    def read_resource(
+        self, uri: str, channel: ClientChannel, *, principal: Caller | None = None
+    ) -> Sequence[CallOutput]:
+        """Read one resource for ``principal`` (each output holds its contents; what is
+        kept for another caller is not found)."""
         ...
 
     def prompts(self) -> Sequence[PromptSpec]:

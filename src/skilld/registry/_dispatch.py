@@ -50,7 +50,7 @@ from skilld.errors import (
 )
 from skilld.registry._audit import AuditTrail, audited
 from skilld.registry._catalogue import Catalogue, SkillEntry
-from skilld.types import AuditSink, CallOutput, ClientChannel
+from skilld.types import AuditSink, Caller, CallOutput, ClientChannel
 
 T = TypeVar("T")
 
@@ -74,8 +74,15 @@ class Registry(Catalogue):
         """
         self._trail.emit(record)
 
-    def call(self, tool: str, arguments: Mapping[str, Any], channel: ClientChannel) -> CallOutput:
-        """Run one tool call to the end (see the module docstring).
+    def call(
+        self,
+        tool: str,
+        arguments: Mapping[str, Any],
+        channel: ClientChannel,
+        *,
+        principal: Caller | None = None,
+    ) -> CallOutput:
+        """Run one tool call to the end for ``principal`` (see the module docstring).
 
         Arguments are not checked against the tool's input schema here: the MCP
         layer does that before it calls (a per-skill tool's schema holds each
@@ -87,10 +94,16 @@ class Registry(Catalogue):
             GuestError, GuestFault: the guest's failure, audited.
         """
         sid, method, args = self.resolve(tool, arguments)
-        return self.call_method(sid, method, args, channel, caller="mcp")
+        return self.call_method(sid, method, args, channel, caller="mcp", principal=principal)
 
     def call_inline(
-        self, tool: str, arguments: Mapping[str, Any], channel: ClientChannel, budget_s: float
+        self,
+        tool: str,
+        arguments: Mapping[str, Any],
+        channel: ClientChannel,
+        budget_s: float,
+        *,
+        principal: Caller | None = None,
     ) -> CallOutput:
         """Try the call on this thread without blocking it for more than about ``budget_s``.
 
@@ -106,7 +119,9 @@ class Registry(Catalogue):
             RegistryError, UsageError, GuestError, GuestFault: as for :meth:`call`.
         """
         sid, method, args = self.resolve(tool, arguments)
-        return self.call_method(sid, method, args, channel, caller="mcp", inline_s=budget_s)
+        return self.call_method(
+            sid, method, args, channel, caller="mcp", inline_s=budget_s, principal=principal
+        )
 
     def call_method(
         self,
@@ -121,8 +136,12 @@ class Registry(Catalogue):
         inline_s: float | None = None,
         deadline: float | None = None,
         remote_caller: tuple[str, str] | None = None,
+        principal: Caller | None = None,
     ) -> CallOutput:
         """Call ``method`` of ``skill_id`` directly (tools, ``invoke``, ``skilld call``).
+
+        ``principal`` is who the call acts for (``CallContext.caller``; ``None``: the
+        local user): what it keeps is its own.
 
         ``inline_s`` makes it an inline attempt of about that long (see :meth:`call_inline`;
         a routed call from another node of a cluster is tried inline the same way).
@@ -161,6 +180,7 @@ class Registry(Catalogue):
             chain=chain,
             inline=inline,
             deadline=deadline,
+            principal=principal,
         )
 
     def _run(
@@ -177,6 +197,7 @@ class Registry(Catalogue):
         target: str | None = None,
         inline: Inline | None = None,
         deadline: float | None = None,
+        principal: Caller | None = None,
     ) -> T:
         """The one way guest code runs: a slot of the skill, a fresh context, one audit record.
 
@@ -210,6 +231,7 @@ class Registry(Catalogue):
             depth=depth,
             chain=chain,
             inline=inline,
+            caller=principal or Caller.local(),
             # A nested call ends by its caller's deadline if that comes first; others
             # get theirs when the guest starts (instantiation included).
             deadline=None
@@ -335,8 +357,11 @@ class Registry(Catalogue):
         version = entry.spec.version if entry is not None else None
         self._trail.refused(skill, version, method, arguments, outcome, error)
 
-    def read_resource(self, uri: str, channel: ClientChannel) -> Sequence[CallOutput]:
-        """Read a resource from the skill that serves it, as a call: slot, context, audit.
+    def read_resource(
+        self, uri: str, channel: ClientChannel, *, principal: Caller | None = None
+    ) -> Sequence[CallOutput]:
+        """Read a resource from the skill that serves it, as a call for ``principal``:
+        slot, context, audit (what is kept for another caller is not found).
 
         Raises:
             RegistryError: no skill serves ``uri``.
@@ -351,6 +376,7 @@ class Registry(Catalogue):
             lambda ctx: entry.component.read_resource(uri, ctx),
             caller="mcp",
             target=uri,
+            principal=principal,
         )
 
     def get_prompt(
