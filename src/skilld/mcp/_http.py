@@ -26,14 +26,17 @@ import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
+from urllib.parse import urlsplit
 
+from mcp.server.auth.handlers.metadata import ProtectedResourceMetadataHandler
 from mcp.server.auth.middleware.auth_context import AuthContextMiddleware
 from mcp.server.auth.middleware.bearer_auth import BearerAuthBackend, RequireAuthMiddleware
-from mcp.server.auth.routes import build_resource_metadata_url, create_protected_resource_routes
+from mcp.server.auth.routes import build_resource_metadata_url, cors_middleware
 from mcp.server.sse import SseServerTransport
 from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import RequestBodyLimitMiddleware, TransportSecuritySettings
+from mcp.shared.auth import ProtectedResourceMetadata
 from pydantic import AnyHttpUrl
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
@@ -320,20 +323,25 @@ def build_app(service: McpService, credentials: Credentials) -> Starlette:
             methods=["GET"],
         ),
     ]
-    if resource is not None and config.auth_issuer is not None:
-        published = create_protected_resource_routes(
-            resource_url=resource,
-            authorization_servers=[AnyHttpUrl(config.auth_issuer)],
-            scopes_supported=[*config.auth_scopes, METRICS_SCOPE],
-            resource_name=config.server_name,
+    if metadata_url is not None:
+        # Validated from the configured strings, so an issuer keeps its exact spelling
+        # (RFC 8414 compares issuers as strings: no trailing slash added).
+        document = ProtectedResourceMetadata.model_validate(
+            {
+                "resource": config.auth_audience,
+                "authorization_servers": [config.auth_issuer],
+                "scopes_supported": [*config.auth_scopes, METRICS_SCOPE],
+                "resource_name": config.server_name,
+            }
+        )
+        endpoint = cors_middleware(
+            ProtectedResourceMetadataHandler(document).handle, ["GET", "OPTIONS"]
         )
         # RFC 9728 puts the metadata of https://host/mcp at
         # /.well-known/oauth-protected-resource/mcp; clients that know only the host
         # look at the bare path: both answer.
-        bare = "/.well-known/oauth-protected-resource"
-        if published[0].path != bare:
-            published.append(Route(bare, published[0].endpoint, methods=["GET", "OPTIONS"]))
-        routes += published
+        for path in {urlsplit(str(metadata_url)).path, "/.well-known/oauth-protected-resource"}:
+            routes.append(Route(path, endpoint, methods=["GET", "OPTIONS"]))
     middleware = [Middleware(FrontDoor, config=config, metrics=metrics)]
     if credentials:
         middleware += [
