@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -15,7 +16,7 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 
-from skilld.mcp import HttpServer, ServeConfig
+from skilld.mcp import HttpServer
 from skilld.mcp._auth import JwksKeys, JwtVerifier
 from skilld.types import Caller
 from support.mcp_fakes import fake_dispatcher, text_of
@@ -46,8 +47,9 @@ def auth_server() -> Iterator[Authority]:
 @pytest.fixture
 async def skilld(auth_server: Authority) -> AsyncIterator[HttpServer]:
     """skilld trusting ``auth_server``, keys refetched for an unknown kid at most every 0.2 s."""
-    config = ServeConfig(auth_keys_refresh_s=0.2)
-    async with resource_server(fake_dispatcher(), config, auth_server.issuer) as server:
+    async with resource_server(
+        fake_dispatcher(), auth_server.issuer, auth_keys_refresh_s=0.2
+    ) as server:
         yield server
 
 
@@ -235,3 +237,55 @@ async def test_header_spelling_is_one_caller(auth_server: Authority, skilld: Htt
             headers = {**ACCEPT, "Authorization": f"{scheme} {token}", "mcp-session-id": session}
             answered = await http.post(skilld.url, json=listing, headers=headers)
             assert answered.status_code == 200, (scheme, answered.text)
+
+
+async def test_opaque_tokens_through_introspection(auth_server: Authority, tmp_path: Path) -> None:
+    """An opaque token is asked of the issuer (RFC 7662): accepted for this resource,
+    refused for another, refused when the issuer does not know it."""
+    client = tmp_path / "client"
+    client.write_text("skilld skilld-secret\n")
+    client.chmod(0o600)
+    async with resource_server(
+        fake_dispatcher(),
+        auth_server.issuer,
+        auth_introspection=f"{auth_server.issuer}/introspect",
+        auth_client_file=client,
+    ) as server:
+        mine = auth_server.token("alice", server.url, token_format="opaque")
+        other = auth_server.token("alice", "http://127.0.0.1:1/mcp", token_format="opaque")
+        assert "." not in mine
+        with anyio.fail_after(30):
+            assert (await _status(server.url, mine)).status_code == 200
+            assert (await _status(server.url, other)).status_code == 401
+            assert (await _status(server.url, "x" * 43)).status_code == 401
+
+
+async def test_air_gapped_keys_from_a_file(auth_server: Authority, tmp_path: Path) -> None:
+    """With --auth-jwks the keys come from the file: tokens verify, nothing is fetched."""
+    jwks = tmp_path / "jwks.json"
+    jwks.write_text(httpx2.get(f"{auth_server.issuer}/jwks", timeout=30).text)
+    before = auth_server.jwks_fetches()
+    async with resource_server(
+        fake_dispatcher(), auth_server.issuer, auth_jwks_file=jwks
+    ) as server:
+        with anyio.fail_after(30):
+            good = auth_server.token("alice", server.url)
+            assert (await _status(server.url, good)).status_code == 200
+            unknown = auth_server.mint(aud=server.url, forge="unknown-kid")
+            assert (await _status(server.url, unknown)).status_code == 401
+    assert auth_server.jwks_fetches() == before  # the server fetched none
+
+
+async def test_required_scope_is_named(auth_server: Authority) -> None:
+    """With --auth-scope, a token without it is 403 insufficient_scope naming it."""
+    async with resource_server(
+        fake_dispatcher(), auth_server.issuer, auth_scopes=("mcp:use",)
+    ) as server:
+        with anyio.fail_after(30):
+            lacking = await _status(server.url, auth_server.token("alice", server.url))
+            assert lacking.status_code == 403
+            challenge = lacking.headers["www-authenticate"]
+            assert 'error="insufficient_scope"' in challenge and 'scope="mcp:use"' in challenge
+            assert "resource_metadata=" in challenge
+            scoped = auth_server.token("alice", server.url, scope="mcp:use")
+            assert (await _status(server.url, scoped)).status_code == 200

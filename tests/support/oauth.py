@@ -8,7 +8,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -82,14 +82,14 @@ def authority() -> Iterator[Authority]:
 
 @asynccontextmanager
 async def resource_server(
-    dispatcher: Dispatcher, config: ServeConfig, issuer: str
+    dispatcher: Dispatcher, issuer: str, **fields: Any
 ) -> AsyncIterator[HttpServer]:
     """skilld on a free port of 127.0.0.1 as an OAuth resource server of ``issuer``: its
-    audience is its own ``/mcp`` URL (``config``'s other fields are kept)."""
+    audience is its own ``/mcp`` URL; ``fields`` are the rest of its ``ServeConfig``."""
     sock = bind("127.0.0.1", 0)
     port = sock.getsockname()[1]
-    config = replace(
-        config,
+    config = ServeConfig(
+        **fields,
         transport="http",
         host="127.0.0.1",
         port=port,
