@@ -497,7 +497,15 @@ def _key_fits(key: SigningKey, alg: str) -> bool:
 
 
 class JwtVerifier:
-    """JWT access tokens of ``issuer`` for ``audience`` (see the module docstring)."""
+    """JWT access tokens of ``issuer`` for ``audience`` (see the module docstring).
+
+    A client presents one access token on every request for as long as it lives, and a
+    signature check costs about 0.1 ms (RS256 or ES256, on a loaded 2-vCPU machine): a
+    token that verified is remembered for ``cache_s`` (never past its ``exp``), up to
+    ``cache_size`` tokens, so a repeat costs a dictionary look-up. Refusals are not
+    remembered. A key the issuer withdraws is dropped within ``JwksKeys.max_age_s``;
+    tokens it signed stay accepted for at most ``cache_s`` more.
+    """
 
     def __init__(
         self,
@@ -507,6 +515,8 @@ class JwtVerifier:
         *,
         leeway_s: float = 30.0,
         algorithms: Sequence[str] = ALGORITHMS,
+        cache_s: float = 60.0,
+        cache_size: int = 4096,
         log: Logger | None = None,
     ):
         unknown = set(algorithms) - set(ALGORITHMS)
@@ -517,10 +527,29 @@ class JwtVerifier:
         self.keys = keys
         self._leeway_s = leeway_s
         self._algorithms = tuple(algorithms)
+        self._cache_s = cache_s
+        self._cache_size = cache_size
+        self._verified: OrderedDict[str, tuple[float, CallerToken]] = OrderedDict()
         self._log = log
 
     async def verify_token(self, token: str) -> CallerToken | None:
         """The grant ``token`` carries, or None when it does not verify (why is logged)."""
+        held = self._verified.get(token)
+        if held is not None:
+            if held[0] > time.time():
+                return held[1]
+            del self._verified[token]
+        grant = await self._verify(token)
+        if grant is not None and self._cache_s > 0:
+            until = time.time() + self._cache_s
+            if grant.expires_at is not None:
+                until = min(until, grant.expires_at)
+            self._verified[token] = (until, grant)
+            while len(self._verified) > self._cache_size:
+                self._verified.popitem(last=False)
+        return grant
+
+    async def _verify(self, token: str) -> CallerToken | None:
         try:
             header = jwt.get_unverified_header(token)
         except jwt.InvalidTokenError:
