@@ -245,7 +245,7 @@ def _auth_options(p: argparse.ArgumentParser) -> None:
     )
     c = p.add_argument_group("each caller's share (http)")
     c.add_argument("--max-sessions-per-caller", type=int, default=64, metavar="N")
-    c.add_argument("--max-streams-per-caller", type=int, default=8, metavar="N")
+    c.add_argument("--max-streams-per-caller", type=int, default=16, metavar="N")
     c.add_argument("--max-requests-per-caller", type=int, default=64, metavar="N")
     c.add_argument(
         "--write-timeout",

@@ -121,7 +121,7 @@ class ServeConfig:
     allow_unauthenticated: bool = False
     max_sessions: int = 10_000
     max_sessions_per_caller: int = 64
-    max_streams_per_caller: int = 8
+    max_streams_per_caller: int = 16
     max_requests_per_caller: int = 64
     write_timeout_s: float = 30.0
     max_body_bytes: int = 4 * 1024 * 1024
