@@ -184,3 +184,22 @@ def test_sighup_reloads_tokens_and_never_stops(tmp_path: Path) -> None:
         proc.wait(timeout=30)
     assert proc.returncode == 0, log.read_text()
     assert '"tokens_reloaded"' in log.read_text()
+
+
+@pytest.mark.anyio
+async def test_caller_of_a_request(tmp_path: Path) -> None:
+    """caller_of: no HTTP request is the local stdio user; an authenticated one its token's
+    caller; an unauthenticated one the anonymous caller."""
+    from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+    from starlette.requests import Request
+
+    from skilld.mcp._auth import caller_of
+
+    named = NamedTokens(_file(tmp_path / "t", f"alice {ALICE}\n"), None)
+    named.load()
+    grant = await named.verify_token(ALICE)
+    assert grant is not None
+    scope = {"type": "http", "headers": [], "user": AuthenticatedUser(grant)}
+    assert caller_of(Request(scope)) == Caller.token("alice")
+    assert caller_of(Request({"type": "http", "headers": []})) == Caller.anonymous()
+    assert caller_of(None) == Caller.local("stdio")

@@ -88,12 +88,14 @@ class CallerToken(AccessToken):
     caller: Caller
 
 
-def caller_of(request: HTTPConnection | None) -> Caller:
+def caller_of(request: object) -> Caller:
     """Who makes ``request``: the one function that turns a request into a caller.
 
-    The contract, for every adapter that builds a call from a request:
+    ``request`` is what the SDK hands a handler as ``ctx.request``: a Starlette request
+    over HTTP, ``None`` (or anything else) over stdio. The contract, for every adapter
+    that builds a call from a request:
 
-    - ``None`` (no HTTP request: the stdio transport) is :meth:`Caller.local` ``"stdio"``.
+    - Not an HTTP request (the stdio transport) is :meth:`Caller.local` ``"stdio"``.
     - A request the server authenticated (the SDK's ``AuthenticatedUser`` in its scope) is
       the caller its credential was verified as: :meth:`Caller.oauth` (issuer, subject,
       scopes, groups) or :meth:`Caller.token` (the token's name and scopes). It depends
@@ -103,7 +105,7 @@ def caller_of(request: HTTPConnection | None) -> Caller:
       (a loopback bind, or ``--allow-unauthenticated``). With authentication on, an
       unauthenticated request never gets this far (the front door answers 401).
     """
-    if request is None:
+    if not isinstance(request, HTTPConnection):
         return Caller.local("stdio")
     user = request.scope.get("user")
     if isinstance(user, AuthenticatedUser) and isinstance(user.access_token, CallerToken):
