@@ -203,3 +203,15 @@ async def test_caller_of_a_request(tmp_path: Path) -> None:
     assert caller_of(Request(scope)) == Caller.token("alice")
     assert caller_of(Request({"type": "http", "headers": []})) == Caller.anonymous()
     assert caller_of(None) == Caller.local("stdio")
+
+
+def test_request_state_key_must_be_private(tmp_path: Path) -> None:
+    """skilld serve refuses a --request-state-key file others may read."""
+    import argparse
+
+    from skilld.cli._serve import _round_options
+
+    key = _file(tmp_path / "request-state.key", "k" * 64, 0o644)
+    args = argparse.Namespace(request_state_key=[key])
+    with pytest.raises(UsageError, match="chmod 600"):
+        _round_options(args, None, None)  # type: ignore[arg-type]

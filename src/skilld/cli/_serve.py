@@ -482,10 +482,14 @@ def _round_options(args: argparse.Namespace, node: Any, logger: _Logger) -> dict
     ``requestState``, the entry nodes' shared sealing keys and the relay between them.
 
     Raises:
-        UsageError: a key file cannot be read or holds fewer than 32 bytes.
+        UsageError: a key file cannot be read, is readable by others (not mode 0600 or
+            stricter) or holds fewer than 32 bytes.
     """
+    from skilld.mcp._auth import check_private
+
     keys = []
     for path in args.request_state_key:
+        check_private(path)
         try:
             secret = path.read_bytes().strip()
         except OSError as exc:
