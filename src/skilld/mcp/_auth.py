@@ -505,8 +505,8 @@ class JwtVerifier:
     signature check costs about 0.1 ms (RS256 or ES256, on a loaded 2-vCPU machine): a
     token that verified is remembered for ``cache_s`` (never past its ``exp``), up to
     ``cache_size`` tokens, so a repeat costs a dictionary look-up. Refusals are not
-    remembered. A key the issuer withdraws is dropped within ``JwksKeys.max_age_s``;
-    tokens it signed stay accepted for at most ``cache_s`` more.
+    remembered (and logged at most once a second). A key the issuer withdraws is dropped
+    within ``JwksKeys.max_age_s``; tokens it signed stay accepted ``cache_s`` more at most.
     """
 
     def __init__(
@@ -533,6 +533,8 @@ class JwtVerifier:
         self._cache_size = cache_size
         self._verified: OrderedDict[str, tuple[float, CallerToken]] = OrderedDict()
         self._log = log
+        self._logged = -float("inf")
+        self._unlogged = 0
 
     async def verify_token(self, token: str) -> CallerToken | None:
         """The grant ``token`` carries, or None when it does not verify (why is logged)."""
@@ -587,8 +589,13 @@ class JwtVerifier:
         return grant_of(token, claims, self.issuer, self.audience)
 
     def _refused(self, reason: str) -> CallerToken | None:
-        if self._log is not None:
-            self._log.info("token_refused", kind="jwt", reason=reason)
+        # At most one line a second: anyone can send bad tokens, and the log is no place
+        # for them to fill. The count says how many went unlogged.
+        self._unlogged += 1
+        now = time.monotonic()
+        if self._log is not None and now - self._logged >= 1.0:
+            self._log.info("token_refused", kind="jwt", reason=reason, refused=self._unlogged)
+            self._logged, self._unlogged = now, 0
         return None
 
 
