@@ -562,6 +562,17 @@ def _wait_for_signal(logger: _Logger) -> None:
     stop.wait()
 
 
+def _auth_line(config: Any) -> str:
+    """Which authentication the banner says is on."""
+    named = config.token_file or (f"${config.token_env}" if config.token_env else None)
+    if config.auth_issuer is not None:
+        line = f"OAuth 2.1, tokens of {config.auth_issuer} for {config.auth_audience}"
+        return line + (f"; named tokens ({named})" if named else "")
+    if named:
+        return f"named tokens ({named})"
+    return "none (anyone who reaches the address may call)"
+
+
 def _banner(args: argparse.Namespace, config: Any, node: Any, node_config: Any) -> None:
     """What a person starting the server needs: where to connect and how to stop."""
     from skilld.mcp import advertised_url
@@ -574,6 +585,7 @@ def _banner(args: argparse.Namespace, config: Any, node: Any, node_config: Any) 
         lines += [
             f"  MCP (Streamable HTTP): {url}",
             f"  MCP (SSE):             {url.removesuffix('/mcp')}/sse",
+            f"  authentication:        {_auth_line(config)}",
         ]
     else:
         lines.append("  MCP over stdio: an MCP client starts this command and talks on stdin")
