@@ -24,7 +24,6 @@ from typing import Any, TypeVar, cast
 import anyio
 import structlog
 from mcp import types
-from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.connection import allowed_log_levels
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions, Server
@@ -41,7 +40,6 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.uri_template import InvalidUriTemplate, UriTemplate
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ValidationError
-from starlette.requests import Request
 
 from skilld.errors import (
     ErrorCode,
@@ -52,6 +50,7 @@ from skilld.errors import (
     SkilldError,
     UsageError,
 )
+from skilld.mcp import _auth
 from skilld.mcp import _skills_ext as skills_extension
 from skilld.mcp._channel import LOG_LEVELS, SessionChannel
 from skilld.mcp._config import ServeConfig
@@ -101,16 +100,8 @@ def _session_state(ctx: Ctx) -> dict[str, Any]:
 
 
 def caller_of(ctx: Ctx) -> Caller:
-    """Who sends this request, as its transport authenticated it: the holder of one of
-    the operator's bearer tokens (the SDK's ``AccessToken`` on an HTTP request), an
-    anonymous HTTP client, or the local user over stdio (no HTTP request)."""
-    request = ctx.request
-    if request is None:
-        return Caller.local()
-    user = request.scope.get("user") if isinstance(request, Request) else None
-    if isinstance(user, AuthenticatedUser):
-        return Caller.token(user.access_token.client_id)
-    return Caller.anonymous()
+    """Who sends this request, as its transport authenticated it (``_auth.caller_of``)."""
+    return _auth.caller_of(ctx.request)
 
 
 def _modern(ctx: Ctx) -> bool:
