@@ -4,10 +4,14 @@ Both answer the same small :class:`Store` contract, so pushing, pulling and copy
 branch on which one they talk to. Every byte read is checked against the digest that
 named it before anyone uses it, and never more bytes than the caller's cap are read.
 
-oras-py (the ORAS project's Python SDK) speaks the registry protocol: URLs, the bearer
-token exchange (``Www-Authenticate: Bearer`` → the realm → a token) and basic
-authentication, the retry of a request after a challenge, blob upload sessions. It is
-wrapped, not forked, where it falls short of what a build needs:
+oras-py (the ORAS project's Python SDK) speaks the registry's authentication: every
+request goes through its client, which answers a challenge (``Www-Authenticate: Bearer``
+→ the realm → a token, anonymous or bought with basic credentials; or ``Basic``) and
+retries the request with it. The distribution API calls themselves (manifests by tag or
+digest, blob upload sessions, ranged blob reads, referrers) are single requests made here
+through that client: oras-py's own helpers for them return parsed JSON or write files
+without the digests, caps and canonical bytes a build needs. It is wrapped, not forked,
+where it falls short:
 
 - its request retry sleeps up to 83 s on a refused connection: a build fails at once
   and names the registry (the undecorated request is used);
@@ -188,7 +192,6 @@ class RegistryStore:
             DistributionError: the registry cannot be reached, its certificate does not
                 verify, or it requires credentials that no auth file holds.
         """
-        import oras.container
         import oras.provider
         import requests
 
@@ -236,7 +239,6 @@ class RegistryStore:
         elif scheme == "basic":
             registry.auth._basic_auth = None  # oras reads ORAS_USER/ORAS_PASS; we do not
         self._registry = registry
-        self._container = oras.container.Container(ref.repository, registry=host)
 
     def _probe(self, *, loopback: bool) -> Any:
         """``GET /v2/``: reachable, and how it wants to be authenticated. A loopback
