@@ -329,3 +329,22 @@ def test_a_digest_in_sources_yaml_must_agree_with_the_lock(
         pull_sources(read_sources(listing), tmp_path / "blobs", pinned={entry: one})
     (same,) = pull_sources(read_sources(listing), tmp_path / "blobs", pinned={entry: two})
     assert same.artifact.digest == two
+
+
+def test_a_layer_longer_than_declared_is_cut_off(
+    registry: Registry, signed: Signed, tmp_path: Path
+) -> None:
+    """A registry serving more bytes than the manifest declares: reading stops at the
+    declared size plus one chunk, the pull fails, nothing is kept."""
+    ref = parse_reference(f"{registry.host}/long/echo-wat:0.1.0")
+    push_package(signed.v1, ref, OPEN)
+    artifact = resolve(ref, OPEN)
+    blob = registry.blob_file(artifact.layer_digest)
+    blob.write_bytes(signed.v1 + b"\0" * (1 << 20))
+    blobs = tmp_path / "blobs"
+    try:
+        with pytest.raises(DistributionError, match=r"larger than the .* bytes its manifest"):
+            fetch_layer(open_store(ref, OPEN), artifact, blobs)
+    finally:
+        blob.write_bytes(signed.v1)
+    assert not [p for p in blobs.rglob("*") if p.is_file()]
