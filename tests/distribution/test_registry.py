@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from distribution.conftest import Registry, Signed, TokenServer
+from distribution.conftest import CuttingProxy, Registry, Signed, TokenServer
 from skilld.cli import main
 from skilld.distribution import (
     ARTIFACT_TYPE,
@@ -348,3 +348,27 @@ def test_a_layer_longer_than_declared_is_cut_off(
     finally:
         blob.write_bytes(signed.v1)
     assert not [p for p in blobs.rglob("*") if p.is_file()]
+
+
+def test_a_cut_download_resumes_where_it_stopped(
+    registry: Registry, signed: Signed, tmp_path: Path
+) -> None:
+    """The network drops mid-layer: the pull fails saying how far it got and that a rerun
+    resumes; the rerun asks only for the rest (a range) and gets the package."""
+    ref = parse_reference(f"{registry.host}/cut/echo-wat:0.1.0")
+    push_package(signed.v1, ref, OPEN)
+    proxy = CuttingProxy(registry.host, after=3000)
+    try:
+        via = parse_reference(f"{proxy.host}/cut/echo-wat:0.1.0")
+        artifact = resolve(via, OPEN)
+        blobs = tmp_path / "blobs"
+        with pytest.raises(DistributionError, match="stopped at") as caught:
+            fetch_layer(open_store(via, OPEN), artifact, blobs)
+        assert "resumes" in str(caught.value)
+        assert proxy.cut.is_set()
+        (partial,) = blobs.rglob("*.partial")
+        assert 0 < partial.stat().st_size < len(signed.v1)
+        assert signed.v1.startswith(partial.read_bytes())
+        assert fetch_layer(open_store(via, OPEN), artifact, blobs).read_bytes() == signed.v1
+    finally:
+        proxy.close()

@@ -194,10 +194,13 @@ class RegistryStore:
         """
         import oras.provider
         import requests
+        import urllib3
 
         self._ref = ref
         self._where = str(ref)
         self._requests = requests
+        # A connection that drops mid-body: urllib3's errors reach read1's caller unwrapped.
+        self._cut = (requests.exceptions.RequestException, urllib3.exceptions.HTTPError)
         host = ref.registry
         self._plain = host in options.plain_http
         self._base = f"{'http' if self._plain else 'https'}://{host}"
@@ -387,9 +390,13 @@ class RegistryStore:
                     "Content-Range", ""
                 ).startswith(f"bytes {sink.have}-"):
                     raise self._fail(response, f"blob {digest}")
+                # read1: each chunk as it arrives, so a cut connection keeps every byte
+                # that came (iter_content drops the chunk it was filling).
+                raw = response.raw
+                arriving = iter(functools.partial(raw.read1, _CHUNK, decode_content=True), b"")
                 try:
-                    sink.write(response.iter_content(_CHUNK))
-                except self._requests.exceptions.RequestException as exc:
+                    sink.write(arriving)
+                except self._cut as exc:
                     raise DistributionError(
                         f"blob {digest} stopped at {sink.have} of {size} bytes: {exc}",
                         location=self._where,
