@@ -12,6 +12,7 @@ from distribution.conftest import CuttingProxy, Registry, Signed, TokenServer, s
 from skilld.cli import main
 from skilld.distribution import (
     ARTIFACT_TYPE,
+    LayoutStore,
     RegistryOptions,
     fetch_layer,
     open_store,
@@ -377,3 +378,24 @@ def test_a_cut_download_resumes_where_it_stopped(
         assert fetch_layer(open_store(via, OPEN), artifact, blobs).read_bytes() == signed.v1
     finally:
         proxy.close()
+
+
+def test_processes_writing_one_layout_lose_no_tag(tmp_path: Path) -> None:
+    """Six processes tagging into one layout at once: every tag is in index.json after."""
+    import subprocess
+    import sys
+
+    layout = tmp_path / "shared"
+    script = (
+        "import sys; from pathlib import Path; from skilld.distribution import LayoutStore\n"
+        "store = LayoutStore(Path(sys.argv[1]), create=True)\n"
+        "for i in range(15):\n"
+        "    store.put_manifest(f'{{\"n\":\"{sys.argv[2]}-{i}\"}}'.encode(), 'x/y', "
+        "f'{sys.argv[2]}-{i}')\n"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script, str(layout), f"p{n}"]) for n in range(6)
+    ]
+    assert [p.wait(60) for p in procs] == [0] * 6
+    tags = LayoutStore(layout).tags()
+    assert set(tags) == {f"p{n}-{i}" for n in range(6) for i in range(15)}

@@ -31,12 +31,13 @@ from a layout needs no network stack at all.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -503,17 +504,13 @@ class LayoutStore:
             DistributionError: not a layout (no ``oci-layout`` marker of version 1.0.0).
         """
         self.root = root
+        self._depth = 0  # how deep this store holds the layout's lock
         marker = root / "oci-layout"
         if create and not marker.exists():
             root.mkdir(parents=True, exist_ok=True)
-            (root / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
-            _atomic_write(marker, b'{"imageLayoutVersion":"1.0.0"}')
-            _atomic_write(
-                root / "index.json",
-                json.dumps(
-                    {"schemaVersion": 2, "mediaType": INDEX_MEDIA_TYPE, "manifests": []}
-                ).encode(),
-            )
+        with self._exclusive() if create else contextlib.nullcontext():
+            if create and not marker.exists():  # checked again under the lock
+                self._create()
         try:
             version = json.loads(self._read(marker, 4096, "oci-layout")).get("imageLayoutVersion")
         except (ValueError, AttributeError):
@@ -524,6 +521,14 @@ class LayoutStore:
                 location=str(root),
                 hint="make one with: skilld pull REF -o oci:DIR:TAG",
             )
+
+    def _create(self) -> None:
+        """An empty layout: the blobs directory, an empty index, then the marker (last, so
+        a layout with a marker is whole)."""
+        (self.root / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
+        empty = {"schemaVersion": 2, "mediaType": INDEX_MEDIA_TYPE, "manifests": []}
+        _atomic_write(self.root / "index.json", json.dumps(empty).encode())
+        _atomic_write(self.root / "oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
 
     def _read(self, path: Path, cap: int, what: str) -> bytes:
         try:
@@ -615,18 +620,48 @@ class LayoutStore:
             _atomic_write(path, data)
         return digest
 
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """Hold the layout's lock (``flock`` on its directory) while ``index.json`` is read,
+        changed and replaced, so two skilld processes writing one layout lose no entry.
+        Re-entrant within this store (a referrer's index is written under its own lock)."""
+        if self._depth:
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+            return
+        try:
+            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise DistributionError(
+                f"cannot open the layout: {exc.strerror}", location=str(self.root)
+            ) from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            self._depth = 1
+            try:
+                yield
+            finally:
+                self._depth = 0
+        finally:
+            os.close(fd)  # releases the lock
+
     def put_manifest(self, data: bytes, media_type: str, tag: str | None) -> str:
         """See :class:`Store`: the manifest is a blob; a tag is an ``index.json`` entry."""
         digest = self.put_blob(data)
+        with self._exclusive():
+            self._index_entry(digest, data, media_type, tag)
+        return digest
+
+    def _index_entry(self, digest: str, data: bytes, media_type: str, tag: str | None) -> None:
         index = self._index()
         keep = [
             d
             for d in index["manifests"]
-            if not (
-                isinstance(d, dict)
-                and tag is not None
-                and (d.get("annotations") or {}).get(REF_NAME) == tag
-            )
+            if isinstance(d, dict)
+            and not (tag is not None and (d.get("annotations") or {}).get(REF_NAME) == tag)
         ]
         entry: dict[str, Any] = {"mediaType": media_type, "digest": digest, "size": len(data)}
         with contextlib.suppress(ValueError, AttributeError):
@@ -638,7 +673,6 @@ class LayoutStore:
             keep.append(entry)
         index["manifests"] = keep
         _atomic_write(self.root / "index.json", json.dumps(index, indent=2).encode() + b"\n")
-        return digest
 
     def referrers(self, digest: str) -> list[dict[str, Any]]:
         """See :class:`Store`: a layout has no API; the tag-schema fallback index."""
@@ -647,7 +681,8 @@ class LayoutStore:
     def put_referrer(self, data: bytes, media_type: str, subject: str) -> str:
         """See :class:`Store`: the manifest as a blob, listed in the fallback index."""
         digest = self.put_blob(data)
-        _fallback_add(self, self._tagged, subject, data, media_type)
+        with self._exclusive():
+            _fallback_add(self, self._tagged, subject, data, media_type)
         return digest
 
     def _tagged(self, tag: str) -> Reference:
