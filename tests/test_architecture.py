@@ -71,6 +71,7 @@ BOUNDARIES = {
     # the OCI client (oras-py) and the HTTP library under it: distribution/ only
     "oras": {"distribution"},
     "requests": {"distribution"},
+    "urllib3": {"distribution"},
     # delegate's Anthropic tier is the only user of the SDK (an optional extra).
     "anthropic": {"delegate"},
 }

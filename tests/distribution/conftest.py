@@ -4,6 +4,7 @@ server) on a free loopback port, its config and storage in a temp directory."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -325,3 +326,69 @@ def token_registry(
     proc.terminate()
     proc.wait(10)
     tokens.close()
+
+
+class CuttingProxy:
+    """A TCP proxy to a registry that drops the connection ``after`` bytes into the first
+    blob download it forwards (a network cut mid-download), and forwards all else whole."""
+
+    def __init__(self, target: str, after: int) -> None:
+        import threading
+
+        self.target = target
+        self.after = after
+        self.cut = threading.Event()
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(8)
+        self.host = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import threading
+
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            host, port = self.target.split(":")
+            upstream = socket.create_connection((host, int(port)))
+            blob = threading.Event()
+            threading.Thread(target=self._up, args=(client, upstream, blob), daemon=True).start()
+            threading.Thread(
+                target=self._down, args=(upstream, client, blob), daemon=True
+            ).start()
+
+    def _up(self, client: socket.socket, upstream: socket.socket, blob: object) -> None:
+        import threading
+
+        assert isinstance(blob, threading.Event)
+        with contextlib.suppress(OSError):
+            while data := client.recv(65536):
+                if b"GET /v2/" in data and b"/blobs/sha256:" in data and not self.cut.is_set():
+                    blob.set()
+                upstream.sendall(data)
+
+    def _down(self, upstream: socket.socket, client: socket.socket, blob: object) -> None:
+        import threading
+
+        assert isinstance(blob, threading.Event)
+        sent = 0
+        with contextlib.suppress(OSError):
+            while data := upstream.recv(1024):
+                if blob.is_set():
+                    if sent + len(data) > self.after:
+                        client.sendall(data[: self.after - sent])
+                        self.cut.set()
+                        break
+                    sent += len(data)
+                client.sendall(data)
+        for s in (client, upstream):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+    def close(self) -> None:
+        """Stop accepting connections."""
+        self.listener.close()

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from distribution.conftest import Registry, Signed, TokenServer
+from distribution.conftest import CuttingProxy, Registry, Signed, TokenServer, start_registry
 from skilld.cli import main
 from skilld.distribution import (
     ARTIFACT_TYPE,
+    LayoutStore,
     RegistryOptions,
     fetch_layer,
     open_store,
@@ -20,6 +21,7 @@ from skilld.distribution import (
     push_package,
     read_sources,
     resolve,
+    resolve_in,
 )
 from skilld.errors import DigestMismatch, DistributionError, UsageError
 
@@ -173,17 +175,21 @@ def test_auth_is_required_and_read_from_auth_json(
     assert str(wrong) in str(caught.value)
 
 
-def test_a_registry_that_does_not_answer_fails_at_once(tmp_path: Path) -> None:
-    """A refused connection is an error naming the registry, not minutes of retries."""
-    import socket
+def test_a_registry_that_goes_away_fails_at_once(tmp_path: Path) -> None:
+    """A registry that stops answering, before or after the store reached it, is an error
+    naming it within seconds (oras-py's own retry would sleep for minutes)."""
     import time
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    registry, proc = start_registry(tmp_path / "gone")
+    ref = parse_reference(f"{registry.host}/x/y:1")
+    store = open_store(ref, OPEN)
+    proc.terminate()
+    proc.wait(10)
     start = time.monotonic()
-    with pytest.raises(DistributionError, match=f"cannot reach 127.0.0.1:{port}"):
-        resolve(parse_reference(f"127.0.0.1:{port}/x/y:1"), OPEN)
+    with pytest.raises(DistributionError, match=f"cannot reach {registry.host}"):
+        resolve_in(store, ref)
+    with pytest.raises(DistributionError, match=f"cannot reach {registry.host}"):
+        resolve(ref, OPEN)
     assert time.monotonic() - start < 5
 
 
@@ -329,3 +335,67 @@ def test_a_digest_in_sources_yaml_must_agree_with_the_lock(
         pull_sources(read_sources(listing), tmp_path / "blobs", pinned={entry: one})
     (same,) = pull_sources(read_sources(listing), tmp_path / "blobs", pinned={entry: two})
     assert same.artifact.digest == two
+
+
+def test_a_layer_longer_than_declared_is_cut_off(
+    registry: Registry, signed: Signed, tmp_path: Path
+) -> None:
+    """A registry serving more bytes than the manifest declares: reading stops at the
+    declared size plus one chunk, the pull fails, nothing is kept."""
+    ref = parse_reference(f"{registry.host}/long/echo-wat:0.1.0")
+    push_package(signed.v1, ref, OPEN)
+    artifact = resolve(ref, OPEN)
+    blob = registry.blob_file(artifact.layer_digest)
+    blob.write_bytes(signed.v1 + b"\0" * (1 << 20))
+    blobs = tmp_path / "blobs"
+    try:
+        with pytest.raises(DistributionError, match=r"larger than the .* bytes its manifest"):
+            fetch_layer(open_store(ref, OPEN), artifact, blobs)
+    finally:
+        blob.write_bytes(signed.v1)
+    assert not [p for p in blobs.rglob("*") if p.is_file()]
+
+
+def test_a_cut_download_resumes_where_it_stopped(
+    registry: Registry, signed: Signed, tmp_path: Path
+) -> None:
+    """The network drops mid-layer: the pull fails saying how far it got and that a rerun
+    resumes; the rerun asks only for the rest (a range) and gets the package."""
+    ref = parse_reference(f"{registry.host}/cut/echo-wat:0.1.0")
+    push_package(signed.v1, ref, OPEN)
+    proxy = CuttingProxy(registry.host, after=3000)
+    try:
+        via = parse_reference(f"{proxy.host}/cut/echo-wat:0.1.0")
+        artifact = resolve(via, OPEN)
+        blobs = tmp_path / "blobs"
+        with pytest.raises(DistributionError, match="stopped at") as caught:
+            fetch_layer(open_store(via, OPEN), artifact, blobs)
+        assert "resumes" in str(caught.value)
+        assert proxy.cut.is_set()
+        (partial,) = blobs.rglob("*.partial")
+        assert 0 < partial.stat().st_size < len(signed.v1)
+        assert signed.v1.startswith(partial.read_bytes())
+        assert fetch_layer(open_store(via, OPEN), artifact, blobs).read_bytes() == signed.v1
+    finally:
+        proxy.close()
+
+
+def test_processes_writing_one_layout_lose_no_tag(tmp_path: Path) -> None:
+    """Six processes tagging into one layout at once: every tag is in index.json after."""
+    import subprocess
+    import sys
+
+    layout = tmp_path / "shared"
+    script = (
+        "import sys; from pathlib import Path; from skilld.distribution import LayoutStore\n"
+        "store = LayoutStore(Path(sys.argv[1]), create=True)\n"
+        "for i in range(15):\n"
+        "    store.put_manifest(f'{{\"n\":\"{sys.argv[2]}-{i}\"}}'.encode(), 'x/y', "
+        "f'{sys.argv[2]}-{i}')\n"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script, str(layout), f"p{n}"]) for n in range(6)
+    ]
+    assert [p.wait(60) for p in procs] == [0] * 6
+    tags = LayoutStore(layout).tags()
+    assert set(tags) == {f"p{n}-{i}" for n in range(6) for i in range(15)}

@@ -2,10 +2,13 @@
 
 Steps, each timed and reported through ``progress``:
 
-1. collect skills: ``.skill`` files are used as they are; each kind of skill
-   (``_kinds.py``: wasm components from ``skill.yaml``, delegate kits' runner, Agent
-   Skills from ``SKILL.md``) finds its sources and packs them, signed with the given
-   skill key or an ephemeral build key whose public half joins the bundle's trust set;
+1. collect skills: ``.skill`` files are used as they are, and so are the packages
+   ``sources.yaml`` lists in OCI registries and image layouts (``skilld.distribution``:
+   each tag resolved once, or fetched at ``--locked``'s digests; pinned in the lock);
+   each kind of skill (``_kinds.py``: wasm components from ``skill.yaml``, delegate
+   kits' runner, Agent Skills from ``SKILL.md``) finds its sources and packs them,
+   signed with the given skill key or an ephemeral build key whose public half joins
+   the bundle's trust set;
 2. verify every package against the trust directory (scopes, thresholds);
 3. compile the policy with each skill's declared needs;
 4. AOT-compile every component for this engine (cached by digest);
@@ -134,7 +137,8 @@ def _pull(skills_dir: Path, pkg_dir: Path, options: BuildOptions) -> list[_Colle
                 f"{pulled.entry.text} moved: {was} in {options.previous}, now "
                 f"{pulled.artifact.digest}"
             )
-        target = pkg_dir / f"pulled-{i}.skill"  # renamed ID-VERSION.skill once verified
+        # not *.skill, so no pre-signed file's name; renamed ID-VERSION.skill once verified
+        target = pkg_dir / f".pulled-{i}"
         shutil.copyfile(pulled.path, target)
         origin = f"{pulled.entry.where} ({pulled.entry.text})"
         out.append(_Collected(target, origin, None, (pulled.entry.text, pulled.artifact.digest)))

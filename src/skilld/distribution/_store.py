@@ -4,10 +4,14 @@ Both answer the same small :class:`Store` contract, so pushing, pulling and copy
 branch on which one they talk to. Every byte read is checked against the digest that
 named it before anyone uses it, and never more bytes than the caller's cap are read.
 
-oras-py (the ORAS project's Python SDK) speaks the registry protocol: URLs, the bearer
-token exchange (``Www-Authenticate: Bearer`` → the realm → a token) and basic
-authentication, the retry of a request after a challenge, blob upload sessions. It is
-wrapped, not forked, where it falls short of what a build needs:
+oras-py (the ORAS project's Python SDK) speaks the registry's authentication: every
+request goes through its client, which answers a challenge (``Www-Authenticate: Bearer``
+→ the realm → a token, anonymous or bought with basic credentials; or ``Basic``) and
+retries the request with it. The distribution API calls themselves (manifests by tag or
+digest, blob upload sessions, ranged blob reads, referrers) are single requests made here
+through that client: oras-py's own helpers for them return parsed JSON or write files
+without the digests, caps and canonical bytes a build needs. It is wrapped, not forked,
+where it falls short:
 
 - its request retry sleeps up to 83 s on a refused connection: a build fails at once
   and names the registry (the undecorated request is used);
@@ -27,12 +31,13 @@ from a layout needs no network stack at all.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -188,13 +193,15 @@ class RegistryStore:
             DistributionError: the registry cannot be reached, its certificate does not
                 verify, or it requires credentials that no auth file holds.
         """
-        import oras.container
         import oras.provider
         import requests
+        import urllib3
 
         self._ref = ref
         self._where = str(ref)
         self._requests = requests
+        # A connection that drops mid-body: urllib3's errors reach read1's caller unwrapped.
+        self._cut = (requests.exceptions.RequestException, urllib3.exceptions.HTTPError)
         host = ref.registry
         self._plain = host in options.plain_http
         self._base = f"{'http' if self._plain else 'https'}://{host}"
@@ -236,7 +243,6 @@ class RegistryStore:
         elif scheme == "basic":
             registry.auth._basic_auth = None  # oras reads ORAS_USER/ORAS_PASS; we do not
         self._registry = registry
-        self._container = oras.container.Container(ref.repository, registry=host)
 
     def _probe(self, *, loopback: bool) -> Any:
         """``GET /v2/``: reachable, and how it wants to be authenticated. A loopback
@@ -385,9 +391,13 @@ class RegistryStore:
                     "Content-Range", ""
                 ).startswith(f"bytes {sink.have}-"):
                     raise self._fail(response, f"blob {digest}")
+                # read1: each chunk as it arrives, so a cut connection keeps every byte
+                # that came (iter_content drops the chunk it was filling).
+                raw = response.raw
+                arriving = iter(functools.partial(raw.read1, _CHUNK, decode_content=True), b"")
                 try:
-                    sink.write(response.iter_content(_CHUNK))
-                except self._requests.exceptions.RequestException as exc:
+                    sink.write(arriving)
+                except self._cut as exc:
                     raise DistributionError(
                         f"blob {digest} stopped at {sink.have} of {size} bytes: {exc}",
                         location=self._where,
@@ -494,17 +504,13 @@ class LayoutStore:
             DistributionError: not a layout (no ``oci-layout`` marker of version 1.0.0).
         """
         self.root = root
+        self._depth = 0  # how deep this store holds the layout's lock
         marker = root / "oci-layout"
         if create and not marker.exists():
             root.mkdir(parents=True, exist_ok=True)
-            (root / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
-            _atomic_write(marker, b'{"imageLayoutVersion":"1.0.0"}')
-            _atomic_write(
-                root / "index.json",
-                json.dumps(
-                    {"schemaVersion": 2, "mediaType": INDEX_MEDIA_TYPE, "manifests": []}
-                ).encode(),
-            )
+        with self._exclusive() if create else contextlib.nullcontext():
+            if create and not marker.exists():  # checked again under the lock
+                self._create()
         try:
             version = json.loads(self._read(marker, 4096, "oci-layout")).get("imageLayoutVersion")
         except (ValueError, AttributeError):
@@ -515,6 +521,14 @@ class LayoutStore:
                 location=str(root),
                 hint="make one with: skilld pull REF -o oci:DIR:TAG",
             )
+
+    def _create(self) -> None:
+        """An empty layout: the blobs directory, an empty index, then the marker (last, so
+        a layout with a marker is whole)."""
+        (self.root / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
+        empty = {"schemaVersion": 2, "mediaType": INDEX_MEDIA_TYPE, "manifests": []}
+        _atomic_write(self.root / "index.json", json.dumps(empty).encode())
+        _atomic_write(self.root / "oci-layout", b'{"imageLayoutVersion":"1.0.0"}')
 
     def _read(self, path: Path, cap: int, what: str) -> bytes:
         try:
@@ -606,18 +620,48 @@ class LayoutStore:
             _atomic_write(path, data)
         return digest
 
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """Hold the layout's lock (``flock`` on its directory) while ``index.json`` is read,
+        changed and replaced, so two skilld processes writing one layout lose no entry.
+        Re-entrant within this store (a referrer's index is written under its own lock)."""
+        if self._depth:
+            self._depth += 1
+            try:
+                yield
+            finally:
+                self._depth -= 1
+            return
+        try:
+            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise DistributionError(
+                f"cannot open the layout: {exc.strerror}", location=str(self.root)
+            ) from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            self._depth = 1
+            try:
+                yield
+            finally:
+                self._depth = 0
+        finally:
+            os.close(fd)  # releases the lock
+
     def put_manifest(self, data: bytes, media_type: str, tag: str | None) -> str:
         """See :class:`Store`: the manifest is a blob; a tag is an ``index.json`` entry."""
         digest = self.put_blob(data)
+        with self._exclusive():
+            self._index_entry(digest, data, media_type, tag)
+        return digest
+
+    def _index_entry(self, digest: str, data: bytes, media_type: str, tag: str | None) -> None:
         index = self._index()
         keep = [
             d
             for d in index["manifests"]
-            if not (
-                isinstance(d, dict)
-                and tag is not None
-                and (d.get("annotations") or {}).get(REF_NAME) == tag
-            )
+            if isinstance(d, dict)
+            and not (tag is not None and (d.get("annotations") or {}).get(REF_NAME) == tag)
         ]
         entry: dict[str, Any] = {"mediaType": media_type, "digest": digest, "size": len(data)}
         with contextlib.suppress(ValueError, AttributeError):
@@ -629,7 +673,6 @@ class LayoutStore:
             keep.append(entry)
         index["manifests"] = keep
         _atomic_write(self.root / "index.json", json.dumps(index, indent=2).encode() + b"\n")
-        return digest
 
     def referrers(self, digest: str) -> list[dict[str, Any]]:
         """See :class:`Store`: a layout has no API; the tag-schema fallback index."""
@@ -638,7 +681,8 @@ class LayoutStore:
     def put_referrer(self, data: bytes, media_type: str, subject: str) -> str:
         """See :class:`Store`: the manifest as a blob, listed in the fallback index."""
         digest = self.put_blob(data)
-        _fallback_add(self, self._tagged, subject, data, media_type)
+        with self._exclusive():
+            _fallback_add(self, self._tagged, subject, data, media_type)
         return digest
 
     def _tagged(self, tag: str) -> Reference:
