@@ -18,7 +18,7 @@ import pytest
 from skilld import paths
 from skilld.audit import JsonLinesSink
 from skilld.errors import UsageError
-from skilld.mcp import ServeConfig
+from skilld.mcp._auth import parse_token_file
 from skilld.package import SigningKey, load_private_key, write_private_key
 from skilld.state import SqliteState
 
@@ -76,7 +76,7 @@ def test_a_secret_others_may_use_is_refused(tmp_path: Path, mode: int) -> None:
     or others: refused, naming the file and the chmod to run; 0600 and 0400 are read
     (the control)."""
     tokens = tmp_path / "tokens"
-    tokens.write_text("a-token-of-some-length\n")
+    tokens.write_text("alice a-token-of-some-length-0123456789abcdef\n")
     key = tmp_path / "signing.pem"
     write_private_key(SigningKey.generate(), key)
     secret = tmp_path / "request-state.key"
@@ -84,7 +84,7 @@ def test_a_secret_others_may_use_is_refused(tmp_path: Path, mode: int) -> None:
     for path in (tokens, key, secret):
         path.chmod(mode)
     checks = [
-        lambda: ServeConfig(token_file=tokens).load_tokens(),
+        lambda: parse_token_file(tokens),
         lambda: load_private_key(key),
         lambda: paths.read_private(secret, "request-state key"),
     ]

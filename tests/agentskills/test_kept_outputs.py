@@ -87,7 +87,7 @@ def served(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     serve_built(root, sandbox, strict=True)
     tokens = root / "tokens"
     fd = os.open(tokens, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    os.write(fd, "\n".join(TOKENS.values()).encode())
+    os.write(fd, "\n".join(f"{name} {token}" for name, token in TOKENS.items()).encode())
     os.close(fd)
     server = ServeProcess(
         root / "bundle",

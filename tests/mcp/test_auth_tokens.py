@@ -43,8 +43,8 @@ def _file(path: Path, text: str, mode: int = 0o600) -> Path:
     [
         (f"{ALICE}\n", 0o600, "a token without a name"),
         ("alice short-token\n", 0o600, f"at least {MIN_TOKEN_CHARS}"),
-        (f"alice {ALICE}\n", 0o644, "holds secrets but is mode 0644"),
-        (f"alice {ALICE}\n", 0o640, "holds secrets but is mode 0640"),
+        (f"alice {ALICE}\n", 0o644, "token file has mode 0644"),
+        (f"alice {ALICE}\n", 0o640, "token file has mode 0640"),
         (f"alice {ALICE}\nalice {MALLORY}\n", 0o600, "given twice"),
         (f"alice {ALICE}\nbob {ALICE}\n", 0o600, "given twice"),
         (f"al/ice {ALICE}\n", 0o600, "bad token name"),
