@@ -253,12 +253,14 @@ class SkillBusy(GuestError):
     """Every slot of a skill is taken and none freed up in time: the call did not run.
 
     The one refusal of the one concurrency gate (``skilld.call.CallGate``), whoever
-    waited on it: an MCP request on the event loop, a routed call, ``invoke``.
+    waited on it: an MCP request on the event loop, a routed call, ``invoke``; and of
+    the worker threads when none took the call in time (``message`` says so).
     """
 
-    def __init__(self, skill: str, limit: int):
+    def __init__(self, skill: str, limit: int, *, message: str | None = None):
         super().__init__(
-            ErrorCode.LIMIT_EXCEEDED, f"skill {skill} is busy ({limit} calls running); retry later"
+            ErrorCode.LIMIT_EXCEEDED,
+            message or f"skill {skill} is busy ({limit} calls running); retry later",
         )
         self.outcome = "busy"
 

@@ -51,6 +51,7 @@ from skilld.errors import (
     UsageError,
 )
 from skilld.mcp import _skills_ext as skills_extension
+from skilld.mcp._caller import caller_of
 from skilld.mcp._channel import LOG_LEVELS, SessionChannel
 from skilld.mcp._config import ServeConfig
 from skilld.mcp._metrics import Metrics
@@ -61,7 +62,6 @@ from skilld.mcp._tasks import (
     TASKS,
     TaskListen,
     client_capabilities,
-    client_of,
     declares_tasks,
     tasks_of,
     tasks_required,
@@ -277,7 +277,7 @@ class McpService:
         self.config = config
         self.metrics = metrics
         self._log = log
-        self._workers = WorkerPool(config.worker_threads)
+        self._workers = WorkerPool(config.worker_threads, idle_s=config.worker_idle_s)
         self._tools: dict[str, Tool] = {}
         self._validators: dict[str, ArgumentValidator] = {}
         self._in_flight = 0
@@ -454,16 +454,16 @@ class McpService:
 
     async def _task_get(self, ctx: Ctx, params: _TaskParams) -> dict[str, Any]:
         self._gate_tasks(ctx, params)
-        return self.tasks.get(params.task_id, client=client_of(ctx))
+        return self.tasks.get(params.task_id, client=caller_of(ctx).key)
 
     async def _task_update(self, ctx: Ctx, params: _TaskParams) -> dict[str, Any]:
         self._gate_tasks(ctx, params)
         responses = _plain(params.input_responses)
-        return self.tasks.update(params.task_id, responses, client=client_of(ctx))
+        return self.tasks.update(params.task_id, responses, client=caller_of(ctx).key)
 
     async def _task_cancel(self, ctx: Ctx, params: _TaskParams) -> dict[str, Any]:
         self._gate_tasks(ctx, params)
-        ack = self.tasks.cancel(params.task_id, client=client_of(ctx))
+        ack = self.tasks.cancel(params.task_id, client=caller_of(ctx).key)
         # Another entry node runs it: let its owner end it before the client's next
         # tasks/get (which then reads cancelled), within a bound.
         with anyio.move_on_after(_CANCEL_WAIT_S):
@@ -502,7 +502,7 @@ class McpService:
             call.channel.rebind(ctx.session, ctx.request_id, self._min_level(ctx))
             self.parked.answer(call, params.request_state, _plain(params.input_responses))
         else:
-            self.tasks.admit(client_of(ctx))  # refused before the call starts
+            self.tasks.admit(caller_of(ctx).key)  # refused before the call starts
             channel = self._round_channel(ctx, skill, _plain(params.input_responses))
 
             async def start() -> types.CallToolResult:
@@ -518,7 +518,7 @@ class McpService:
                         await call.changed.wait()
                 if call.channel.pending:
                     return await self.parked.step(call)
-        record = self.tasks.create(name, call, _task_outcome, client=client_of(ctx))
+        record = self.tasks.create(name, call, _task_outcome, client=caller_of(ctx).key)
         return {"resultType": "task", **record.wire()}
 
     # -- tools ------------------------------------------------------------------
@@ -763,6 +763,8 @@ class McpService:
         """
         self._refuse_if_draining(skill, label, arguments)
         gate = self.dispatcher.gate(skill)
+        # One wait bound for the slot and the thread together.
+        waited_until = time.monotonic() + self.config.queue_timeout_s
         try:
             slot = await gate.take_async(self.config.queue_timeout_s)
         except SkillBusy as busy:
@@ -780,9 +782,16 @@ class McpService:
             self._enter()
             self._running.add(channel)
             try:
-                result = await self._inline_or_blocking(run, inline, channel, slot)
+                result = await self._inline_or_blocking(
+                    run, inline, channel, slot, skill, caller_of(ctx).key, waited_until
+                )
             except RegistryError:
                 outcome = "unknown"
+                raise
+            except SkillBusy as busy:
+                # No worker thread took the call in time: refused like a busy gate.
+                outcome = busy.outcome
+                self._log.warning("busy", tool=label, skill=skill, threads=self._workers.size)
                 raise
             except SkilldError as exc:
                 outcome, rule, _text = error_text(exc)
@@ -895,6 +904,9 @@ class McpService:
         inline: Callable[[SessionChannel], T] | None,
         channel: SessionChannel,
         slot: Slot,
+        skill: str,
+        key: str,
+        waited_until: float,
     ) -> T:
         # The call runs in the slot taken for it (lent: the dispatcher takes no second one).
         if inline is not None:
@@ -902,17 +914,17 @@ class McpService:
                 return slot.lend(inline, channel)
             except RunOnThread:
                 pass
-        return await self._blocking(partial(slot.lend, run, channel), channel)
-
-    async def _blocking(self, fn: Callable[[], T], channel: SessionChannel) -> T:
-        """Run ``fn`` on a worker thread; a cancelled request marks the channel and waits.
-
-        The guest cannot be interrupted from outside its thread, so a cancellation
-        (the client's ``notifications/cancelled``, or shutdown) marks the channel: the
-        sandbox stops the guest at its next epoch check once the channel says so (and
-        the guest may poll ``cancelled()`` itself); the call still ends before we return.
-        """
-        return await self._workers.run(fn, channel.cancel)
+        # The guest cannot be interrupted from outside its thread, so a cancellation
+        # (the client's ``notifications/cancelled``, or shutdown) marks the channel: the
+        # sandbox stops the guest at its next epoch check once the channel says so (and
+        # the guest may poll ``cancelled()`` itself); the call still ends before we return.
+        return await self._workers.run(
+            partial(slot.lend, run, channel),
+            channel.cancel,
+            key=key,
+            skill=skill,
+            wait_s=max(0.0, waited_until - time.monotonic()),
+        )
 
     # -- resources ----------------------------------------------------------------
 
