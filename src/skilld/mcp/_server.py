@@ -68,7 +68,7 @@ from skilld.mcp._tasks import (
 )
 from skilld.mcp._workers import WorkerPool
 from skilld.registry import Dispatcher, Slot, Tool
-from skilld.types import CallOutput, ContentBlock, PromptSpec, ResourceSpec
+from skilld.types import Caller, CallOutput, ContentBlock, PromptSpec, ResourceSpec
 
 T = TypeVar("T")
 Ctx = ServerRequestContext[Any, Any]
@@ -590,15 +590,18 @@ class McpService:
             self._validator(tool).check(arguments)
         except UsageError as exc:
             text = error_text(exc)[2]
-            self._refused(tool.skill_id, name, "invalid-argument", text, arguments)
+            self._refused(tool.skill_id, name, "invalid-argument", text, arguments, caller_of(ctx))
             return _error_result(text)
         budget_s = self.config.inline_ms / 1000
 
+        caller = caller_of(ctx)
+
         def run(channel: SessionChannel) -> types.CallToolResult:
-            return self._result(tool, self.dispatcher.call(name, arguments, channel))
+            output = self.dispatcher.call(name, arguments, channel, caller=caller)
+            return self._result(tool, output)
 
         def run_inline(channel: SessionChannel) -> types.CallToolResult:
-            output = self.dispatcher.call_inline(name, arguments, channel, budget_s)
+            output = self.dispatcher.call_inline(name, arguments, channel, budget_s, caller=caller)
             return self._result(tool, output)
 
         inline = run_inline if budget_s > 0 else None
@@ -761,7 +764,8 @@ class McpService:
             SkilldError: whatever ``run`` raised (``RegistryError`` for unknown names).
             Exception: a bug below the seam, logged here with its traceback.
         """
-        self._refuse_if_draining(skill, label, arguments)
+        caller = caller_of(ctx)
+        self._refuse_if_draining(skill, label, arguments, caller)
         gate = self.dispatcher.gate(skill)
         # One wait bound for the slot and the thread together.
         waited_until = time.monotonic() + self.config.queue_timeout_s
@@ -769,12 +773,12 @@ class McpService:
             slot = await gate.take_async(self.config.queue_timeout_s)
         except SkillBusy as busy:
             self._log.warning("busy", tool=label, skill=skill, limit=gate.limit)
-            self._refused(skill, label, busy.outcome, error_text(busy)[2], arguments)
+            self._refused(skill, label, busy.outcome, error_text(busy)[2], arguments, caller)
             raise
         try:
             # Again: drain() may have seen nothing in flight and returned while this
             # call waited for its slot. No await between here and _enter().
-            self._refuse_if_draining(skill, label, arguments)
+            self._refuse_if_draining(skill, label, arguments, caller)
             channel = channel or self._channel(ctx, skill)
             outcome = "cancelled"
             rule: str | None = None
@@ -783,7 +787,7 @@ class McpService:
             self._running.add(channel)
             try:
                 result = await self._inline_or_blocking(
-                    run, inline, channel, slot, skill, caller_of(ctx).key, waited_until
+                    run, inline, channel, slot, skill, caller.key, waited_until
                 )
             except RegistryError:
                 outcome = "unknown"
@@ -821,6 +825,7 @@ class McpService:
                     "tool_call",
                     tool=label,
                     skill=skill,
+                    caller=caller.label(),
                     outcome=outcome,
                     rule=rule,
                     ms=round(seconds * 1000, 3),
@@ -830,11 +835,11 @@ class McpService:
             slot.release()
 
     def _refuse_if_draining(
-        self, skill: str, label: str, arguments: Mapping[str, Any] | None
+        self, skill: str, label: str, arguments: Mapping[str, Any] | None, caller: Caller
     ) -> None:
         if self.draining:
             refusal = GuestError("unavailable", "the server is shutting down; retry elsewhere")
-            self._refused(skill, label, "draining", error_text(refusal)[2], arguments)
+            self._refused(skill, label, "draining", error_text(refusal)[2], arguments, caller)
             raise refusal
 
     def _refused(
@@ -844,15 +849,16 @@ class McpService:
         outcome: str,
         text: str,
         arguments: Mapping[str, Any] | None,
+        caller: Caller,
     ) -> None:
-        """Count and audit a request refused before its guest ran.
+        """Count and audit a request ``caller`` made, refused before its guest ran.
 
         An audit failure is logged, not raised: the request is refused either way,
         and the client should see why it was refused, not the audit's trouble.
         """
         self.metrics.refused(skill, label, outcome)
         try:
-            self.dispatcher.refused(skill, label, arguments or {}, outcome, text)
+            self.dispatcher.refused(skill, label, arguments or {}, outcome, text, caller=caller)
         except SkilldError as exc:
             self._log.error("audit_failed", tool=label, skill=skill, error=str(exc))
 
@@ -983,7 +989,9 @@ class McpService:
             channel: SessionChannel,
         ) -> list[types.TextResourceContents | types.BlobResourceContents]:
             return resource_contents(
-                uri, self.dispatcher.read_resource(uri, channel), spec.mime_type
+                uri,
+                self.dispatcher.read_resource(uri, channel, caller=caller_of(ctx)),
+                spec.mime_type,
             )
 
         rounds: list[RoundChannel] = []
@@ -1061,7 +1069,9 @@ class McpService:
             raise MCPError(types.INVALID_PARAMS, str(exc)) from exc
 
         def render(channel: SessionChannel) -> types.GetPromptResult:
-            messages = self.dispatcher.get_prompt(spec.name, arguments, channel)
+            messages = self.dispatcher.get_prompt(
+                spec.name, arguments, channel, caller=caller_of(ctx)
+            )
             try:
                 return types.GetPromptResult(
                     description=spec.description,
