@@ -57,6 +57,8 @@ record, metrics and delegate's results use (``deadline``). There is no other map
     StackExhausted     limit-exceeded     stack
     GuestError         its own code       error:<code>
     SkillBusy          limit-exceeded     busy
+    ServerShutdown     unavailable        shutdown
+    RegistryError      internal           unknown
     HostCallError      its own code       error:<code>
 
 ``deadline``, ``memory``, ``stack`` and ``busy`` are also the names of the limits a
@@ -265,6 +267,18 @@ class SkillBusy(GuestError):
         self.outcome = "busy"
 
 
+class ServerShutdown(GuestError):
+    """The server's drain grace ran out while the call still ran: it was stopped there.
+
+    Raised once, where the call ends (``skilld.registry``), from the cancellation the
+    drain caused; its client is told to retry elsewhere.
+    """
+
+    def __init__(self, message: str):
+        super().__init__(ErrorCode.UNAVAILABLE, message)
+        self.outcome = "shutdown"
+
+
 class HostCallError(SkilldError):
     """A host function refused or failed; it reaches the guest as the WIT ``error``.
 
@@ -296,6 +310,8 @@ class AuditError(SkilldError):
 
 class RegistryError(SkilldError):
     """An unknown skill, method or tool name."""
+
+    outcome = "unknown"
 
 
 class BundleError(SkilldError):

@@ -463,7 +463,7 @@ class SkillServer:
             self._exposed(call, name)
             # The audit names the verified sender and, sealed with it, the entry node's
             # caller (a skill of that node for a routed invoke).
-            caller = _routed_caller(meta.get("caller"), call.entry)
+            caller = _routed_caller(meta.get("caller"), call.entry, chain)
             # A skill on another node invoked this one: that node checked its own grant
             # (remote_calls); consent is this node's, from its own tables, for the
             # verified sender.
@@ -511,16 +511,17 @@ def _int(value: object, default: int) -> int:
         return default
 
 
-def _routed_caller(carried: Any, entry: str) -> Caller:
+def _routed_caller(carried: Any, entry: str, chain: tuple[str, ...] = ()) -> Caller:
     """The caller of a routed call: the one sealed in its message, as arriving from ``entry``.
 
-    A message from a node without callers in its envelope (an older node) is the node's own.
+    A message without one (from an older node) is the calling skill's of that node, or the
+    node's own.
 
     Raises:
         UsageError: the carried caller is malformed.
     """
     if carried is None:
-        return Caller("node", entry)
+        return Caller("skill", chain[-1]).routed_from(entry) if chain else Caller("node", entry)
     try:
         return Caller.from_dict(carried).routed_from(entry)
     except ValueError as exc:

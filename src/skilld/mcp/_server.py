@@ -285,7 +285,6 @@ class McpService:
         self._running: set[SessionChannel] = set()
         self._idle: anyio.Event | None = None
         self.draining = False
-        self._grace_s = 0.0
         # Connections that listed or called something: told when the dispatcher's skills
         # change. The connection, not ``ctx.session``: the SDK makes a session object per
         # request, so a weak set of those emptied as soon as each request ended, and only
@@ -332,7 +331,6 @@ class McpService:
         if self._in_flight == 0:
             return True
         self._log.warning("drain_cut", in_flight=self._in_flight, grace_s=timeout)
-        self._grace_s = timeout
         # Calls running in the background (2026-07-28 requests, tasks) have no request
         # for the transport to cancel at shutdown: tell each to stop, as a cancelled
         # request's call is told (the guest stops at its next epoch check).
@@ -789,28 +787,18 @@ class McpService:
                 result = await self._inline_or_blocking(
                     run, inline, channel, slot, skill, caller.key, waited_until
                 )
-            except RegistryError:
-                outcome = "unknown"
-                raise
-            except SkillBusy as busy:
-                # No worker thread took the call in time: refused like a busy gate.
-                outcome = busy.outcome
-                self._log.warning("busy", tool=label, skill=skill, threads=self._workers.size)
-                raise
             except SkilldError as exc:
-                outcome, rule, _text = error_text(exc)
-                if outcome == ErrorCode.NOT_PERMITTED:
+                # The error class's own word: what the audit record says, /metrics and
+                # this log line say too (skilld.errors' table).
+                outcome, rule = exc.outcome, exc.rule
+                if isinstance(exc, SkillBusy):
+                    # No worker thread took the call in time: refused like a busy gate.
+                    self._log.warning("busy", tool=label, skill=skill, threads=self._workers.size)
+                if exc.code == ErrorCode.NOT_PERMITTED:
                     self.metrics.denied(skill, rule or "default-deny")
-                if outcome == "cancelled" and channel.cancel_reason == "shutdown":
-                    outcome = "shutdown"
-                    raise GuestError(
-                        "unavailable",
-                        f"the server shut down: the call was still running when its drain "
-                        f"grace of {self._grace_s:g} s ran out; retry elsewhere",
-                    ) from exc
                 raise
             except Exception:
-                outcome = "internal"
+                outcome = SkilldError.outcome  # a bug below the seam: a fault
                 self._log.exception("tool_crashed", tool=label, skill=skill)
                 raise
             else:

@@ -46,6 +46,7 @@ from skilld.errors import (
     HostCallError,
     RegistryError,
     RunOnThread,
+    ServerShutdown,
     SkilldError,
 )
 from skilld.registry._audit import AuditTrail, audited
@@ -54,6 +55,14 @@ from skilld.registry._contract import LOCAL, NullChannel
 from skilld.types import AuditSink, Caller, CallOutput, ClientChannel, Decision
 
 T = TypeVar("T")
+
+
+@runtime_checkable
+class CancelReason(Protocol):
+    """A channel that says why it was cancelled (``client``, or ``shutdown``: the server's
+    drain grace ran out; None while not cancelled)."""
+
+    cancel_reason: str | None
 
 
 @runtime_checkable
@@ -250,7 +259,7 @@ class Registry(Catalogue):
         ctx.before_first_write = lambda: self._trail.emit(recorder.started())
         outcome: str = "ok"
         out: T | None = None
-        error: SkilldError | None = None
+        error: Exception | None = None
         # A nested call (invoke) never waits for a slot: waiting inside a call chain
         # that already holds slots of the same skill could deadlock it. Nor does an
         # inline attempt: waiting is for a thread, not the event loop. A call the MCP
@@ -267,13 +276,21 @@ class Registry(Catalogue):
                 out = guest(ctx)
             except SkilldError as exc:
                 outcome, error = exc.outcome, exc
-                # The server's drain ended it (skilld.mcp), not the client: say so.
-                if outcome == "cancelled" and (
-                    getattr(ctx.channel, "cancel_reason", None) == "shutdown"
+                # The server's drain ended it (skilld.mcp), not the client: say so, here
+                # and only here.
+                if (
+                    isinstance(exc, CallCancelled)
+                    and isinstance(ctx.channel, CancelReason)
+                    and ctx.channel.cancel_reason == "shutdown"
                 ):
-                    outcome = "shutdown"
-                    error = CallCancelled(f"{skill_id}: the server shut down during the call")
+                    error = ServerShutdown(
+                        f"the server shut down: the call to {skill_id} was still running when "
+                        "its drain grace ran out; retry elsewhere"
+                    )
                     error.__cause__ = exc
+                    outcome = error.outcome
+            except Exception as exc:  # noqa: BLE001 - a bug below the seam: audited, raised
+                outcome, error = SkilldError.outcome, exc
             finally:
                 slot.release()
                 # The invoker and hook closures refer back to ctx; without them the
