@@ -406,7 +406,7 @@ class CallContext:
 
     def __post_init__(self) -> None:
         if self.recorder is None:
-            self.recorder = CallRecorder(self.skill_id, "", "", caller="local", input=b"")
+            self.recorder = CallRecorder(self.skill_id, "", "", caller=self.caller, input=b"")
         self._recorder: CallRecorder = self.recorder
 
     @property

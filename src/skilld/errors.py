@@ -58,6 +58,8 @@ record, metrics and delegate's results use (``deadline``). There is no other map
     StackExhausted     limit-exceeded     stack
     GuestError         its own code       error:<code>
     SkillBusy          limit-exceeded     busy
+    ServerShutdown     unavailable        shutdown
+    RegistryError      internal           unknown
     HostCallError      its own code       error:<code>
 
 ``deadline``, ``memory``, ``stack`` and ``busy`` are also the names of the limits a
@@ -260,14 +262,28 @@ class SkillBusy(GuestError):
     """Every slot of a skill is taken and none freed up in time: the call did not run.
 
     The one refusal of the one concurrency gate (``skilld.call.CallGate``), whoever
-    waited on it: an MCP request on the event loop, a routed call, ``invoke``.
+    waited on it: an MCP request on the event loop, a routed call, ``invoke``; and of
+    the worker threads when none took the call in time (``message`` says so).
     """
 
-    def __init__(self, skill: str, limit: int):
+    def __init__(self, skill: str, limit: int, *, message: str | None = None):
         super().__init__(
-            ErrorCode.LIMIT_EXCEEDED, f"skill {skill} is busy ({limit} calls running); retry later"
+            ErrorCode.LIMIT_EXCEEDED,
+            message or f"skill {skill} is busy ({limit} calls running); retry later",
         )
         self.outcome = "busy"
+
+
+class ServerShutdown(GuestError):
+    """The server's drain grace ran out while the call still ran: it was stopped there.
+
+    Raised once, where the call ends (``skilld.registry``), from the cancellation the
+    drain caused; its client is told to retry elsewhere.
+    """
+
+    def __init__(self, message: str):
+        super().__init__(ErrorCode.UNAVAILABLE, message)
+        self.outcome = "shutdown"
 
 
 class HostCallError(SkilldError):
@@ -301,6 +317,8 @@ class AuditError(SkilldError):
 
 class RegistryError(SkilldError):
     """An unknown skill, method or tool name."""
+
+    outcome = "unknown"
 
 
 class BundleError(SkilldError):

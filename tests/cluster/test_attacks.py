@@ -343,9 +343,9 @@ async def test_a_forged_remote_called_by_caller_is_refused(
     )
     assert json.loads(answer.data)["error"]["code"] == "not-permitted", answer.data
     record = node_b.audit_until(
-        lambda rs: any(r.get("caller") == "node:node-t/hostile" for r in rs)
+        lambda rs: any(r.get("caller") == "node:node-t<skill:hostile" for r in rs)
     )
-    refused = next(r for r in record if r.get("caller") == "node:node-t/hostile")
+    refused = next(r for r in record if r.get("caller") == "node:node-t<skill:hostile")
     assert refused["outcome"] == "error:not-permitted"
 
 

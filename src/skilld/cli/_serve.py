@@ -111,6 +111,21 @@ def register(sub: Any) -> None:
         "are refused (default 30; keep it below the stop timeout of docker or systemd)",
     )
     p.add_argument(
+        "--worker-threads",
+        type=int,
+        default=64,
+        metavar="N",
+        help="threads that run guest calls, shared fairly by callers and skills (default 64); "
+        "a call that finds none free within 2 s fails as busy",
+    )
+    p.add_argument(
+        "--worker-idle",
+        type=_seconds,
+        default=10.0,
+        metavar="S",
+        help="an idle worker thread leaves after this long (default 10)",
+    )
+    p.add_argument(
         "--max-connections",
         type=int,
         default=1000,
@@ -466,6 +481,8 @@ def _serve(args: argparse.Namespace, text: bool, logger: _Logger, confinement: s
             log_level="warning" if text else "info",
             inline_ms=args.inline_ms,
             shutdown_grace_s=args.shutdown_grace,
+            worker_threads=args.worker_threads,
+            worker_idle_s=args.worker_idle,
             max_connections=args.max_connections,
             idle_timeout_s=args.idle_timeout,
             header_timeout_s=args.header_timeout,

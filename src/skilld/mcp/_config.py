@@ -60,7 +60,10 @@ class ServeConfig:
         max_body_bytes: the largest HTTP request body accepted (larger: 413).
         queue_timeout_s: how long a call waits for a free slot of its skill (the skill's
             one gate, ``max_concurrency`` of its policy) before it fails as busy.
-        worker_threads: threads that run blocking guest calls (shared by all sessions).
+        worker_threads: threads that run blocking guest calls, shared fairly by all
+            callers (one caller holds at most three quarters of them) and skills; a call
+            that found no thread within ``queue_timeout_s`` fails as busy.
+        worker_idle_s: an idle worker thread leaves after this long.
         inline_ms: how long a tool call may first run on the event loop itself: a
             backend that runs no guest code (delegate's ``kit_list``) answers there and
             skips the hand-off to a worker thread; guest code gives the attempt up
@@ -127,6 +130,7 @@ class ServeConfig:
     max_body_bytes: int = 4 * 1024 * 1024
     queue_timeout_s: float = 2.0
     worker_threads: int = 64
+    worker_idle_s: float = 10.0
     inline_ms: float = 1.0
     client_request_timeout_s: float = 300.0
     shutdown_grace_s: float = 30.0
@@ -152,8 +156,10 @@ class ServeConfig:
     def __post_init__(self) -> None:
         if self.max_body_bytes <= 0:
             raise UsageError("max_body_bytes must be positive", location="serve config")
-        if self.worker_threads <= 0:
-            raise UsageError("worker_threads must be positive", location="serve config")
+        if self.worker_threads <= 0 or self.worker_idle_s <= 0:
+            raise UsageError(
+                "worker_threads and worker_idle_s must be positive", location="serve config"
+            )
         if not 0 <= self.inline_ms <= 100:
             raise UsageError(
                 f"inline_ms must be between 0 and 100, not {self.inline_ms}",

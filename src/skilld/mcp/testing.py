@@ -24,7 +24,16 @@ from mcp.shared.uri_template import UriTemplate
 
 from skilld.errors import GuestError, RegistryError, RunOnThread
 from skilld.registry import CallGate, Tool, ToolAnnotations
-from skilld.types import Caller, CallOutput, ClientChannel, ContentBlock, PromptSpec, ResourceSpec
+from skilld.types import (
+    Caller,
+    CallOutput,
+    ClientChannel,
+    ContentBlock,
+    PromptSpec,
+    ResourceSpec,
+)
+
+LOCAL = Caller.local()
 
 ToolFn = Callable[[Mapping[str, Any], ClientChannel], Any]
 """Returns a :class:`CallOutput`, or any JSON value (wrapped as one)."""
@@ -88,6 +97,7 @@ class StaticDispatcher:
     skill_id: str = "static"
     concurrency: int = 8
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    callers: list[Caller] = field(default_factory=list)
     # (skill, label, outcome) of each request refused before it ran.
     refusals: list[tuple[str, str, str]] = field(default_factory=list)
     gates: dict[str, CallGate] = field(default_factory=dict)
@@ -102,9 +112,9 @@ class StaticDispatcher:
         arguments: Mapping[str, Any],
         channel: ClientChannel,
         *,
-        principal: Caller | None = None,
+        caller: Caller = LOCAL,
     ) -> CallOutput:
-        """Run the tool's callable on this thread (for any ``principal``).
+        """Run the tool's callable on this thread (``callers`` keeps who called).
 
         Raises:
             RegistryError: no tool has that name.
@@ -112,6 +122,7 @@ class StaticDispatcher:
         for entry in self.tools_:
             if entry.tool.name == tool:
                 self.calls.append((tool, dict(arguments)))
+                self.callers.append(caller)
                 return _as_output(entry.fn(arguments, channel))
         raise RegistryError(f"no tool named '{tool}'")
 
@@ -122,7 +133,7 @@ class StaticDispatcher:
         channel: ClientChannel,
         budget_s: float,
         *,
-        principal: Caller | None = None,
+        caller: Caller = LOCAL,
     ) -> CallOutput:
         """Never inline: the callables may block.
 
@@ -132,7 +143,14 @@ class StaticDispatcher:
         raise RunOnThread
 
     def refused(
-        self, skill: str, label: str, arguments: Mapping[str, Any], outcome: str, error: str
+        self,
+        skill: str,
+        label: str,
+        arguments: Mapping[str, Any],
+        outcome: str,
+        error: str,
+        *,
+        caller: Caller = LOCAL,
     ) -> None:
         """Keep (skill, label, outcome) in ``refusals``."""
         self.refusals.append((skill, label, outcome))
@@ -162,10 +180,9 @@ class StaticDispatcher:
         return self.skill_id
 
     def read_resource(
-        self, uri: str, channel: ClientChannel, *, principal: Caller | None = None
+        self, uri: str, channel: ClientChannel, *, caller: Caller = LOCAL
     ) -> Sequence[CallOutput]:
-        """Read ``uri`` from the first resource or template that matches it (for any
-        ``principal``).
+        """Read ``uri`` from the first resource or template that matches it.
 
         Raises:
             RegistryError: nothing serves ``uri``.
@@ -196,7 +213,12 @@ class StaticDispatcher:
         return self.skill_id
 
     def get_prompt(
-        self, name: str, arguments: Mapping[str, Any], channel: ClientChannel
+        self,
+        name: str,
+        arguments: Mapping[str, Any],
+        channel: ClientChannel,
+        *,
+        caller: Caller = LOCAL,
     ) -> Sequence[Mapping[str, Any]]:
         """Render a prompt.
 

@@ -17,6 +17,9 @@ from typing import Any, Protocol
 from skilld.call import CallContext, CallGate
 from skilld.types import Caller, CallOutput, ClientChannel, PromptSpec, ResourceSpec
 
+# Who a call made without saying is for: the local user (tests, benches, the CLI's own use).
+LOCAL = Caller.local()
+
 
 @dataclass(frozen=True, slots=True)
 class ToolAnnotations:
@@ -99,9 +102,9 @@ class Dispatcher(Protocol):
         arguments: Mapping[str, Any],
         channel: ClientChannel,
         *,
-        principal: Caller | None = None,
+        caller: Caller = LOCAL,
     ) -> CallOutput:
-        """Run one tool call to the end, for ``principal`` (``None``: the local user)."""
+        """Run one tool call to the end, on behalf of ``caller``."""
         ...
 
     def call_inline(
@@ -111,7 +114,7 @@ class Dispatcher(Protocol):
         channel: ClientChannel,
         budget_s: float,
         *,
-        principal: Caller | None = None,
+        caller: Caller = LOCAL,
     ) -> CallOutput:
         """Try ``call`` on the caller's thread (an event loop) for about ``budget_s`` at most.
 
@@ -122,7 +125,14 @@ class Dispatcher(Protocol):
         ...
 
     def refused(
-        self, skill: str, label: str, arguments: Mapping[str, Any], outcome: str, error: str
+        self,
+        skill: str,
+        label: str,
+        arguments: Mapping[str, Any],
+        outcome: str,
+        error: str,
+        *,
+        caller: Caller = LOCAL,
     ) -> None:
         """Audit a request refused before its guest ran (``invalid-argument``, ``busy``,
         ``draining``); ``label`` is the tool's name, ``resource:URI`` or ``prompt:NAME``.
@@ -145,10 +155,9 @@ class Dispatcher(Protocol):
         ...
 
     def read_resource(
-        self, uri: str, channel: ClientChannel, *, principal: Caller | None = None
+        self, uri: str, channel: ClientChannel, *, caller: Caller = LOCAL
     ) -> Sequence[CallOutput]:
-        """Read one resource for ``principal`` (each output holds its contents; what is
-        kept for another caller is not found)."""
+        """Read one resource (each output holds its contents)."""
         ...
 
     def prompts(self) -> Sequence[PromptSpec]:
@@ -160,7 +169,12 @@ class Dispatcher(Protocol):
         ...
 
     def get_prompt(
-        self, name: str, arguments: Mapping[str, Any], channel: ClientChannel
+        self,
+        name: str,
+        arguments: Mapping[str, Any],
+        channel: ClientChannel,
+        *,
+        caller: Caller = LOCAL,
     ) -> Sequence[Mapping[str, Any]]:
         """Render a prompt to MCP prompt messages."""
         ...
