@@ -51,6 +51,7 @@ from skilld.errors import (
     UsageError,
 )
 from skilld.mcp import _skills_ext as skills_extension
+from skilld.mcp._caller import caller_of
 from skilld.mcp._channel import LOG_LEVELS, SessionChannel
 from skilld.mcp._config import ServeConfig
 from skilld.mcp._metrics import Metrics
@@ -67,7 +68,7 @@ from skilld.mcp._tasks import (
     tasks_required,
 )
 from skilld.mcp._workers import WorkerPool
-from skilld.registry import Dispatcher, Slot, Tool
+from skilld.registry import CallerView, Dispatcher, Slot, Tool
 from skilld.types import CallOutput, ContentBlock, PromptSpec, ResourceSpec
 
 T = TypeVar("T")
@@ -155,6 +156,12 @@ def error_text(exc: SkilldError) -> tuple[str, str | None, str]:
     code, rule = exc.code, exc.rule
     head = f"[{code}, rule {rule}]" if rule else f"[{code}]"
     return code, rule, f"{head} {SkilldError.__str__(exc)}"
+
+
+def _refused_error(refusal: GuestError) -> MCPError:
+    """A refused ``resources/read`` or ``prompts/get``: the rule in the message and data."""
+    code, rule, text = error_text(refusal)
+    return MCPError(types.INVALID_PARAMS, text, data={"code": code, "rule": rule})
 
 
 def _error_result(text: str) -> types.CallToolResult:
@@ -521,6 +528,31 @@ class McpService:
         record = self.tasks.create(name, call, _task_outcome, client=client_of(ctx))
         return {"resultType": "task", **record.wire()}
 
+    # -- who may list and call what ------------------------------------------------
+
+    def _view(self, ctx: Ctx) -> CallerView:
+        """What the request's caller may list and call (the bundle's caller rules)."""
+        return self.dispatcher.view(caller_of(ctx))
+
+    def _not_permitted(
+        self, ctx: Ctx, kind: Any, name: str, skill: str, label: str, arguments: Mapping[str, Any]
+    ) -> GuestError | None:
+        """The refusal (counted and audited under ``label``) when the caller may not call the
+        ``kind`` (tool, resource, prompt) named ``name``; else None.
+
+        A retry another entry node forwarded was checked there, against its own caller.
+        """
+        if is_forwarded(ctx):
+            return None
+        try:
+            self._view(ctx).permit(kind, name, skill)
+        except GuestError as exc:
+            code, rule, text = error_text(exc)
+            self.metrics.denied(skill, rule or "default-deny")
+            self._refused(skill, label, code, text, arguments)
+            return exc
+        return None
+
     # -- tools ------------------------------------------------------------------
 
     def _task_mode(self, tool: Tool) -> str | None:
@@ -551,7 +583,7 @@ class McpService:
         tools = []
         # By name: the same list whatever order skills loaded in (or cluster nodes joined),
         # so a client's cache and a round-robin over entry nodes see one list.
-        for tool in sorted(self.dispatcher.tools(), key=lambda t: t.name):
+        for tool in sorted(self._view(ctx).tools(), key=lambda t: t.name):
             output = None if tool.output_schema is None else _object_schema(tool.output_schema)[0]
             hints = tool.annotations
             tools.append(
@@ -586,6 +618,9 @@ class McpService:
         if tool is None:
             raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {name}")
         arguments = dict(params.arguments or {})
+        refusal = self._not_permitted(ctx, "tool", name, tool.skill_id, name, arguments)
+        if refusal is not None:
+            return _error_result(error_text(refusal)[2])
         try:
             self._validator(tool).check(arguments)
         except UsageError as exc:
@@ -938,7 +973,7 @@ class McpService:
                 types.Resource(
                     name=r.name, uri=r.uri, description=r.description, mime_type=r.mime_type
                 )
-                for r in self.dispatcher.resources()
+                for r in self._view(ctx).resources()
                 if not r.template
             ]
         )
@@ -954,7 +989,7 @@ class McpService:
                     description=r.description,
                     mime_type=r.mime_type,
                 )
-                for r in self.dispatcher.resources()
+                for r in self._view(ctx).resources()
                 if r.template
             ]
         )
@@ -978,6 +1013,9 @@ class McpService:
         try:
             skill = self.dispatcher.resource_skill(uri)
             label = f"resource:{spec.uri}"
+            refusal = self._not_permitted(ctx, "resource", uri, skill, label, {"uri": uri})
+            if refusal is not None:
+                raise _refused_error(refusal)
             if not _modern(ctx):
                 contents = await self._guest_call(ctx, skill, label, read, arguments={"uri": uri})
             else:
@@ -1017,7 +1055,7 @@ class McpService:
         self, ctx: Ctx, params: types.PaginatedRequestParams | None
     ) -> types.ListPromptsResult:
         prompts = []
-        for spec in self.dispatcher.prompts():
+        for spec in self._view(ctx).prompts():
             props: Mapping[str, Any] = spec.arguments_schema.get("properties", {})
             required = set(spec.arguments_schema.get("required", ()))
             prompts.append(
@@ -1064,6 +1102,9 @@ class McpService:
         try:
             skill = self.dispatcher.prompt_skill(spec.name)
             label = f"prompt:{spec.name}"
+            refusal = self._not_permitted(ctx, "prompt", spec.name, skill, label, arguments)
+            if refusal is not None:
+                raise _refused_error(refusal)
             if not _modern(ctx):
                 return await self._guest_call(ctx, skill, label, render, arguments=arguments)
             digest = self._digest(skill, spec.name, {"args": spec.arguments_schema})

@@ -23,8 +23,15 @@ from typing import Any
 from mcp.shared.uri_template import UriTemplate
 
 from skilld.errors import GuestError, RegistryError, RunOnThread
-from skilld.registry import CallGate, Tool, ToolAnnotations
-from skilld.types import CallOutput, ClientChannel, ContentBlock, PromptSpec, ResourceSpec
+from skilld.registry import CallerPolicy, CallerView, CallGate, Tool, ToolAnnotations
+from skilld.types import (
+    Caller,
+    CallOutput,
+    ClientChannel,
+    ContentBlock,
+    PromptSpec,
+    ResourceSpec,
+)
 
 ToolFn = Callable[[Mapping[str, Any], ClientChannel], Any]
 """Returns a :class:`CallOutput`, or any JSON value (wrapped as one)."""
@@ -91,6 +98,8 @@ class StaticDispatcher:
     # (skill, label, outcome) of each request refused before it ran.
     refusals: list[tuple[str, str, str]] = field(default_factory=list)
     gates: dict[str, CallGate] = field(default_factory=dict)
+    # Who may list and call what (default: no caller rules, so local and anonymous only).
+    callers: CallerPolicy = field(default_factory=CallerPolicy)
 
     def tools(self) -> Sequence[Tool]:
         """Every tool, in the order given."""
@@ -188,6 +197,10 @@ class StaticDispatcher:
             RegistryError: no prompt has that name.
         """
         return self._prompt(name)(arguments)
+
+    def view(self, caller: Caller) -> CallerView:
+        """What ``caller`` may list and call under ``callers``."""
+        return CallerView(self.callers, caller, self)
 
     def ready(self) -> bool:
         """Whatever ``is_ready`` says."""

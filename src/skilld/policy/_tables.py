@@ -94,6 +94,13 @@ class Tables:
         kits: Mapping[str, Any] = self.data.get("kits") or {}
         return kits
 
+    @property
+    def callers(self) -> Mapping[str, Any] | None:
+        """Who may call what (``skilld.policy._callers``): ``{"rules": [...], "open": [...]}``;
+        ``None`` for tables compiled without ``policies/callers/``."""
+        callers: Mapping[str, Any] | None = self.data.get("callers")
+        return callers
+
     def skill(self, skill_id: str) -> Mapping[str, Any]:
         """One skill's table.
 

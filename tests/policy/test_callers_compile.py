@@ -1,0 +1,147 @@
+"""Caller rules (``policies/callers/*.yaml``): file:line errors, ids, the compiled table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from skilld.errors import PolicyError
+from skilld.policy import compile_policies, load_tables
+
+RULE = """\
+rules:
+  - id: writers
+    who:
+      - issuer: https://idp.example.com
+        group: writers
+      - token: ci
+    skills: [notes]
+    tools: ['echo/*']
+  - who: local
+    may: [list]
+    resources: ['skill://notes/**']
+"""
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run in tmp_path, so that ``policies`` given relative is what errors show."""
+    monkeypatch.chdir(tmp_path)
+
+
+def write(tmp_path: Path, callers: dict[str, str]) -> Path:
+    """A policies directory with a notes and an echo policy and ``callers/`` holding ``callers``."""
+    root = tmp_path / "policies"
+    (root / "callers").mkdir(parents=True)
+    (root / "notes.yaml").write_text("kv: {}\n")
+    (root / "echo.yaml").write_text("{}\n")
+    for name, text in callers.items():
+        (root / "callers" / name).write_text(text)
+    return Path("policies")
+
+
+def error_of(tmp_path: Path, text: str, **kw: object) -> PolicyError:
+    """The PolicyError compiling ``callers/team.yaml`` holding ``text`` raises."""
+    with pytest.raises(PolicyError) as info:
+        compile_policies(write(tmp_path, {"team.yaml": text}), **kw)  # type: ignore[arg-type]
+    return info.value
+
+
+def test_rules_compile_with_ids_and_sources(tmp_path: Path) -> None:
+    """Each rule gets its id (explicit, or file[index]) and its source line; who is normalised."""
+    tables = compile_policies(write(tmp_path, {"team.yaml": RULE})).tables
+    callers = tables.callers
+    assert callers is not None
+    first, second = callers["rules"]
+    assert first["id"] == "callers.writers"
+    assert first["source"] == "policies/callers/team.yaml:2"
+    assert first["effect"] == "allow"
+    assert first["may"] == ("call", "list")
+    assert first["skills"] == ("notes",) and first["tools"] == ("echo/*",)
+    assert {"token": "ci"} in [dict(w) for w in first["who"]]
+    assert second["id"] == "callers.team[1]"
+    assert second["source"] == "policies/callers/team.yaml:9"
+    assert [dict(w) for w in second["who"]] == [{"principal": "local"}]
+    assert second["may"] == ("list",)
+    # An allow rule names local: only anonymous stays open.
+    assert callers["open"] == ("anonymous",)
+
+
+def test_tables_are_frozen_and_round_trip(tmp_path: Path) -> None:
+    """The callers table is a frozen value of the tables, and reads back to the same digest."""
+    result = compile_policies(write(tmp_path, {"team.yaml": RULE}))
+    rules = result.tables.callers["rules"]  # type: ignore[index]
+    with pytest.raises(TypeError):
+        rules[0]["id"] = "x"  # type: ignore[index]
+    path = tmp_path / "tables.json"
+    result.tables.write(path)
+    assert load_tables(path).digest == result.digest
+
+
+def test_no_callers_directory_keeps_the_digest(tmp_path: Path) -> None:
+    """Without policies/callers/ the tables hold no callers key: older bundles keep their digest."""
+    root = write(tmp_path, {})
+    tables = compile_policies(root).tables
+    assert tables.callers is None
+    assert "callers" not in tables.to_json()
+
+
+def test_a_deny_rule_naming_local_leaves_it_open(tmp_path: Path) -> None:
+    """Only allow rules close local and anonymous; a deny rule only takes away."""
+    text = "rules:\n  - effect: deny\n    who: [local, anonymous]\n    tools: [notes/add]\n"
+    callers = compile_policies(write(tmp_path, {"team.yaml": text})).tables.callers
+    assert callers is not None and callers["open"] == ("anonymous", "local")
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "words"),
+    [
+        ("rules:\n  - who: local\n    skils: [notes]\n", 3, "unknown key 'skils'"),
+        ("rulez: []\n", 1, "unknown key 'rulez'"),
+        ("rules:\n  - who: locl\n    skills: [notes]\n", 2, "unknown principal 'locl'"),
+        ("rules:\n  - who: {subject: alice}\n    skills: [notes]\n", 2, "name the issuer"),
+        ("rules:\n  - who: {issuer: idp.example.com}\n    skills: ['*']\n", 2, "issuer's URL"),
+        ("rules:\n  - who: {token: ci, issuer: https://i}\n    skills: ['*']\n", 2, "token alone"),
+        ("rules:\n  - who: {token: 'c i'}\n    skills: ['*']\n", 2, "printable"),
+        ("rules:\n  - who: {grop: x}\n    skills: ['*']\n", 2, "unknown key 'grop'"),
+        ("rules:\n  - who: []\n    skills: ['*']\n", 2, "name nobody"),
+        ("rules:\n  - who: local\n", 2, "names nothing"),
+        ("rules:\n  - who: local\n    tools: ['echo/a**']\n", 3, "whole segment"),
+        ("rules:\n  - who: local\n    tools: ['echo/[ab]']\n", 3, "bad tool name pattern"),
+        ("rules:\n  - who: local\n    resources: ['skill://x/?']\n", 3, "cannot match"),
+        ("rules:\n  - who: local\n    resources: ['notes/*']\n", 3, "must be a URI"),
+        ("rules:\n  - who: local\n    skills: [Notes]\n", 3, "bad skill id"),
+        ("rules:\n  - who: local\n    may: [read]\n    skills: ['*']\n", 3, "unknown action"),
+        ("rules:\n  - who: local\n    effect: permit\n    skills: ['*']\n", 3, "allow or deny"),
+        ("rules:\n  - id: 'a b'\n    who: local\n    skills: ['*']\n", 2, "bad rule id"),
+    ],
+)
+def test_errors_name_file_and_line(tmp_path: Path, text: str, line: int, words: str) -> None:
+    """Unknown keys, impossible principals and patterns are refused at their line."""
+    err = error_of(tmp_path, text)
+    assert err.location == f"policies/callers/team.yaml:{line}", err
+    assert words in str(err)
+
+
+def test_unknown_key_suggests_the_right_one(tmp_path: Path) -> None:
+    """A misspelt key gets a did-you-mean."""
+    err = error_of(tmp_path, "rules:\n  - who: local\n    skils: [notes]\n")
+    assert err.hint is not None and "skills" in err.hint
+
+
+def test_unknown_skill_is_refused_when_skills_are_known(tmp_path: Path) -> None:
+    """With the bundle's skills known, skills: naming another is an error at its line."""
+    text = "rules:\n  - who: local\n    skills:\n      - notes\n      - nots\n"
+    err = error_of(tmp_path, text, skills={"notes": None, "echo": None})
+    assert err.location == "policies/callers/team.yaml:5"
+    assert "unknown skill 'nots'" in err.message
+
+
+def test_duplicate_ids_across_files_are_refused(tmp_path: Path) -> None:
+    """Rule ids are unique over the whole directory; the second use is located."""
+    one = "rules:\n  - id: ops\n    who: local\n    skills: ['*']\n"
+    with pytest.raises(PolicyError) as info:
+        compile_policies(write(tmp_path, {"a.yaml": one, "b.yaml": one}))
+    assert info.value.location == "policies/callers/b.yaml:2"
+    assert "already used at policies/callers/a.yaml:2" in info.value.message
