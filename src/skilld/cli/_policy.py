@@ -233,7 +233,7 @@ def _explain_caller(args: argparse.Namespace) -> int:
         )
     caller = _caller_of(args.caller, frozenset(args.group), frozenset(args.scope))
     skill = args.serving or _serving(kind, name)
-    tables, policies = _tables_for(args, needs=False)
+    tables, policies = _tables_for(args, note=False)
     policy = CallerPolicy.from_tables(tables)
     decision = policy.may(caller, action, Target(kind, name, skill))
     source = policy.source(decision.rule)
@@ -282,9 +282,9 @@ def _serving(kind: str, name: str) -> str:
     raise UsageError(f"which skill serves {kind} {name!r}?", hint="name it with --skill ID")
 
 
-def _tables_for(args: argparse.Namespace, *, needs: bool = True) -> tuple[Tables, Path | None]:
+def _tables_for(args: argparse.Namespace, *, note: bool = True) -> tuple[Tables, Path | None]:
     """The tables explain answers from, and the policies directory they were compiled from
-    (``needs``: say when no skills' needs narrow the grants; caller rules never depend on them).
+    (``note``: say when no skills' needs narrow the grants; caller rules never depend on them).
 
     Raises:
         UsageError: --skills with compiled tables.
@@ -306,7 +306,7 @@ def _tables_for(args: argparse.Namespace, *, needs: bool = True) -> tuple[Tables
         if skills_dir is None and (policies.parent / "skills").is_dir():
             skills_dir = policies.parent / "skills"
         needs, sources = _read_needs(skills_dir) if skills_dir else (None, None)
-        if skills_dir is None and needs:
+        if skills_dir is None and note:
             print(
                 f"note: no skills/ beside {policies}: every grant counts, needed or not "
                 "('skilld build' keeps only what skills need; pass --skills DIR)",
