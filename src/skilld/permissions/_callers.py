@@ -138,6 +138,36 @@ def _is(entry: Mapping[str, str], p: Caller) -> bool:
     return bool(entry.keys() & {"issuer", "group", "scope"})
 
 
+def _key(entry: Mapping[str, str]) -> tuple[str, ...]:
+    """The name a ``who`` entry is indexed under: the most particular thing it names."""
+    if "principal" in entry:
+        return ("principal", entry["principal"])
+    if "token" in entry:
+        return ("token", entry["token"])
+    if "subject" in entry:
+        return ("subject", entry["issuer"], entry["subject"])
+    if "group" in entry:
+        return ("group", entry["group"])
+    if "scope" in entry:
+        return ("scope", entry["scope"])
+    return ("issuer", entry.get("issuer", ""))
+
+
+def _keys(p: Caller) -> list[tuple[str, ...]]:
+    """Every index name that may hold a rule naming ``p`` (each candidate is then checked)."""
+    keys: list[tuple[str, ...]] = [("principal", p.kind)]
+    if p.kind in ("oauth", "token"):
+        keys.append(("principal", "authenticated"))
+        keys.extend(("scope", s) for s in p.scopes)
+    if p.kind == "token":
+        keys.append(("token", p.name))
+    if p.kind == "oauth":
+        keys.append(("subject", p.issuer, p.name))
+        keys.append(("issuer", p.issuer))
+        keys.extend(("group", g) for g in p.groups)
+    return keys
+
+
 @dataclass(slots=True)
 class _Side:
     """One effect's rules for one principal and action, indexed by what they name."""
@@ -189,6 +219,13 @@ class CallerPolicy:
         table = _NO_POLICY if table is None else table
         self._rules = tuple(_Rule.of(r) for r in table.get("rules", ()))
         self._by_id = {r.id: r for r in self._rules}
+        # Each rule under every name its who entries give a principal by (a token's name,
+        # an issuer's subject, a group, a scope, an issuer, a word): a principal's rules are
+        # found by its own names, whatever the number of rules.
+        self._index: dict[tuple[str, ...], list[int]] = {}
+        for n, rule in enumerate(self._rules):
+            for entry in rule.who:
+                self._index.setdefault(_key(entry), []).append(n)
         self._open = frozenset(table.get("open", ()))
         self._grants: dict[Caller, _Grant] = {}
         self._lock = threading.Lock()
@@ -218,7 +255,11 @@ class CallerPolicy:
             return grant
         deny = {a: _Side() for a in ("list", "call")}
         allow = {a: _Side() for a in ("list", "call")}
-        for rule in self._rules:
+        candidates: set[int] = set()
+        for key in _keys(principal):
+            candidates.update(self._index.get(key, ()))
+        for n in sorted(candidates):  # in the compiled order: the first rule answers
+            rule = self._rules[n]
             if rule.names(principal):
                 for action in rule.actions:
                     (deny if rule.deny else allow)[action].add(rule)
