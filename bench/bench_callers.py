@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
@@ -185,8 +186,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     cold = callers(args.iterations * args.rounds + RULES_PER_KIND * 4)[RULES_PER_KIND * 4 :]
     cold_policy = CallerPolicy.from_tables(tables)
 
-    def ask(pairs: list[tuple[Caller, Target]], p: CallerPolicy = policy) -> Callable[[int], object]:
-        return lambda i: p.may(pairs[i % len(pairs)][0], "call", pairs[i % len(pairs)][1])
+    def ask(pairs: list[tuple[Caller, Target]]) -> Callable[[int], object]:
+        return lambda i: policy.may(pairs[i % len(pairs)][0], "call", pairs[i % len(pairs)][1])
 
     offset = [0]
 
@@ -244,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"# Python {platform.python_version()} {platform.machine()}; "
         f"{RULES_PER_KIND * 4 + 10} rules, {len(tools)} tools; compile {compile_ms:.0f} ms"
         + (f"; cedar parse {cedar_ms:.0f} ms" if cedar_ms else "")
-        + f"; loadavg {' '.join(open('/proc/loadavg').read().split()[:3])}"
+        + f"; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
     )
     print("| case | p50 µs | p99 µs |")
     print("|---|---|---|")
