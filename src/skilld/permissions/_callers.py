@@ -282,7 +282,7 @@ class CallerPolicy:
         rid = deny.find(target) if deny is not None else None
         if rid is not None:
             return Decision(
-                False, CAPABILITY, action, text, rid, f"{rid} denies {caller.key} to {action} it"
+                False, CAPABILITY, action, text, rid, f"{rid} forbids {caller.key} to {action} it"
             )
         allow = grant.allow.get(action)
         rid = allow.find(target) if allow is not None else None
