@@ -92,6 +92,9 @@ async def test_the_local_user_lists_and_calls_only_what_its_rule_names(tmp_path:
             with pytest.raises(MCPError) as entry:
                 await s.send_request(got, DUMP)
             assert entry.value.error.data == {"code": "not-permitted", "rule": "default-deny"}
+            with pytest.raises(MCPError) as subscribed:
+                await s.subscribe_resource("skill://reporter/report.txt")
+            assert subscribed.value.error.data == {"code": "not-permitted", "rule": "default-deny"}
     refusals = [r for r in sink.records if r.get("outcome") == "not-permitted"]
     assert {(r["skill"], r["method"]) for r in refusals} >= {
         ("notes", "add"),

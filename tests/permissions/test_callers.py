@@ -124,6 +124,16 @@ def test_without_caller_rules_only_local_and_anonymous() -> None:
         assert not decision.allowed and decision.rule == "default-deny"
 
 
+def test_names_authenticated() -> None:
+    """Whether some allow rule can name a token or OAuth caller (serve warns when none can)."""
+    assert POLICY.names_authenticated()
+    assert not CallerPolicy().names_authenticated()
+    only_local = policy_of("rules:\n  - who: local\n    skills: ['*']\n")
+    assert not only_local.names_authenticated()
+    deny_only = policy_of("rules:\n  - effect: deny\n    who: authenticated\n    skills: ['*']\n")
+    assert not deny_only.names_authenticated()
+
+
 def test_an_unknown_action_is_denied() -> None:
     """An action other than list and call is never allowed, even to an open principal."""
     assert not CallerPolicy().may(Caller.local(), "delete", ADD).allowed  # type: ignore[arg-type]

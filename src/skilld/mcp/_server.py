@@ -1035,8 +1035,14 @@ class McpService:
 
     async def _subscribe(self, ctx: Ctx, params: types.SubscribeRequestParams) -> types.EmptyResult:
         uri = str(params.uri)
-        if self._resource_spec(uri) is None:
+        spec = self._resource_spec(uri)
+        if spec is None:
             raise MCPError(RESOURCE_NOT_FOUND, f"Resource not found: {uri}", data={"uri": uri})
+        # Hearing of a resource's changes is reading it: the same rules decide.
+        skill = self.dispatcher.resource_skill(uri)
+        refusal = self._not_permitted(ctx, "resource", uri, skill, f"resource:{spec.uri}", {})
+        if refusal is not None:
+            raise _refused_error(refusal)
         _session_state(ctx).setdefault(_SUBS_KEY, set()).add(uri)
         return types.EmptyResult()
 
@@ -1125,7 +1131,8 @@ class McpService:
         choices: list[str] = []
         if isinstance(params.ref, types.PromptReference):
             spec = self._prompt_spec(params.ref.name)
-            if spec is not None:
+            # A prompt the caller may not list has no choices to show it.
+            if spec is not None and spec in self._view(ctx).prompts():
                 schema = spec.arguments_schema.get("properties", {}).get(params.argument.name, {})
                 choices = [str(v) for v in schema.get("enum", schema.get("examples", []))]
         matches = [c for c in choices if c.startswith(params.argument.value)]

@@ -245,6 +245,15 @@ class CallerPolicy:
         rule = self._by_id.get(rule_id)
         return rule.source if rule is not None else None
 
+    def names_authenticated(self) -> bool:
+        """Whether some allow rule can name an authenticated (OAuth or token) caller: if
+        none can, a server that authenticates its callers serves them nothing."""
+        words = {"local", "anonymous"}
+        return any(
+            not rule.deny and any(e.get("principal") not in words for e in rule.who)
+            for rule in self._rules
+        )
+
     def rules(self) -> Sequence[str]:
         """Every rule id, in the order the rules are consulted."""
         return [r.id for r in self._rules]
