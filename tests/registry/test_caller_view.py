@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from skilld.errors import GuestError
 from skilld.registry import Registry
@@ -139,3 +141,28 @@ def test_a_fresh_registry_has_the_policy_of_no_rules() -> None:
     with pytest.raises(GuestError):
         registry.view(CI).permit("tool", "x/y", "x")
     assert registry.view(Caller.local()).permit("tool", "x/y", "x").rule == "callers.open-local"
+
+
+_STRANGERS = st.one_of(
+    st.builds(Caller.token, st.text("xyz", min_size=1, max_size=6)),
+    st.builds(
+        lambda sub, groups: Caller.oauth(IDP, sub, groups=frozenset(groups)),
+        st.text("xyz", min_size=1, max_size=6),
+        st.sets(st.text("xyz", min_size=1, max_size=4), max_size=3),
+    ),
+    st.builds(lambda sub: Caller.oauth("https://evil.example", sub), st.text("xyz", min_size=1)),
+)
+
+
+# The registry is only read: one for every example is what the test means.
+@settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(stranger=_STRANGERS)
+def test_a_stranger_lists_nothing_and_calls_nothing(registry: Registry, stranger: Caller) -> None:
+    """A caller none of the rules names (its names drawn from x, y, z) gets nothing at all."""
+    assert names(registry, stranger) == {"tools": [], "prompts": [], "resources": [], "skills": []}
+    view = registry.view(stranger)
+    for tool in registry.tools():
+        with pytest.raises(GuestError):
+            view.permit("tool", tool.name, tool.skill_id)
