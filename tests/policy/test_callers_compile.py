@@ -130,12 +130,16 @@ def test_unknown_key_suggests_the_right_one(tmp_path: Path) -> None:
     assert err.hint is not None and "skills" in err.hint
 
 
-def test_unknown_skill_is_refused_when_skills_are_known(tmp_path: Path) -> None:
-    """With the bundle's skills known, skills: naming another is an error at its line."""
+def test_a_skill_the_bundle_does_not_hold_is_warned_about(tmp_path: Path) -> None:
+    """With the bundle's skills known, skills: naming another is a warning at its line (in a
+    cluster another node may serve it), with a did-you-mean when one is close."""
     text = "rules:\n  - who: local\n    skills:\n      - notes\n      - nots\n"
-    err = error_of(tmp_path, text, skills={"notes": None, "echo": None})
-    assert err.location == "policies/callers/team.yaml:5"
-    assert "unknown skill 'nots'" in err.message
+    root = write(tmp_path, {"team.yaml": text})
+    result = compile_policies(root, {"notes": None, "echo": None})
+    [warning] = [w for w in result.warnings if w.skill == "callers"]
+    assert warning.location == "policies/callers/team.yaml:5"
+    assert "'nots', which this bundle does not hold; did you mean 'notes'?" in warning.message
+    assert result.tables.callers["rules"][0]["skills"] == ("notes", "nots")  # type: ignore[index]
 
 
 def test_duplicate_ids_across_files_are_refused(tmp_path: Path) -> None:

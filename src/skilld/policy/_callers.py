@@ -26,6 +26,7 @@ existed until an allow rule names them (``skilld.permissions.CallerPolicy``).
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -113,7 +114,13 @@ def _segments_ok(text: str, where: Where, what: str) -> None:
             raise _fail(where, f"bad {what} pattern {text!r}: '**' must be a whole segment")
 
 
-def _target(kind: str, text: object, where: Where, skills: Mapping[str, Any] | None) -> str:
+def _target(
+    kind: str,
+    text: object,
+    where: Where,
+    skills: Mapping[str, Any] | None,
+    notes: list[tuple[str, str]],
+) -> str:
     if not isinstance(text, str) or not text:
         raise _fail(where, f"an entry of {kind} must be a non-empty string, got {text!r}")
     if kind == "skills":
@@ -122,8 +129,13 @@ def _target(kind: str, text: object, where: Where, skills: Mapping[str, Any] | N
         if not p.SKILL_ID.match(text):
             raise _fail(where, f"bad skill id {text!r} in skills")
         if skills is not None and text not in skills:
-            known = ", ".join(sorted(skills)) or "none"
-            raise _fail(where, f"skills names unknown skill {text!r}", f"known: {known}")
+            # Not provable here: in a cluster another node may serve it (an entry node
+            # lists its workers' skills under its own caller rules); likely a typo if close.
+            close = difflib.get_close_matches(text, list(skills), n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            notes.append(
+                (str(where), f"skills names '{text}', which this bundle does not hold{hint}")
+            )
         return text
     if kind == "resources":
         if not _URI_SCHEME.match(text) or text.split("://", 1)[1] == "":
@@ -148,7 +160,12 @@ def _target(kind: str, text: object, where: Where, skills: Mapping[str, Any] | N
 
 
 def _rule(
-    doc: str, index: int, m: Mapping[str, Any], where: Where, skills: Mapping[str, Any] | None
+    doc: str,
+    index: int,
+    m: Mapping[str, Any],
+    where: Where,
+    skills: Mapping[str, Any] | None,
+    notes: list[tuple[str, str]],
 ) -> dict[str, Any]:
     _check_keys(m, _RULE_KEYS, where, "a caller rule", ("who",))
     explicit = m.get("id")
@@ -184,7 +201,10 @@ def _rule(
         kw = _line(m, kind, where)
         items = _list(m[kind], kw, kind)
         targets[kind] = sorted(
-            {_target(kind, item, _line(items, i, kw), skills) for i, item in enumerate(items)}
+            {
+                _target(kind, item, _line(items, i, kw), skills, notes)
+                for i, item in enumerate(items)
+            }
         )
     if not any(targets.values()):
         raise _fail(
@@ -204,19 +224,22 @@ def _rule(
 
 def compile_callers(
     documents: Mapping[str, tuple[str, object]], skills: Mapping[str, Any] | None
-) -> dict[str, Any] | None:
-    """The ``callers`` table of ``policies/callers/*.yaml`` (file name → (label, YAML)).
+) -> tuple[dict[str, Any] | None, list[tuple[str, str]]]:
+    """The ``callers`` table of ``policies/callers/*.yaml`` (file name → (label, YAML)),
+    and warnings as (location, message).
 
     ``skills`` are the skills of the bundle when known: ``skills:`` naming another is
-    an error. ``None`` when there is no caller document at all (the tables then hold no
-    ``callers`` key, and every bundle built before caller rules keeps its digest).
+    warned about (another node of a cluster may serve it). The table is ``None`` when
+    there is no caller document at all (the tables then hold no ``callers`` key, and
+    every bundle built before caller rules keeps its digest).
 
     Raises:
         PolicyError: an unknown key, an impossible pattern or a duplicate rule id, with
             ``file:line``.
     """
+    notes: list[tuple[str, str]] = []
     if not documents:
-        return None
+        return None, notes
     rules: list[dict[str, Any]] = []
     seen: dict[str, str] = {}
     for name, (label, doc) in sorted(documents.items()):
@@ -232,7 +255,7 @@ def compile_callers(
         items = _list(m.get("rules", []), rw, "rules")
         for i, item in enumerate(items):
             at = _line(items, i, rw)
-            rule = _rule(stem, i, _mapping(item, at, "a caller rule"), at, skills)
+            rule = _rule(stem, i, _mapping(item, at, "a caller rule"), at, skills, notes)
             if rule["id"] in seen:
                 raise PolicyError(
                     f"rule id {rule['id']!r} is already used at {seen[rule['id']]}",
@@ -248,4 +271,4 @@ def compile_callers(
         for w in r["who"]
         if "principal" in w
     }
-    return {"rules": rules, "open": [k for k in UNAUTHENTICATED if k not in named]}
+    return {"rules": rules, "open": [k for k in UNAUTHENTICATED if k not in named]}, notes

@@ -354,7 +354,10 @@ def compile_documents(
     data: dict[str, Any] = {"format": FORMAT, "skills": out}
     if kit_tables:
         data["kits"] = kit_tables
-    caller_table = compile_callers(callers or {}, out if skills is not None else None)
+    caller_table, caller_notes = compile_callers(
+        callers or {}, out if skills is not None else None
+    )
+    warnings += [Finding(where, "callers", message) for where, message in caller_notes]
     if caller_table is not None:
         data["callers"] = caller_table
     tables = Tables.from_data(data)
