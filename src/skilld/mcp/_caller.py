@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from mcp import types
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.context import ServerRequestContext
+from mcp.shared.exceptions import MCPError
 from starlette.requests import Request
 
+from skilld.errors import GuestError
 from skilld.types import Caller
 
 
@@ -28,3 +31,14 @@ def caller_of(ctx: ServerRequestContext[Any, Any]) -> Caller:
         token = user.access_token
         return Caller.token(token.client_id, frozenset(token.scopes))
     return Caller.anonymous()
+
+
+def refused_error(refusal: GuestError) -> MCPError:
+    """A request the caller rules refused (``resources/read``, ``prompts/get``,
+    ``resources/subscribe``, ``skills/get``): JSON-RPC invalid params, the code and the
+    rule in the message (as a refused tool call's text has them) and in ``data``."""
+    return MCPError(
+        types.INVALID_PARAMS,
+        f"[{refusal.code}, rule {refusal.rule}] {refusal.message}",
+        data={"code": refusal.code, "rule": refusal.rule},
+    )

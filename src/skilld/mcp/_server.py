@@ -51,7 +51,7 @@ from skilld.errors import (
     UsageError,
 )
 from skilld.mcp import _skills_ext as skills_extension
-from skilld.mcp._caller import caller_of
+from skilld.mcp._caller import caller_of, refused_error
 from skilld.mcp._channel import LOG_LEVELS, SessionChannel
 from skilld.mcp._config import ServeConfig
 from skilld.mcp._metrics import Metrics
@@ -68,7 +68,7 @@ from skilld.mcp._tasks import (
     tasks_required,
 )
 from skilld.mcp._workers import WorkerPool
-from skilld.registry import CallerView, Dispatcher, Slot, Tool
+from skilld.registry import CallerView, Dispatcher, Slot, TargetKind, Tool
 from skilld.types import CallOutput, ContentBlock, PromptSpec, ResourceSpec
 
 T = TypeVar("T")
@@ -156,12 +156,6 @@ def error_text(exc: SkilldError) -> tuple[str, str | None, str]:
     code, rule = exc.code, exc.rule
     head = f"[{code}, rule {rule}]" if rule else f"[{code}]"
     return code, rule, f"{head} {SkilldError.__str__(exc)}"
-
-
-def _refused_error(refusal: GuestError) -> MCPError:
-    """A refused ``resources/read`` or ``prompts/get``: the rule in the message and data."""
-    code, rule, text = error_text(refusal)
-    return MCPError(types.INVALID_PARAMS, text, data={"code": code, "rule": rule})
 
 
 def _error_result(text: str) -> types.CallToolResult:
@@ -535,7 +529,13 @@ class McpService:
         return self.dispatcher.view(caller_of(ctx))
 
     def _not_permitted(
-        self, ctx: Ctx, kind: Any, name: str, skill: str, label: str, arguments: Mapping[str, Any]
+        self,
+        ctx: Ctx,
+        kind: TargetKind,
+        name: str,
+        skill: str,
+        label: str,
+        arguments: Mapping[str, Any],
     ) -> GuestError | None:
         """The refusal (counted and audited under ``label``) when the caller may not call the
         ``kind`` (tool, resource, prompt) named ``name``; else None.
@@ -1015,7 +1015,7 @@ class McpService:
             label = f"resource:{spec.uri}"
             refusal = self._not_permitted(ctx, "resource", uri, skill, label, {"uri": uri})
             if refusal is not None:
-                raise _refused_error(refusal)
+                raise refused_error(refusal)
             if not _modern(ctx):
                 contents = await self._guest_call(ctx, skill, label, read, arguments={"uri": uri})
             else:
@@ -1042,7 +1042,7 @@ class McpService:
         skill = self.dispatcher.resource_skill(uri)
         refusal = self._not_permitted(ctx, "resource", uri, skill, f"resource:{spec.uri}", {})
         if refusal is not None:
-            raise _refused_error(refusal)
+            raise refused_error(refusal)
         _session_state(ctx).setdefault(_SUBS_KEY, set()).add(uri)
         return types.EmptyResult()
 
@@ -1110,7 +1110,7 @@ class McpService:
             label = f"prompt:{spec.name}"
             refusal = self._not_permitted(ctx, "prompt", spec.name, skill, label, arguments)
             if refusal is not None:
-                raise _refused_error(refusal)
+                raise refused_error(refusal)
             if not _modern(ctx):
                 return await self._guest_call(ctx, skill, label, render, arguments=arguments)
             digest = self._digest(skill, spec.name, {"args": spec.arguments_schema})

@@ -28,7 +28,7 @@ from mcp.server.lowlevel.server import Server
 from mcp.shared.exceptions import MCPError
 
 from skilld.errors import GuestError
-from skilld.mcp._caller import caller_of
+from skilld.mcp._caller import caller_of, refused_error
 from skilld.registry import Dispatcher
 
 EXTENSION = "io.modelcontextprotocol/skills"
@@ -95,11 +95,7 @@ def register(server: Server[Any], dispatcher: Dispatcher) -> None:
             try:
                 dispatcher.view(caller_of(ctx)).permit("skill", sid, sid)
             except GuestError as exc:
-                raise MCPError(
-                    types.INVALID_PARAMS,
-                    f"[{exc.code}, rule {exc.rule}] {exc.message}",
-                    data={"code": exc.code, "rule": exc.rule},
-                ) from exc
+                raise refused_error(exc) from exc
             found = await anyio.to_thread.run_sync(make)
             return GetSkillResult(skill=found, ttl_ms=TTL_MS, cache_scope="private")
         raise MCPError(

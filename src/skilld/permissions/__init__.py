@@ -24,7 +24,13 @@ question, about a caller rather than a skill::
 from __future__ import annotations
 
 from skilld.errors import UsageError
-from skilld.permissions._callers import TARGET_KINDS, CallerPolicy, Target, open_rule
+from skilld.permissions._callers import (
+    TARGET_KINDS,
+    CallerPolicy,
+    Target,
+    TargetKind,
+    open_rule,
+)
 from skilld.permissions._checker import (
     DEFAULT_DENY,
     FS_READ_ACTIONS,
@@ -68,6 +74,7 @@ __all__ = [
     "NormalUrl",
     "SkillPermissions",
     "Target",
+    "TargetKind",
     "UrlRefused",
     "check_text",
     "explain",

@@ -14,7 +14,7 @@
 # A backend's methods take the call's context: part of this package's contract, so that
 # backends outside the sandbox (a cluster's remote skills) need not reach into it.
 from skilld.call import CallContext, CallGate, Slot
-from skilld.permissions import CallerPolicy, Target
+from skilld.permissions import CallerPolicy, Target, TargetKind
 from skilld.policy import Exposure
 from skilld.registry._access import CallerView
 from skilld.registry._catalogue import Catalogue, SkillEntry, annotations_for, per_skill_schema
@@ -43,6 +43,7 @@ __all__ = [
     "SkillEntry",
     "Slot",
     "Target",
+    "TargetKind",
     "Tool",
     "ToolAnnotations",
     "annotations_for",

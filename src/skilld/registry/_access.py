@@ -14,8 +14,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from skilld.errors import ErrorCode, GuestError, RegistryError
-from skilld.permissions import CallerPolicy, Target
-from skilld.permissions._callers import TargetKind
+from skilld.permissions import CallerPolicy, Target, TargetKind
 from skilld.registry._contract import Tool
 from skilld.types import Caller, Decision, PromptSpec, ResourceSpec
 
