@@ -6,7 +6,6 @@ server is a real process; the clients are the MCP SDK's, one per bearer token.
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -20,15 +19,11 @@ from mcp.client.streamable_http import streamable_http_client
 
 from skilld.bundle import build_bundle
 from skilld.sandbox import Sandbox
+from support.callers import token_principal
 from support.env import SKILLS, cache_dir
 from support.serve_process import ServeProcess
 
 ALPHA, BETA = "alpha-token-0123456789", "beta-token-0123456789"
-
-
-def principal(token: str) -> str:
-    """The name a token of the token file is known by (its digest's prefix)."""
-    return "token-" + hashlib.sha256(token.encode()).hexdigest()[:12]
 
 
 def build(root: Path, sandbox: Sandbox, callers: str | None) -> Path:
@@ -50,7 +45,7 @@ def build(root: Path, sandbox: Sandbox, callers: str | None) -> Path:
 @pytest.fixture(scope="module")
 def bundle(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The bundle whose caller rules give alpha's token echo, and beta's nothing."""
-    rules = f"rules:\n  - id: alpha-echo\n    who: [{{token: {principal(ALPHA)}}}]\n"
+    rules = f"rules:\n  - id: alpha-echo\n    who: [{{token: {token_principal(ALPHA)}}}]\n"
     return build(tmp_path_factory.mktemp("callers"), sandbox, rules + "    skills: [echo]\n")
 
 
