@@ -263,3 +263,18 @@ def test_explain_caller_usage_errors(
     """A question explain --caller cannot ask exits 2 and says what to write."""
     assert main(["policy", "explain", *argv, "--policies", POLICIES]) == 2
     assert words in capsys.readouterr().err
+
+
+def test_explain_caller_reads_compiled_tables(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """explain --caller --tables answers from compiled tables, naming the rule's source."""
+    out = tmp_path / "tables.json"
+    assert main(["policy", "compile", POLICIES, "-o", str(out)]) == 0
+    capsys.readouterr()
+    argv = ["policy", "explain", "--caller", "token:ci", "tool.call", "notes/add"]
+    assert main([*argv, "--tables", str(out)]) == 0
+    assert "rule: callers.notes-writers (policies/callers/team.yaml:3)" in capsys.readouterr().out
+    argv = ["policy", "explain", "--caller", "token:other", "tool.list", "notes/add"]
+    assert main([*argv, "--tables", str(out)]) == 1
+    assert "rule: default-deny" in capsys.readouterr().out
