@@ -149,3 +149,12 @@ def test_duplicate_ids_across_files_are_refused(tmp_path: Path) -> None:
         compile_policies(write(tmp_path, {"a.yaml": one, "b.yaml": one}))
     assert info.value.location == "policies/callers/b.yaml:2"
     assert "already used at policies/callers/a.yaml:2" in info.value.message
+
+
+def test_malformed_caller_tables_are_refused_at_load(tmp_path: Path) -> None:
+    """Tables whose callers key is not a caller table fail to load, naming the file."""
+    path = tmp_path / "tables.json"
+    path.write_text('{"format": "skilld-policy-tables/1", "skills": {}, "callers": {"rules": 1}}')
+    with pytest.raises(PolicyError) as info:
+        load_tables(path)
+    assert info.value.location == str(path) and "caller table" in info.value.message
