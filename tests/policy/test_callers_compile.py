@@ -5,9 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from skilld.errors import PolicyError
-from skilld.policy import compile_policies, load_tables
+from skilld.policy import compile_documents, compile_policies, load_tables
 
 RULE = """\
 rules:
@@ -158,3 +160,64 @@ def test_malformed_caller_tables_are_refused_at_load(tmp_path: Path) -> None:
     with pytest.raises(PolicyError) as info:
         load_tables(path)
     assert info.value.location == str(path) and "caller table" in info.value.message
+
+
+_SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-3, 3),
+    st.sampled_from(["", "*", "**", "local", "ci", "notes", "echo/*", "a**", "skill://x/**"]),
+    st.text(max_size=8),
+)
+_VALUES = st.recursive(
+    _SCALARS,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.dictionaries(
+            st.sampled_from(
+                ["token", "issuer", "subject", "group", "scope", "id", "who", "may", "skills"]
+            ),
+            inner,
+            max_size=3,
+        ),
+    ),
+    max_leaves=8,
+)
+_WHO = st.one_of(
+    st.sampled_from(["local", "anonymous", "authenticated", {"token": "ci"}, {"scope": "s"}]),
+    st.fixed_dictionaries(
+        {"issuer": st.sampled_from(["https://idp.example.com", "idp", 7])},
+        optional={"subject": _SCALARS, "group": _SCALARS, "scope": _SCALARS},
+    ),
+    _VALUES,
+)
+_TARGETS = st.one_of(
+    st.sampled_from([["*"], ["notes"], ["echo/*", "a/**"], ["skill://x/**"]]),
+    st.lists(_SCALARS, max_size=3),
+    _VALUES,
+)
+# Mostly well-formed rules with one or two odd values, so the compiler goes deep.
+_RULES = st.fixed_dictionaries(
+    {"who": st.one_of(_WHO, st.lists(_WHO, max_size=3))},
+    optional={
+        "id": _SCALARS,
+        "may": st.one_of(st.sampled_from([["list"], ["call", "list"]]), _VALUES),
+        "effect": st.one_of(st.sampled_from(["allow", "deny"]), _SCALARS),
+        "skills": _TARGETS,
+        "tools": _TARGETS,
+        "prompts": _TARGETS,
+        "resources": _TARGETS,
+        "wat": _SCALARS,
+    },
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(doc=st.one_of(_VALUES, st.fixed_dictionaries({"rules": st.lists(_RULES, max_size=3)})))
+def test_any_document_compiles_or_is_refused_with_its_file(doc: object) -> None:
+    """Whatever a caller document holds, the compiler answers with tables or a PolicyError
+    located in that file, never another exception."""
+    try:
+        compile_documents({}, callers={"team.yaml": ("policies/callers/team.yaml", doc)})
+    except PolicyError as exc:
+        assert (exc.location or "").startswith("policies/callers/team.yaml"), exc
