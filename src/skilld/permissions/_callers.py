@@ -201,10 +201,12 @@ class _Side:
 
 @dataclass(slots=True)
 class _Grant:
-    """Everything one principal's rules say, per action: the deny side and the allow side."""
+    """Everything one principal's rules say, per action: the deny side and the allow side,
+    and the principal's key (what decisions name)."""
 
     deny: dict[str, _Side]
     allow: dict[str, _Side]
+    key: str
 
 
 class CallerPolicy:
@@ -272,7 +274,7 @@ class CallerPolicy:
             if rule.names(principal):
                 for action in rule.actions:
                     (deny if rule.deny else allow)[action].add(rule)
-        grant = _Grant(deny, allow)
+        grant = _Grant(deny, allow, principal.key)
         with self._lock:
             if len(self._grants) >= _CACHE_MAX:
                 self._grants.clear()
@@ -284,20 +286,21 @@ class CallerPolicy:
 
         Never raises: an action other than ``list``/``call`` is a ``default-deny``.
         """
-        principal = caller.principal
+        # Most callers are their own principal: skip the walk along ``via`` for them.
+        principal = caller if caller.via is None else caller.principal
         grant = self._grant(principal)
         text = str(target)
         deny = grant.deny.get(action)
         rid = deny.find(target) if deny is not None else None
         if rid is not None:
             return Decision(
-                False, CAPABILITY, action, text, rid, f"{rid} forbids {caller.key} to {action} it"
+                False, CAPABILITY, action, text, rid, f"{rid} forbids {grant.key} to {action} it"
             )
         allow = grant.allow.get(action)
         rid = allow.find(target) if allow is not None else None
         if rid is not None:
             return Decision(
-                True, CAPABILITY, action, text, rid, f"{rid} lets {caller.key} {action} it"
+                True, CAPABILITY, action, text, rid, f"{rid} lets {grant.key} {action} it"
             )
         if principal.kind in self._open and action in ("list", "call"):
             return Decision(
@@ -314,5 +317,5 @@ class CallerPolicy:
             action,
             text,
             DEFAULT_DENY,
-            f"no caller rule lets {caller.key} {action} the {text}; add one to policies/callers/",
+            f"no caller rule lets {grant.key} {action} the {text}; add one to policies/callers/",
         )
