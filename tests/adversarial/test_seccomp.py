@@ -731,7 +731,7 @@ remote = (ctypes.c_uint64 * 2)(id(0), 8)
 call("process_vm_readv", 310, child, local, 1, remote, 1, 0)
 call("process_vm_writev", 311, child, local, 1, remote, 1, 0)
 call("kcmp", 312, os.getpid(), child, 0, 0, 0)
-pidfd = os.pidfd_open(child)
+pidfd = call("pidfd_open", 434, child, 0)
 call("pidfd_getfd", 438, pidfd, 0, 0)
 call("process_madvise", 440, pidfd, local, 1, 21, 0)
 os.close(w_fd)
@@ -740,12 +740,15 @@ os.waitpid(child, 0)
 
 
 def test_other_processes_cannot_be_traced_or_read() -> None:
-    """ptrace (attach, seize), process_vm_readv/writev, kcmp, pidfd_getfd and
-    process_madvise of the command's own child are refused; unconfined, the same
-    probe attaches and reads its child's memory."""
+    """ptrace (attach, seize), process_vm_readv/writev, kcmp, pidfd_open (``ENOSYS``:
+    callers fall back to waitpid), pidfd_getfd and process_madvise of the command's own
+    child are refused; unconfined, the same probe attaches, reads its child's memory
+    and opens a pidfd."""
     control = answers(unconfined(PTRACE).stdout)
     assert control["ptrace-attach"] == control["process_vm_readv"] == "ok"
+    assert control["pidfd_open"] == "ok"
     result = probe(PTRACE)
+    refused(result.stdout, ["pidfd_open"], "ENOSYS")
     refused(
         result.stdout,
         [
@@ -846,9 +849,20 @@ def test_without_the_metadata_rules_landlock_alone_lets_chmod_through(
     real = _seccomp.compile_filter
 
     def no_metadata(
-        *, unix_sockets: bool, udp: bool, metadata: bool, local_sockets: bool = False
+        *,
+        unix_sockets: bool,
+        udp: bool,
+        metadata: bool,
+        local_sockets: bool = False,
+        ipc: bool = True,
     ) -> bytes:
-        return real(unix_sockets=unix_sockets, udp=udp, metadata=False, local_sockets=local_sockets)
+        return real(
+            unix_sockets=unix_sockets,
+            udp=udp,
+            metadata=False,
+            local_sockets=local_sockets,
+            ipc=ipc,
+        )
 
     monkeypatch.setattr(_seccomp, "compile_filter", no_metadata)
     got = answers(metadata_probe(files).stdout)

@@ -483,6 +483,54 @@ def kill_descendants(reaped: dict[int, int] | None = None) -> None:
             reaped[pid] = status
 
 
+# -- the tree's memory -----------------------------------------------------------
+
+# How often C measures its tree against a memory limit (the fallback where no cgroup
+# can be had): a tree allocating faster than this lets it overshoot by what it takes
+# in one interval.
+MEMORY_POLL_S = 0.01
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def descendants() -> list[int]:
+    """Every process below this one (the subreaper's tree), read from each task's
+    ``children`` list: a child forked by a thread is listed under that thread."""
+    found: list[int] = []
+    todo = _children()
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")  # noqa: PTH208 - no pathlib in the launcher
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                    todo += [int(p) for p in f.read().split()]
+            except OSError:
+                continue
+    return found
+
+
+def tree_memory() -> int:
+    """Bytes of memory the tree holds: each process's anonymous and shared-memory
+    resident pages (``RssAnon`` + ``RssShmem`` of ``/proc/PID/status``, readable by any
+    uid). Pages shared after a ``fork`` count once per process: the sum errs high."""
+    total = 0
+    for pid in descendants():
+        try:
+            with open(f"/proc/{pid}/status", "rb") as f:
+                text = f.read()
+        except OSError:
+            continue
+        for key in (b"RssAnon:", b"RssShmem:"):
+            at = text.find(key)
+            if at >= 0:
+                total += int(text[at + len(key) : text.index(b"k", at)]) * 1024
+    return total
+
+
 # -- the per-call workspace -----------------------------------------------------
 
 
@@ -799,12 +847,15 @@ def _call(call: int, stdio: tuple[int, int, int]) -> None:
         poller.register(pidfd, select.POLLIN)
         poller.register(call, select.POLLIN)
         until = spec["until"]
+        memory = spec.get("memory")
         ended = "killed"
+        held = 0
         while True:
             left = until - time.monotonic()
             if left <= 0:
                 break
-            ready = dict(poller.poll(min(int(left * 1000) + 1, 1 << 30)))
+            wait = left if memory is None else min(left, MEMORY_POLL_S)
+            ready = dict(poller.poll(min(int(wait * 1000) + 1, 1 << 30)))
             if pidfd in ready:
                 ended = "exited"
                 break
@@ -812,6 +863,11 @@ def _call(call: int, stdio: tuple[int, int, int]) -> None:
                 # ``K`` or EOF (the host is gone): either way the tree ends.
                 os.read(call, 1)
                 break
+            if memory is not None:
+                held = tree_memory()
+                if held > memory:
+                    ended = "memory"
+                    break
         reaped: dict[int, int] = {}
         if ended == "exited":
             _, status = os.waitpid(child, 0)
@@ -827,7 +883,9 @@ def _call(call: int, stdio: tuple[int, int, int]) -> None:
         if as_skill:
             os.setresuid(-1, os.getuid(), -1)
         waited = reaped.get(child)
-        if ended != "exited" or waited is None:
+        if ended == "memory":
+            _status(call, "memory", held)
+        elif ended != "exited" or waited is None:
             _status(call, "killed", 0)
         elif os.WIFSIGNALED(waited):
             _status(call, "signal", os.WTERMSIG(waited))

@@ -89,10 +89,13 @@ class ResourceLimits:
     ``processes`` bounds the command's whole tree: RLIMIT_NPROC, counted per uid (the
     skill's, which is never root: concurrent calls of one skill share it; with a shared
     identity, on top of what skilld's uid already runs). ``cpu_seconds`` of ``None`` is
-    the deadline's length rounded up.
+    the deadline's length rounded up. ``memory`` bounds the whole tree together (bytes
+    of anonymous and shared memory its processes hold, measured by the launcher's
+    per-call reaper every 10 ms; over it, the tree is killed and the result says so).
     """
 
     address_space: int | None = 4 << 30
+    memory: int | None = None
     cpu_seconds: int | None = None
     processes: int = 64
     file_size: int | None = 1 << 30
@@ -142,7 +145,8 @@ class ProcessResult:
 
     ``exit_code`` is ``None`` when a signal ended it (``signal``); ``dropped`` counts
     output bytes read past the cap and thrown away; ``timed_out`` says the deadline
-    ended the tree, ``cancelled`` that the caller's ``cancelled()`` did.
+    ended the tree, ``cancelled`` that the caller's ``cancelled()`` did, ``memory`` (the
+    bytes measured, else 0) that the tree went over its ``ResourceLimits.memory``.
     """
 
     exit_code: int | None
@@ -153,6 +157,7 @@ class ProcessResult:
     timed_out: bool
     duration: float
     cancelled: bool = False
+    memory: int = 0
 
 
 def landlock_abi() -> int:
@@ -494,13 +499,16 @@ def _spec(
         processes += _shared_tasks(int(hello["uid"]))
     seconds = max(deadline - time.monotonic(), 0.0)
     cpu = lim.cpu_seconds if lim.cpu_seconds is not None else math.ceil(seconds) + 1
+    spaces = _client.namespaces(hello, _filters.available(), abi)
     bpf = _filters.program(
         unix_sockets=_filters.names_socket((*confinement.read_only, *confinement.read_write)),
         udp=confinement.network,
         metadata=not separate,
         local_sockets=bool(confinement.socket_dirs),
+        # Without an IPC namespace of its own, System V IPC and message queues are the
+        # host's: one call could plant what a later call of another client reads.
+        ipc="ipc" not in spaces,
     )
-    spaces = _client.namespaces(hello, bpf is not None, abi)
     unshare = la.CLONE_NEWIPC if "ipc" in spaces else 0
     if "net" in spaces and not confinement.shares_network:
         unshare |= la.CLONE_NEWNET
@@ -518,6 +526,7 @@ def _spec(
         "temp_paths": list(confinement.temp_paths),
         "seccomp": bpf,
         "until": deadline + _KILL_GRACE_S,
+        "memory": lim.memory,
         "rlimits": {
             "RLIMIT_AS": lim.address_space,
             "RLIMIT_CPU": cpu,
@@ -822,6 +831,12 @@ def _run(
     duration = time.monotonic() - start
     status = _parse_status(bytes(call.status))
     out, err = bytes(call.out), bytes(call.err)
+    for kind, value, _ in status:
+        if kind == "memory":
+            # The reaper ended the tree: over its memory limit, whatever came after.
+            return ProcessResult(
+                None, signal.SIGKILL, out, err, call.dropped, False, duration, memory=value
+            )
     if any(kind == "killed" for kind, _, _ in status):
         # On request, or (``exited``) by the launcher's own deadline backstop.
         return ProcessResult(
