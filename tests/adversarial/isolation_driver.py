@@ -59,6 +59,21 @@ for i, pid in enumerate(int(p) for p in sys.argv[1:]):
 """
 )
 
+# Which processes share this one's uid, by stat() of /proc/PID for every pid up to a
+# little past its own (Landlock refuses listing /proc, not stat): the first step of the
+# attack, finding another call's processes (started before this one).
+PROC = """\
+import json, os
+me, mine = os.getuid(), []
+for pid in range(1, os.getpid() + 2000):
+    try:
+        if os.stat(f"/proc/{pid}").st_uid == me:
+            mine.append(pid)
+    except OSError:
+        pass
+print(json.dumps({"uid": me, "self": os.getpid(), "same_uid": mine}))
+"""
+
 # Plants System V shared memory and a message for whoever comes next.
 PLANT = (
     PRELUDE
@@ -240,6 +255,39 @@ def reach() -> dict[str, Any]:
     }
 
 
+def proc() -> dict[str, Any]:
+    """While a call of a skill runs, another call of the same skill looks for processes
+    of its own uid in /proc."""
+    marker = f"victim-{os.getpid()}"
+    stop = threading.Event()
+    victim: dict[str, Any] = {}
+
+    def run_victim() -> None:
+        code = "import os, time\nprint(os.getuid(), flush=True)\ntime.sleep(120)"
+        r = confined(code, marker, skill="s", seconds=60, cancelled=stop.is_set)
+        victim.update(uid=int(r.stdout or 0))
+
+    thread = threading.Thread(target=run_victim)
+    thread.start()
+    try:
+        pid = find(marker, time.monotonic() + 20)
+        seen = json.loads(confined(PROC, skill="s").stdout)
+    finally:
+        stop.set()
+        thread.join()
+    again = json.loads(confined(PROC, skill="s").stdout)
+    return {
+        "seen": seen,
+        "victim": pid,
+        "victim_uid": victim["uid"],
+        "skilld": os.getpid(),
+        "launcher": confine.start().proc.pid,
+        "group": confine.uid_for("s") if confine.profile().identity == "separate" else None,
+        "next_uid": again["uid"],
+        "profile": confine.profile().describe(),
+    }
+
+
 def ipc() -> dict[str, Any]:
     """One call plants System V IPC objects; a later call of another skill reads."""
     key = str(0x5C000000 + os.getpid())
@@ -279,7 +327,7 @@ def main() -> None:
     """Start as ``skilld serve`` does, run the scenario, print its JSON."""
     confine.start_from_env()
     limits = resource.getrlimit(resource.RLIMIT_CPU)
-    out = {"reach": reach, "ipc": ipc, "memory": memory}[SCENARIO]()
+    out = {"reach": reach, "proc": proc, "ipc": ipc, "memory": memory}[SCENARIO]()
     out["skilld_limits_unchanged"] = resource.getrlimit(resource.RLIMIT_CPU) == limits
     print(json.dumps(out))
     confine.shutdown()

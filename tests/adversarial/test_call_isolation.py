@@ -21,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from skilld.confine._identity import SLOT
+
 ROOT = Path(__file__).resolve().parents[2]
 DRIVER = Path(__file__).with_name("isolation_driver.py")
 
@@ -79,6 +81,26 @@ def test_a_call_reaches_neither_another_call_nor_skilld(mode: str) -> None:
     assert out["skilld_limits_unchanged"], out
     assert out["control"] == {f"{name}0": "ok" for name in REACH}, out
     assert out["control_changed"], out
+
+
+@pytest.mark.parametrize("mode", ["root", "run-as", "shared"])
+def test_a_call_finds_no_other_process_of_its_uid(mode: str) -> None:
+    """Every call runs as a uid of its own (from its skill's slot, in the skill's group):
+    while another call of the same skill runs, stat() of every /proc/PID finds no
+    process of its uid but itself; the uid is given back after the call. Control: with
+    a shared identity (no uid to give each call), the same scan finds the other call,
+    skilld and the launcher (which the reach test shows it cannot touch)."""
+    out = drive(mode, "proc")
+    seen = out["seen"]
+    if mode == "shared":
+        assert {out["victim"], out["skilld"], out["launcher"]} <= set(seen["same_uid"]), out
+        return
+    assert seen["same_uid"] == [seen["self"]], out
+    group = out["group"]
+    assert group < seen["uid"] < group + SLOT and group < out["victim_uid"] < group + SLOT
+    assert seen["uid"] != out["victim_uid"], out
+    # Alone, the next call takes the lowest free uid again: the victim's was given back.
+    assert out["next_uid"] == min(seen["uid"], out["victim_uid"]), out
 
 
 @pytest.mark.parametrize("mode", ["root", "run-as", "shared", "shared-no-namespaces"])

@@ -385,7 +385,7 @@ class NativeExecutor:
         readable = [str(self.root), *([str(self.env)] if self.env else [])]
         home = private or workspace
         # Both live in the call's one directory (its mount and its cap), handed to the
-        # skill's uid for the call and back after it.
+        # call's uid for the call and back after it.
         call_dir = workspace if private is None else workspace.parent
         if private is not None and private.parent != call_dir:
             raise GuestError(

@@ -13,13 +13,14 @@ Three kinds of processes::
       │              CTL_FD (a byte and four descriptors: the call socket, stdin, stdout,
       │              stderr), forks C, reaps; kills any orphan that reaches it
       └─ C           one per command: a child subreaper. Reads the spec from the call
-           │         socket, hands the per-call workspace to the skill's uid, forks G,
-           │         waits for G, a kill request (``K``, or EOF: the host is gone) or the
-           │         deadline; then SIGKILLs every descendant until ``wait`` says ECHILD
+           │         socket, hands the per-call workspace to the call's uid, forks G,
+           │         waits for G, a kill request (``K``, or EOF: the host is gone), the
+           │         deadline or the tree over its memory limit (measured every 10 ms:
+           │         ``tree_memory``); then SIGKILLs every descendant until ``wait`` says ECHILD
            │         (``setsid`` does not leave a subreaper), gives the workspace back,
            │         writes the status line and exits
            └─ G      the command's own process: a new session and keyring, net and IPC
-                     namespaces where they can be made, the skill's uid and gid (no
+                     namespaces where they can be made, the call's uid and the skill's gid (no
                      supplementary groups), no capabilities, rlimits, no_new_privs,
                      Landlock, the seccomp filter, then ``execve``
 
@@ -422,6 +423,9 @@ def _command(spec: Mapping[str, Any], call: int, stdio: tuple[int, int, int]) ->
         if identity is not None:
             drop_bounding_set()
             switch_identity(*identity)
+            # The call's own uid, the skill's group: what it makes in the skill's grants
+            # stays writable by the skill's later calls, which run as other uids.
+            os.umask(0o002)
         set_capabilities(0)
         _limits(spec["rlimits"])
         try:
@@ -534,9 +538,10 @@ def tree_memory() -> int:
 # -- the per-call workspace -----------------------------------------------------
 
 
-def hand_over(path: str, frm: int, to: int, *, owner_view: bool) -> None:
-    """Give every entry under ``path`` (and itself) owned by ``frm`` to ``to`` (uid and
-    gid), by descriptor and never through a link; hard-linked files are left alone.
+def hand_over(path: str, frm: int, to: int, *, owner_view: bool, group: int | None = None) -> None:
+    """Give every entry under ``path`` (and itself) owned by ``frm`` to ``to`` (uid, and
+    gid ``group``, else ``to``), by descriptor and never through a link; hard-linked
+    files are left alone.
 
     ``owner_view``: this process acts with ``frm``'s effective uid and no DAC override
     (the image's launcher), so a directory is first made readable to its owner.
@@ -555,13 +560,16 @@ def hand_over(path: str, frm: int, to: int, *, owner_view: bool) -> None:
     try:
         st = os.fstat(fd)
         if st.st_uid == frm:
-            _hand_over_dir(fd, frm, to, owner_view)
-            os.fchown(fd, to, to)
+            gid = to if group is None else group
+            _hand_over_dir(fd, frm, (to, gid), owner_view)
+            os.fchown(fd, to, gid)
     finally:
         os.close(fd)
 
 
-def _hand_over_dir(fd: int, frm: int, to: int, owner_view: bool, depth: int = 0) -> None:
+def _hand_over_dir(
+    fd: int, frm: int, to: tuple[int, int], owner_view: bool, depth: int = 0
+) -> None:
     if depth > 64:
         return
     try:
@@ -589,12 +597,12 @@ def _hand_over_dir(fd: int, frm: int, to: int, owner_view: bool, depth: int = 0)
             try:
                 if os.fstat(sub).st_uid == frm:
                     _hand_over_dir(sub, frm, to, owner_view, depth + 1)
-                    os.fchown(sub, to, to)
+                    os.fchown(sub, *to)
             finally:
                 os.close(sub)
         elif st.st_nlink == 1 or stat.S_ISLNK(st.st_mode):
             with contextlib.suppress(OSError):
-                os.chown(entry.name, to, to, dir_fd=fd, follow_symlinks=False)
+                os.chown(entry.name, *to, dir_fd=fd, follow_symlinks=False)
 
 
 def sweep_sockets(dirs: Any, uid: int, since: float) -> None:
@@ -640,14 +648,17 @@ def temp_name(path: str) -> str:
     return name
 
 
-def make_temp_paths(paths: Any, uid: int) -> list[tuple[str, int, int, int]]:
-    """Make each of ``paths`` (``/tmp/NAME``) a fresh directory of ``uid``, mode 0700,
-    locked (``flock``) for the call: ``(name, fd, st_dev, st_ino)`` each.
+def make_temp_paths(
+    paths: Any, uid: int, gid: int, slot: tuple[int, int] | None = None
+) -> list[tuple[str, int, int, int]]:
+    """Make each of ``paths`` (``/tmp/NAME``) a fresh directory of ``uid`` and ``gid``,
+    mode 0700, locked (``flock``) for the call: ``(name, fd, st_dev, st_ino)`` each.
 
     Never through a link: ``mkdir``, then ``open(O_DIRECTORY|O_NOFOLLOW)`` and ``fstat``.
-    A directory ``uid`` already owns there is a leftover of a call that died with its
-    launcher: emptied and used, unless another call holds its lock. Anything else at
-    the name (a link, a file, another uid's directory) refuses the call, untouched.
+    A directory of the skill's group owned by a uid of its ``slot`` (``uid`` itself
+    without one) is a leftover of a call that died with its launcher: emptied, given to
+    ``uid`` and used, unless another call holds its lock. Anything else at the name (a
+    link, a file, another uid's directory) refuses the call, untouched.
 
     Raises:
         TempPathRefused: naming the path and why; what was made so far is removed.
@@ -658,7 +669,7 @@ def make_temp_paths(paths: Any, uid: int) -> list[tuple[str, int, int, int]]:
     tmp = os.open(TEMP_PARENT, _DIR_FLAGS)
     try:
         for path in paths:
-            made.append(_make_temp_path(tmp, path, uid))
+            made.append(_make_temp_path(tmp, path, (uid, gid), slot or (uid, uid)))
     except BaseException:
         remove_temp_paths(made)
         raise
@@ -667,7 +678,9 @@ def make_temp_paths(paths: Any, uid: int) -> list[tuple[str, int, int, int]]:
     return made
 
 
-def _make_temp_path(tmp: int, path: str, uid: int) -> tuple[str, int, int, int]:
+def _make_temp_path(
+    tmp: int, path: str, owner: tuple[int, int], slot: tuple[int, int]
+) -> tuple[str, int, int, int]:
     name = temp_name(path)
     try:
         os.mkdir(name, 0o700, dir_fd=tmp)
@@ -687,29 +700,32 @@ def _make_temp_path(tmp: int, path: str, uid: int) -> tuple[str, int, int, int]:
             "who made it)"
         ) from None
     try:
-        st = _claim(fd, path, uid, fresh=fresh)
+        st = _claim(fd, path, owner, slot, fresh=fresh)
     except BaseException:
         os.close(fd)
         raise
     return name, fd, st.st_dev, st.st_ino
 
 
-def _claim(fd: int, path: str, uid: int, *, fresh: bool) -> os.stat_result:
-    """Make the directory ``fd`` (at ``path``) ``uid``'s for the call, locked and empty.
+def _claim(
+    fd: int, path: str, owner: tuple[int, int], slot: tuple[int, int], *, fresh: bool
+) -> os.stat_result:
+    """Make the directory ``fd`` (at ``path``) ``owner``'s (uid, gid) for the call,
+    locked and empty.
 
     Raises:
-        TempPathRefused: another uid owns it, or another call holds it.
+        TempPathRefused: a uid outside the skill's slot owns it, or another call holds it.
     """
     st = os.fstat(fd)
+    ours = slot[0] <= st.st_uid <= slot[1] and st.st_gid == owner[1]
     if fresh:
         # Mode first: after the chown a launcher that is not root no longer owns it.
         os.fchmod(fd, 0o700)
-        if st.st_uid != uid:
-            os.fchown(fd, uid, uid)
-    elif st.st_uid != uid:
+    elif not ours:
         raise TempPathRefused(
-            f"{path} already exists and belongs to uid {st.st_uid}, not to this skill's "
-            f"uid {uid}; it was left alone (remove it, or find who made it)"
+            f"{path} already exists and belongs to uid {st.st_uid} gid {st.st_gid}, not to "
+            f"this skill (uids {slot[0]}-{slot[1]}, group {owner[1]}); it was left alone "
+            "(remove it, or find who made it)"
         )
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -722,7 +738,9 @@ def _claim(fd: int, path: str, uid: int, *, fresh: bool) -> os.stat_result:
                 raise TempPathRefused(
                     f"{path} is a leftover of this skill that could not be emptied; remove it"
                 )
-    return st
+    if (st.st_uid, st.st_gid) != owner:
+        os.fchown(fd, *owner)
+    return os.fstat(fd)
 
 
 _DEEP = 32
@@ -811,7 +829,7 @@ def _read_spec(call: int) -> Any:
 
 
 def _as_skill(spec: Mapping[str, Any]) -> bool:
-    """Act as the skill's uid (effective only) where this launcher is not root: then
+    """Act as the call's uid (effective only) where this launcher is not root: then
     its SIGKILLs reach the skill's processes and its directories can be read."""
     identity = spec["identity"]
     if identity is None or os.geteuid() == 0:
@@ -830,11 +848,10 @@ def _call(call: int, stdio: tuple[int, int, int]) -> None:
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
         spec = _read_spec(call)
         identity, owner, workspace = spec["identity"], spec["owner"], spec["workspace"]
-        temps = make_temp_paths(
-            spec.get("temp_paths"), os.geteuid() if identity is None else identity[0]
-        )
+        uid, gid = (os.geteuid(), os.getegid()) if identity is None else identity
+        temps = make_temp_paths(spec.get("temp_paths"), uid, gid, spec.get("slot"))
         if identity is not None and workspace:
-            hand_over(workspace, owner, identity[0], owner_view=False)
+            hand_over(workspace, owner, uid, owner_view=False, group=gid)
         # Whole seconds: a file's ctime may be taken from a coarser clock than time().
         started = int(time.time()) - 1
         child = os.fork()

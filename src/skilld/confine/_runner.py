@@ -465,8 +465,9 @@ _warned: set[tuple[str, int]] = set()
 
 
 def _warn_unwritable(confinement: Confinement, uid: int) -> None:
-    """Log, once per grant and uid, a read-write grant the skill's uid cannot write to
-    (the operator has to ``chown`` it; the command runs and gets "Permission denied")."""
+    """Log, once per grant and skill, a read-write grant the calls of the skill numbered
+    ``uid`` cannot write to (the operator has to ``chown`` and ``chmod g+w`` it; the
+    command runs and gets "Permission denied")."""
     for path in confinement.read_write:
         if path == confinement.workspace or (path, uid) in _warned:
             continue
@@ -485,16 +486,14 @@ def _spec(
     cwd: str,
     env: Mapping[str, str],
     deadline: float,
+    identity: tuple[int, int] | None,
 ) -> dict[str, Any]:
     hello = _client.launcher().hello
-    separate = _client.identity_mode(hello) == "separate"
-    identity = None
+    separate = identity is not None
     lim = confinement.limits
     processes = lim.processes
-    if separate:
-        uid = _identity.uid_for(confinement.skill, _client.forbidden_uids(hello))
-        identity = (uid, uid)
-        _warn_unwritable(confinement, uid)
+    if identity is not None:
+        _warn_unwritable(confinement, identity[1])
     else:
         processes += _shared_tasks(int(hello["uid"]))
     seconds = max(deadline - time.monotonic(), 0.0)
@@ -520,6 +519,8 @@ def _spec(
         "landlock": _landlock(abi, confinement, program, env),
         "unshare": unshare,
         "identity": identity,
+        # The uids of the skill's slot: what a leftover temporary path may belong to.
+        "slot": (identity[1], identity[1] + _identity.SLOT - 1) if identity else None,
         "owner": int(hello["uid"]),
         "workspace": confinement.workspace if separate else None,
         "socket_dirs": list(confinement.socket_dirs),
@@ -601,6 +602,8 @@ class _Call:
         self.cap = cap
         self.out, self.err, self.status = bytearray(), bytearray(), bytearray()
         self.dropped = 0
+        # The launcher has the command (it may run), and has reported its end.
+        self.sent = self.reported = False
 
     def close_child_side(self) -> None:
         # The launcher holds its own copies once they are sent; once only, as above.
@@ -641,6 +644,7 @@ class _Call:
             ) from exc
         finally:
             self.close_child_side()
+        self.sent = True
         body = marshal.dumps(spec)
         try:
             self.sock.sendall(len(body).to_bytes(4, "little") + body)
@@ -702,6 +706,7 @@ class _Call:
                     pipes.discard(fd)
                     if fd == sock:
                         reported_at = time.monotonic()
+                        self.reported = True
                 elif fd == sock:
                     self.status += chunk
                 else:
@@ -821,13 +826,30 @@ def _run(
     if deadline <= start:
         # No time left: nothing is started.
         return ProcessResult(None, None, b"", b"", 0, True, 0.0)
-    spec = _spec(program, argv, confinement, abi=abi, cwd=cwd, env=environment, deadline=deadline)
+    hello = _client.launcher().hello
+    identity: tuple[int, int] | None = None
+    if _client.identity_mode(hello) == "separate":
+        group = _identity.uid_for(confinement.skill, _client.forbidden_uids(hello))
+        uid = _identity.take(group, deadline, cancelled)
+        if uid is None:
+            # Every uid of the skill's slot is running a call until the deadline.
+            cancelled_now = cancelled is not None and cancelled()
+            return ProcessResult(None, None, b"", b"", 0, not cancelled_now, 0.0, cancelled_now)
+        identity = (uid, group)
     call = _Call(stdin, output_cap)
     try:
+        spec = _spec(
+            program, argv, confinement, abi=abi, cwd=cwd, env=environment,
+            deadline=deadline, identity=identity,
+        )  # fmt: skip
         call.hand_over(spec)
         ended = call.pump(deadline, cancelled)
     finally:
         call.close()
+        # The uid is free once its call reported (the launcher ends the tree before it
+        # does) or never got it; a call that did not report keeps it out of use.
+        if identity is not None and (call.reported or not call.sent):
+            _identity.give_back(identity[1], identity[0])
     duration = time.monotonic() - start
     status = _parse_status(bytes(call.status))
     out, err = bytes(call.out), bytes(call.err)
