@@ -46,8 +46,9 @@ class Profile:
     """The confinement a command gets on this node, layer by layer.
 
     ``identity`` is ``separate`` (each call's processes run as a uid of their own, from
-    their skill's slot of ``uids``, in the skill's group) or ``shared`` (as skilld's uid: the seccomp filter then refuses metadata
-    changes, and state, audit and bundle are outside every Landlock rule).
+    their skill's slot of ``uids``, in the skill's group) or ``shared`` (as skilld's uid:
+    the seccomp filter then refuses metadata changes and every call on another pid, and
+    state, audit and bundle are outside every Landlock rule).
     ``namespaces`` lists the extra walls made per command (``net``, ``ipc``), maybe none.
     ``runnable`` is False, with ``reason``, when native commands are refused here.
     """
