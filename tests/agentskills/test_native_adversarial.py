@@ -14,15 +14,20 @@ import json
 import os
 import shutil
 import socket
+import sys
 import threading
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
+from mcp import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from skilld import agentskills
+from skilld.bundle import BuildResult
 from skilld.confine import SIMULATE_ABI_ENV
 from skilld.errors import (
     CallCancelled,
@@ -32,6 +37,7 @@ from skilld.errors import (
 )
 from skilld.registry import Registry, SkillEntry
 from skilld.types import Limits
+from support.env import cache_dir
 
 HOSTILE = Path(__file__).resolve().parent / "hostile"
 PROBE = HOSTILE / "scripts" / "probe.py"
@@ -278,3 +284,34 @@ def test_cancelling_kills_the_script_tree(world: dict[str, Any]) -> None:
         )
     assert world["audit"].records[-1]["outcome"] == "cancelled"
     assert "pong" in _probe(world, "ping")["stdout"]
+
+
+def test_a_refusal_reaches_the_client_as_its_own_code(
+    agent_bundle: BuildResult, tmp_path: Path
+) -> None:
+    """Over MCP (``skilld serve``, the SDK client over stdio), a native script refused by
+    the confinement (no Landlock, simulated) answers ``[confinement-refused] wall
+    landlock: ...`` as a tool error, not ``[internal]``; the server answers next."""
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "skilld", "serve", "--bundle", str(agent_bundle.out),
+              "--state-dir", str(tmp_path / "state")],
+        env={**os.environ, "SKILLD_CACHE": str(cache_dir()), SIMULATE_ABI_ENV: "0"},
+    )  # fmt: skip
+
+    async def main() -> tuple[Any, Any]:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as s:
+            await s.initialize()
+            with anyio.fail_after(60):
+                refused = await s.call_tool(
+                    "pdf-text/run_script", {"script": "scripts/extract.py", "args": []}
+                )
+                listed = await s.list_tools()
+            return refused, listed
+
+    refused, listed = anyio.run(main)
+    text = "".join(getattr(c, "text", "") for c in refused.content)
+    assert refused.is_error
+    assert text.startswith("[confinement-refused] wall landlock: "), text
+    assert "Landlock" in text and "[internal]" not in text
+    assert any(t.name == "pdf-text/run_script" for t in listed.tools)
