@@ -34,6 +34,7 @@ from skilld.confine._client import (
 )
 from skilld.confine._grants import from_grants
 from skilld.confine._identity import RANGE_ENV, assign, uid_for, unwritable
+from skilld.confine._identity import SLOT as CALL_SLOT
 from skilld.confine._runner import (
     DEVICES,
     NETWORK_FILES,
@@ -51,6 +52,7 @@ from skilld.confine._runner import (
 from skilld.errors import ConfinementUnavailable, ProgramNotStarted
 
 __all__ = [
+    "CALL_SLOT",
     "DEVICES",
     "NETWORK_FILES",
     "OUTPUT_CAP",
