@@ -850,6 +850,12 @@ def _run(
         # does) or never got it; a call that did not report keeps it out of use.
         if identity is not None and (call.reported or not call.sent):
             _identity.give_back(identity[1], identity[0])
+        elif identity is not None:
+            _log.warning(
+                "the launcher never reported the end of %s (skill %s): uid %d stays out of "
+                "use until skilld restarts",
+                argv[0], confinement.skill, identity[0],
+            )  # fmt: skip
     duration = time.monotonic() - start
     status = _parse_status(bytes(call.status))
     out, err = bytes(call.out), bytes(call.err)
