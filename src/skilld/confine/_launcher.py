@@ -538,10 +538,9 @@ def tree_memory() -> int:
 # -- the per-call workspace -----------------------------------------------------
 
 
-def hand_over(path: str, frm: int, to: int, *, owner_view: bool, group: int | None = None) -> None:
-    """Give every entry under ``path`` (and itself) owned by ``frm`` to ``to`` (uid, and
-    gid ``group``, else ``to``), by descriptor and never through a link; hard-linked
-    files are left alone.
+def hand_over(path: str, frm: int, to: int, *, owner_view: bool) -> None:
+    """Give every entry under ``path`` (and itself) owned by ``frm`` to ``to`` (uid and
+    gid), by descriptor and never through a link; hard-linked files are left alone.
 
     ``owner_view``: this process acts with ``frm``'s effective uid and no DAC override
     (the image's launcher), so a directory is first made readable to its owner.
@@ -560,16 +559,13 @@ def hand_over(path: str, frm: int, to: int, *, owner_view: bool, group: int | No
     try:
         st = os.fstat(fd)
         if st.st_uid == frm:
-            gid = to if group is None else group
-            _hand_over_dir(fd, frm, (to, gid), owner_view)
-            os.fchown(fd, to, gid)
+            _hand_over_dir(fd, frm, to, owner_view)
+            os.fchown(fd, to, to)
     finally:
         os.close(fd)
 
 
-def _hand_over_dir(
-    fd: int, frm: int, to: tuple[int, int], owner_view: bool, depth: int = 0
-) -> None:
+def _hand_over_dir(fd: int, frm: int, to: int, owner_view: bool, depth: int = 0) -> None:
     if depth > 64:
         return
     try:
@@ -597,12 +593,12 @@ def _hand_over_dir(
             try:
                 if os.fstat(sub).st_uid == frm:
                     _hand_over_dir(sub, frm, to, owner_view, depth + 1)
-                    os.fchown(sub, *to)
+                    os.fchown(sub, to, to)
             finally:
                 os.close(sub)
         elif st.st_nlink == 1 or stat.S_ISLNK(st.st_mode):
             with contextlib.suppress(OSError):
-                os.chown(entry.name, *to, dir_fd=fd, follow_symlinks=False)
+                os.chown(entry.name, to, to, dir_fd=fd, follow_symlinks=False)
 
 
 def sweep_sockets(dirs: Any, uid: int, since: float) -> None:
@@ -851,7 +847,8 @@ def _call(call: int, stdio: tuple[int, int, int]) -> None:
         uid, gid = (os.geteuid(), os.getegid()) if identity is None else identity
         temps = make_temp_paths(spec.get("temp_paths"), uid, gid, spec.get("slot"))
         if identity is not None and workspace:
-            hand_over(workspace, owner, uid, owner_view=False, group=gid)
+            # The workspace is the call's alone: its uid, and that number as its group.
+            hand_over(workspace, owner, uid, owner_view=False)
         # Whole seconds: a file's ctime may be taken from a coarser clock than time().
         started = int(time.time()) - 1
         child = os.fork()
