@@ -493,7 +493,6 @@ def kill_descendants(reaped: dict[int, int] | None = None) -> None:
 # can be had): a tree allocating faster than this lets it overshoot by what it takes
 # in one interval.
 MEMORY_POLL_S = 0.01
-_PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 def descendants() -> list[int]:

@@ -87,7 +87,7 @@ class ResourceLimits:
     """rlimits of the confined command (``None``: the host's own limit).
 
     ``processes`` bounds the command's whole tree: RLIMIT_NPROC, counted per uid (the
-    skill's, which is never root: concurrent calls of one skill share it; with a shared
+    call's own, which is never root and no other running call has; with a shared
     identity, on top of what skilld's uid already runs). ``cpu_seconds`` of ``None`` is
     the deadline's length rounded up. ``memory`` bounds the whole tree together (bytes
     of anonymous and shared memory its processes hold, measured by the launcher's
