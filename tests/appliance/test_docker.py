@@ -17,9 +17,11 @@ sockets (one 0666). Through a real MCP client: a shell command, a wasm script, a
 script, and the attacks of issue 19 from inside; files and modes are checked unchanged
 with ``docker exec``, and the next call must be answered.
 
-Confinement in the container: a launcher that switches to one uid per skill (``default``)
-or shares skilld's uid with metadata calls refused by seccomp (``restricted``); no user
-namespace is required.
+Confinement in the container: a launcher that switches each call to a uid of its own in
+its skill's group (``default``) or shares skilld's uid with metadata calls and calls on
+other pids refused by seccomp (``restricted``); no user namespace is required. The attacks
+of issue 27 (another call's process and skilld by pid, /proc, System V IPC, a tree over
+the skill's memory limit) run in both, each with a control from a plain process.
 """
 
 from __future__ import annotations
