@@ -41,6 +41,7 @@ from mcp.shared.uri_template import InvalidUriTemplate, UriTemplate
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ValidationError
 
+from skilld import telemetry
 from skilld.errors import (
     ErrorCode,
     GuestError,
@@ -414,6 +415,7 @@ class McpService:
         server.middleware.append(
             RequestStateBoundary(security, default_audience=self.config.server_name)
         )
+        telemetry.mcp_middleware(server.middleware)
         # Always offered: which tools may run as tasks comes from the policy
         # (``mcp.tasks``, also of skills a cluster node joins with later) or the config.
         server.extensions[TASKS] = {}
@@ -764,7 +766,8 @@ class McpService:
         self._refuse_if_draining(skill, label, arguments)
         gate = self.dispatcher.gate(skill)
         try:
-            slot = await gate.take_async(self.config.queue_timeout_s)
+            with telemetry.span("skilld.gate.wait", {"skilld.skill": skill}):
+                slot = await gate.take_async(self.config.queue_timeout_s)
         except SkillBusy as busy:
             self._log.warning("busy", tool=label, skill=skill, limit=gate.limit)
             self._refused(skill, label, busy.outcome, error_text(busy)[2], arguments)

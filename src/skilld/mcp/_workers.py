@@ -22,6 +22,8 @@ from typing import Any, TypeVar
 
 import anyio
 
+from skilld import telemetry
+
 T = TypeVar("T")
 
 # An idle thread leaves after this long, so a quiet server (or a test) keeps none.
@@ -89,6 +91,7 @@ class WorkerPool:
         """
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
+        fn = telemetry.carry(fn)  # the request's trace goes on in the thread
 
         def job() -> None:
             settle: Callable[..., None]
