@@ -166,9 +166,7 @@ def configure(node: str | None = None, environ: Mapping[str, str] | None = None)
             calls = meter.create_histogram(
                 "skilld.call.duration", unit="s", description="One call of a skill's method"
             )
-    opted = frozenset(
-        s.strip() for s in env.get(RECORD_ARGUMENTS_ENV, "").split(",") if s.strip()
-    )
+    opted = frozenset(s.strip() for s in env.get(RECORD_ARGUMENTS_ENV, "").split(",") if s.strip())
     with _lock:
         _state = _State(
             provider.get_tracer("skilld"), provider, meters, operation, calls, opted, node
