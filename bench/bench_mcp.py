@@ -15,6 +15,8 @@ cost. Other subjects, through ``--dispatcher module:factory`` and ``--tool``:
     python bench_mcp.py --dispatcher skilld.mcp.testing:echo_dispatcher --tool echo
                                                           # the MCP layer alone
     python bench_mcp.py --inline-ms 0                     # every call on a worker thread
+    python bench_mcp.py --trace                           # skilld traced: OTLP/HTTP batches to
+                                                          # a local receiver (docs/operations.md)
 
 The machine's speed drifts (a shared VM), so each cell runs ``--rounds`` times,
 alternating bare and skilld: latencies are pooled, throughput and CPU per call are
@@ -35,8 +37,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import IO
 
 import anyio
@@ -58,8 +63,10 @@ def _free_port() -> int:
 
 def serve_skilld(port: int, factory: str, log_level: str, inline_ms: float) -> None:
     """skilld's MCP layer over the dispatcher ``factory`` returns."""
+    from skilld import telemetry
     from skilld.mcp import ServeConfig, serve
 
+    telemetry.configure(node="bench")  # as `skilld serve` does: on only with OTEL_* set (--trace)
     module, _, name = factory.partition(":")
     dispatcher = getattr(importlib.import_module(module), name)()
     config = ServeConfig(
@@ -181,8 +188,8 @@ async def measure(
     return latencies, finished.at - warmed.at
 
 
-def _spawn(args: Sequence[str]) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+def _spawn(args: Sequence[str], extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), **(extra_env or {}))
     return subprocess.Popen(
         [sys.executable, __file__, *args],
         env=env,
@@ -223,10 +230,57 @@ def _cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+@contextmanager
+def _otlp_sink() -> Iterator[str]:
+    """A local OTLP/HTTP receiver that takes every batch (200, nothing kept): its URL."""
+
+    class Sink(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 async def run(
-    requests: int, dispatcher: str, tool: str, log_level: str, rounds: int, inline_ms: float
+    requests: int,
+    dispatcher: str,
+    tool: str,
+    log_level: str,
+    rounds: int,
+    inline_ms: float,
+    trace: bool = False,
 ) -> None:
     """Build what skilld serves, start both servers, measure each cell, print the table."""
+    if trace:
+        with _otlp_sink() as sink:
+            traced = {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": sink}
+            await _run(requests, dispatcher, tool, log_level, rounds, inline_ms, traced)
+    else:
+        await _run(requests, dispatcher, tool, log_level, rounds, inline_ms, {})
+
+
+async def _run(
+    requests: int,
+    dispatcher: str,
+    tool: str,
+    log_level: str,
+    rounds: int,
+    inline_ms: float,
+    traced: dict[str, str],
+) -> None:
     _prepare(dispatcher)
     ports = {"skilld": _free_port(), "bare": _free_port()}
     procs = {
@@ -242,7 +296,8 @@ async def run(
                 log_level,
                 "--inline-ms",
                 str(inline_ms),
-            ]
+            ],
+            traced,
         ),
         "bare": _spawn(["--serve", "bare", "--port", str(ports["bare"])]),
     }
@@ -285,10 +340,12 @@ async def run(
         )
 
     load = [max(at[i] for at in loads) for i in range(3)]
+    tracing = "on (OTLP/HTTP batches to a local receiver)" if traced else "off"
     print(
         f"tools/call over Streamable HTTP: skilld {tool} (dispatcher {dispatcher}) against "
         f"a bare MCPServer echo; {requests} calls per cell, {rounds} alternating rounds, "
-        f"inline_ms {inline_ms}; load average (1, 5, 15 min, the higher of start and end) "
+        f"inline_ms {inline_ms}; tracing {tracing}; load average (1, 5, 15 min, the higher "
+        f"of start and end) "
         f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f}"
     )
     print()
@@ -340,6 +397,11 @@ def main() -> None:
         default=1.0,
         help="skilld's inline budget (default 1.0, the server's; 0 runs every call on a thread)",
     )
+    parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="skilld traces every request (OTEL_TRACES_EXPORTER=otlp, batches to a local receiver)",
+    )
     parser.add_argument("--serve", choices=["skilld", "bare"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -356,6 +418,7 @@ def main() -> None:
             args.log_level,
             args.rounds,
             args.inline_ms,
+            args.trace,
         )
 
 

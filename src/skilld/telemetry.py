@@ -496,13 +496,23 @@ def _attached(ctx: Any) -> Iterator[None]:
         context.detach(token)
 
 
-def joined(fields: Mapping[str, Any] | None) -> Any:
+def joined(fields: Mapping[str, Any] | None, name: str | None = None) -> Any:
     """For the ``with`` block, the trace context ``fields`` carry (a verified envelope's
-    routing facts, a kept task's) is the parent of new spans; a no-op without one."""
-    if _state is None or not fields:
+    routing facts) is the parent of new spans, beneath a SERVER span ``name`` when given;
+    a no-op without one."""
+    state = _state
+    if state is None or not fields:
         return NOOP
     ctx = _remote(fields)
-    return NOOP if ctx is None else _attached(ctx)
+    if ctx is None:
+        return NOOP
+    return _attached(ctx) if name is None else _joined_span(state, ctx, name)
+
+
+@contextmanager
+def _joined_span(state: _State, ctx: Any, name: str) -> Iterator[_Span]:
+    with _attached(ctx), _Span(state, name, None, "server") as opened:
+        yield opened
 
 
 def environ(env: dict[str, str]) -> dict[str, str]:

@@ -64,7 +64,7 @@ def image(demo_bundle: object) -> str:
         subprocess.run([str(TOOLS / "oci-base")], check=True)
     # As `just wheelhouse image`: a reproducible skilld wheel keeps buildah's layer cache.
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--wheel-dir", "wheelhouse", ".[build]"],
+        [sys.executable, "-m", "pip", "wheel", "-q", "--wheel-dir", "wheelhouse", ".[build,otel]"],
         cwd=ROOT,
         check=True,
         env={**os.environ, "SOURCE_DATE_EPOCH": "315532800"},
