@@ -13,6 +13,7 @@ is the resource attribute ``skilld.node``). ``OTEL_METRICS_EXPORTER=otlp`` sends
 ``mcp.server.operation.duration`` and ``skilld.call.duration`` the same way, beside the
 Prometheus ``/metrics``. Nothing connects at start: spans go out in batches from a
 background thread, and while no collector answers they are dropped with one warning.
+docs/tracing.md is the operator's page.
 
 One trace, from the client to the script::
 
@@ -94,6 +95,8 @@ class _State:
     calls: Any | None  # histogram skilld.call.duration
     record_arguments: frozenset[str]
     node: str | None
+    trace: Any  # the opentelemetry.trace and .context modules, imported once
+    context: Any
 
 
 _state: _State | None = None
@@ -124,7 +127,7 @@ def configure(node: str | None = None, environ: Mapping[str, str] | None = None)
         env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
     ) or "http/protobuf"
     try:
-        from opentelemetry import metrics, trace
+        from opentelemetry import context, metrics, trace
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -169,7 +172,15 @@ def configure(node: str | None = None, environ: Mapping[str, str] | None = None)
     opted = frozenset(s.strip() for s in env.get(RECORD_ARGUMENTS_ENV, "").split(",") if s.strip())
     with _lock:
         _state = _State(
-            provider.get_tracer("skilld"), provider, meters, operation, calls, opted, node
+            provider.get_tracer("skilld"),
+            provider,
+            meters,
+            operation,
+            calls,
+            opted,
+            node,
+            trace,
+            context,
         )
     return True
 
@@ -274,31 +285,33 @@ class _Dropping:
 class _Span:
     """A live span, current for the ``with`` block; ends (with the error, if any) after it."""
 
-    __slots__ = ("_cm", "_started", "_state", "span")
+    __slots__ = ("_attributes", "_kind", "_name", "_started", "_state", "_token", "span")
 
     def __init__(self, state: _State, name: str, attributes: Mapping[str, Any] | None, kind: str):
-        from opentelemetry.trace import SpanKind
-
         self._state = state
-        self._cm = state.tracer.start_as_current_span(
-            name,
-            kind=getattr(SpanKind, kind.upper()),
-            attributes=dict(attributes) if attributes else None,
-            record_exception=False,
-            set_status_on_exception=False,
-        )
+        self._name = name
+        self._attributes = attributes
+        self._kind = kind
         self.span: Any = None
+        self._token: Any = None
         self._started = 0.0
 
     def __enter__(self) -> _Span:
-        self.span = self._cm.__enter__()
+        state = self._state
+        self.span = state.tracer.start_span(
+            self._name,
+            kind=getattr(state.trace.SpanKind, self._kind.upper()),
+            attributes=self._attributes,
+        )
+        self._token = state.context.attach(state.trace.set_span_in_context(self.span))
         self._started = time.perf_counter()
         return self
 
     def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
         if exc is not None:
             _failed(self.span, exc)
-        self._cm.__exit__(kind, exc, tb)
+        self.span.end()
+        self._state.context.detach(self._token)
 
     def set(self, key: str, value: Any) -> None:
         """Set one attribute on this span."""

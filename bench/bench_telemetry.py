@@ -1,0 +1,110 @@
+"""What tracing's hooks cost one call, off (the default) and on, measured in process.
+
+A tool call of a wasm skill passes these hooks (docs/tracing.md): the worker-thread
+hand-off (``carry``), two gate waits, the call's span, the instance, the guest run, one
+span per host function and one decision per permission question. This times that set,
+as one "call's hooks", with tracing off and then on (spans batched over OTLP/HTTP to a
+receiver in this process that takes every batch), against nothing at all. The CPU time is
+process time (the batch exporter's thread included), so a loaded machine moves it less
+than wall time.
+
+    python bench_telemetry.py [--calls 20000] [--host-calls 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from skilld import telemetry
+from skilld.types import Decision
+
+DECISION = Decision(True, "kv", "set", "k", "notes.kv", "granted")
+
+
+def one_call(host_calls: int) -> None:
+    """The hooks one wasm tool call passes, in their nesting."""
+    telemetry.carry(lambda: None)
+    with telemetry.span("skilld.gate.wait", {"skilld.skill": "notes"}):
+        pass
+    with telemetry.span("skilld.gate.wait", {"skilld.skill": "notes"}):
+        pass
+    with telemetry.call_span("notes", "add", caller="mcp", depth=0, arguments="{}") as span:
+        with telemetry.span("skilld.instance", {"skilld.instance": "fresh"}):
+            telemetry.annotate({"skilld.instance": "warm"})
+        with telemetry.span("skilld.guest.run", {"skilld.skill": "notes"}):
+            for _ in range(host_calls):
+                with telemetry.span("skilld.host kv.set"):
+                    telemetry.decision(DECISION)
+        span.result(None)
+
+
+def timed(fn: Callable[[], None], calls: int, rounds: int = 5) -> tuple[float, float]:
+    """Median wall and CPU microseconds per ``fn()`` over ``rounds`` rounds of ``calls``."""
+    walls, cpus = [], []
+    for _ in range(rounds):
+        w0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(calls):
+            fn()
+        walls.append((time.perf_counter() - w0) / calls * 1e6)
+        cpus.append((time.process_time() - c0) / calls * 1e6)
+    return statistics.median(walls), statistics.median(cpus)
+
+
+@contextmanager
+def sink() -> Iterator[str]:
+    """A local OTLP/HTTP receiver that takes every batch: its URL."""
+
+    class Sink(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+
+
+def main() -> None:
+    """Time nothing, the hooks off, the hooks on; print a table."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--calls", type=int, default=20000)
+    parser.add_argument("--host-calls", type=int, default=2)
+    args = parser.parse_args()
+    rows = [("nothing", timed(lambda: None, args.calls))]
+    rows.append(("tracing off", timed(lambda: one_call(args.host_calls), args.calls)))
+    with sink() as url:
+        os.environ.update(OTEL_TRACES_EXPORTER="otlp", OTEL_EXPORTER_OTLP_ENDPOINT=url)
+        assert telemetry.configure(node="bench")
+        try:
+            rows.append(("tracing on", timed(lambda: one_call(args.host_calls), args.calls // 10)))
+        finally:
+            telemetry.shutdown()
+    load = os.getloadavg()
+    print(
+        f"one call's tracing hooks ({args.host_calls} host calls); load average "
+        f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f}"
+    )
+    print()
+    print("| tracing | wall µs per call | CPU µs per call |")
+    print("|---|---|---|")
+    for name, (wall, cpu) in rows:
+        print(f"| {name} | {wall:.2f} | {cpu:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
