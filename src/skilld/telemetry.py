@@ -528,6 +528,20 @@ def _joined_span(state: _State, ctx: Any, name: str) -> Iterator[_Span]:
         yield opened
 
 
+def link(fields: Mapping[str, Any] | None, why: str) -> None:
+    """Link the current span to the span ``fields`` carry (a :func:`carrier` kept with a
+    call): a retry's request span then leads to the call it resumed, in its first
+    request's trace. Nothing while tracing is off or without a context."""
+    state = _state
+    if state is None or not fields:
+        return
+    ctx = _remote(fields)
+    if ctx is None:
+        return
+    target = state.trace.get_current_span(ctx).get_span_context()
+    state.trace.get_current_span().add_link(target, {"skilld.link": why})
+
+
 def environ(env: dict[str, str]) -> dict[str, str]:
     """``env`` with ``TRACEPARENT`` (and ``TRACESTATE``) of the current span: a native
     process's spans then join the call's trace. ``env`` itself while tracing is off."""

@@ -39,6 +39,7 @@ class Span:
     events: list[tuple[str, dict[str, Any]]]
     resource: dict[str, Any]
     status: int
+    links: list[tuple[str, str]] = field(default_factory=list)  # (trace id, span id)
 
     @property
     def node(self) -> str | None:
@@ -112,6 +113,7 @@ def _decode_traces(body: bytes) -> list[Span]:
                         ],
                         resource,
                         s.status.code,
+                        [(link.trace_id.hex(), link.span_id.hex()) for link in s.links],
                     )
                 )
     return out
