@@ -27,6 +27,7 @@ from support.serve_process import ServeProcess
 pytestmark = pytest.mark.anyio
 
 MODERN = "2026-07-28"
+TASKS = "io.modelcontextprotocol/tasks"
 META = {
     "io.modelcontextprotocol/protocolVersion": MODERN,
     "io.modelcontextprotocol/clientCapabilities": {},
@@ -150,6 +151,7 @@ def echo_bundle(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> P
     root = tmp_path_factory.mktemp("echo")
     shutil.copytree(SKILLS["echo"], root / "skills" / "echo")
     (root / "policies").mkdir()
+    (root / "policies" / "echo.yaml").write_text("skill: echo\nmcp:\n  tasks: {echo: optional}\n")
     out = root / "bundle"
     build_bundle(
         root / "skills",
@@ -178,12 +180,24 @@ def traced_node(
 
 
 async def _call(url: str, text: str, meta: dict[str, Any], headers: dict[str, str]) -> Any:
+    params = {"name": "echo/echo", "arguments": {"text": text}}
+    return await _rpc(url, "tools/call", params, meta, headers)
+
+
+async def _rpc(
+    url: str,
+    method: str,
+    params: dict[str, Any],
+    meta: dict[str, Any],
+    headers: dict[str, str] | None = None,
+) -> Any:
     body = {
         "jsonrpc": "2.0",
         "id": 1,
-        "method": "tools/call",
-        "params": {"name": "echo/echo", "arguments": {"text": text}, "_meta": {**META, **meta}},
+        "method": method,
+        "params": {**params, "_meta": {**META, **meta}},
     }
+    named = params.get("name") or params.get("taskId")
     async with httpx.AsyncClient(timeout=30) as http:
         response = await http.post(
             url,
@@ -191,9 +205,9 @@ async def _call(url: str, text: str, meta: dict[str, Any], headers: dict[str, st
             headers={
                 "Accept": "application/json, text/event-stream",
                 "MCP-Protocol-Version": MODERN,
-                "Mcp-Method": "tools/call",
-                "Mcp-Name": "echo/echo",
-                **headers,
+                "Mcp-Method": method,
+                **({"Mcp-Name": str(named)} if named else {}),
+                **(headers or {}),
             },
         )
     if response.headers.get("content-type", "").startswith("application/json"):
@@ -203,6 +217,8 @@ async def _call(url: str, text: str, meta: dict[str, Any], headers: dict[str, st
 
 
 HEADER = "00-11111111111111111111111111111111-2222222222222222-01"
+CREATE = "00-55555555555555555555555555555555-6666666666666666-01"
+GET = "00-77777777777777777777777777777777-8888888888888888-01"
 IN_META = "00-33333333333333333333333333333333-4444444444444444-01"
 
 
@@ -225,3 +241,29 @@ async def test_the_http_traceparent_header_is_the_parent_when_meta_has_none(
     # The call beneath it, in the same trace.
     call = next(s for s in spans if s.name == "execute_tool echo.echo" and s.trace_id == "1" * 32)
     assert call.attributes["skilld.outcome"] == "ok"
+
+
+async def test_every_request_about_a_task_links_to_the_request_that_created_it(
+    traced_node: tuple[Receiver, ServeProcess],
+) -> None:
+    """A task made by one request (trace C) and asked after by another (trace G): the
+    call runs in C; the tasks/get span, in G, links to C's request span."""
+    receiver, node = traced_node
+    tasks = {"io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS: {}}}}
+    created = await _call(node.url, "later", {**tasks, "traceparent": CREATE}, {})
+    assert created["result"]["resultType"] == "task", created
+    task_id = created["result"]["taskId"]
+    asked = await _rpc(node.url, "tasks/get", {"taskId": task_id}, {**tasks, "traceparent": GET})
+    assert "error" not in asked, asked
+    spans = receiver.wait(
+        lambda s: (
+            any(x.name.startswith("tasks/get") for x in s)
+            and any(x.name == "execute_tool echo.echo" for x in s)
+        )
+    )
+    create = next(s for s in spans if s.name == "tools/call echo/echo")
+    get = next(s for s in spans if s.name.startswith("tasks/get"))
+    call = next(s for s in spans if s.name == "execute_tool echo.echo")
+    assert create.trace_id == call.trace_id == "5" * 32
+    assert get.trace_id == "7" * 32
+    assert ("5" * 32, create.span_id) in get.links, get.links
