@@ -16,7 +16,10 @@ cost. Other subjects, through ``--dispatcher module:factory`` and ``--tool``:
                                                           # the MCP layer alone
     python bench_mcp.py --inline-ms 0                     # every call on a worker thread
     python bench_mcp.py --trace                           # skilld traced: OTLP/HTTP batches to
-                                                          # a local receiver (docs/operations.md)
+                                                          # a local receiver (docs/tracing.md)
+    python bench_mcp.py --sides baseline,skilld,traced --baseline-src ../base/src
+                                                          # a change's cost: each side its own
+                                                          # server, rounds alternating
 
 The machine's speed drifts (a shared VM), so each cell runs ``--rounds`` times,
 alternating bare and skilld: latencies are pooled, throughput and CPU per call are
@@ -63,10 +66,12 @@ def _free_port() -> int:
 
 def serve_skilld(port: int, factory: str, log_level: str, inline_ms: float) -> None:
     """skilld's MCP layer over the dispatcher ``factory`` returns."""
-    from skilld import telemetry
     from skilld.mcp import ServeConfig, serve
 
-    telemetry.configure(node="bench")  # as `skilld serve` does: on only with OTEL_* set (--trace)
+    if os.environ.get("OTEL_TRACES_EXPORTER"):  # the traced side (a baseline tree may have none)
+        from skilld import telemetry
+
+        telemetry.configure(node="bench")  # as `skilld serve` does
     module, _, name = factory.partition(":")
     dispatcher = getattr(importlib.import_module(module), name)()
     config = ServeConfig(
@@ -188,8 +193,8 @@ async def measure(
     return latencies, finished.at - warmed.at
 
 
-def _spawn(args: Sequence[str], extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), **(extra_env or {}))
+def _spawn(args: Sequence[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **(env or {})}
     return subprocess.Popen(
         [sys.executable, __file__, *args],
         env=env,
@@ -254,6 +259,15 @@ def _otlp_sink() -> Iterator[str]:
         server.server_close()
 
 
+# The sides a run can put against each other (``--sides``), each its own server process:
+#   bare     the SDK's MCPServer with the same tool, no skilld in between
+#   skilld   skilld as served (tracing off: the default)
+#   traced   skilld tracing every request (OTLP/HTTP batches to a receiver in this process)
+#   baseline skilld from another source tree (``--baseline-src``: say, the commit before a
+#            change), tracing off
+SIDES = ("bare", "skilld", "traced", "baseline")
+
+
 async def run(
     requests: int,
     dispatcher: str,
@@ -261,15 +275,16 @@ async def run(
     log_level: str,
     rounds: int,
     inline_ms: float,
-    trace: bool = False,
+    sides: Sequence[str] = ("bare", "skilld"),
+    baseline_src: str | None = None,
 ) -> None:
-    """Build what skilld serves, start both servers, measure each cell, print the table."""
-    if trace:
-        with _otlp_sink() as sink:
-            traced = {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": sink}
-            await _run(requests, dispatcher, tool, log_level, rounds, inline_ms, traced)
-    else:
-        await _run(requests, dispatcher, tool, log_level, rounds, inline_ms, {})
+    """Build what skilld serves, start each side's server, measure each cell, print the
+    table (ratios against the first side)."""
+    with _otlp_sink() as sink:
+        traced = {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": sink}
+        await _run(
+            requests, dispatcher, tool, log_level, rounds, inline_ms, sides, traced, baseline_src
+        )
 
 
 async def _run(
@@ -279,50 +294,56 @@ async def _run(
     log_level: str,
     rounds: int,
     inline_ms: float,
+    sides: Sequence[str],
     traced: dict[str, str],
+    baseline_src: str | None,
 ) -> None:
     _prepare(dispatcher)
-    ports = {"skilld": _free_port(), "bare": _free_port()}
-    procs = {
-        "skilld": _spawn(
-            [
-                "--serve",
-                "skilld",
-                "--port",
-                str(ports["skilld"]),
-                "--dispatcher",
-                dispatcher,
-                "--log-level",
-                log_level,
-                "--inline-ms",
-                str(inline_ms),
-            ],
-            traced,
-        ),
-        "bare": _spawn(["--serve", "bare", "--port", str(ports["bare"])]),
-    }
-    # (kind, concurrency) -> pooled latencies, per-round throughput, per-round CPU ms/call
+    ports = {side: _free_port() for side in sides}
+    skilld_args = [
+        "--dispatcher",
+        dispatcher,
+        "--log-level",
+        log_level,
+        "--inline-ms",
+        str(inline_ms),
+    ]
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    for side in sides:
+        port = ["--port", str(ports[side])]
+        if side == "bare":
+            procs[side] = _spawn(["--serve", "bare", *port])
+        elif side == "baseline":
+            if baseline_src is None:
+                raise SystemExit("bench_mcp: the baseline side needs --baseline-src DIR")
+            # The other tree's skilld first on the path; this bench's helpers after it.
+            path = os.pathsep.join([baseline_src, *sys.path])
+            procs[side] = _spawn(["--serve", "skilld", *port, *skilld_args], {"PYTHONPATH": path})
+        else:
+            env = traced if side == "traced" else {}
+            procs[side] = _spawn(["--serve", "skilld", *port, *skilld_args], env)
+    # (side, concurrency) -> pooled latencies, per-round throughput, per-round CPU ms/call
     lats: dict[tuple[str, int], list[float]] = {}
     rates: dict[tuple[str, int], list[float]] = {}
     cpus: dict[tuple[str, int], list[float]] = {}
     rss: dict[str, tuple[float, float]] = {}
     loads = [os.getloadavg()]
     try:
-        for kind, port in ports.items():
-            await _wait_up(kind, port, procs[kind])
+        for side, port in ports.items():
+            await _wait_up(side, port, procs[side])
         for concurrency in (1, 16):
             for _ in range(rounds):
-                for kind in ("bare", "skilld"):
-                    name = tool if kind == "skilld" else "echo"
-                    before = _cpu_s(procs[kind].pid)
-                    lat, wall = await measure(ports[kind], name, concurrency, requests)
-                    after = _cpu_s(procs[kind].pid)
-                    key = (kind, concurrency)
+                for side in sides:
+                    name = "echo" if side == "bare" else tool
+                    before = _cpu_s(procs[side].pid)
+                    lat, wall = await measure(ports[side], name, concurrency, requests)
+                    after = _cpu_s(procs[side].pid)
+                    key = (side, concurrency)
                     lats.setdefault(key, []).extend(lat)
                     rates.setdefault(key, []).append(len(lat) / wall)
                     if before is not None and after is not None:
                         cpus.setdefault(key, []).append((after - before) / len(lat) * 1e3)
-        rss = {kind: _rss_mb(proc.pid) for kind, proc in procs.items()}
+        rss = {side: _rss_mb(proc.pid) for side, proc in procs.items()}
         loads.append(os.getloadavg())
     finally:
         for proc in procs.values():
@@ -340,36 +361,37 @@ async def _run(
         )
 
     load = [max(at[i] for at in loads) for i in range(3)]
-    tracing = "on (OTLP/HTTP batches to a local receiver)" if traced else "off"
     print(
-        f"tools/call over Streamable HTTP: skilld {tool} (dispatcher {dispatcher}) against "
-        f"a bare MCPServer echo; {requests} calls per cell, {rounds} alternating rounds, "
-        f"inline_ms {inline_ms}; tracing {tracing}; load average (1, 5, 15 min, the higher "
-        f"of start and end) "
+        f"tools/call over Streamable HTTP: {', '.join(sides)}; skilld's tool {tool} "
+        f"(dispatcher {dispatcher}), bare's echo; {requests} calls per cell, {rounds} "
+        f"alternating rounds, inline_ms {inline_ms}; traced: OTLP/HTTP batches to a local "
+        f"receiver; load average (1, 5, 15 min, the higher of start and end) "
         f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f}"
     )
     print()
     print("| server | concurrency | p50 ms | p99 ms | calls/s | server CPU ms/call |")
     print("|---|---|---|---|---|---|")
     for concurrency in (1, 16):
-        for kind in ("bare", "skilld"):
-            p50, p99, rate, cpu = cell((kind, concurrency))
-            print(f"| {kind} | {concurrency} | {p50:.2f} | {p99:.2f} | {rate:.0f} | {cpu:.2f} |")
+        for side in sides:
+            p50, p99, rate, cpu = cell((side, concurrency))
+            print(f"| {side} | {concurrency} | {p50:.2f} | {p99:.2f} | {rate:.0f} | {cpu:.2f} |")
     print()
-    for kind, (now, peak) in rss.items():
-        print(f"{kind} server resident memory at the end: {now:.0f} MiB (peak {peak:.0f} MiB)")
-    print()
-    print(
-        "| concurrency | p50 skilld/bare | p99 skilld/bare | throughput skilld/bare "
-        "| CPU/call skilld/bare |"
-    )
-    print("|---|---|---|---|---|")
-    for concurrency in (1, 16):
-        s, b = cell(("skilld", concurrency)), cell(("bare", concurrency))
+    for side, (now, peak) in rss.items():
+        print(f"{side} server resident memory at the end: {now:.0f} MiB (peak {peak:.0f} MiB)")
+    first = sides[0]
+    for side in sides[1:]:
+        print()
         print(
-            f"| {concurrency} | {s[0] / b[0]:.2f} | {s[1] / b[1]:.2f} | {s[2] / b[2]:.2f} "
-            f"| {s[3] / b[3]:.2f} |"
+            f"| concurrency | p50 {side}/{first} | p99 {side}/{first} "
+            f"| throughput {side}/{first} | CPU/call {side}/{first} |"
         )
+        print("|---|---|---|---|---|")
+        for concurrency in (1, 16):
+            s, b = cell((side, concurrency)), cell((first, concurrency))
+            print(
+                f"| {concurrency} | {s[0] / b[0]:.3f} | {s[1] / b[1]:.3f} | {s[2] / b[2]:.3f} "
+                f"| {s[3] / b[3]:.3f} |"
+            )
 
 
 def main() -> None:
@@ -400,11 +422,28 @@ def main() -> None:
     parser.add_argument(
         "--trace",
         action="store_true",
-        help="skilld traces every request (OTEL_TRACES_EXPORTER=otlp, batches to a local receiver)",
+        help="skilld traces every request (OTLP/HTTP batches to a local receiver): the sides "
+        "bare and traced",
+    )
+    parser.add_argument(
+        "--sides",
+        default=None,
+        help=f"comma-separated sides to put against each other, the first the reference "
+        f"(of {', '.join(SIDES)}; default bare,skilld)",
+    )
+    parser.add_argument(
+        "--baseline-src",
+        default=None,
+        help="the src/ directory of another skilld tree, served as the side 'baseline'",
     )
     parser.add_argument("--serve", choices=["skilld", "bare"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    sides = ("bare", "traced" if args.trace else "skilld")
+    if args.sides:
+        sides = tuple(args.sides.split(","))
+        if not set(sides) <= set(SIDES) or len(set(sides)) != len(sides):
+            parser.error(f"--sides: distinct names of {', '.join(SIDES)}")
     if args.serve == "skilld":
         serve_skilld(args.port, args.dispatcher, args.log_level, args.inline_ms)
     elif args.serve == "bare":
@@ -418,7 +457,8 @@ def main() -> None:
             args.log_level,
             args.rounds,
             args.inline_ms,
-            args.trace,
+            sides,
+            args.baseline_src,
         )
 
 

@@ -477,6 +477,10 @@ def carrier() -> dict[str, str]:
 
     fields: dict[str, str] = {}
     TraceContextTextMapPropagator().inject(fields)
+    # A client's tracestate may be 8 KB: it must not crowd a cluster envelope's routing
+    # facts (MAX_META) nor a script's environment.
+    if len(fields.get(TRACESTATE, "")) > _MAX_TRACESTATE:
+        del fields[TRACESTATE]
     return fields
 
 
