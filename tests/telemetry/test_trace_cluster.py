@@ -153,7 +153,7 @@ def _one(spans: list[Span], name: str, node: str | None = None) -> Span:
 
 
 def _complete(spans: list[Span]) -> bool:
-    names = {(s.node, s.name) for s in spans}
+    names = {(s.node, s.name) for s in spans if s.trace_id == TRACE_ID}
     return {
         ("node-a", "tools/call hostile/relay"),
         ("node-w1", "execute_tool echo.run_script"),
@@ -174,14 +174,16 @@ async def test_one_tools_call_is_one_trace_from_the_client_to_the_native_script(
     assert entry.url is not None
     async with mcp_client(entry.url) as client:
         await client.wait_tools(lambda names: "hostile/relay" in names)
+        arguments = {
+            "skill_id": "echo",
+            "method": "run_script",
+            "args": {"script": "scripts/show.py", "args": [SECRET]},
+        }
+        # A first call (a trace of its own): the one looked at is not the nodes' first.
+        warm = await client.session.call_tool("hostile/relay", arguments)
+        assert not warm.is_error, warm.content
         result = await client.session.call_tool(
-            "hostile/relay",
-            {
-                "skill_id": "echo",
-                "method": "run_script",
-                "args": {"script": "scripts/show.py", "args": [SECRET]},
-            },
-            meta={"traceparent": TRACEPARENT},
+            "hostile/relay", arguments, meta={"traceparent": TRACEPARENT}
         )
     assert not result.is_error, result.content
     text = "".join(b.text for b in result.content if isinstance(b, types.TextContent))
