@@ -108,12 +108,6 @@ class CallGate:
         """How many calls wait for a slot now."""
         return len(self._waiters)
 
-    def lent_here(self) -> bool:
-        """True when the call about to run here was lent a slot of this gate: :meth:`take`
-        finds it and does not wait (the wait was the lender's)."""
-        lent = _lent.get()
-        return lent is not None and lent.gate is self and lent._held and not lent._out
-
     def take(self, wait_s: float, cancelled: Callable[[], bool] = lambda: False) -> Slot:
         """A slot for a call on this thread: the one lent here, a free one, or one that
         frees up within ``wait_s`` (0: no waiting), given up as soon as ``cancelled()``.

@@ -62,6 +62,7 @@ TRACESTATE = "tracestate"
 _MAX_TRACESTATE = 512
 RECORD_ARGUMENTS_ENV = "SKILLD_OTEL_RECORD_ARGUMENTS"
 _MAX_RECORDED = 4096
+STAGE_MIN_NS = 1_000_000  # a stage shorter than this (1 ms) is no span of its own
 _SHUTDOWN_S = 2.0
 
 
@@ -347,6 +348,51 @@ def span(name: str, attributes: Mapping[str, Any] | None = None, kind: str = "in
     if state is None:
         return NOOP
     return _Span(state, name, attributes, kind)
+
+
+class _Stage:
+    """A stage that becomes a span only when it took long enough to matter, or failed."""
+
+    __slots__ = ("_attributes", "_name", "_start", "_state")
+
+    def __init__(self, state: _State, name: str, attributes: Mapping[str, Any] | None):
+        self._state = state
+        self._name = name
+        self._attributes = attributes
+        self._start = 0
+
+    def __enter__(self) -> _Stage:
+        self._start = time.time_ns()
+        return self
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        end = time.time_ns()
+        if exc is None and end - self._start < STAGE_MIN_NS:
+            return
+        # Made afterwards, with its real times, in the context the block ran in.
+        span = self._state.tracer.start_span(
+            self._name, attributes=self._attributes, start_time=self._start
+        )
+        if exc is not None:
+            _failed(span, exc)
+        span.end(end_time=end)
+
+    def set(self, key: str, value: Any) -> None:
+        """Nothing: a stage's attributes are given when it starts."""
+
+    def result(self, value: Any) -> None:
+        """Nothing: a stage has no result."""
+
+
+def stage(name: str, attributes: Mapping[str, Any] | None = None) -> Any:
+    """A span named ``name`` for the ``with`` block, recorded only when the block took at
+    least ``STAGE_MIN_NS`` (1 ms) or raised: a gate that did not make the call wait, or a
+    warm instance handed over, costs no span (each costs about as much CPU as a small
+    call's own work). Nothing inside the block can be its child. A no-op while off."""
+    state = _state
+    if state is None:
+        return NOOP
+    return _Stage(state, name, attributes)
 
 
 def annotate(attributes: Mapping[str, Any]) -> None:

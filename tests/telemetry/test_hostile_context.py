@@ -107,3 +107,38 @@ def test_the_request_middleware_takes_any_header_and_meta(
     assert anyio.run(telemetry._outer, ctx, handler) == "ok"
     assert context.get_current() == before
     assert len(seen) == 1
+
+
+def test_a_stage_is_a_span_only_when_it_took_long_enough_or_failed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A gate or instance stage shorter than STAGE_MIN_NS leaves no span; one that took
+    longer, or raised, is a span under the call with its real times and error."""
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from skilld.errors import SkillBusy
+
+    provider = TracerProvider()
+    spans = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    state = telemetry._State(
+        provider.get_tracer("test"), provider, None, None, None, frozenset(), "n", trace, context
+    )
+    monkeypatch.setattr(telemetry, "_state", state)
+    monkeypatch.setattr(telemetry, "STAGE_MIN_NS", 10**12)
+    with telemetry.span("call"):
+        with telemetry.stage("quick", {"skilld.skill": "s"}):
+            pass
+        with pytest.raises(SkillBusy), telemetry.stage("refused"):
+            raise SkillBusy("s", 1)
+        monkeypatch.setattr(telemetry, "STAGE_MIN_NS", 0)
+        with telemetry.stage("waited", {"skilld.skill": "s"}):
+            pass
+    done = {s.name: s for s in spans.get_finished_spans()}
+    assert set(done) == {"call", "refused", "waited"}
+    call = done["call"].context.span_id
+    assert done["waited"].parent is not None and done["waited"].parent.span_id == call
+    assert done["waited"].attributes == {"skilld.skill": "s"}
+    assert done["refused"].attributes["error.type"] == "busy"
+    assert done["waited"].start_time <= done["waited"].end_time

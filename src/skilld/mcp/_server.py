@@ -766,7 +766,7 @@ class McpService:
         self._refuse_if_draining(skill, label, arguments)
         gate = self.dispatcher.gate(skill)
         try:
-            with telemetry.span("skilld.gate.wait", {"skilld.skill": skill}):
+            with telemetry.stage("skilld.gate.wait", {"skilld.skill": skill}):
                 slot = await gate.take_async(self.config.queue_timeout_s)
         except SkillBusy as busy:
             self._log.warning("busy", tool=label, skill=skill, limit=gate.limit)

@@ -230,13 +230,7 @@ class Registry(Catalogue):
         # layer runs takes the slot it was lent (skilld.call.CallGate).
         wait = entry.limits.timeout_ms / 1000 if depth == 0 and inline is None else 0
         try:
-            # A lent slot was waited for by the lender (the MCP layer's span says how long).
-            lent = entry.gate.lent_here()
-            with (
-                telemetry.NOOP
-                if lent
-                else telemetry.span("skilld.gate.wait", {"skilld.skill": skill_id})
-            ):
+            with telemetry.stage("skilld.gate.wait", {"skilld.skill": skill_id}):
                 slot = entry.gate.take(wait, ctx.channel.cancelled)
         except SkilldError as exc:  # SkillBusy, or CallCancelled while it waited
             if inline is not None:

@@ -554,7 +554,7 @@ class Component:
         try:
             if ctx.deadline is None:
                 ctx.deadline = time.monotonic() + ctx.limits.timeout_ms / 1000
-            with telemetry.span("skilld.instance", {"skilld.instance": "fresh"}):
+            with telemetry.stage("skilld.instance", {"skilld.instance": "fresh"}):
                 inst = self._take(ctx)
             inst.streams.ctx = ctx
             inst.interrupt.arm(inst.store, ctx, ctx.remaining())
