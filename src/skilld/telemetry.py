@@ -62,6 +62,7 @@ TRACESTATE = "tracestate"
 _MAX_TRACESTATE = 512
 RECORD_ARGUMENTS_ENV = "SKILLD_OTEL_RECORD_ARGUMENTS"
 _MAX_RECORDED = 4096
+_MAX_SESSION_ID = 128  # the header is the client's to send; the server's ids are shorter
 STAGE_MIN_NS = 1_000_000  # a stage shorter than this (1 ms) is no span of its own
 _SHUTDOWN_S = 2.0
 
@@ -76,9 +77,6 @@ class _Noop:
 
     def __exit__(self, *exc: object) -> None:
         return None
-
-    def set(self, key: str, value: Any) -> None:
-        """Nothing (tracing is off)."""
 
     def result(self, value: Any) -> None:
         """Nothing (tracing is off)."""
@@ -114,7 +112,9 @@ def configure(node: str | None = None, environ: Mapping[str, str] | None = None)
 
     Sets the process's tracer provider (the MCP SDK's request spans go there too). Opens
     no connection: the exporter sends batches from its own thread. A protocol or exporter
-    that is not installed logs one warning and leaves tracing off.
+    that is not installed logs one warning and leaves tracing off. ``environ`` (default:
+    the process's) decides whether and how; OpenTelemetry's SDK reads its own settings
+    (endpoint, sampler, batch sizes) from the process's environment.
     """
     global _state
     env = os.environ if environ is None else environ
@@ -314,13 +314,6 @@ class _Span:
         self.span.end()
         self._state.context.detach(self._token)
 
-    def set(self, key: str, value: Any) -> None:
-        """Set one attribute on this span."""
-        self.span.set_attribute(key, value)
-
-    def result(self, value: Any) -> None:
-        """Nothing: only a call's span may carry its result (see :func:`call_span`)."""
-
 
 def _failed(span: Any, exc: BaseException) -> None:
     from opentelemetry.trace import StatusCode
@@ -329,9 +322,7 @@ def _failed(span: Any, exc: BaseException) -> None:
         # The outcome vocabulary of the audit and the metrics; never the message, which
         # may quote what the guest was given.
         span.set_attribute("error.type", exc.outcome)
-        code = getattr(exc, "code", None)
-        if isinstance(code, str):
-            span.set_attribute("skilld.error.code", code)
+        span.set_attribute("skilld.error.code", exc.code)
         span.set_status(StatusCode.ERROR)
     elif isinstance(exc, Exception):
         span.set_attribute("error.type", type(exc).__qualname__)
@@ -376,12 +367,6 @@ class _Stage:
         if exc is not None:
             _failed(span, exc)
         span.end(end_time=end)
-
-    def set(self, key: str, value: Any) -> None:
-        """Nothing: a stage's attributes are given when it starts."""
-
-    def result(self, value: Any) -> None:
-        """Nothing: a stage has no result."""
 
 
 def stage(name: str, attributes: Mapping[str, Any] | None = None) -> Any:
@@ -619,6 +604,8 @@ def mcp_middleware(chain: MutableSequence[Any]) -> None:
 
 
 def _headers(ctx: Any) -> Mapping[str, str] | None:
+    # ctx.request is the transport's (Starlette) request over HTTP, None over stdio: the
+    # SDK types it Any, so its headers are looked for rather than assumed.
     request = getattr(ctx, "request", None)
     headers = getattr(request, "headers", None)
     return headers if isinstance(headers, Mapping) or hasattr(headers, "get") else None
@@ -653,7 +640,8 @@ async def _outer(ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
                 "mcp.protocol.version": ctx.protocol_version,
             }
             name = (ctx.params or {}).get("name") if ctx.method == "tools/call" else None
-            if isinstance(name, str):
+            # Only a tool that answered: unknown names are the client's, unbounded.
+            if isinstance(name, str) and error is None:
                 facts["gen_ai.tool.name"] = name
                 facts["gen_ai.operation.name"] = "execute_tool"
             if error is not None:
@@ -667,7 +655,7 @@ async def _inner(ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
         facts = {"network.transport": "tcp" if headers is not None else "pipe"}
         session = headers.get("mcp-session-id") if headers is not None else None
         if session:
-            facts["mcp.session.id"] = session
+            facts["mcp.session.id"] = session[:_MAX_SESSION_ID]
         if _state.node:
             facts["skilld.node"] = _state.node
         annotate(facts)
