@@ -596,7 +596,12 @@ def mcp_middleware(chain: MutableSequence[Any]) -> None:
     ``_meta`` carries none (the SDK's span takes ``_meta``'s first, then the ambient
     context) and ``mcp.server.operation.duration``; inside it, ``mcp.session.id`` and
     ``network.transport`` on the SDK's span.
+
+    Either way, OpenTelemetry's warning for each malformed ``tracestate`` member is
+    silenced: the SDK's middleware reads every request's ``_meta``, so a client could
+    write one log line per member of every request.
     """
+    logging.getLogger("opentelemetry.trace.span").setLevel(logging.ERROR)
     if _state is None:
         return
     chain.insert(0, _outer)

@@ -3,6 +3,7 @@ environment would carry, the hooks neither fail nor pass on more than W3C allows
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -142,3 +143,12 @@ def test_a_stage_is_a_span_only_when_it_took_long_enough_or_failed(
     assert done["waited"].attributes == {"skilld.skill": "s"}
     assert done["refused"].attributes["error.type"] == "busy"
     assert done["waited"].start_time <= done["waited"].end_time
+
+
+def test_a_malformed_tracestate_writes_no_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    """Once the MCP server is built (mcp_middleware, tracing on or off), a request's
+    malformed tracestate, which OpenTelemetry warns about per member, logs nothing."""
+    telemetry.mcp_middleware([])
+    with caplog.at_level(logging.DEBUG):
+        propagate.extract({"traceparent": VALID, "tracestate": ",".join(["bad member"] * 30)})
+    assert not [r for r in caplog.records if r.name.startswith("opentelemetry")]
