@@ -434,10 +434,6 @@ class _CallSpan(_Span):
             )
         super().__exit__(kind, exc, tb)
 
-    def arguments(self, text: str) -> None:
-        if self._record:
-            self.span.set_attribute("gen_ai.tool.call.arguments", text[:_MAX_RECORDED])
-
     def result(self, value: Any) -> None:
         """The call's result, on its span, when the operator opted in for its skill."""
         if not self._record:
@@ -472,9 +468,9 @@ def call_span(skill: str, method: str, *, caller: str, depth: int, arguments: st
     }
     if state.node:
         attributes["skilld.node"] = state.node
-    opened = _CallSpan(state, skill, method, attributes)
-    opened.arguments(arguments)
-    return opened
+    if skill in state.record_arguments or "*" in state.record_arguments:
+        attributes["gen_ai.tool.call.arguments"] = arguments[:_MAX_RECORDED]
+    return _CallSpan(state, skill, method, attributes)
 
 
 # -- context across threads, nodes and processes --------------------------------------

@@ -3,6 +3,7 @@ environment would carry, the hooks neither fail nor pass on more than W3C allows
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections.abc import Iterator
@@ -152,3 +153,33 @@ def test_a_malformed_tracestate_writes_no_log_line(caplog: pytest.LogCaptureFixt
     with caplog.at_level(logging.DEBUG):
         propagate.extract({"traceparent": VALID, "tracestate": ",".join(["bad member"] * 30)})
     assert not [r for r in caplog.records if r.name.startswith("opentelemetry")]
+
+
+def test_arguments_and_results_are_recorded_only_for_the_skills_opted_in(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SKILLD_OTEL_RECORD_ARGUMENTS names the skills whose calls carry their arguments and
+    result (cut to 4 KiB); every other call's span has neither."""
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from skilld.types import CallOutput
+
+    provider = TracerProvider()
+    spans = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    opted = frozenset({"notes"})
+    state = telemetry._State(
+        provider.get_tracer("test"), provider, None, None, None, opted, "n", trace, context
+    )
+    monkeypatch.setattr(telemetry, "_state", state)
+    for skill in ("notes", "secrets"):
+        arguments = json.dumps({"text": "x" * 5000})
+        with telemetry.call_span(skill, "add", caller="mcp", depth=0, arguments=arguments) as span:
+            span.result(CallOutput({"id": 7}))
+    done = {s.attributes["skilld.skill"]: s.attributes for s in spans.get_finished_spans()}
+    assert len(done["notes"]["gen_ai.tool.call.arguments"]) == 4096
+    assert done["notes"]["gen_ai.tool.call.result"] == '{"id":7}'
+    assert "gen_ai.tool.call.arguments" not in done["secrets"]
+    assert "gen_ai.tool.call.result" not in done["secrets"]
+    assert done["secrets"]["skilld.outcome"] == "ok"
