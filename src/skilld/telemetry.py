@@ -93,7 +93,6 @@ class _State:
     operation: Any | None  # histogram mcp.server.operation.duration
     calls: Any | None  # histogram skilld.call.duration
     record_arguments: frozenset[str]
-    node: str | None
     trace: Any  # the opentelemetry.trace and .context modules, imported once
     context: Any
 
@@ -179,7 +178,6 @@ def configure(node: str | None = None, environ: Mapping[str, str] | None = None)
             operation,
             calls,
             opted,
-            node,
             trace,
             context,
         )
@@ -466,8 +464,6 @@ def call_span(skill: str, method: str, *, caller: str, depth: int, arguments: st
         "skilld.caller": caller.split("/", 1)[0].split(":", 1)[0],
         "skilld.depth": depth,
     }
-    if state.node:
-        attributes["skilld.node"] = state.node
     if skill in state.record_arguments or "*" in state.record_arguments:
         attributes["gen_ai.tool.call.arguments"] = arguments[:_MAX_RECORDED]
     return _CallSpan(state, skill, method, attributes)
@@ -657,7 +653,5 @@ async def _inner(ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
         session = headers.get("mcp-session-id") if headers is not None else None
         if session:
             facts["mcp.session.id"] = session[:_MAX_SESSION_ID]
-        if _state.node:
-            facts["skilld.node"] = _state.node
         annotate(facts)
     return await call_next(ctx)

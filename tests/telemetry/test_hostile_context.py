@@ -26,7 +26,7 @@ def on(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Tracing on in this process, on a provider of its own (the global one untouched)."""
     provider = TracerProvider()
     state = telemetry._State(
-        provider.get_tracer("test"), provider, None, None, None, frozenset(), "n", trace, context
+        provider.get_tracer("test"), provider, None, None, None, frozenset(), trace, context
     )
     monkeypatch.setattr(telemetry, "_state", state)
     yield
@@ -125,7 +125,7 @@ def test_a_stage_is_a_span_only_when_it_took_long_enough_or_failed(
     spans = InMemorySpanExporter()
     provider.add_span_processor(SimpleSpanProcessor(spans))
     state = telemetry._State(
-        provider.get_tracer("test"), provider, None, None, None, frozenset(), "n", trace, context
+        provider.get_tracer("test"), provider, None, None, None, frozenset(), trace, context
     )
     monkeypatch.setattr(telemetry, "_state", state)
     monkeypatch.setattr(telemetry, "STAGE_MIN_NS", 10**12)
@@ -170,7 +170,7 @@ def test_arguments_and_results_are_recorded_only_for_the_skills_opted_in(
     provider.add_span_processor(SimpleSpanProcessor(spans))
     opted = frozenset({"notes"})
     state = telemetry._State(
-        provider.get_tracer("test"), provider, None, None, None, opted, "n", trace, context
+        provider.get_tracer("test"), provider, None, None, None, opted, trace, context
     )
     monkeypatch.setattr(telemetry, "_state", state)
     for skill in ("notes", "secrets"):

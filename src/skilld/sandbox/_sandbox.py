@@ -558,7 +558,7 @@ class Component:
                 inst = self._take(ctx)
             inst.streams.ctx = ctx
             inst.interrupt.arm(inst.store, ctx, ctx.remaining())
-            with entered(ctx), telemetry.span("skilld.guest.run", {"skilld.skill": self.name}):
+            with entered(ctx), telemetry.span("skilld.guest.run"):
                 func = inst.instance.get_func(inst.store, export)
                 if func is None:  # pragma: no cover - checked at load
                     raise LinkError(f"{self.name}: export vanished")
