@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from skilld import telemetry
 from skilld.confine import _client, _filters, _identity
 from skilld.confine import _launcher as la
 from skilld.errors import ConfinementUnavailable, ProgramNotStarted
@@ -797,10 +798,11 @@ def run(
             return ProcessResult(None, None, b"", b"", 0, not cancelled_now, 0.0, cancelled_now)
         held = taken
     try:
-        return _run(
-            argv, confinement=confinement, deadline=deadline, cwd=cwd, env=env,
-            stdin=stdin, output_cap=output_cap, cancelled=cancelled,
-        )  # fmt: skip
+        with telemetry.span("skilld.process", {"process.executable.name": Path(argv[0]).name}):
+            return _run(
+                argv, confinement=confinement, deadline=deadline, cwd=cwd, env=env,
+                stdin=stdin, output_cap=output_cap, cancelled=cancelled,
+            )  # fmt: skip
     finally:
         for lock in held:
             lock.release()
@@ -819,7 +821,7 @@ def _run(
 ) -> ProcessResult:
     if not argv or not argv[0] or any("\x00" in a for a in argv):
         raise ProgramNotStarted("argv must name a program, without NUL bytes", errno=errno.EINVAL)
-    environment = dict(env or {})
+    environment = telemetry.environ(dict(env or {}))  # TRACEPARENT: the script joins the trace
     abi = require(confinement)
     program = resolve_program(argv[0], environment)
     start = time.monotonic()
@@ -842,8 +844,10 @@ def _run(
             program, argv, confinement, abi=abi, cwd=cwd, env=environment,
             deadline=deadline, identity=identity,
         )  # fmt: skip
-        call.hand_over(spec)
-        ended = call.pump(deadline, cancelled)
+        with telemetry.span("skilld.process.launch"):
+            call.hand_over(spec)
+        with telemetry.span("skilld.process.run"):
+            ended = call.pump(deadline, cancelled)
     finally:
         call.close()
         # The uid is free once its call reported (the launcher ends the tree before it
