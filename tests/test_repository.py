@@ -32,3 +32,10 @@ def test_nothing_reaches_outside_the_repository() -> None:
     for helper in ("oci-base", "oci-run", "mcp-conformance"):
         assert (ROOT / "tools" / helper).stat().st_mode & 0o111, helper
     assert (ROOT / "docs" / "architecture.md").is_file()
+
+
+def test_test_modules_have_unique_names() -> None:
+    """Test modules are imported by their basename (no packages under tests/): two of one
+    name make the whole run stop at collection."""
+    names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
