@@ -155,7 +155,7 @@ def _compile(args: argparse.Namespace) -> int:
 
 def _explain(args: argparse.Namespace) -> int:
     from skilld.permissions import explain, explain_action
-    from skilld.policy import compile_policies, load_tables, source_as_given
+    from skilld.policy import compile_policies, instances_text, load_tables, source_as_given
 
     explain_action(args.action)  # a typo is a usage error before anything is compiled
     tables: Tables
@@ -196,4 +196,5 @@ def _explain(args: argparse.Namespace) -> int:
     print(f"{verdict}: {args.skill} {args.action} {args.target}")
     print(f"  rule: {decision.rule}{source}")
     print(f"  why:  {decision.reason}")
+    print(f"  instances: {instances_text(tables.limits(args.skill))}")
     return 0 if decision.allowed else 1

@@ -1,0 +1,89 @@
+"""``instances:``: fresh or warm instances per skill, compiled into its limits and explained."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from skilld.cli import main
+from skilld.errors import PolicyError
+from skilld.policy import compile_policies
+from skilld.types import Limits
+
+
+def _limits(tmp_path: Path, files: dict[str, str], skill: str = "notes") -> Limits:
+    root = tmp_path / "policies"
+    root.mkdir()
+    for name, text in files.items():
+        (root / name).write_text(text)
+    return compile_policies(root).tables.limits(skill)
+
+
+@pytest.mark.parametrize(
+    ("text", "calls", "idle_ms"),
+    [
+        ("kv: {}\n", Limits().instance_calls, Limits().instance_idle_ms),
+        ("instances: fresh\n", 1, Limits().instance_idle_ms),
+        ("instances: warm\n", Limits().instance_calls, Limits().instance_idle_ms),
+        ("instances:\n  max_calls: 50\n  idle: 5s\n", 50, 5000),
+        ("instances:\n  reuse: warm\n  idle: 2m\n", Limits().instance_calls, 120_000),
+    ],
+)
+def test_instances_compile_into_the_limits(
+    tmp_path: Path, text: str, calls: int, idle_ms: int
+) -> None:
+    """Warm by default; ``fresh`` is one call per instance; max_calls and idle as given."""
+    limits = _limits(tmp_path, {"notes.yaml": text})
+    assert (limits.instance_calls, limits.instance_idle_ms) == (calls, idle_ms)
+    assert limits.fresh_instances == (calls == 1)
+
+
+def test_a_skill_overrides_the_defaults(tmp_path: Path) -> None:
+    """``defaults.yaml`` may say fresh for all; a skill's own ``warm`` wins for it."""
+    files = {
+        "defaults.yaml": "instances: fresh\n",
+        "notes.yaml": "instances: warm\n",
+        "echo.yaml": "{}\n",
+    }
+    assert not _limits(tmp_path, files).fresh_instances
+    assert compile_policies(tmp_path / "policies").tables.limits("echo").fresh_instances
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "words"),
+    [
+        ("instances: cold\n", 1, "'cold' is not one of warm, fresh"),
+        ("instances:\n  reuse: fresh\n  max_calls: 3\n", 3, "means nothing with a fresh"),
+        ("instances:\n  max_calls: 1\n", 2, "instances.max_calls: bad count 1"),
+        ("instances:\n  idle: soon\n", 2, "instances.idle: bad duration"),
+        ("instances:\n  reuse: warm\n  calls: 3\n", 3, "unknown key 'calls'"),
+    ],
+)
+def test_bad_instances_are_refused_at_their_line(
+    tmp_path: Path, text: str, line: int, words: str
+) -> None:
+    """A wrong word, count or duration names the file, its line and what to write."""
+    with pytest.raises(PolicyError) as info:
+        _limits(tmp_path, {"notes.yaml": text})
+    assert info.value.location is not None and info.value.location.endswith(f"notes.yaml:{line}")
+    assert words in str(info.value)
+
+
+def test_explain_says_which_instances_a_skill_gets(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``skilld policy explain`` ends with the skill's instance policy."""
+    root = tmp_path / "policies"
+    root.mkdir()
+    (root / "notes.yaml").write_text("kv: {}\ninstances: fresh\n")
+    (root / "echo.yaml").write_text("instances:\n  max_calls: 20\n  idle: 30s\n")
+    args = ["policy", "explain", "--policies", str(root)]
+    main([*args[:2], "notes", "env.read", "X", *args[2:]])
+    assert "instances: fresh (a new instance for every call)" in capsys.readouterr().out
+    main([*args[:2], "echo", "env.read", "X", *args[2:]])
+    warm = (
+        "instances: warm (one caller's calls share an instance: "
+        "at most 20 calls, idle at most 30 s)"
+    )
+    assert warm in capsys.readouterr().out
