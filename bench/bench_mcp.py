@@ -6,7 +6,7 @@ client session per concurrent caller, and reports p50/p99 latency, throughput an
 server's CPU time per call at concurrency 1 and 16, then the skilld/bare ratios.
 
 By default skilld serves the demo bundle through its registry (policy context, audit
-record, one fresh wasm instance per call) and the tool is ``echo-wat/echo``: a skill
+record, the caller's warm wasm instance) and the tool is ``echo-wat/echo``: a skill
 written in WebAssembly text, with no guest runtime, so the numbers are skilld's own
 cost. Other subjects, through ``--dispatcher module:factory`` and ``--tool``:
 
@@ -15,6 +15,11 @@ cost. Other subjects, through ``--dispatcher module:factory`` and ``--tool``:
     python bench_mcp.py --dispatcher skilld.mcp.testing:echo_dispatcher --tool echo
                                                           # the MCP layer alone
     python bench_mcp.py --inline-ms 0                     # every call on a worker thread
+    python bench_mcp.py --quick                           # seconds: that it runs (CI)
+
+With the default dispatcher a third server runs beside them: skilld with every skill under
+``instances: fresh`` (``_bundle:echo_registry_fresh``), the row ``skilld-fresh``
+(``--no-fresh`` leaves it out).
 
 The machine's speed drifts (a shared VM), so each cell runs ``--rounds`` times,
 alternating bare and skilld: latencies are pooled, throughput and CPU per call are
@@ -223,29 +228,40 @@ def _cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+FRESH_DISPATCHER = "_bundle:echo_registry_fresh"
+
+
 async def run(
-    requests: int, dispatcher: str, tool: str, log_level: str, rounds: int, inline_ms: float
+    requests: int,
+    dispatcher: str,
+    tool: str,
+    log_level: str,
+    rounds: int,
+    inline_ms: float,
+    fresh: bool,
 ) -> None:
-    """Build what skilld serves, start both servers, measure each cell, print the table."""
+    """Build what skilld serves, start the servers, measure each cell, print the table."""
     _prepare(dispatcher)
-    ports = {"skilld": _free_port(), "bare": _free_port()}
-    procs = {
-        "skilld": _spawn(
+    served = {"skilld": dispatcher}
+    if fresh:
+        served["skilld-fresh"] = FRESH_DISPATCHER
+    ports = {kind: _free_port() for kind in ("bare", *served)}
+    procs = {"bare": _spawn(["--serve", "bare", "--port", str(ports["bare"])])}
+    for kind, factory in served.items():
+        procs[kind] = _spawn(
             [
                 "--serve",
                 "skilld",
                 "--port",
-                str(ports["skilld"]),
+                str(ports[kind]),
                 "--dispatcher",
-                dispatcher,
+                factory,
                 "--log-level",
                 log_level,
                 "--inline-ms",
                 str(inline_ms),
             ]
-        ),
-        "bare": _spawn(["--serve", "bare", "--port", str(ports["bare"])]),
-    }
+        )
     # (kind, concurrency) -> pooled latencies, per-round throughput, per-round CPU ms/call
     lats: dict[tuple[str, int], list[float]] = {}
     rates: dict[tuple[str, int], list[float]] = {}
@@ -257,8 +273,8 @@ async def run(
             await _wait_up(kind, port, procs[kind])
         for concurrency in (1, 16):
             for _ in range(rounds):
-                for kind in ("bare", "skilld"):
-                    name = tool if kind == "skilld" else "echo"
+                for kind in ports:
+                    name = "echo" if kind == "bare" else tool
                     before = _cpu_s(procs[kind].pid)
                     lat, wall = await measure(ports[kind], name, concurrency, requests)
                     after = _cpu_s(procs[kind].pid)
@@ -295,24 +311,22 @@ async def run(
     print("| server | concurrency | p50 ms | p99 ms | calls/s | server CPU ms/call |")
     print("|---|---|---|---|---|---|")
     for concurrency in (1, 16):
-        for kind in ("bare", "skilld"):
+        for kind in ports:
             p50, p99, rate, cpu = cell((kind, concurrency))
             print(f"| {kind} | {concurrency} | {p50:.2f} | {p99:.2f} | {rate:.0f} | {cpu:.2f} |")
     print()
     for kind, (now, peak) in rss.items():
         print(f"{kind} server resident memory at the end: {now:.0f} MiB (peak {peak:.0f} MiB)")
     print()
-    print(
-        "| concurrency | p50 skilld/bare | p99 skilld/bare | throughput skilld/bare "
-        "| CPU/call skilld/bare |"
-    )
-    print("|---|---|---|---|---|")
-    for concurrency in (1, 16):
-        s, b = cell(("skilld", concurrency)), cell(("bare", concurrency))
-        print(
-            f"| {concurrency} | {s[0] / b[0]:.2f} | {s[1] / b[1]:.2f} | {s[2] / b[2]:.2f} "
-            f"| {s[3] / b[3]:.2f} |"
-        )
+    print("| server | concurrency | p50 /bare | p99 /bare | throughput /bare | CPU/call /bare |")
+    print("|---|---|---|---|---|---|")
+    for kind in served:
+        for concurrency in (1, 16):
+            s, b = cell((kind, concurrency)), cell(("bare", concurrency))
+            print(
+                f"| {kind} | {concurrency} | {s[0] / b[0]:.2f} | {s[1] / b[1]:.2f} "
+                f"| {s[2] / b[2]:.2f} | {s[3] / b[3]:.2f} |"
+            )
 
 
 def main() -> None:
@@ -340,6 +354,15 @@ def main() -> None:
         default=1.0,
         help="skilld's inline budget (default 1.0, the server's; 0 runs every call on a thread)",
     )
+    parser.add_argument(
+        "--no-fresh",
+        dest="fresh",
+        action="store_false",
+        help="leave out the skilld-fresh server (instances: fresh)",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="a few calls, one round: that it runs (CI)"
+    )
     parser.add_argument("--serve", choices=["skilld", "bare"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -348,6 +371,8 @@ def main() -> None:
     elif args.serve == "bare":
         serve_bare(args.port)
     else:
+        if args.quick:
+            args.requests, args.rounds = 32, 1
         anyio.run(
             run,
             args.requests,
@@ -356,6 +381,7 @@ def main() -> None:
             args.log_level,
             args.rounds,
             args.inline_ms,
+            args.fresh and args.dispatcher == "_bundle:echo_registry",
         )
 
 
