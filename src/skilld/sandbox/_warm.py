@@ -11,6 +11,7 @@ allows. A dropped instance goes to its component to be freed (off the calls' pat
 from __future__ import annotations
 
 import collections
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -70,6 +71,8 @@ class WarmInstances(Generic[Inst]):
         self._by_binding: dict[Binding, list[int]] = {}
         self._per_component: collections.Counter[int] = collections.Counter()
         self._sweeper: threading.Thread | None = None
+        # When the sweeper wakes next (inf: not until a keep wakes it).
+        self._sweep_at = math.inf
         self._closed = False
 
     def __len__(self) -> int:
@@ -114,7 +117,8 @@ class WarmInstances(Generic[Inst]):
                 dropped.append(_Idle(instance, bound, 0.0, discard))
             else:
                 key = id(instance)
-                self._lru[key] = _Idle(instance, bound, time.monotonic() + idle_s, discard)
+                expires = time.monotonic() + idle_s
+                self._lru[key] = _Idle(instance, bound, expires, discard)
                 self._by_binding.setdefault(bound, []).append(key)
                 self._per_component[component] += 1
                 if self._per_component[component] > self.per_component:
@@ -123,7 +127,10 @@ class WarmInstances(Generic[Inst]):
                 while len(self._lru) > self.total:
                     dropped.append(self._remove(next(iter(self._lru))))
                 self._start_sweeper()
-                self._lock.notify()
+                # Wake the sweeper only to bring its wake-up forward: waking it on every
+                # keep cost a thread switch per call (0.9 ms of a delegate's in process).
+                if expires < self._sweep_at:
+                    self._lock.notify()
         for entry in dropped:
             entry.discard(entry.instance)
 
@@ -174,7 +181,9 @@ class WarmInstances(Generic[Inst]):
                 expired = [k for k, e in self._lru.items() if e.expires <= now]
                 dropped = [self._remove(k) for k in expired]
                 if not dropped:
-                    nearest = min((e.expires for e in self._lru.values()), default=None)
-                    self._lock.wait(None if nearest is None else max(nearest - now, 0.001))
+                    self._sweep_at = min((e.expires for e in self._lru.values()), default=math.inf)
+                    wait = self._sweep_at - now
+                    self._lock.wait(None if wait == math.inf else max(wait, 0.001))
+                    self._sweep_at = -math.inf  # awake: a keep meanwhile need not wake it
             for entry in dropped:
                 entry.discard(entry.instance)
