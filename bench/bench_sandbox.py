@@ -191,7 +191,11 @@ def main() -> None:
     wasm_path = build_component(ROOT / "skills" / "echo", cache_dir=cache_dir())
     wasm = wasm_path.read_bytes()
     print(f"echo component: {len(wasm) / 1e6:.1f} MB")
-    with tempfile.TemporaryDirectory() as tmp, Sandbox(Path(tmp)) as sb:
+    # A fresh native-code cache, so the first load compiles; --quick uses the shared one.
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        Sandbox(cache_dir() if args.quick else Path(tmp)) as sb,
+    ):
         # A JIT compile takes seconds (minutes on a busy machine): --quick leaves it out.
         compile_t = (
             [math.nan]
