@@ -5,6 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from skilld.cli import main
 from skilld.errors import PolicyError
@@ -87,3 +90,41 @@ def test_explain_says_which_instances_a_skill_gets(
         "at most 20 calls, idle at most 30 s)"
     )
     assert warm in capsys.readouterr().out
+
+
+_YAML_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-5, 200_000)
+    | st.sampled_from(["warm", "fresh", "cold", "5s", "0s", "1m", "", "soon", "-1"]),
+    lambda inner: (
+        st.dictionaries(
+            st.sampled_from(["reuse", "max_calls", "idle", "calls", ""]), inner, max_size=4
+        )
+        | st.lists(inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(value=_YAML_VALUES)
+def test_any_instances_value_compiles_or_is_refused_with_its_line(
+    tmp_path_factory: pytest.TempPathFactory, value: object
+) -> None:
+    """Whatever ``instances:`` holds, it compiles to sane limits or fails as a PolicyError."""
+    root = tmp_path_factory.mktemp("p") / "policies"
+    root.mkdir()
+    (root / "notes.yaml").write_text(yaml.safe_dump({"instances": value}))
+    refused: PolicyError | None = None
+    try:
+        limits = compile_policies(root).tables.limits("notes")
+    except PolicyError as exc:
+        refused = exc
+    if refused is not None:
+        assert refused.location is not None and "notes.yaml:" in refused.location
+        return
+    assert 1 <= limits.instance_calls <= 100_000
+    assert limits.instance_idle_ms > 0
