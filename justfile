@@ -57,7 +57,7 @@ image-run PORT="8080" STATE="/tmp/skilld-state" TAG="localhost/skilld:dev":
     mkdir -p {{STATE}} && chown 10001 {{STATE}}
     tools/oci-run {{TAG}} --volume {{STATE}}:/var/lib/skilld \
       -- /opt/skilld/bin/skilld serve --bundle /opt/skilld-bundle --transport http \
-      --host 0.0.0.0 --port {{PORT}}
+      --host 0.0.0.0 --port {{PORT}} --token-file /var/lib/skilld/tokens --token-file-init
 
 # Pin the flake's Python wheels (name, version, tags, sha256; no URLs) in nix/wheels.json from pyproject.toml.
 nix-wheels:

@@ -15,11 +15,13 @@ cost. Other subjects, through ``--dispatcher module:factory`` and ``--tool``:
     python bench_mcp.py --dispatcher skilld.mcp.testing:echo_dispatcher --tool echo
                                                           # the MCP layer alone
     python bench_mcp.py --inline-ms 0                     # every call on a worker thread
+    python bench_mcp.py --auth jwt                        # skilld with a JWT caller against
+                                                          # skilld without authentication
     python bench_mcp.py --quick                           # seconds: that it runs (CI)
 
-With the default dispatcher a third server runs beside them: skilld with every skill under
-``instances: fresh`` (``_bundle:echo_registry_fresh``), the row ``skilld-fresh``
-(``--no-fresh`` leaves it out).
+With the default dispatcher (and no ``--auth``) a third server runs beside them: skilld
+with every skill under ``instances: fresh`` (``_bundle:echo_registry_fresh``), the row
+``skilld-fresh`` (``--no-fresh`` leaves it out).
 
 The machine's speed drifts (a shared VM), so each cell runs ``--rounds`` times,
 alternating bare and skilld: latencies are pooled, throughput and CPU per call are
@@ -42,6 +44,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import IO
 
 import anyio
@@ -61,19 +64,58 @@ def _free_port() -> int:
 # -- the two servers (each runs as ``bench_mcp.py --serve KIND``) ------------------
 
 
-def serve_skilld(port: int, factory: str, log_level: str, inline_ms: float) -> None:
-    """skilld's MCP layer over the dispatcher ``factory`` returns."""
+_ISSUER = "https://issuer.bench.invalid"
+
+
+def serve_skilld(
+    port: int, factory: str, log_level: str, inline_ms: float, jwks: str | None = None
+) -> None:
+    """skilld's MCP layer over the dispatcher ``factory`` returns; with ``jwks`` (a JWK set
+    file) an OAuth resource server whose callers present JWTs signed with its key."""
     from skilld.mcp import ServeConfig, serve
 
     module, _, name = factory.partition(":")
     dispatcher = getattr(importlib.import_module(module), name)()
+    auth = {}
+    if jwks is not None:
+        auth = {
+            "auth_issuer": _ISSUER,
+            "auth_audience": f"http://127.0.0.1:{port}/mcp",
+            "auth_jwks_file": Path(jwks),
+        }
     config = ServeConfig(
         transport="http",
         port=port,
         log_level=log_level,  # type: ignore[arg-type]
         inline_ms=inline_ms,
+        **auth,  # type: ignore[arg-type]
     )
     serve(dispatcher, config)
+
+
+def _jwt_setup(directory: str, port: int) -> tuple[str, str]:
+    """A fresh RSA key's JWK set in ``directory`` and an access token under it for the
+    server on ``port``: (jwks file, token)."""
+    import json
+
+    import jwt
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    public = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(key.public_key()))
+    path = str(Path(directory) / "jwks.json")
+    with open(path, "w", encoding="utf-8") as out:
+        json.dump({"keys": [{**public, "kid": "bench", "use": "sig", "alg": "RS256"}]}, out)
+    now = int(time.time())
+    claims = {
+        "iss": _ISSUER,
+        "sub": "bench",
+        "aud": f"http://127.0.0.1:{port}/mcp",
+        "scope": "tools:call",
+        "iat": now,
+        "exp": now + 24 * 3600,
+    }
+    return path, jwt.encode(claims, key, algorithm="RS256", headers={"kid": "bench"})
 
 
 def serve_bare(port: int) -> None:
@@ -150,9 +192,12 @@ async def _caller(
     warmup: int,
     warmed: _Barrier,
     finished: _Barrier,
+    token: str | None,
 ) -> None:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     async with (
-        streamable_http_client(url) as (read, write),
+        httpx2.AsyncClient(headers=headers, timeout=60) as http,
+        streamable_http_client(url, http_client=http) as (read, write),
         ClientSession(read, write) as session,
     ):
         await session.initialize()
@@ -170,7 +215,7 @@ async def _caller(
 
 
 async def measure(
-    port: int, tool: str, concurrency: int, requests: int
+    port: int, tool: str, concurrency: int, requests: int, token: str | None = None
 ) -> tuple[list[float], float]:
     """Latencies of ``requests`` calls spread over ``concurrency`` sessions, and the wall time.
 
@@ -182,7 +227,7 @@ async def measure(
     warmed, finished = _Barrier(concurrency), _Barrier(concurrency)
     async with anyio.create_task_group() as tg:
         for _ in range(concurrency):
-            tg.start_soon(_caller, url, tool, per_caller, latencies, 10, warmed, finished)
+            tg.start_soon(_caller, url, tool, per_caller, latencies, 10, warmed, finished, token)
     return latencies, finished.at - warmed.at
 
 
@@ -238,30 +283,51 @@ async def run(
     log_level: str,
     rounds: int,
     inline_ms: float,
-    fresh: bool,
+    auth: str | None = None,
+    fresh: bool = False,
 ) -> None:
-    """Build what skilld serves, start the servers, measure each cell, print the table."""
+    """Build what skilld serves, start the servers, measure each cell, print the table.
+
+    With ``auth == "jwt"`` the "skilld" side is an OAuth resource server whose callers
+    present a JWT, and the "bare" side is skilld without authentication (same tool).
+    With ``fresh`` (and no ``auth``) a "skilld-fresh" server runs every skill under
+    ``instances: fresh`` beside them.
+    """
     _prepare(dispatcher)
     served = {"skilld": dispatcher}
-    if fresh:
+    if fresh and not auth:
         served["skilld-fresh"] = FRESH_DISPATCHER
     ports = {kind: _free_port() for kind in ("bare", *served)}
-    procs = {"bare": _spawn(["--serve", "bare", "--port", str(ports["bare"])])}
-    for kind, factory in served.items():
-        procs[kind] = _spawn(
-            [
-                "--serve",
-                "skilld",
-                "--port",
-                str(ports[kind]),
-                "--dispatcher",
-                factory,
-                "--log-level",
-                log_level,
-                "--inline-ms",
-                str(inline_ms),
-            ]
-        )
+
+    def skilld_args(factory: str) -> list[str]:
+        return ["--dispatcher", factory, "--log-level", log_level, "--inline-ms", str(inline_ms)]
+
+    token: str | None = None
+    keys_dir = tempfile.TemporaryDirectory()
+    if auth == "jwt":
+        jwks, token = _jwt_setup(keys_dir.name, ports["skilld"])
+        procs = {
+            "skilld": _spawn(
+                [
+                    "--serve",
+                    "skilld",
+                    "--port",
+                    str(ports["skilld"]),
+                    "--jwks",
+                    jwks,
+                    *skilld_args(dispatcher),
+                ]
+            ),
+            "bare": _spawn(
+                ["--serve", "skilld", "--port", str(ports["bare"]), *skilld_args(dispatcher)]
+            ),
+        }
+    else:
+        procs = {"bare": _spawn(["--serve", "bare", "--port", str(ports["bare"])])}
+        for kind, factory in served.items():
+            procs[kind] = _spawn(
+                ["--serve", "skilld", "--port", str(ports[kind]), *skilld_args(factory)]
+            )
     # (kind, concurrency) -> pooled latencies, per-round throughput, per-round CPU ms/call
     lats: dict[tuple[str, int], list[float]] = {}
     rates: dict[tuple[str, int], list[float]] = {}
@@ -274,9 +340,15 @@ async def run(
         for concurrency in (1, 16):
             for _ in range(rounds):
                 for kind in ports:
-                    name = "echo" if kind == "bare" else tool
+                    name = tool if kind != "bare" or auth else "echo"
                     before = _cpu_s(procs[kind].pid)
-                    lat, wall = await measure(ports[kind], name, concurrency, requests)
+                    lat, wall = await measure(
+                        ports[kind],
+                        name,
+                        concurrency,
+                        requests,
+                        token if kind == "skilld" else None,
+                    )
                     after = _cpu_s(procs[kind].pid)
                     key = (kind, concurrency)
                     lats.setdefault(key, []).extend(lat)
@@ -290,6 +362,7 @@ async def run(
             proc.terminate()
         for proc in procs.values():
             proc.wait(timeout=60)
+        keys_dir.cleanup()
 
     def cell(key: tuple[str, int]) -> tuple[float, float, float, float]:
         cpu = statistics.median(cpus[key]) if cpus.get(key) else math.nan
@@ -301,9 +374,11 @@ async def run(
         )
 
     load = [max(at[i] for at in loads) for i in range(3)]
+    against = "skilld without authentication" if auth else "a bare MCPServer echo"
+    subject = f"skilld with a JWT caller, {tool}" if auth else f"skilld {tool}"
     print(
-        f"tools/call over Streamable HTTP: skilld {tool} (dispatcher {dispatcher}) against "
-        f"a bare MCPServer echo; {requests} calls per cell, {rounds} alternating rounds, "
+        f"tools/call over Streamable HTTP: {subject} (dispatcher {dispatcher}) against "
+        f'{against} ("bare" below); {requests} calls per cell, {rounds} alternating rounds, '
         f"inline_ms {inline_ms}; load average (1, 5, 15 min, the higher of start and end) "
         f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f}"
     )
@@ -355,6 +430,12 @@ def main() -> None:
         help="skilld's inline budget (default 1.0, the server's; 0 runs every call on a thread)",
     )
     parser.add_argument(
+        "--auth",
+        choices=["jwt"],
+        help="jwt: skilld as an OAuth resource server with a JWT caller, against skilld "
+        "without authentication (the cost of verifying the caller)",
+    )
+    parser.add_argument(
         "--no-fresh",
         dest="fresh",
         action="store_false",
@@ -364,10 +445,11 @@ def main() -> None:
         "--quick", action="store_true", help="a few calls, one round: that it runs (CI)"
     )
     parser.add_argument("--serve", choices=["skilld", "bare"], help=argparse.SUPPRESS)
+    parser.add_argument("--jwks", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve == "skilld":
-        serve_skilld(args.port, args.dispatcher, args.log_level, args.inline_ms)
+        serve_skilld(args.port, args.dispatcher, args.log_level, args.inline_ms, args.jwks)
     elif args.serve == "bare":
         serve_bare(args.port)
     else:
@@ -381,6 +463,7 @@ def main() -> None:
             args.log_level,
             args.rounds,
             args.inline_ms,
+            args.auth,
             args.fresh and args.dispatcher == "_bundle:echo_registry",
         )
 

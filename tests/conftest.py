@@ -11,11 +11,17 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from skilld.bundle import BuildResult
 from skilld.package.build import build_component
 from skilld.sandbox import Sandbox
 from support.env import SKILLS, cache_dir
+
+# No per-example deadline: a property test states a property, never a timing, and a
+# loaded machine (CI's two cores running servers beside it) must not turn it red.
+settings.register_profile("skilld", deadline=None, print_blob=True)
+settings.load_profile("skilld")
 
 _STATE_HOME = pytest.StashKey[str]()
 _BASETEMP = pytest.StashKey[str]()

@@ -29,8 +29,12 @@ ALLOWED: dict[str, set[str]] = {
     "call": {"audit"},
     # the registry reaches every backend through SkillBackend: it imports no sandbox
     "registry": {"call", "audit", "policy"},
-    # Agent Skills directories are validated, packed and staged by the build.
-    "bundle": {"call", "package", "policy", "sandbox", "agentskills"},
+    # OCI artifacts: the registry client and image layouts, below the build only (a
+    # bundle holds its packages: nothing that serves imports distribution).
+    "distribution": {"package"},
+    # Agent Skills directories are validated, packed and staged by the build; packages
+    # listed in sources.yaml are pulled by it (distribution).
+    "bundle": {"call", "package", "policy", "sandbox", "agentskills", "distribution"},
     "mcp": {"registry"},
     "cluster": {"call", "registry", "state", "package"},
     "confine": {"policy"},
@@ -64,6 +68,10 @@ BOUNDARIES = {
     "jsonschema": {"mcp"},
     "nats": {"cluster", "state"},
     "cryptography": {"package"},
+    # the OCI client (oras-py) and the HTTP library under it: distribution/ only
+    "oras": {"distribution"},
+    "requests": {"distribution"},
+    "urllib3": {"distribution"},
     # delegate's Anthropic tier is the only user of the SDK (an optional extra).
     "anthropic": {"delegate"},
 }
@@ -169,6 +177,19 @@ def test_every_import_form_is_seen(
         assert names == {"skilld"}
     else:
         assert imported in names
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(SRC)))
+def test_no_private_module_of_another_package(path: Path) -> None:
+    """A package uses another only through its public names, never a ``_module`` of it."""
+    pkg = _package_of(path)
+    for name, line in _imports(path):
+        parts = name.split(".")
+        if parts[0] == "skilld" and len(parts) > 2 and parts[1] != pkg:
+            assert not any(part.startswith("_") for part in parts[2:]), (
+                f"{path.relative_to(SRC)}:{line}: {pkg}/ imports {name}, a private module of "
+                f"{parts[1]}/: export what it needs from {parts[1]}/__init__.py or a public module"
+            )
 
 
 def test_sdk_is_self_contained() -> None:

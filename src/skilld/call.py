@@ -43,13 +43,13 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, TypeVar
 
 from skilld.audit import CallRecorder
-from skilld.errors import CallCancelled, HostCallError, RunOnThread, SkillBusy
+from skilld.errors import CallCancelled, GuestError, HostCallError, RunOnThread, SkillBusy
 from skilld.types import (
     Caller,
     ClientChannel,
@@ -71,6 +71,45 @@ MAX_CAPTURE = 64 * 1024
 # A host call that waits (on a socket, the client, another thread) looks at the
 # cancel flag this often, so a cancelled call lets go of its slot within it.
 WAIT_SLICE_S = 0.05
+
+
+class NullChannel:
+    """A channel with no client behind it: ``skilld call``, warm-up, ``describe`` at build.
+
+    Notifications are dropped; asking the client (sampling, elicitation) is refused with
+    ``unavailable`` and the reason given (``why``).
+    """
+
+    __slots__ = ("why",)
+
+    def __init__(self, why: str = "no MCP client is attached to this call") -> None:
+        self.why = why
+
+    def progress(self, progress: float, total: float | None, message: str | None) -> None:
+        """Drop the notification."""
+
+    def log(self, level: str, data: Any) -> None:
+        """Drop the message."""
+
+    def sample(self, params: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Refuse: there is no client to sample from.
+
+        Raises:
+            GuestError: always, with code ``unavailable``.
+        """
+        raise GuestError("unavailable", self.why)
+
+    def elicit(self, params: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Refuse: there is no client to ask.
+
+        Raises:
+            GuestError: always, with code ``unavailable``.
+        """
+        raise GuestError("unavailable", self.why)
+
+    def cancelled(self) -> bool:
+        """Never cancelled."""
+        return False
 
 
 class CallGate:
@@ -367,7 +406,7 @@ class CallContext:
 
     def __post_init__(self) -> None:
         if self.recorder is None:
-            self.recorder = CallRecorder(self.skill_id, "", "", caller="local", input=b"")
+            self.recorder = CallRecorder(self.skill_id, "", "", caller=self.caller, input=b"")
         self._recorder: CallRecorder = self.recorder
 
     @property

@@ -34,6 +34,7 @@ into this tree at the one boundary that uses the library (``raise X(...) from ex
     ├── AuditError              an audit sink could not record
     ├── RegistryError           an unknown skill, method or tool name
     ├── BundleError             a bundle or its lock is inconsistent (names the file)
+    ├── DistributionError       an OCI registry or layout refused, lacks or garbled an artifact
     ├── AgentSkillError         an Agent Skill is invalid or its script cannot run (file:line)
     ├── DelegateError           delegate: an unknown kit, no program for an intent
     │   ├── ProgramRejected         the validator refused a program (line, column, rule)
@@ -57,6 +58,8 @@ record, metrics and delegate's results use (``deadline``). There is no other map
     StackExhausted     limit-exceeded     stack
     GuestError         its own code       error:<code>
     SkillBusy          limit-exceeded     busy
+    ServerShutdown     unavailable        shutdown
+    RegistryError      internal           unknown
     HostCallError      its own code       error:<code>
 
 ``deadline``, ``memory``, ``stack`` and ``busy`` are also the names of the limits a
@@ -144,6 +147,12 @@ class SignatureError(PackageError):
 
 class TrustError(PackageError):
     """A key is unknown, outside its scope, or a signing threshold is unmet."""
+
+
+class DistributionError(SkilldError):
+    """An OCI registry or image layout refused a request (unauthorized), lacks the artifact
+    (not found), holds something else (wrong artifact type, over a size cap) or cannot be
+    reached; ``location`` names the reference."""
 
 
 class PolicyError(SkilldError):
@@ -253,14 +262,28 @@ class SkillBusy(GuestError):
     """Every slot of a skill is taken and none freed up in time: the call did not run.
 
     The one refusal of the one concurrency gate (``skilld.call.CallGate``), whoever
-    waited on it: an MCP request on the event loop, a routed call, ``invoke``.
+    waited on it: an MCP request on the event loop, a routed call, ``invoke``; and of
+    the worker threads when none took the call in time (``message`` says so).
     """
 
-    def __init__(self, skill: str, limit: int):
+    def __init__(self, skill: str, limit: int, *, message: str | None = None):
         super().__init__(
-            ErrorCode.LIMIT_EXCEEDED, f"skill {skill} is busy ({limit} calls running); retry later"
+            ErrorCode.LIMIT_EXCEEDED,
+            message or f"skill {skill} is busy ({limit} calls running); retry later",
         )
         self.outcome = "busy"
+
+
+class ServerShutdown(GuestError):
+    """The server's drain grace ran out while the call still ran: it was stopped there.
+
+    Raised once, where the call ends (``skilld.registry``), from the cancellation the
+    drain caused; its client is told to retry elsewhere.
+    """
+
+    def __init__(self, message: str):
+        super().__init__(ErrorCode.UNAVAILABLE, message)
+        self.outcome = "shutdown"
 
 
 class HostCallError(SkilldError):
@@ -294,6 +317,8 @@ class AuditError(SkilldError):
 
 class RegistryError(SkilldError):
     """An unknown skill, method or tool name."""
+
+    outcome = "unknown"
 
 
 class BundleError(SkilldError):

@@ -22,7 +22,7 @@ from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from test_mcp import _value
 
-from skilld.agentskills._backend import MAX_EMBEDDED_BYTES, MAX_RETURNED_FILES
+from skilld.agentskills._collect import MAX_EMBEDDED_BYTES, MAX_RETURNED_FILES
 from skilld.agentskills._executors import program_tree
 from skilld.bundle import build_bundle
 from skilld.sandbox import Sandbox

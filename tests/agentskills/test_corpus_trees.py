@@ -18,8 +18,8 @@ from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from test_mcp import _value
 
-from skilld.agentskills._backend import MAX_RETURNED_FILES
 from skilld.agentskills._build import MAX_INPUT_FILES
+from skilld.agentskills._collect import MAX_RETURNED_FILES
 from skilld.sandbox import Sandbox
 from support.agentskills import FIXTURES, serve_built
 

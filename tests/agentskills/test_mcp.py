@@ -18,6 +18,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from skilld.bundle import BuildResult
 from support.agentskills import make_pdf
 from support.env import cache_dir
+from support.mcp_fakes import text_of as _text
 
 
 @asynccontextmanager
@@ -32,9 +33,6 @@ async def session_for(bundle: Path, state: Path) -> AsyncIterator[ClientSession]
         await session.initialize()
         yield session
 
-
-def _text(result: object) -> str:
-    return "".join(getattr(c, "text", "") for c in getattr(result, "content", []))
 
 
 def _value(result: object) -> dict[str, object]:

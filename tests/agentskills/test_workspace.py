@@ -176,3 +176,20 @@ def test_a_tree_of_empty_files_is_ended_at_the_entry_cap(world: dict[str, Any]) 
     with pytest.raises(GuestError, match=r"more than 10000 files and directories"):
         fill(world, "many", 0, files=12_000)
     assert fill(world, "out", 1)["exit_status"] == 0
+
+
+def test_outputs_that_cannot_be_kept_are_a_named_error(world: dict[str, Any]) -> None:
+    """The kept store's directory gone (its disk full or removed): a run whose outputs must
+    be kept is answered ``unavailable`` naming where, nothing is left in the work
+    directory, and the next run is kept again once the store is back."""
+    backend = next(e.component for e in world["registry"].skills() if e.spec.id == "filler")
+    store = backend.kept.directory
+    assert paths.remove_tree(store)
+    try:
+        with pytest.raises(GuestError, match="could not be kept") as err:
+            fill(world, "out", 2)
+        assert err.value.code == "unavailable"
+        assert _workspaces(world["work"]) == []
+    finally:
+        store.mkdir(mode=0o700)
+    assert len(fill(world, "out", 2)["resources"]) == 2

@@ -191,11 +191,17 @@ def test_only_the_state_volume_is_writable(image: str) -> None:
 def test_tool_call_from_outside(served: tuple[str, Path, Path]) -> None:
     """An MCP client on the host calls echo/echo in the container; only the volume is written."""
     url, state, upper = served
+    # The entry point made a named token at first start, in the state volume, private.
+    tokens = state / "tokens"
+    assert tokens.stat().st_uid == UID and tokens.stat().st_mode & 0o777 == 0o600
+    token = next(line.split()[1] for line in tokens.read_text().splitlines() if line[:1].isalnum())
+    auth = {"Authorization": f"Bearer {token}"}
 
     async def call() -> None:
         with anyio.fail_after(60):
+            assert httpx2.post(url, json={}).status_code == 401
             async with (
-                httpx2.AsyncClient(timeout=30) as http,
+                httpx2.AsyncClient(timeout=30, headers=auth) as http,
                 streamable_http_client(url, http_client=http) as (read, write),
                 ClientSession(read, write) as session,
             ):

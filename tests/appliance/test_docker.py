@@ -45,6 +45,7 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
 from support.env import ROOT, cache_dir
+from support.mcp_fakes import text_of
 
 DOCKER = shutil.which("docker", path="/usr/bin") or shutil.which("docker")
 BUILDAH = shutil.which("buildah")
@@ -176,6 +177,7 @@ class Running:
     rw: Path
     ro: Path
     sockets: SocketWatch
+    token: str
 
     def exec(self, *argv: str, check: bool = True) -> str:
         """``docker exec`` in the container (as its own user); stdout."""
@@ -187,7 +189,7 @@ class Running:
         async def go() -> Any:
             with anyio.fail_after(timeout):
                 async with (
-                    httpx2.AsyncClient(timeout=timeout) as http,
+                    httpx2.AsyncClient(timeout=timeout, headers=self.auth) as http,
                     streamable_http_client(self.url, http_client=http) as (read, write),
                     ClientSession(read, write) as session,
                 ):
@@ -196,14 +198,15 @@ class Running:
 
         return anyio.run(go)
 
+    @property
+    def auth(self) -> dict[str, str]:
+        """The header carrying the token the container made at first start."""
+        return {"Authorization": f"Bearer {self.token}"}
+
     def script(self, skill: str, script: str, *args: str) -> Any:
         """run_script of an Agent Skill; the result."""
         return self.call(f"{skill}/run_script", {"script": script, "args": list(args)})
 
-
-def text_of(result: Any) -> str:
-    """The text of a tool result."""
-    return "".join(getattr(c, "text", "") for c in result.content)
 
 
 def value_of(result: Any) -> dict[str, Any]:
@@ -233,6 +236,14 @@ def _wait_healthy(name: str, limit_s: float) -> float:
     raise AssertionError(f"not healthy within {limit_s} s: {docker('logs', name).stderr}")
 
 
+def _token(name: str) -> str:
+    """The token the container made at first start, from the one log line that shows it."""
+    for line in docker("logs", name).stderr.splitlines():
+        if '"token_created"' in line:
+            return str(json.loads(line)["token"])
+    raise AssertionError(f"no token_created line: {docker('logs', name).stderr[-2000:]}")
+
+
 @contextlib.contextmanager
 def serve(profile: str, image: str, bundle: Path, tmp: Path) -> Iterator[Running]:
     """A container of ``image`` in ``profile`` serving ``bundle``; removed after."""
@@ -258,7 +269,7 @@ def serve(profile: str, image: str, bundle: Path, tmp: Path) -> Iterator[Running
     docker(*argv)
     try:
         _wait_healthy(name, 60)
-        yield Running(profile, name, f"http://127.0.0.1:{port}/mcp", rw, ro, watch)
+        yield Running(profile, name, f"http://127.0.0.1:{port}/mcp", rw, ro, watch, _token(name))
     finally:
         docker("rm", "-f", name, check=False)
         docker("volume", "rm", "-f", volume, check=False)
@@ -458,6 +469,28 @@ def test_doctor_reports_the_active_profile(running: Running) -> None:
     assert "landlock" in out.lower(), out
 
 
+# -- authentication -------------------------------------------------------------------
+
+
+def test_nothing_answers_without_a_credential(running: Running) -> None:
+    """Under the README's docker run, every route but the probes and the public resource
+    metadata is 401 without the token (and with a wrong one); the probes say only their
+    status; the token made at first start is in the state volume, 0600, the server's own."""
+    base = running.url.removesuffix("/mcp")
+    wrong = {"Authorization": "Bearer " + "x" * 43}
+    for headers in ({}, wrong):
+        assert httpx2.post(running.url, json={}, headers=headers).status_code == 401
+        assert httpx2.get(running.url, headers=headers).status_code == 401
+        assert httpx2.get(f"{base}/sse", headers=headers).status_code == 401
+        assert httpx2.post(f"{base}/messages/", json={}, headers=headers).status_code == 401
+        assert httpx2.get(f"{base}/metrics", headers=headers).status_code == 401
+    assert httpx2.get(f"{base}/healthz").json() == {"status": "ok"}
+    assert httpx2.get(f"{base}/readyz").json() == {"status": "ready"}
+    assert httpx2.get(f"{base}/metrics", headers=running.auth).status_code == 200
+    mode = running.exec("stat", "-c", "%a %u", "/var/lib/skilld/tokens").split()
+    assert mode == ["600", str(UID)]
+
+
 # -- shutdown -------------------------------------------------------------------------
 
 
@@ -477,7 +510,7 @@ def test_stop_cuts_a_long_call_as_server_shutdown_before_sigkill(
         # Stop only once the call is in flight (the server's own gauge says so).
         metrics = r.url.removesuffix("/mcp") + "/metrics"
         deadline = time.monotonic() + 30
-        while "skilld_tool_calls_in_flight 1" not in httpx2.get(metrics).text:
+        while "skilld_tool_calls_in_flight 1" not in httpx2.get(metrics, headers=r.auth).text:
             assert time.monotonic() < deadline, "the call never started"
             time.sleep(0.05)  # polling the server's gauge
         started = time.monotonic()

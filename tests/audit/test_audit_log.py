@@ -13,7 +13,7 @@ import structlog
 
 from skilld.audit import RECORD_KEYS, CallRecorder, JsonLinesSink, MemorySink, digest
 from skilld.errors import AuditError
-from skilld.types import AuditSink, Decision
+from skilld.types import AuditSink, Caller, Decision
 
 ALLOW = Decision(True, "fs", "read", "/data/a", "notes.fs[0]", "under /data")
 DENY = Decision(False, "http", "GET", "http://10.0.0.1/", "default-deny", "private address")
@@ -31,7 +31,7 @@ def test_one_json_line_per_call_with_decisions(tmp_path: Path) -> None:
     path = tmp_path / "audit.log"
     with JsonLinesSink(path) as sink:
         for i in range(3):
-            rec = CallRecorder("notes", "0.1.0", "add", caller="mcp:stdio", input=f'{{"i":{i}}}')
+            rec = CallRecorder("notes", "0.1.0", "add", caller=Caller.local(), input=f'{{"i":{i}}}')
             rec.record(ALLOW)
             rec.record(DENY)
             rec.limit_hit("output")
@@ -112,7 +112,7 @@ def test_recorder_timing_with_fake_clocks() -> None:
         "echo",
         "1",
         "echo",
-        caller="skill:notes",
+        caller=Caller.local().as_skill("notes"),
         input=b"x",
         depth=1,
         clock=lambda: 1700000000.0,
@@ -121,7 +121,8 @@ def test_recorder_timing_with_fake_clocks() -> None:
     record = rec.finish("error", error=ValueError("boom"))
     assert record["start"] == 1700000000.0 and record["duration_ms"] == 250.0
     assert record["error"] == "boom" and record["output_sha256"] is None
-    assert record["depth"] == 1 and record["caller"] == "skill:notes"
+    assert record["depth"] == 1 and record["caller"] == "skill:notes<local:stdio"
+    assert record["principal"] == "local"
 
 
 def test_memory_sink_keeps_copies() -> None:

@@ -19,6 +19,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from skilld.bundle import build_bundle
 from skilld.sandbox import Sandbox
 from support.env import ROOT, SKILLS, cache_dir
+from support.mcp_fakes import text_of as _text
 
 POLICIES = {
     "echo.yaml": "skill: echo\ninvoke:\n  called_by: [hostile]\n",
@@ -73,9 +74,6 @@ async def stdio_session(argv: list[str]) -> AsyncIterator[ClientSession]:
         await session.initialize()
         yield session
 
-
-def _text(result: object) -> str:
-    return "".join(getattr(c, "text", "") for c in getattr(result, "content", []))
 
 
 @pytest.mark.skipif(not _unshare_works(), reason="unshare -n needs user or network namespaces")

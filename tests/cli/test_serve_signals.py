@@ -20,6 +20,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from support.env import cache_dir
+from support.mcp_fakes import text_of as _text
 from support.serve_process import ServeProcess, serve_argv
 
 pytestmark = pytest.mark.anyio
@@ -74,9 +75,6 @@ def held_elicitation() -> tuple[anyio.Event, anyio.Event, Any]:
 
     return asked, answer, elicit
 
-
-def _text(result: types.CallToolResult) -> str:
-    return "".join(getattr(c, "text", "") for c in result.content)
 
 
 @pytest.mark.parametrize("transport", ["streamable-http", "sse"])

@@ -85,6 +85,8 @@ def test_terminal_gets_a_plain_banner_with_url_and_how_to_stop(
     )
     assert any(line.split()[-1].startswith("http://127.0.0.1:") for line in lines)
     assert any("/sse" in line for line in lines)
+    assert any(line.split() == ["authentication:", "none", "(anyone", "who", "reaches", "the",
+                                "address", "may", "call)"] for line in lines)  # fmt: skip
     assert not [line for line in lines if line.lstrip().startswith("{")]
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from skilld.cluster import _announce
@@ -44,9 +44,17 @@ SKILL_KEYS = ["spec", "digest", "exposure", "annotations", "description", "limit
 
 @settings(max_examples=500)
 @given(
-    doc=st.dictionaries(st.sampled_from(["roles", "bundle", "skills"]), JSON),
+    doc=st.fixed_dictionaries(
+        {},
+        optional={
+            "roles": st.lists(st.sampled_from(["entry", "worker", "x"]), max_size=3) | JSON,
+            "bundle": st.text(max_size=8) | JSON,
+        },
+    ),
     skills=st.lists(st.dictionaries(st.sampled_from(SKILL_KEYS), JSON), max_size=3),
 )
+@example(doc={"roles": "entry", "bundle": "b"}, skills=[])  # a text read as five roles
+@example(doc={"roles": ["entry"], "bundle": None}, skills=[])  # None read as a digest
 def test_signed_but_malformed_announcements_are_refused(
     doc: dict[str, object], skills: list[dict[str, object]]
 ) -> None:
@@ -57,9 +65,14 @@ def test_signed_but_malformed_announcements_are_refused(
     except SkilldError:
         return
     try:
-        _announce.verify(data, _announce.sign(data, KEY, STAMP()), TRUST)
+        got = _announce.verify(data, _announce.sign(data, KEY, STAMP()), TRUST)
     except ClusterError:
         return
+    # Accepted: then it was well formed, field by field (no text read as a list of roles,
+    # no None read as a digest).
+    assert isinstance(doc.get("roles"), list) and set(got.roles) <= _announce.ROLES
+    assert isinstance(doc.get("bundle"), str) and got.bundle == doc["bundle"]
+    assert len(got.skills) == len(skills)
 
 
 @given(doc=st.dictionaries(st.text(max_size=10), JSON, max_size=6))

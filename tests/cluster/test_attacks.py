@@ -37,6 +37,7 @@ from support.cluster import (
     mcp_client,
     start_node,
 )
+from support.mcp_fakes import text_of as _text
 
 pytestmark = pytest.mark.anyio
 
@@ -101,9 +102,6 @@ async def _call(node: NodeProc, tool: str, args: dict[str, Any]) -> types.CallTo
         await client.wait_tools(lambda n: tool in n)
         return await client.session.call_tool(tool, args)
 
-
-def _text(result: types.CallToolResult) -> str:
-    return "".join(b.text for b in result.content if isinstance(b, types.TextContent))
 
 
 def _refused(node: NodeProc, *needles: str) -> dict[str, Any]:
@@ -345,9 +343,9 @@ async def test_a_forged_remote_called_by_caller_is_refused(
     )
     assert json.loads(answer.data)["error"]["code"] == "not-permitted", answer.data
     record = node_b.audit_until(
-        lambda rs: any(r.get("caller") == "node:node-t/hostile" for r in rs)
+        lambda rs: any(r.get("caller") == "node:node-t<skill:hostile" for r in rs)
     )
-    refused = next(r for r in record if r.get("caller") == "node:node-t/hostile")
+    refused = next(r for r in record if r.get("caller") == "node:node-t<skill:hostile")
     assert refused["outcome"] == "error:not-permitted"
 
 

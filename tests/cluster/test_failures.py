@@ -14,6 +14,7 @@ from mcp import types
 
 from skilld.package import canonical_json, load_private_key
 from support.cluster import Keys, NatsServer, NodeProc, mcp_client, start_node
+from support.mcp_fakes import text_of as _text
 
 pytestmark = pytest.mark.anyio
 
@@ -21,9 +22,6 @@ HOSTILE_TOOLS = {"hostile/ok", "hostile/loop"}
 HEARTBEAT_S = 0.5
 EXPIRY_S = 2.5 * HEARTBEAT_S
 
-
-def _text(result: types.CallToolResult) -> str:
-    return "".join(b.text for b in result.content if isinstance(b, types.TextContent))
 
 
 @pytest.fixture

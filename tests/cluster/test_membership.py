@@ -12,15 +12,13 @@ import pytest
 from mcp import types
 
 from support.cluster import Keys, NatsServer, NodeProc, mcp_client, start_node
+from support.mcp_fakes import text_of as _text
 
 DEMO_TOOLS = {"echo/echo", "echo-wat/echo", "notes/get", "test_simple_text", "test_sampling"}
 HOSTILE_TOOLS = {"hostile/chatty", "hostile/loop", "hostile/ok"}
 
 pytestmark = pytest.mark.anyio
 
-
-def _text(result: types.CallToolResult) -> str:
-    return "".join(b.text for b in result.content if isinstance(b, types.TextContent))
 
 
 @pytest.fixture
@@ -68,7 +66,7 @@ async def test_every_entry_node_lists_every_tool_and_routes_calls(
         return [r for r in records if r.get("event") == "call" and r["method"] == "ok"]
 
     served = calls(three["c"].audit_until(lambda rs: len(calls(rs)) == 2))
-    assert [r["caller"] for r in served] == ["node:node-a/mcp", "node:node-b/mcp"]
+    assert [r["caller"] for r in served] == ["node:node-a<anonymous", "node:node-b<anonymous"]
     # The entry node audits the call too, as a call of its (remote) skill.
     entry_side = calls(three["a"].audit_until(lambda rs: len(calls(rs)) == 1))
     assert [(r["skill"], r["outcome"]) for r in entry_side] == [("hostile", "ok")]

@@ -51,6 +51,7 @@ def open_bus(
     root = tmp_path_factory.mktemp("round-attacks")
     key = root / "request-state.key"
     key.write_text(secrets.token_hex(32))
+    key.chmod(0o600)  # a key others may read is refused
     server = NatsServer(root / "jetstream")
     server.start()
     nodes: dict[str, NodeProc] = {}

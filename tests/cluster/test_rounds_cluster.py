@@ -24,6 +24,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.server.request_state import AESGCMRequestStateCodec, compact_json
 
 from support.cluster import Keys, NatsServer, NodeProc, start_node
+from support.mcp_fakes import text_of
 
 pytestmark = pytest.mark.anyio
 
@@ -134,12 +135,6 @@ async def answer_sample(
         role="assistant", content=types.TextContent(type="text", text="Paris"), model="fake"
     )
 
-
-def text_of(result: types.CallToolResult) -> str:
-    """The first text block of a tool result."""
-    block = result.content[0]
-    assert isinstance(block, types.TextContent), result
-    return block.text
 
 
 async def test_a_stateless_client_spread_over_two_entry_nodes_completes_its_rounds(
@@ -317,6 +312,7 @@ async def test_an_answer_larger_than_one_bus_message_comes_back_in_parts(
     nats.start()
     key = tmp_path / "request-state.key"
     key.write_text("ab" * 32)
+    key.chmod(0o600)  # a key others may read is refused
     nodes: list[NodeProc] = []
     try:
         nodes.append(

@@ -90,7 +90,7 @@ async def test_nodes_serve_through_the_least_privilege_bus(
         assert "INSECURE BUS" not in node.log()
     # Both audits name the verified other side: the holder its sender, the entry its holder.
     held = nodes["b"].audit_until(lambda rs: any(r.get("skill") == "echo" for r in rs))
-    assert next(r for r in held if r.get("skill") == "echo")["caller"] == "node:node-a/mcp"
+    assert next(r for r in held if r.get("skill") == "echo")["caller"] == "node:node-a<anonymous"
     routed = nodes["a"].audit_until(lambda rs: any(r.get("skill") == "echo" for r in rs))
     assert next(r for r in routed if r.get("skill") == "echo")["holder"] == "node-b"
 

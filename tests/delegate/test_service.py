@@ -64,9 +64,10 @@ def test_every_tool_call_is_audited_under_the_kit(
     registry.call("delegate", {"intent": "shout audit me", "kit": "text"}, NullChannel())
     records = audit.records[before:]
     by_skill = {r["skill"]: r for r in records}
-    assert by_skill["echo"]["caller"] == "skill:kit.text"
-    assert by_skill["kit.text"]["caller"] == "skill:delegate"
-    assert by_skill["delegate"]["caller"] == "mcp"
+    assert by_skill["echo"]["caller"] == "skill:kit.text<skill:delegate<local:stdio"
+    assert by_skill["kit.text"]["caller"] == "skill:delegate<local:stdio"
+    assert by_skill["delegate"]["caller"] == "local:stdio"
+    assert {r["principal"] for r in records if r.get("event") == "call"} == {"local"}
     rules = [d["rule"] for d in by_skill["kit.text"]["decisions"]]
     assert "kit.text.tools" in rules and "kit.text.invoke" in rules
 

@@ -248,7 +248,7 @@ def test_wildcard_binds_advertise_loopback() -> None:
 
 async def test_wildcard_bind_url_serves() -> None:
     """A client given the advertised URL of a 0.0.0.0 server connects and calls a tool."""
-    config = ServeConfig(transport="http", host="0.0.0.0", port=0)
+    config = ServeConfig(transport="http", host="0.0.0.0", port=0, allow_unauthenticated=True)
     with anyio.fail_after(30):
         async with (
             running_http(fake_dispatcher(), config) as server,

@@ -142,9 +142,9 @@ async def test_inline_attempts_are_invisible_to_the_client(
     attempts: list[tuple[str, str]] = []  # (tool, "inline" | "gave up" | "gave up, ran")
     call_inline = registry.call_inline
 
-    def spy(tool: str, *args: Any) -> Any:
+    def spy(tool: str, *args: Any, **kwargs: Any) -> Any:
         try:
-            out = call_inline(tool, *args)
+            out = call_inline(tool, *args, **kwargs)
         except RunOnThread:
             attempts.append((tool, "gave up"))
             raise

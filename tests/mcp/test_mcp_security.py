@@ -13,12 +13,16 @@ import httpx2
 import pytest
 
 from skilld.errors import UsageError
-from skilld.mcp import ServeConfig, _http
+from skilld.mcp import ServeConfig, _auth
 from support.mcp_fakes import fake_dispatcher, running_http
 
 pytestmark = pytest.mark.anyio
 
 BINDS = ["127.0.0.1", "0.0.0.0"]
+ALPHA = "alpha-token-1-0123456789abcdefghijkl"
+BETA = "beta-token-2-0123456789abcdefghijklm"
+ALPHA_BETA = (ALPHA, BETA)
+TOKEN_ENV = "from-env-0123456789abcdefghijklmnopq"
 INIT = {
     "jsonrpc": "2.0",
     "id": 1,
@@ -41,6 +45,13 @@ async def _chunks() -> AsyncIterator[bytes]:
         yield b" " * 1024
 
 
+def _tokens(path: Path, text: str) -> Path:
+    """A private token file holding ``text``."""
+    path.write_text(text)
+    path.chmod(0o600)
+    return path
+
+
 def _body(response: httpx2.Response) -> Any:
     """The JSON-RPC message of a JSON or single-event SSE response."""
     text = response.text
@@ -54,7 +65,9 @@ def _body(response: httpx2.Response) -> Any:
 @pytest.mark.parametrize("bind", BINDS)
 async def test_bad_host_origin_and_body(bind: str) -> None:
     """Foreign Host is 421, foreign Origin 403, an oversized body 413, on any bind address."""
-    config = ServeConfig(transport="http", host=bind, port=0, max_body_bytes=2048)
+    config = ServeConfig(
+        transport="http", host=bind, port=0, max_body_bytes=2048, allow_unauthenticated=True
+    )
     with anyio.fail_after(30):
         async with running_http(fake_dispatcher(), config) as server:
             url = f"http://127.0.0.1:{server.port}/mcp"
@@ -95,7 +108,7 @@ async def test_bad_host_origin_and_body(bind: str) -> None:
 @pytest.mark.parametrize("bind", BINDS)
 async def test_malformed_json_rpc_gets_an_error_response(bind: str) -> None:
     """Unparsable JSON and a non-JSON-RPC object get JSON-RPC errors, and the server stays up."""
-    config = ServeConfig(transport="http", host=bind, port=0)
+    config = ServeConfig(transport="http", host=bind, port=0, allow_unauthenticated=True)
     with anyio.fail_after(30):
         async with running_http(fake_dispatcher(), config) as server:
             url = f"http://127.0.0.1:{server.port}/mcp"
@@ -114,8 +127,10 @@ async def test_malformed_json_rpc_gets_an_error_response(bind: str) -> None:
 @pytest.mark.parametrize("bind", BINDS)
 async def test_bearer_tokens(bind: str, tmp_path: Path) -> None:
     """No token or a wrong one: 401 with WWW-Authenticate: Bearer; any listed token works."""
-    tokens = tmp_path / "tokens"
-    tokens.write_text("# clients\nalpha-token-1\n\nbeta-token-2\n")
+    tokens = _tokens(
+        tmp_path / "tokens",
+        f"# clients\nalpha {ALPHA}\n\nbeta {BETA}\n",
+    )
     config = ServeConfig(transport="http", host=bind, port=0, token_file=tokens)
     with anyio.fail_after(30):
         async with running_http(fake_dispatcher(), config) as server:
@@ -129,7 +144,7 @@ async def test_bearer_tokens(bind: str, tmp_path: Path) -> None:
                 )
                 assert wrong.status_code == 401
                 assert wrong.headers["www-authenticate"].startswith("Bearer ")
-                for token in ("alpha-token-1", "beta-token-2"):
+                for token in ALPHA_BETA:
                     good = await http.post(
                         f"{base}/mcp",
                         json=INIT,
@@ -143,19 +158,21 @@ async def test_bearer_tokens(bind: str, tmp_path: Path) -> None:
 
 async def test_session_belongs_to_its_token(tmp_path: Path) -> None:
     """A session opened with one token cannot be driven with another (per-session isolation)."""
-    tokens = tmp_path / "tokens"
-    tokens.write_text("alpha-token-1\nbeta-token-2\n")
+    tokens = _tokens(
+        tmp_path / "tokens",
+        f"alpha {ALPHA}\nbeta {BETA}\n",
+    )
     config = ServeConfig(transport="http", port=0, token_file=tokens)
     with anyio.fail_after(30):
         async with (
             running_http(fake_dispatcher(), config) as server,
             httpx2.AsyncClient(timeout=10) as http,
         ):
-            alpha = {**ACCEPT, "Authorization": "Bearer alpha-token-1"}
+            alpha = {**ACCEPT, "Authorization": f"Bearer {ALPHA}"}
             opened = await http.post(server.url, json=INIT, headers=alpha)
             session = opened.headers["mcp-session-id"]
             listing = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
-            beta = {**ACCEPT, "Authorization": "Bearer beta-token-2", "mcp-session-id": session}
+            beta = {**ACCEPT, "Authorization": f"Bearer {BETA}", "mcp-session-id": session}
             stolen = await http.post(server.url, json=listing, headers=beta)
             assert stolen.status_code in (403, 404)
             mine = await http.post(
@@ -166,7 +183,7 @@ async def test_session_belongs_to_its_token(tmp_path: Path) -> None:
 
 async def test_token_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """A token named by token_env is required and accepted."""
-    monkeypatch.setenv("SKILLD_TEST_TOKEN", "from-env-0123")
+    monkeypatch.setenv("SKILLD_TEST_TOKEN", TOKEN_ENV)
     config = ServeConfig(transport="http", port=0, token_env="SKILLD_TEST_TOKEN")
     with anyio.fail_after(30):
         async with (
@@ -174,7 +191,7 @@ async def test_token_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
             httpx2.AsyncClient(timeout=10) as http,
         ):
             assert (await http.post(server.url, json=INIT, headers=ACCEPT)).status_code == 401
-            auth = {**ACCEPT, "Authorization": "Bearer from-env-0123"}
+            auth = {**ACCEPT, "Authorization": f"Bearer {TOKEN_ENV}"}
             assert (await http.post(server.url, json=INIT, headers=auth)).status_code == 200
 
 
@@ -184,6 +201,7 @@ async def test_allowed_hosts_extend_the_allowlist() -> None:
         transport="http",
         host="0.0.0.0",
         port=0,
+        allow_unauthenticated=True,
         allowed_hosts=("skilld.internal:*",),
         allowed_origins=("https://agent.example.com",),
     )
@@ -210,16 +228,15 @@ async def test_allowed_hosts_extend_the_allowlist() -> None:
 
 def test_token_configuration_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A missing or empty token file or an unset variable is a usage error, never an open door."""
-    with pytest.raises(UsageError, match="cannot read the token file"):
-        ServeConfig(token_file=tmp_path / "absent").load_tokens()
-    empty = tmp_path / "empty"
-    empty.write_text("# nothing\n\n")
+    with pytest.raises(UsageError, match="cannot read"):
+        _auth.NamedTokens(tmp_path / "absent", None).load()
+    empty = _tokens(tmp_path / "empty", "# nothing\n\n")
     with pytest.raises(UsageError, match="holds no token"):
-        ServeConfig(token_file=empty).load_tokens()
+        _auth.NamedTokens(empty, None).load()
     monkeypatch.delenv("SKILLD_UNSET_TOKEN", raising=False)
     with pytest.raises(UsageError, match="SKILLD_UNSET_TOKEN"):
-        ServeConfig(token_env="SKILLD_UNSET_TOKEN").load_tokens()
-    assert ServeConfig().load_tokens() == ()
+        _auth.NamedTokens(None, "SKILLD_UNSET_TOKEN").load()
+    assert not _auth.credentials_for(ServeConfig())
 
 
 @pytest.mark.parametrize("bind", BINDS)
@@ -230,6 +247,7 @@ async def test_host_and_origin_ignore_case(bind: str) -> None:
         transport="http",
         host=bind,
         port=0,
+        allow_unauthenticated=True,
         allowed_hosts=("App.Example.COM:*",),
         allowed_origins=("https://App.Example.COM",),
     )
@@ -258,7 +276,9 @@ async def test_host_and_origin_ignore_case(bind: str) -> None:
 @pytest.mark.parametrize("bind", BINDS)
 async def test_chunked_oversized_body_is_refused(bind: str) -> None:
     """A body without Content-Length is counted as it arrives and refused past the limit."""
-    config = ServeConfig(transport="http", host=bind, port=0, max_body_bytes=2048)
+    config = ServeConfig(
+        transport="http", host=bind, port=0, max_body_bytes=2048, allow_unauthenticated=True
+    )
     with anyio.fail_after(30):
         async with (
             running_http(fake_dispatcher(), config) as server,
@@ -273,8 +293,7 @@ async def test_chunked_oversized_body_is_refused(bind: str) -> None:
 @pytest.mark.parametrize("bind", BINDS)
 async def test_token_is_checked_before_the_body(bind: str, tmp_path: Path) -> None:
     """Without a valid token an oversized body gets 401, never 413; with one it gets 413."""
-    tokens = tmp_path / "tokens"
-    tokens.write_text("alpha-token-1\n")
+    tokens = _tokens(tmp_path / "tokens", f"alpha {ALPHA}\n")
     config = ServeConfig(
         transport="http", host=bind, port=0, max_body_bytes=2048, token_file=tokens
     )
@@ -291,13 +310,15 @@ async def test_token_is_checked_before_the_body(bind: str, tmp_path: Path) -> No
                 assert sized.headers["www-authenticate"].startswith("Bearer ")
                 chunked = await http.post(url, content=_chunks(), headers=headers)
                 assert chunked.status_code == 401
-            good = {**ACCEPT, "Authorization": "Bearer alpha-token-1"}
+            good = {**ACCEPT, "Authorization": f"Bearer {ALPHA}"}
             assert (await http.post(url, json=BIG, headers=good)).status_code == 413
             assert (await http.post(url, content=_chunks(), headers=good)).status_code == 413
             assert (await http.post(url, json=INIT, headers=good)).status_code == 200
 
 
-async def test_tokens_are_compared_as_digests(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_tokens_are_compared_as_digests(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """Every comparison is of two sha256 digests, so its time cannot reveal a token's length."""
     compared: list[tuple[int, int]] = []
     real = hmac.compare_digest
@@ -306,12 +327,14 @@ async def test_tokens_are_compared_as_digests(monkeypatch: pytest.MonkeyPatch) -
         compared.append((len(a), len(b)))
         return real(a, b)
 
-    monkeypatch.setattr(_http.hmac, "compare_digest", spy)
-    verifier = _http.TokenVerifier(["short", "a-much-longer-bearer-token-0123456789"])
-    short = await verifier.verify_token("short")
-    long = await verifier.verify_token("a-much-longer-bearer-token-0123456789")
-    assert short is not None and long is not None and short.client_id != long.client_id
+    monkeypatch.setattr(_auth.hmac, "compare_digest", spy)
+    short, long = "s" * 32, "a-much-longer-bearer-token-0123456789-0123456789"
+    verifier = _auth.NamedTokens(_tokens(tmp_path / "t", f"short {short}\nlong {long}\n"), None)
+    verifier.load()
+    one = await verifier.verify_token(short)
+    two = await verifier.verify_token(long)
+    assert one is not None and two is not None and one.caller != two.caller
     assert await verifier.verify_token("x") is None
-    assert await verifier.verify_token("short-but-not-quite") is None
+    assert await verifier.verify_token(short + "-but-not-quite") is None
     assert set(compared) == {(32, 32)}
     assert len(compared) == 8  # every configured token, for every presented one

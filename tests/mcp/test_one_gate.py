@@ -15,9 +15,12 @@ from skilld.call import CallContext
 from skilld.errors import CallCancelled, SkillBusy
 from skilld.mcp import ServeConfig
 from skilld.registry import NullChannel, Registry, SkillEntry
-from skilld.types import CallOutput, Decision, Limits, MethodSpec, SkillSpec
+from skilld.types import Caller, CallOutput, Decision, Limits, MethodSpec, SkillSpec
 from support.checkers import TextQuestions
 from support.mcp_fakes import memory_service, memory_session, text_of
+
+# A routed call from cluster node n2.
+N2 = Caller("node", "n2")
 
 pytestmark = pytest.mark.anyio
 
@@ -96,7 +99,7 @@ async def test_an_mcp_call_and_a_routed_call_wait_on_the_same_gate() -> None:
             assert (gate.running, gate.waiting) == (1, 0)
             with pytest.raises(SkillBusy) as routed:
                 await anyio.to_thread.run_sync(
-                    lambda: reg.call_method("held", "hold", {}, NullChannel(), caller="node:n2")
+                    lambda: reg.call_method("held", "hold", {}, NullChannel(), caller=N2)
                 )
             backend.release.set()
         assert gate.running == 0
@@ -104,7 +107,7 @@ async def test_an_mcp_call_and_a_routed_call_wait_on_the_same_gate() -> None:
         backend.started.clear()
 
         def routed_call() -> Any:
-            return reg.call_method("held", "hold", {}, NullChannel(), caller="node:n2").value
+            return reg.call_method("held", "hold", {}, NullChannel(), caller=N2).value
 
         async with memory_session(service) as session, anyio.create_task_group() as tg:
             tg.start_soon(anyio.to_thread.run_sync, routed_call)
@@ -117,8 +120,8 @@ async def test_an_mcp_call_and_a_routed_call_wait_on_the_same_gate() -> None:
     assert backend.most == 1
     assert [(r["caller"], r["outcome"]) for r in sink.records if r["event"] == "call"] == [
         ("node:n2", "busy"),  # refused while the MCP call ran
-        ("mcp", "ok"),
-        ("mcp", "busy"),  # refused by the MCP layer while the routed call ran
+        ("local:stdio", "ok"),
+        ("local:stdio", "busy"),  # refused by the MCP layer while the routed call ran
         ("node:n2", "ok"),
     ]
     assert [r.get("refused", False) for r in sink.records if r["outcome"] == "busy"] == [
@@ -141,7 +144,7 @@ async def test_an_invoke_inside_an_mcp_call_takes_its_own_slot() -> None:
     assert relayed.is_error
     assert "[limit-exceeded] skill held is busy (1 calls running)" in text_of(relayed)
     calls = [(r["skill"], r["caller"], r["outcome"]) for r in sink.records if r["event"] == "call"]
-    assert ("held", "skill:relay", "busy") in calls
+    assert ("held", "skill:relay<local:stdio", "busy") in calls
     assert reg.gate("held").running == reg.gate("relay").running == 0
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any, cast
 
 import anyio
@@ -20,15 +21,23 @@ from skilld.errors import UsageError
 from skilld.mcp import HttpServer, ServeConfig
 from skilld.mcp._tasks import MemoryTaskStore, Tasks
 from skilld.registry import Registry
-from support.mcp_fakes import running_http
+from support.mcp_fakes import client_tokens, running_http
 
 pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-async def server(conformance_exposed: tuple[Registry, MemorySink]) -> AsyncIterator[HttpServer]:
-    """The conformance skill; two tasks per client, three per node."""
-    config = ServeConfig(transport="http", port=0, max_tasks_per_client=2, max_tasks=3)
+async def server(
+    conformance_exposed: tuple[Registry, MemorySink], tmp_path: Path
+) -> AsyncIterator[HttpServer]:
+    """The conformance skill; two tasks per client, three per node; callers alice, bob, carol."""
+    config = ServeConfig(
+        transport="http",
+        port=0,
+        max_tasks_per_client=2,
+        max_tasks=3,
+        token_file=client_tokens(tmp_path, "alice", "bob", "carol"),
+    )
     async with running_http(conformance_exposed[0], config) as srv:
         yield srv
 

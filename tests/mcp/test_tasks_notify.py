@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -16,7 +17,7 @@ from test_mcp_tasks import WITH_TASKS
 from skilld.audit import MemorySink
 from skilld.mcp import HttpServer, ServeConfig
 from skilld.registry import Registry
-from support.mcp_fakes import running_http
+from support.mcp_fakes import client_tokens, running_http
 
 pytestmark = pytest.mark.anyio
 
@@ -27,9 +28,13 @@ META = {
 
 
 @pytest.fixture
-async def server(conformance_exposed: tuple[Registry, MemorySink]) -> AsyncIterator[HttpServer]:
-    """The conformance skill; its policy marks the task tools."""
-    async with running_http(conformance_exposed[0], ServeConfig(transport="http", port=0)) as srv:
+async def server(
+    conformance_exposed: tuple[Registry, MemorySink], tmp_path: Path
+) -> AsyncIterator[HttpServer]:
+    """The conformance skill; its policy marks the task tools; callers alice, mallory, a."""
+    tokens = client_tokens(tmp_path, "alice", "mallory", "a")
+    config = ServeConfig(transport="http", port=0, token_file=tokens)
+    async with running_http(conformance_exposed[0], config) as srv:
         yield srv
 
 

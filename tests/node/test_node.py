@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from skilld.bundle import BuildResult
-from skilld.errors import UsageError
+from skilld.errors import SandboxError, StateError, UsageError
 from skilld.node import Node, NodeConfig
 from skilld.registry import NullChannel
 
@@ -27,12 +27,17 @@ def test_opens_the_demo_bundle_and_calls_a_tool(demo_bundle: BuildResult, tmp_pa
     assert (tmp_path / "state" / "state.sqlite3").exists()
 
 
-def test_close_is_idempotent(demo_bundle: BuildResult, tmp_path: Path) -> None:
-    """Closing a node twice is harmless (the context manager and an explicit close)."""
+def test_close_is_idempotent_and_final(demo_bundle: BuildResult, tmp_path: Path) -> None:
+    """Closing a node twice is harmless, and what it closed refuses use afterwards."""
     bundle = demo_bundle.out
     node = Node.open(NodeConfig(bundle=bundle, state_dir=tmp_path, audit_log=tmp_path / "a.jsonl"))
     node.close()
     node.close()
+    # Closed means closed: no silent reopen of the database, no new component.
+    with pytest.raises(StateError, match="closed"):
+        node.state.store("notes").get("k")
+    with pytest.raises(SandboxError, match="closed"):
+        node.sandbox.load(b"", name="late")
 
 
 def test_a_directory_without_a_lock_is_refused(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from skilld.permissions import SkillPermissions, UrlRefused, check_text, normalize_url
 from skilld.policy import compile_policies
-from skilld.policy._patterns import (
+from skilld.policy.patterns import (
     _V4_STARTS,
     METADATA,
     is_special,

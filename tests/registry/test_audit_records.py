@@ -15,7 +15,7 @@ from skilld.errors import AuditError, DeadlineExceeded, GuestError, GuestTrap
 from skilld.registry import NullChannel, Registry, SkillEntry
 from skilld.sandbox import CallContext, Sandbox
 from skilld.state import SqliteState
-from skilld.types import MAX_AUDITED_DECISIONS, Decision, Limits
+from skilld.types import MAX_AUDITED_DECISIONS, Caller, Decision, Limits
 from support.checkers import TextQuestions
 
 
@@ -164,7 +164,7 @@ def test_recorders_keep_the_cap_and_lose_no_count(
     checks: list[tuple[str, str, bool, str]],
 ) -> None:
     """Whatever decisions come, a record lists at most the cap, and kept + counted = taken."""
-    rec = CallRecorder("s", "1", "m", caller="test", input={})
+    rec = CallRecorder("s", "1", "m", caller=Caller.local(), input={})
     ctx = CallContext("s", Limits(), NullChannel())
     for cap, action, ok, target in checks:
         decision = Decision(ok, cap, action, target, f"r.{cap}" if ok else "default-deny", "x")

@@ -159,7 +159,7 @@ def test_invoke_allowed_and_denied(registry: tuple[Registry, MemorySink]) -> Non
     )
     assert ok.value == "via"
     inner, outer = sink.records[-2], sink.records[-1]
-    assert inner["caller"] == "skill:hostile" and inner["depth"] == 1
+    assert inner["caller"] == "skill:hostile<local:stdio" and inner["depth"] == 1
     assert outer["decisions"][0]["allowed"] is True
     denied = reg.call(
         "hostile/relay", {"skill_id": "notes", "method": "list", "args": {}}, NullChannel()
@@ -334,7 +334,7 @@ def test_resource_reads_and_prompts_are_audited(
     )
     assert "arg1='a'" in json.dumps(messages)
     read, prompt = sink.records
-    assert (read["event"], read["skill"], read["caller"]) == ("call", "conformance", "mcp")
+    assert (read["event"], read["skill"], read["caller"]) == ("call", "conformance", "local:stdio")
     assert (read["method"], read["target"], read["outcome"]) == (
         "read-resource",
         "test://template/7/data",

@@ -355,3 +355,10 @@ async def connect(
 def text_of(result: types.CallToolResult) -> str:
     """The text blocks of a result, joined."""
     return "\n".join(b.text for b in result.content if isinstance(b, types.TextContent))
+
+
+def client_tokens(directory: Path, *names: str) -> Path:
+    """A token file naming each of ``names`` as a bearer token: one caller per name."""
+    path = directory / "tokens"
+    path.write_text("".join(f"{name}\n" for name in names))
+    return path

@@ -53,6 +53,7 @@ from skilld.agentskills._build import (
     scripts_of,
 )
 from skilld.agentskills._executors import NativeExecutor, WasmExecutor, tree_grants
+from skilld.agentskills._kept import CALLER_KEPT_BYTES, TOTAL_KEPT_BYTES, KeptOutputs
 from skilld.agentskills._listing import available_skills_xml
 from skilld.agentskills._plan import (
     DEBIAN_PACKAGES,
@@ -81,6 +82,7 @@ def open_backend(
     work: Path | None = None,
     plan: Mapping[str, Any] | None = None,
     digests: Mapping[str, str] | None = None,
+    kept: KeptOutputs | None = None,
 ) -> AgentSkillBackend:
     """The backend serving one Agent Skill of a verified bundle.
 
@@ -91,7 +93,8 @@ def open_backend(
     the ``work`` directory of ``skilld.paths.state_dir("scratch")``; ``plan`` the lock's
     record of how its scripts run (``Plan.as_lock``: interpreters, programs, what is
     unavailable); ``digests`` the lock's sha256 of each of its files, by path inside the
-    skill.
+    skill; ``kept`` the node's store of outputs kept for their callers (without it, one
+    of the backend's own).
 
     Raises:
         BundleError: a ``wasm`` skill in a bundle without the runner component.
@@ -118,7 +121,13 @@ def open_backend(
             temp_paths=scripts.get("temp_paths") or (),
         )  # fmt: skip
     return AgentSkillBackend(
-        spec, root, chosen, work, unavailable=plan.get("unavailable") or {}, digests=digests
+        spec,
+        root,
+        chosen,
+        work,
+        unavailable=plan.get("unavailable") or {},
+        digests=digests,
+        kept=kept,
     )
 
 
@@ -127,14 +136,17 @@ __all__ = [
     "ACTIVATION_ID",
     "ACTIVATION_THRESHOLD",
     "ACTIVATION_TOOL",
+    "CALLER_KEPT_BYTES",
     "DEBIAN_PACKAGES",
     "INSTRUCTIONS",
     "RUN_SCRIPT",
     "SKILL_MD",
     "SYSTEM_FILES",
+    "TOTAL_KEPT_BYTES",
     "ActivationBackend",
     "AgentSkillBackend",
     "AgentSkillSource",
+    "KeptOutputs",
     "NativeExecutor",
     "Plan",
     "ScriptExecutor",

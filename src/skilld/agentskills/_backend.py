@@ -14,9 +14,10 @@ audit record, exactly as for a wasm skill; this class answers in that context.
   (``_executors``), in a fresh workspace per call. The client hands it files
   (``files``: inline base64 or text, or the URI of a resource this skill serves, such
   as an earlier run's output), capped in size. What the script wrote comes back as
-  embedded resources; a file too large to embed is kept as the resource
-  ``skill://NAME/runs/RUN/FILE`` for :data:`KEPT_SECONDS`. A script the build found
-  cannot run here answers ``unavailable`` with the reason.
+  embedded resources (``_collect``: the workspace is hostile input, budgeted by size
+  before it is read); a file too large to embed is kept as the resource
+  ``skill://NAME/runs/RUN/FILE`` for its caller only (``_kept``). A script the build
+  found cannot run here answers ``unavailable`` with the reason.
 """
 
 from __future__ import annotations
@@ -26,53 +27,34 @@ import binascii
 import hashlib
 import html
 import json
+import logging
 import os
-import secrets
-import stat
 import tempfile
-import threading
-import time
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import quote
 
 from skilld.agentskills._build import (
     INSTRUCTIONS,
     MAX_INPUT_FILES,
     RUN_SCRIPT,
-    mime_type,
     resource_uri,
 )
+from skilld.agentskills._collect import collect, file_block
+from skilld.agentskills._kept import KeptOutputs, digest_uri
 from skilld.agentskills._quota import Quota, mount_tmpfs
 from skilld.agentskills._skillmd import SKILL_MD, jsonable, split_frontmatter
 from skilld.call import CallContext
 from skilld.errors import CallCancelled, GuestError
 from skilld.paths import remove_tree, scratch_prefix
-from skilld.types import CallOutput, ContentBlock, SkillSpec
+from skilld.types import Caller, CallOutput, ContentBlock, SkillSpec
 
-# Workspace files returned with a result: at most this many, each at most this large
-# embedded; larger ones (up to MAX_KEPT_FILE) and those past the count or the budget
-# below are kept as resources of the run, up to MAX_RUN_FILES in all (an unpacked
-# document's parts all come back, to be handed to the next run by URI).
-MAX_RETURNED_FILES = 16
-MAX_RUN_FILES = 256
-MAX_RETURNED_FILE = 1 << 20
-# What all embedded files of one result may take, as sent (base64 for binary): the MCP
-# SDK's client refuses a server-sent event over 1 MiB, and an unpacked document is
-# dozens of files. Files past this budget are kept as resources of the run instead.
-MAX_EMBEDDED_BYTES = 512 << 10
-MAX_KEPT_FILE = 64 << 20
-# Kept outputs live this long, and a skill keeps at most this many bytes of them
-# (the oldest go first): a client reads them soon after the call, or not at all.
-KEPT_SECONDS = 900
-MAX_KEPT_BYTES = 256 << 20
+log = logging.getLogger("skilld.agentskills")
+
 # Files a client hands to one run: at most MAX_INPUT_FILES (an unpacked presentation is
 # 40 parts and more, each one file), this many bytes in all.
 MAX_INPUT_BYTES = 32 << 20
-_TEXT_MIME = ("text/", "application/json", "application/xml")
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +107,8 @@ class AgentSkillBackend:
         root: the skill's files (``agentskills/NAME/files`` in the bundle).
         executor: runs its scripts; ``None`` when it has none.
         work: where each call's workspace is made (``skilld.paths.make_work_dir``).
+        kept: where outputs too large to embed are kept for their callers (one store per
+            node; without it, one of this backend's own in ``work``).
     """
 
     def __init__(
@@ -136,6 +120,7 @@ class AgentSkillBackend:
         *,
         unavailable: Mapping[str, str] | None = None,
         digests: Mapping[str, str] | None = None,
+        kept: KeptOutputs | None = None,
     ):
         self.spec = spec
         self.root = root
@@ -149,8 +134,7 @@ class AgentSkillBackend:
         front, body, _line = split_frontmatter(text, f"{spec.id}/{SKILL_MD}")
         self.frontmatter_text = front
         self.body = body.strip()
-        self._kept: OrderedDict[str, tuple[float, str, bytes]] = OrderedDict()
-        self._kept_lock = threading.Lock()
+        self.kept = kept if kept is not None else KeptOutputs(work)
         self._entry: dict[str, Any] | None = None
 
     # -- the SkillBackend protocol ----------------------------------------
@@ -171,19 +155,37 @@ class AgentSkillBackend:
         raise GuestError("not-found", f"skill '{self.spec.id}' has no method '{method}'")
 
     def read_resource(self, uri: str, ctx: CallContext) -> list[CallOutput]:
-        """Tier 3: one file of the skill, text or bytes, with its MIME type.
+        """Tier 3: one file of the skill, or an output kept for ``ctx.caller``, text or
+        bytes, with its MIME type.
 
         Raises:
-            GuestError: ``not-found`` for a URI that is not one of the skill's files.
+            GuestError: ``not-found`` for a URI that is not one of the skill's files nor
+                kept for this caller (the same error whether another caller keeps it or
+                nobody does).
         """
-        kept = self._kept_output(uri)
-        if kept is not None:
-            return [CallOutput(None, (_file_block(uri, kept[0], kept[1]),))]
+        if self._is_run(uri):
+            # A kept output's URI is all it takes to read it: the audit record names a
+            # digest of it, never the URI (found or not, the record looks the same).
+            if ctx.recorder is not None:
+                ctx.recorder.target = digest_uri(uri)
+            kept = self.kept_output(ctx.caller, uri)
+            if kept is None:
+                raise GuestError(
+                    "not-found",
+                    f"no resource {digest_uri(uri)} in skill '{self.spec.id}' (a kept "
+                    "output is read by the caller that ran it, while it is kept)",
+                )
+            return [CallOutput(None, (file_block(uri, kept[0], kept[1]),))]
         spec = self._files.get(uri)
         if spec is None:
             raise GuestError("not-found", f"no resource '{uri}' in skill '{self.spec.id}'")
         data = self._read(self._paths[uri])
-        return [CallOutput(None, (_file_block(uri, spec.mime_type or "", data),))]
+        return [CallOutput(None, (file_block(uri, spec.mime_type or "", data),))]
+
+    def kept_output(self, caller: Caller, uri: str) -> tuple[str, bytes] | None:
+        """An output kept for ``caller`` (MIME type, bytes); ``None`` for a URI kept for
+        another caller exactly as for one never kept."""
+        return self.kept.open(caller, uri)
 
     def skill_entry(self) -> dict[str, Any]:
         """The skill's entry of the MCP skills extension (SEP-2640): its SKILL.md URI,
@@ -263,7 +265,7 @@ class AgentSkillBackend:
                 f"script '{script}' of skill '{self.spec.id}' cannot run on this server: "
                 f"{self.unavailable[script]}",
             )
-        inputs = self._inputs(args.get("files"))
+        inputs = self._inputs(args.get("files"), ctx.caller)
         raw_argv = args.get("args") or []
         if not isinstance(raw_argv, list) or not all(isinstance(a, str) for a in raw_argv):
             raise GuestError("invalid-argument", "'args' must be a list of strings")
@@ -276,22 +278,38 @@ class AgentSkillBackend:
             else str(args.get("stdin") or "").encode()
         )
         # A fresh private directory (mode 0700) per call in the node's work directory
-        # (never an implicit /tmp), removed when the call ends: ``work/`` is the
-        # script's workspace (collected), ``home/`` its HOME and TMPDIR (not collected).
+        # (never an implicit /tmp), removed when the call ends however it ends (a call
+        # that cannot start leaves nothing): ``work/`` is the script's workspace
+        # (collected), ``home/`` its HOME and TMPDIR (not collected).
         call_dir = Path(tempfile.mkdtemp(prefix=scratch_prefix("ws", self.spec.id), dir=self.work))
         ctx.audit.update(executor=self.executor.name, script=script, files_given=len(inputs))
+        reservation = self.kept.reserve(ctx.caller)
         try:
             run = self._run_capped(script, argv, stdin, call_dir, inputs, ctx)
-            given = {rel: hashlib.sha256(data).digest() for rel, data in inputs}
-            files, large, omitted, removed = _collect(call_dir / _WORK, self.spec.id, given)
+            given = {rel: (len(data), hashlib.sha256(data).digest()) for rel, data in inputs}
+            try:
+                got = collect(call_dir / _WORK, self.spec.id, given, self.kept, reservation)
+            except OSError as exc:
+                raise GuestError(
+                    "unavailable",
+                    f"the outputs of script '{script}' of '{self.spec.id}' could not be kept: "
+                    f"{exc.strerror or exc} in {self.kept.directory.parent} (free some space "
+                    "there, or set SKILLD_WORK_DIR to a larger disk)",
+                ) from exc
+            kept = self.kept.commit(reservation, self.spec.id, got.spooled)
         finally:
-            remove_tree(call_dir)
-        kept = self._keep(large) if large else []
+            self.kept.release(reservation)
+            if not remove_tree(call_dir):
+                log.warning("could not remove the call directory %s", call_dir)
+                ctx.audit.update(work_left=call_dir.name)
+        # What a later sweep or eviction took is not listed: only what is kept now.
+        omitted = got.omitted + len(got.spooled) - len(kept)
         ctx.audit.update(
             exit_status=run.exit_status,
             signal=run.signal,
             output_dropped_bytes=run.dropped_bytes,
-            files_written=len(files),
+            files_written=len(got.embedded),
+            files_kept=len(kept),
         )
         value: dict[str, Any] = {
             "exit_status": run.exit_status,
@@ -301,15 +319,17 @@ class AgentSkillBackend:
             "output_truncated": run.dropped_bytes > 0,
             "timed_out": run.timed_out,
             "executor": self.executor.name,
-            "files": [b.uri for b in files],
+            "files": [b.uri for b in got.embedded],
         }
         if kept:
             value["resources"] = kept
         if omitted:
             value["files_omitted"] = omitted
-        if removed:
-            value["files_removed"] = removed
-        return CallOutput(value, tuple(files))
+        if got.refused:
+            value["files_refused"] = got.refused
+        if got.removed:
+            value["files_removed"] = got.removed
+        return CallOutput(value, tuple(got.embedded))
 
     def _run_capped(
         self,
@@ -359,7 +379,7 @@ class AgentSkillBackend:
 
     # -- files in and out ------------------------------------------------------
 
-    def _inputs(self, raw: Any) -> list[tuple[str, bytes]]:
+    def _inputs(self, raw: Any, caller: Caller) -> list[tuple[str, bytes]]:
         """The client's files for this run: ``[{"path", "content" (base64) | "text" |
         "uri"}]``, each path relative and inside the workspace, within the caps.
 
@@ -384,7 +404,7 @@ class AgentSkillBackend:
                 raise GuestError(
                     "invalid-argument", f"file '{rel}': give one of content, text or uri"
                 )
-            data = self._input_bytes(rel, given[0], item[given[0]])
+            data = self._input_bytes(rel, given[0], item[given[0]], caller)
             total += len(data)
             if total > MAX_INPUT_BYTES:
                 raise GuestError(
@@ -394,7 +414,7 @@ class AgentSkillBackend:
             out.append((rel, data))
         return out
 
-    def _input_bytes(self, rel: str, kind: str, value: Any) -> bytes:
+    def _input_bytes(self, rel: str, kind: str, value: Any, caller: Caller) -> bytes:
         if not isinstance(value, str):
             raise GuestError("invalid-argument", f"file '{rel}': {kind} must be a string")
         if kind == "text":
@@ -408,10 +428,13 @@ class AgentSkillBackend:
                 raise GuestError(
                     "invalid-argument", f"file '{rel}': content is not base64"
                 ) from None
-        kept = self._kept_output(value)
-        if kept is not None:
-            return kept[1]
-        if value in self._paths:
+        if self._is_run(value):
+            # Another caller's kept output is refused exactly as a URI never kept.
+            kept = self.kept_output(caller, value)
+            if kept is not None:
+                return kept[1]
+            value = digest_uri(value)
+        elif value in self._paths:
             return self._read(self._paths[value])
         raise GuestError(
             "invalid-argument",
@@ -419,38 +442,9 @@ class AgentSkillBackend:
             "(send other files inline, as content)",
         )
 
-    def _keep(self, large: list[tuple[str, bytes]]) -> list[dict[str, Any]]:
-        """Keep outputs too large to embed as ``skill://NAME/runs/RUN/FILE``."""
-        run = secrets.token_hex(8)
-        now = time.monotonic()
-        out = []
-        with self._kept_lock:
-            self._expire(now)
-            for rel, data in large:
-                uri = resource_uri(self.spec.id, f"runs/{run}/{quote(rel, safe='')}")
-                self._kept[uri] = (now + KEPT_SECONDS, mime_type(rel), data)
-                out.append(
-                    {
-                        "uri": uri,
-                        "path": rel,
-                        "size": len(data),
-                        "mime_type": mime_type(rel),
-                        "kept_seconds": KEPT_SECONDS,
-                    }
-                )
-            while sum(len(v[2]) for v in self._kept.values()) > MAX_KEPT_BYTES:
-                self._kept.popitem(last=False)
-        return out
-
-    def _kept_output(self, uri: str) -> tuple[str, bytes] | None:
-        with self._kept_lock:
-            self._expire(time.monotonic())
-            found = self._kept.get(uri)
-        return None if found is None else (found[1], found[2])
-
-    def _expire(self, now: float) -> None:
-        for uri in [u for u, (until, _m, _d) in self._kept.items() if until <= now]:
-            del self._kept[uri]
+    def _is_run(self, uri: str) -> bool:
+        """Whether ``uri`` names an output of a run (kept, expired or never kept)."""
+        return uri.startswith(resource_uri(self.spec.id, "runs/"))
 
     def _script_names(self) -> set[str]:
         for method in self.spec.methods:
@@ -471,15 +465,6 @@ class AgentSkillBackend:
             os.close(fd)
         with os.fdopen(leaf, "rb") as fh:
             return fh.read()
-
-
-def _file_block(uri: str, mime: str, data: bytes) -> ContentBlock:
-    if mime.startswith(_TEXT_MIME):
-        try:
-            return ContentBlock("embedded", text=data.decode("utf-8"), mime_type=mime, uri=uri)
-        except UnicodeDecodeError:
-            pass
-    return ContentBlock("embedded", data=data, mime_type=mime or None, uri=uri)
 
 
 # The two directories of a call: the script's workspace and its private home.
@@ -520,59 +505,6 @@ def _place(workspace: Path, inputs: Sequence[tuple[str, bytes]]) -> None:
             ) from None
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
-
-
-def _collect(
-    workspace: Path, skill_id: str, given: Mapping[str, bytes]
-) -> tuple[list[ContentBlock], list[tuple[str, bytes]], int, list[str]]:
-    """Regular files the script left in its workspace (links are not followed): the
-    first :data:`MAX_RETURNED_FILES` small enough embedded while
-    :data:`MAX_EMBEDDED_BYTES` lasts, and up to :data:`MAX_KEPT_FILE` the others' bytes
-    (to keep); how many files past :data:`MAX_RUN_FILES` were left out; and the paths
-    of the files the client gave (``given``: path to sha256) that the script removed or
-    replaced by something not a file (a client mirroring an unpacked tree learns what a
-    cleaning script deleted). A given file comes back only if it changed."""
-    out: list[ContentBlock] = []
-    seen: set[str] = set()
-    large: list[tuple[str, bytes]] = []
-    omitted = 0
-    budget = MAX_EMBEDDED_BYTES
-    for dirpath, dirs, names in os.walk(workspace):
-        dirs.sort()
-        for name in sorted(names):
-            path = Path(dirpath) / name
-            info = path.lstat()
-            if not stat.S_ISREG(info.st_mode):
-                continue
-            rel = path.relative_to(workspace).as_posix()
-            seen.add(rel)
-            if info.st_size > MAX_KEPT_FILE:
-                continue
-            if len(out) + len(large) >= MAX_RUN_FILES:
-                omitted += 1
-                continue
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-            with os.fdopen(fd, "rb") as fh:
-                data = fh.read(MAX_KEPT_FILE)
-            if given.get(rel) == hashlib.sha256(data).digest():
-                continue
-            block = (
-                _file_block(f"workspace://{skill_id}/{rel}", mime_type(rel), data)
-                if len(data) <= MAX_RETURNED_FILE
-                else None
-            )
-            size = 0 if block is None else _sent_size(block, data)
-            if block is None or size > budget or len(out) >= MAX_RETURNED_FILES:
-                large.append((rel, data))
-            else:
-                budget -= size
-                out.append(block)
-    return out, large, omitted, sorted(set(given) - seen)
-
-
-def _sent_size(block: ContentBlock, data: bytes) -> int:
-    """The bytes an embedded file takes in the result: text as is, the rest in base64."""
-    return len(data) if block.text is not None else (len(data) + 2) // 3 * 4
 
 
 __all__ = ["AgentSkillBackend", "ScriptExecutor", "ScriptRun", "resource_uri"]

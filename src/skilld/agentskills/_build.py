@@ -28,8 +28,7 @@ from pathlib import Path
 
 from skilld.agentskills._skillmd import SKILL_MD, SkillMd, parse_skill_text
 from skilld.errors import AgentSkillError, PackageFormatError
-from skilld.package import SigningKey, SkillMeta, build_package
-from skilld.package._zip import check_name
+from skilld.package import SigningKey, SkillMeta, build_package, check_name
 from skilld.types import MethodSpec, PromptSpec, ResourceSpec, SkillSpec
 
 SCRIPTS = "scripts/"

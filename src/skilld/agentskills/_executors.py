@@ -39,7 +39,7 @@ from skilld.call import CallContext
 from skilld.confine import ProgramNotStarted, ResourceLimits, from_grants, program_files, run
 from skilld.errors import CallCancelled, DeadlineExceeded, ErrorCode, GuestError
 from skilld.paths import scratch_prefix
-from skilld.policy import _patterns as patterns
+from skilld.policy import patterns as patterns
 from skilld.sandbox import egress_route
 from skilld.types import CallOutput, Decision, Limits
 

@@ -17,6 +17,7 @@ from typing import Any
 from skilld.types import (
     MAX_AUDITED_DECISIONS,
     AuditSink,
+    Caller,
     Decision,
     DecisionKey,
     decision_key,
@@ -31,6 +32,7 @@ RECORD_KEYS = (
     "version",
     "method",
     "caller",
+    "principal",
     "depth",
     "input_sha256",
     "output_sha256",
@@ -64,7 +66,7 @@ class CallRecorder:
 
     ::
 
-        rec = CallRecorder("notes", "0.1.0", "add", caller="mcp:stdio", input=args_json)
+        rec = CallRecorder("notes", "0.1.0", "add", caller=Caller.local(), input=args_json)
         rec.record(checker.check_path(path))
         sink.emit(rec.finish("ok", output=result))
     """
@@ -75,7 +77,7 @@ class CallRecorder:
         version: str | None,
         method: str,
         *,
-        caller: str,
+        caller: Caller,
         input: Any,  # noqa: A002 - the record's field is called input
         depth: int = 0,
         target: str | None = None,
@@ -85,6 +87,8 @@ class CallRecorder:
         """Start the call now; ``input`` is hashed, never stored.
 
         ``target`` names what a resource read or a prompt was about (its URI or name).
+        The record names the ``caller`` (``caller``: its label, e.g.
+        ``skill:notes<token:alice``) and the principal behind it (``principal``: its key).
         """
         self.skill, self.version, self.method = skill, version, method
         self.caller, self.depth, self.target = caller, depth, target
@@ -132,7 +136,8 @@ class CallRecorder:
             "skill": self.skill,
             "version": self.version,
             "method": self.method,
-            "caller": self.caller,
+            "caller": self.caller.label(),
+            "principal": self.caller.key,
             "depth": self.depth,
             "input_sha256": self.input_sha256,
             "start": self.start,

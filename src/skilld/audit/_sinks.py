@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any, TextIO
 import structlog
 
 from skilld.errors import AuditError
+from skilld.paths import private_file
 
 
 def _render(_logger: object, _name: str, event_dict: Mapping[str, Any]) -> str:
@@ -29,8 +31,8 @@ def _render(_logger: object, _name: str, event_dict: Mapping[str, Any]) -> str:
 class JsonLinesSink:
     """An :class:`~skilld.types.AuditSink` writing one JSON object per line, flushed.
 
-    Give it a path (opened for appending, owned and closed by the sink) or an
-    open text stream (left open). Thread-safe; usable as a context manager.
+    Give it a path (opened for appending, mode 0600, owned and closed by the sink) or
+    an open text stream (left open). Thread-safe; usable as a context manager.
     """
 
     def __init__(self, target: str | Path | TextIO):
@@ -41,12 +43,17 @@ class JsonLinesSink:
         """
         self._owned: TextIO | None = None
         if isinstance(target, str | Path):
+            # Private: created 0600, and a wider mode found is narrowed (and said). The
+            # log names every call's skill, caller and outcome.
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
             try:
-                self._owned = open(target, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+                fd = os.open(target, flags, 0o600)
             except OSError as exc:
                 raise AuditError(
                     f"cannot open the audit log: {exc.strerror}", location=str(target)
                 ) from exc
+            private_file(fd, target, "audit log")
+            self._owned = os.fdopen(fd, "a", encoding="utf-8")
             stream: TextIO = self._owned
             self.name = str(target)
         else:

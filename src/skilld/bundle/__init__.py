@@ -16,6 +16,7 @@ from skilld.bundle._lock import (
     LockedAgentSkill,
     LockedRunner,
     LockedSkill,
+    LockedSource,
     canonical_json,
     prehash_bundle,
 )
@@ -64,6 +65,7 @@ __all__ = [
     "LockedAgentSkill",
     "LockedRunner",
     "LockedSkill",
+    "LockedSource",
     "build_bundle",
     "canonical_json",
     "open_bundle",

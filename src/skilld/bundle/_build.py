@@ -2,10 +2,13 @@
 
 Steps, each timed and reported through ``progress``:
 
-1. collect skills: ``.skill`` files are used as they are; each kind of skill
-   (``_kinds.py``: wasm components from ``skill.yaml``, delegate kits' runner, Agent
-   Skills from ``SKILL.md``) finds its sources and packs them, signed with the given
-   skill key or an ephemeral build key whose public half joins the bundle's trust set;
+1. collect skills: ``.skill`` files are used as they are, and so are the packages
+   ``sources.yaml`` lists in OCI registries and image layouts (``skilld.distribution``:
+   each tag resolved once, or fetched at ``--locked``'s digests; pinned in the lock);
+   each kind of skill (``_kinds.py``: wasm components from ``skill.yaml``, delegate
+   kits' runner, Agent Skills from ``SKILL.md``) finds its sources and packs them,
+   signed with the given skill key or an ephemeral build key whose public half joins
+   the bundle's trust set;
 2. verify every package against the trust directory (scopes, thresholds);
 3. compile the policy with each skill's declared needs;
 4. AOT-compile every component for this engine (cached by digest);
@@ -32,7 +35,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from skilld import ABI_VERSION, __version__, package
+from skilld import ABI_VERSION, __version__, distribution, package, paths
 from skilld.bundle._kinds import (
     KINDS,
     BuildOptions,
@@ -49,6 +52,7 @@ from skilld.bundle._lock import (
     LOCK,
     LOCK_SIG,
     Lock,
+    LockedSource,
     canonical_json,
 )
 from skilld.errors import BundleError, SkilldError, UsageError
@@ -103,8 +107,42 @@ def _check_downgrades(
 @dataclass(frozen=True, slots=True)
 class _Collected:
     path: Path  # where the package sits in the stage
-    origin: Path  # the .skill file or source directory it came from
+    origin: Path | str  # the .skill file, source directory or sources.yaml line
     expect: tuple[str, str] | None  # (id, version) for packages built here
+    pulled: tuple[str, str] | None = None  # (reference as written, manifest digest)
+
+
+def _pull(skills_dir: Path, pkg_dir: Path, options: BuildOptions) -> list[_Collected]:
+    """Fetch the packages ``sources.yaml`` lists (pinned to ``options.locked``'s digests
+    when given) into ``pkg_dir``; they are verified with every other package."""
+    listing = options.sources or skills_dir / distribution.SOURCES
+    if options.sources is None and not listing.is_file():
+        return []
+    sources = distribution.read_sources(listing)
+    pinned = None
+    if options.locked is not None:
+        pinned = {s.ref: s.digest for s in Lock.read(options.locked).sources}
+        options.progress(f"pinned to the digests in {options.locked}")
+    before = {s.ref: s.digest for s in Lock.read(options.previous).sources} if (
+        options.previous is not None and pinned is None
+    ) else {}
+    blobs = (options.cache_dir or paths.cache_dir()) / "oci" / "blobs"
+    out = []
+    for i, pulled in enumerate(
+        distribution.pull_sources(sources, blobs, pinned=pinned, progress=options.progress)
+    ):
+        was = before.get(pulled.entry.text)
+        if was is not None and was != pulled.artifact.digest:
+            options.progress(
+                f"{pulled.entry.text} moved: {was} in {options.previous}, now "
+                f"{pulled.artifact.digest}"
+            )
+        # not *.skill, so no pre-signed file's name; renamed ID-VERSION.skill once verified
+        target = pkg_dir / f".pulled-{i}"
+        shutil.copyfile(pulled.path, target)
+        origin = f"{pulled.entry.where} ({pulled.entry.text})"
+        out.append(_Collected(target, origin, None, (pulled.entry.text, pulled.artifact.digest)))
+    return out
 
 
 def _collect(
@@ -124,13 +162,14 @@ def _collect(
                 shutil.copyfile(f, trust_dir / f.name)
     sources = [s for kind in KINDS for s in kind.find(skills_dir, policies_dir, options)]
     prebuilt = sorted(skills_dir.glob("*.skill"))
-    if not sources and not prebuilt:
+    pulled = _pull(skills_dir, pkg_dir, options)
+    if not sources and not prebuilt and not pulled:
         raise BundleError(
             "no skills found (expected *.skill files, directories with skill.yaml, "
-            "or Agent Skills directories with SKILL.md)",
+            "Agent Skills directories with SKILL.md, or packages listed in sources.yaml)",
             location=str(skills_dir),
         )
-    out: list[_Collected] = []
+    out: list[_Collected] = list(pulled)
     for f in prebuilt:
         progress(f"using pre-signed package {f.name}")
         target = pkg_dir / f.name
@@ -244,7 +283,7 @@ def build_bundle(
         collected = _collect(skills_dir, policies_dir, stage, epoch, opts)
         trust = package.load_trust(stage / "trust")
         verified: list[tuple[_Collected, package.VerifiedPackage]] = []
-        seen: dict[str, Path] = {}
+        seen: dict[str, Path | str] = {}
         for c in collected:
             exp_id, exp_version = c.expect or (None, None)
             try:
@@ -268,7 +307,7 @@ def build_bundle(
             final = stage / "packages" / f"{sid}-{v.manifest.version}.skill"
             if c.path != final:
                 c.path.rename(final)
-            verified.append((_Collected(final, c.origin, c.expect), v))
+            verified.append((_Collected(final, c.origin, c.expect, c.pulled), v))
         _check_downgrades(
             previous_lock,
             [(v.manifest.id, v.manifest.version) for _, v in verified],
@@ -313,6 +352,12 @@ def build_bundle(
             source_date_epoch=epoch,
             agent_skills=tuple(sorted(staged.agents, key=lambda a: a.id)),
             runner=staged.runner,
+            sources=tuple(
+                LockedSource(c.pulled[0], c.pulled[1], v.manifest.id, v.manifest.version,
+                             c.path.relative_to(stage).as_posix())
+                for c, v in sorted(verified, key=lambda cv: cv[1].manifest.id)
+                if c.pulled is not None
+            ),
         )
         lock_bytes = lock.to_json()
         _write(stage / LOCK, lock_bytes)

@@ -33,7 +33,7 @@ from typing import Any, Protocol
 
 from skilld import agentskills, package, paths
 from skilld.bundle._lock import LockedAgentSkill, LockedRunner, LockedSkill
-from skilld.call import CallContext
+from skilld.call import CallContext, NullChannel
 from skilld.errors import AgentSkillError, BundleError
 from skilld.package.build import build_component
 from skilld.policy import RUNNER, CompileResult, check_kit_methods
@@ -61,6 +61,10 @@ class BuildOptions:
             warnings).
         wheelhouse: where Agent Skills' Python requirements are installed from
             (offline; a missing wheel is an error naming the skill and package).
+        sources: the ``sources.yaml`` listing packages in registries and image layouts
+            (default: the skills directory's, when it has one).
+        locked: an earlier ``bundle.lock`` whose digests the sources are fetched at
+            (a moved tag stays pinned; an entry the lock lacks is refused).
         progress: told each step, one line at a time.
     """
 
@@ -72,6 +76,8 @@ class BuildOptions:
     cache_dir: Path | None = None
     lenient: bool = False
     wheelhouse: Path | None = None
+    sources: Path | None = None
+    locked: Path | None = None
     progress: Progress = field(default=lambda _msg: None, compare=False)
 
 
@@ -85,19 +91,6 @@ class BuildSummaryRow:
     grants: str
     package_bytes: int
     native_bytes: int
-
-
-class _NoChannel:
-    def progress(self, progress: float, total: float | None, message: str | None) -> None: ...
-    def log(self, level: str, data: Any) -> None: ...
-    def sample(self, params: Any) -> Any:
-        raise BundleError("describe may not sample")
-
-    def elicit(self, params: Any) -> Any:
-        raise BundleError("describe may not elicit")
-
-    def cancelled(self) -> bool:
-        return False
 
 
 def _sha256(data: bytes) -> str:
@@ -245,7 +238,8 @@ class WasmComponents:
             native_rel = f"native/{sid}.cwasm"
             native_sha = write_native(comp.native, stage / native_rel)
             (stage / native_rel).chmod(0o444)
-            spec = comp.describe(CallContext(sid, Limits(), _NoChannel()))
+            no_client = NullChannel("describe may not ask the client")
+            spec = comp.describe(CallContext(sid, Limits(), no_client))
             if (spec.id, spec.version) != (sid, version):
                 raise BundleError(
                     f"the component describes itself as {spec.id} {spec.version}, but its "

@@ -81,6 +81,19 @@ class LockedRunner:
 
 
 @dataclass(frozen=True, slots=True)
+class LockedSource:
+    """A package the build took from a registry or an image layout (``sources.yaml``):
+    the reference as written, the manifest digest it resolved to (a rebuild with
+    ``--locked`` fetches exactly this digest), the skill and its bundle-relative package."""
+
+    ref: str
+    digest: str
+    id: str
+    version: str
+    package: str
+
+
+@dataclass(frozen=True, slots=True)
 class Lock:
     """The parsed ``bundle.lock``."""
 
@@ -96,6 +109,7 @@ class Lock:
     source_date_epoch: int = 0
     agent_skills: tuple[LockedAgentSkill, ...] = ()
     runner: LockedRunner | None = None
+    sources: tuple[LockedSource, ...] = ()
 
     @property
     def bundle_digest(self) -> str:
@@ -134,6 +148,8 @@ class Lock:
             del body["agent_skills"]
         if self.runner is None:
             del body["runner"]
+        if not self.sources:  # locks of builds without sources.yaml keep their bytes
+            del body["sources"]
         body["bundle_digest"] = self.bundle_digest
         body["lock_digest"] = hashlib.sha256(canonical_json(body)).hexdigest()
         return canonical_json(body) + b"\n"
@@ -182,6 +198,7 @@ class Lock:
                     for a in raw.get("agent_skills", ())
                 ),
                 runner=LockedRunner(**raw["runner"]) if raw.get("runner") else None,
+                sources=tuple(LockedSource(**r) for r in raw.get("sources", ())),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise BundleError(f"malformed lock: {exc}", location=location) from exc
@@ -197,6 +214,7 @@ class Lock:
         listed = [r for s in lock.skills for r in (s.package, s.native)]
         listed += [a.package for a in lock.agent_skills]
         listed += [lock.runner.native] if lock.runner is not None else []
+        listed += [r.package for r in lock.sources]
         for rel in [lock.policy_path, *listed]:
             if rel not in lock.files:
                 raise BundleError(

@@ -27,6 +27,7 @@ _COMMAND_MODULES = (
     "skilld.cli._skill",
     "skilld.cli._skills",
     "skilld.cli._package",
+    "skilld.cli._oci",
     "skilld.cli._policy",
     "skilld.cli._cluster",
     "skilld.cli._doctor",

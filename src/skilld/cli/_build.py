@@ -72,6 +72,21 @@ def register(sub: Any) -> None:
         help="wheels that Agent Skills' requirements are installed from (offline, at build)",
     )
     p.add_argument(
+        "--sources",
+        type=Path,
+        metavar="FILE",
+        help="packages to pull from OCI registries and image layouts (default: "
+        "SKILLS/sources.yaml when present; docs/registry.md); tags are resolved once and "
+        "pinned in bundle.lock",
+    )
+    p.add_argument(
+        "--locked",
+        type=Path,
+        metavar="LOCK",
+        help="an earlier bundle.lock: fetch every sources.yaml package at the digest it "
+        "records (a moved tag stays pinned; a package the lock lacks is refused)",
+    )
+    p.add_argument(
         "-q", "--quiet", action="store_true", help="no progress lines (warnings still show)"
     )
     p.set_defaults(handler=run)
@@ -97,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
         strict=not args.lenient,
         lenient=args.lenient,
         wheelhouse=args.wheelhouse,
+        sources=args.sources,
+        locked=args.locked,
         cache_dir=cache,
         progress=progress,
     )

@@ -12,6 +12,10 @@ from typing import Any
 from skilld import paths
 from skilld.cli._common import parse_json_object
 from skilld.errors import UsageError
+from skilld.types import Caller
+
+# `skilld call` acts for the local user at the terminal.
+CLI = Caller.local("cli")
 
 # The runtime is imported by the handler, not here: every command's parser is built on
 # each start (also `skilld serve`'s), and none of them should pay for wasmtime.
@@ -111,7 +115,9 @@ def run(args: argparse.Namespace) -> int:
             kv = state.store(
                 skill_id, value_limit=limits.kv_value_bytes, total_limit=limits.kv_total_bytes
             )
-            ctx = CallContext(skill_id, limits, NullChannel(), kv=kv)
+            # Messages name the skill as the component describes itself; its key-value
+            # namespace stays ``skill_id`` (see --skill-id: a claimed id is never trusted).
+            ctx = CallContext(spec.id or skill_id, limits, NullChannel(), kv=kv, caller=CLI)
             try:
                 out = comp.call(
                     args.method, json.dumps(params, separators=(",", ":"), sort_keys=True), ctx

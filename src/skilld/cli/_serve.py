@@ -60,10 +60,7 @@ def register(sub: Any) -> None:
         metavar="ORIGIN",
         help="accept this Origin besides local ones (repeatable)",
     )
-    p.add_argument(
-        "--token-file", type=Path, metavar="FILE", help="bearer tokens for http, one per line"
-    )
-    p.add_argument("--token-env", metavar="VAR", help="environment variable holding a bearer token")
+    _auth_options(p)
     p.add_argument(
         "--state-dir",
         type=Path,
@@ -75,6 +72,20 @@ def register(sub: Any) -> None:
         "--audit-log",
         metavar="FILE|-",
         help="audit records as JSON lines (default: STATE_DIR/audit.jsonl; - = stderr)",
+    )
+    p.add_argument(
+        "--kept-mib-per-caller",
+        type=_positive_mib,
+        metavar="MIB",
+        help="what one caller's Agent Skill runs may keep as skill://NAME/runs/... outputs "
+        "at once, in MiB (default 256; past it, its own oldest go first)",
+    )
+    p.add_argument(
+        "--kept-mib",
+        type=_positive_mib,
+        metavar="MIB",
+        help="what the node keeps for all callers together, in MiB (default 1024; when "
+        "full, a new output is not kept and no other caller's is evicted)",
     )
     p.add_argument(
         "--log-file",
@@ -98,6 +109,21 @@ def register(sub: Any) -> None:
         metavar="S",
         help="on SIGTERM or SIGINT, how long calls in flight may still run while new ones "
         "are refused (default 30; keep it below the stop timeout of docker or systemd)",
+    )
+    p.add_argument(
+        "--worker-threads",
+        type=int,
+        default=64,
+        metavar="N",
+        help="threads that run guest calls, shared fairly by callers and skills (default 64); "
+        "a call that finds none free within 2 s fails as busy",
+    )
+    p.add_argument(
+        "--worker-idle",
+        type=_seconds,
+        default=10.0,
+        metavar="S",
+        help="an idle worker thread leaves after this long (default 10)",
     )
     p.add_argument(
         "--max-connections",
@@ -183,6 +209,119 @@ def register(sub: Any) -> None:
         help="a worker-only node: serve skills to the cluster, no MCP transport",
     )
     p.set_defaults(handler=run)
+
+
+def _auth_options(p: argparse.ArgumentParser) -> None:
+    """Who may connect over HTTP, and each caller's share of the transport (docs/mcp.md)."""
+    a = p.add_argument_group(
+        "authentication (http)",
+        "Without any of these, http serves only a loopback address (127.0.0.1, ::1) unless "
+        "--allow-unauthenticated says otherwise.",
+    )
+    a.add_argument(
+        "--token-file",
+        type=Path,
+        metavar="FILE",
+        help="named bearer tokens: 'NAME TOKEN [SCOPE...]' per line, mode 0600, tokens of 32+ "
+        "characters; re-read on SIGHUP (a removed token stops working)",
+    )
+    a.add_argument(
+        "--token-file-init",
+        action="store_true",
+        help="if the --token-file does not exist, write one with a fresh token named 'admin' "
+        "(scope skilld:metrics) and show it once in the log",
+    )
+    a.add_argument(
+        "--token-env", metavar="VAR", help="environment variable holding a token (named VAR)"
+    )
+    a.add_argument(
+        "--auth-issuer",
+        metavar="URL",
+        help="OAuth 2.1: accept JWT access tokens of this authorization server (its keys "
+        "come from its metadata)",
+    )
+    a.add_argument(
+        "--auth-audience",
+        metavar="URI",
+        help="this server's resource URI as clients reach it (e.g. https://skilld.example.com/mcp);"
+        " tokens must be issued for it",
+    )
+    a.add_argument(
+        "--auth-jwks", type=Path, metavar="FILE", help="the issuer's keys (a JWK set), air-gapped"
+    )
+    a.add_argument(
+        "--auth-introspection",
+        metavar="URL",
+        help="RFC 7662 endpoint for opaque access tokens (with --auth-client-file)",
+    )
+    a.add_argument(
+        "--auth-client-file",
+        type=Path,
+        metavar="FILE",
+        help="this server's client credentials for introspection: 'CLIENT_ID SECRET', mode 0600",
+    )
+    a.add_argument(
+        "--auth-scope",
+        action="append",
+        default=[],
+        metavar="SCOPE",
+        help="a scope every MCP request needs (repeatable; 403 insufficient_scope without)",
+    )
+    a.add_argument(
+        "--allow-unauthenticated",
+        action="store_true",
+        help="serve a non-loopback address without authentication (anyone reaching it may call)",
+    )
+    c = p.add_argument_group("each caller's share (http)")
+    c.add_argument("--max-sessions-per-caller", type=int, default=64, metavar="N")
+    c.add_argument("--max-streams-per-caller", type=int, default=16, metavar="N")
+    c.add_argument("--max-requests-per-caller", type=int, default=64, metavar="N")
+    c.add_argument(
+        "--write-timeout",
+        type=_seconds,
+        default=30.0,
+        metavar="S",
+        help="drop a connection whose client has not read a response for this long (default 30)",
+    )
+
+
+def _auth_config(args: argparse.Namespace, logger: _Logger) -> dict[str, Any]:
+    """The ServeConfig fields of the authentication options; makes the token file first
+    when asked (its token is logged once, when made).
+
+    Raises:
+        UsageError: --token-file-init without --token-file, or the file cannot be made.
+    """
+    if args.token_file_init:
+        if args.token_file is None:
+            raise UsageError("--token-file-init needs --token-file FILE")
+        from skilld.mcp._auth import create_token_file
+
+        token = create_token_file(args.token_file)
+        if token is not None:
+            logger.get().warning(
+                "token_created",
+                name="admin",
+                token=token,
+                file=str(args.token_file),
+                hint="shown once: send it as 'Authorization: Bearer TOKEN'; "
+                "edit the file to add named tokens (SIGHUP re-reads it)",
+            )
+    return {
+        "token_file": args.token_file,
+        "token_env": args.token_env,
+        "auth_issuer": args.auth_issuer,
+        "auth_audience": args.auth_audience,
+        "auth_jwks_file": args.auth_jwks,
+        "auth_introspection": args.auth_introspection,
+        "auth_client_file": args.auth_client_file,
+        "auth_scopes": tuple(args.auth_scope),
+        "allow_unauthenticated": args.allow_unauthenticated,
+        "max_sessions_per_caller": args.max_sessions_per_caller,
+        "max_streams_per_caller": args.max_streams_per_caller,
+        "max_requests_per_caller": args.max_requests_per_caller,
+        "write_timeout_s": args.write_timeout,
+    }
 
 
 def _inline_ms(text: str) -> float:
@@ -274,6 +413,8 @@ def _serve(args: argparse.Namespace, text: bool, logger: _Logger, confinement: s
         lock_key=args.lock_key,
         cluster=_cluster_config(args),
         serve_skills=not args.entry_only,
+        kept_bytes_per_caller=args.kept_mib_per_caller,
+        kept_bytes=args.kept_mib,
     )
     started = time.perf_counter()
     # Start-up is mostly imports (which hold the GIL) and hashing the bundle (which does
@@ -286,10 +427,10 @@ def _serve(args: argparse.Namespace, text: bool, logger: _Logger, confinement: s
         # The runtime's own modules are imported here, before the loader thread starts:
         # two threads importing at once only slow each other down.
         import skilld.audit
-        import skilld.bundle._load
         import skilld.permissions
         import skilld.registry
         import skilld.state  # noqa: F401
+        from skilld.bundle import open_bundle  # noqa: F401 - the loader, imported here
 
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="skilld-load") as pool:
             loading = pool.submit(Node.open, node_config, prehash=prehash)
@@ -333,14 +474,15 @@ def _serve(args: argparse.Namespace, text: bool, logger: _Logger, confinement: s
             port=sock.getsockname()[1] if sock is not None else args.port,
             allowed_hosts=tuple(args.allowed_host),
             allowed_origins=tuple(args.allowed_origin),
-            token_file=args.token_file,
-            token_env=args.token_env,
+            **_auth_config(args, logger),
             log_file=args.log_file,
             log_format="text" if text else "json",
             # the banner says what the info lines would; warnings and errors still show
             log_level="warning" if text else "info",
             inline_ms=args.inline_ms,
             shutdown_grace_s=args.shutdown_grace,
+            worker_threads=args.worker_threads,
+            worker_idle_s=args.worker_idle,
             max_connections=args.max_connections,
             idle_timeout_s=args.idle_timeout,
             header_timeout_s=args.header_timeout,
@@ -368,21 +510,28 @@ def _serve(args: argparse.Namespace, text: bool, logger: _Logger, confinement: s
     return 0
 
 
+def _positive_mib(text: str) -> int:
+    """Bytes from a positive whole number of MiB (argparse type).
+
+    Raises:
+        argparse.ArgumentTypeError: not a positive whole number.
+    """
+    if not text.isdigit() or int(text) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number of MiB")
+    return int(text) << 20
+
+
 def _round_options(args: argparse.Namespace, node: Any, logger: _Logger) -> dict[str, Any]:
     """The ServeConfig fields of input-required rounds in a cluster: this node's name in
     ``requestState``, the entry nodes' shared sealing keys and the relay between them.
 
     Raises:
-        UsageError: a key file cannot be read or holds fewer than 32 bytes.
+        UsageError: a key file cannot be read, is readable by other users, or holds
+            fewer than 32 bytes.
     """
     keys = []
     for path in args.request_state_key:
-        try:
-            secret = path.read_bytes().strip()
-        except OSError as exc:
-            raise UsageError(
-                f"cannot read the request-state key: {exc.strerror}", location=str(path)
-            ) from exc
+        secret = paths.read_private(path, "request-state key").strip()
         if len(secret) < 32:
             raise UsageError(
                 "a request-state key must hold 32 bytes or more of secret randomness",
@@ -449,6 +598,17 @@ def _wait_for_signal(logger: _Logger) -> None:
     stop.wait()
 
 
+def _auth_line(config: Any) -> str:
+    """Which authentication the banner says is on."""
+    named = config.token_file or (f"${config.token_env}" if config.token_env else None)
+    if config.auth_issuer is not None:
+        line = f"OAuth 2.1, tokens of {config.auth_issuer} for {config.auth_audience}"
+        return line + (f"; named tokens ({named})" if named else "")
+    if named:
+        return f"named tokens ({named})"
+    return "none (anyone who reaches the address may call)"
+
+
 def _banner(args: argparse.Namespace, config: Any, node: Any, node_config: Any) -> None:
     """What a person starting the server needs: where to connect and how to stop."""
     from skilld.mcp import advertised_url
@@ -461,6 +621,7 @@ def _banner(args: argparse.Namespace, config: Any, node: Any, node_config: Any) 
         lines += [
             f"  MCP (Streamable HTTP): {url}",
             f"  MCP (SSE):             {url.removesuffix('/mcp')}/sse",
+            f"  authentication:        {_auth_line(config)}",
         ]
     else:
         lines.append("  MCP over stdio: an MCP client starts this command and talks on stdin")

@@ -132,7 +132,7 @@ def run_new(args: argparse.Namespace) -> int:
     print(f"try it: skilld skill build {target} -o {args.name}.wasm")
     print(
         f"serve it: skilld build --skills {args.dir} --policies {args.policies} -o bundle "
-        "&& skilld serve bundle"
+        "&& skilld serve --bundle bundle"
     )
     return 0
 

@@ -270,6 +270,10 @@ def check_signature(
     return doc, kid
 
 
+# What a node may say it is: it takes calls from clients, or it runs skills.
+ROLES = frozenset({"entry", "worker"})
+
+
 def verify(data: bytes, headers: Mapping[str, str] | None, trust: TrustStore) -> Announcement:
     """A verified announcement from a message's bytes and headers.
 
@@ -293,9 +297,9 @@ def verify(data: bytes, headers: Mapping[str, str] | None, trust: TrustStore) ->
             for s in doc["skills"]
         )
         return Announcement(
-            node=doc["node"],
-            roles=tuple(doc["roles"]),
-            bundle=str(doc["bundle"]),
+            node=_text(doc["node"]),
+            roles=_roles(doc["roles"]),
+            bundle=_text(doc["bundle"]),
             skills=skills,
             key_id=kid,
             fingerprint=hashlib.sha256(data).hexdigest(),
@@ -303,6 +307,20 @@ def verify(data: bytes, headers: Mapping[str, str] | None, trust: TrustStore) ->
         )
     except (KeyError, TypeError, ValueError, AttributeError, PackageFormatError) as exc:
         raise ClusterError(f"a malformed announcement from {doc.get('node')!r}: {exc!r}") from exc
+
+
+def _roles(value: object) -> tuple[str, ...]:
+    # Strict: a text is not a list of roles (tuple("entry") would read as five).
+    if not isinstance(value, list) or not set(value) <= ROLES:
+        raise ValueError(f"roles must be a list of {sorted(ROLES)}, not {value!r:.80}")
+    return tuple(value)
+
+
+def _text(value: object) -> str:
+    # Strict: None is not a node name or a digest (str(None) would read as one).
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, not {type(value).__name__}")
+    return value
 
 
 def _box(text: object) -> bytes:

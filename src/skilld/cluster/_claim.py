@@ -16,7 +16,7 @@ import asyncio
 import logging
 
 from nats.js.api import KeyValueConfig, StorageType
-from nats.js.errors import BucketNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from skilld.cluster._link import NatsLink
@@ -77,20 +77,17 @@ class StartTurn:
             log.info("cluster: the replica check's turn was not given back: %r", exc)
 
     async def _bucket(self) -> KeyValue | None:
-        js = self._link.nc.jetstream(timeout=_OP_TIMEOUT_S)
         try:
-            try:
-                return await js.key_value(BUCKET)
-            except BucketNotFoundError:
-                return await js.create_key_value(
-                    KeyValueConfig(
-                        bucket=BUCKET,
-                        description="skilld: nodes take turns at the replica check",
-                        history=1,
-                        ttl=HOLD_S,
-                        storage=StorageType.MEMORY,
-                    )
-                )
+            return await self._link.bucket(
+                KeyValueConfig(
+                    bucket=BUCKET,
+                    description="skilld: nodes take turns at the replica check",
+                    history=1,
+                    ttl=HOLD_S,
+                    storage=StorageType.MEMORY,
+                ),
+                timeout=_OP_TIMEOUT_S,
+            )
         except Exception as exc:  # noqa: BLE001 - no JetStream: discovery alone
             log.warning(
                 "cluster: no JetStream KV for the replica check (%r): two nodes starting "

@@ -28,7 +28,6 @@ from typing import Any
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import (
     BadRequestError,
-    BucketNotFoundError,
     KeyDeletedError,
     KeyNotFoundError,
     KeyWrongLastSequenceError,
@@ -90,22 +89,18 @@ class JetStreamKV:
         Raises:
             ClusterError: JetStream is not enabled on the server, or refused the bucket.
         """
-        js = link.nc.jetstream()
         name = bucket_name(skill_id)
         try:
-            try:
-                kv = await js.key_value(name)
-            except BucketNotFoundError:
-                kv = await js.create_key_value(
-                    KeyValueConfig(
-                        bucket=name,
-                        description=f"skilld key-value state of skill {skill_id}",
-                        history=1,
-                        storage=StorageType.FILE,
-                        # the value, its key and headers: the value limit is checked exactly here
-                        max_value_size=value_limit + 4096,
-                    )
+            kv = await link.bucket(
+                KeyValueConfig(
+                    bucket=name,
+                    description=f"skilld key-value state of skill {skill_id}",
+                    history=1,
+                    storage=StorageType.FILE,
+                    # the value, its key and headers: the value limit is checked exactly here
+                    max_value_size=value_limit + 4096,
                 )
+            )
         except Exception as exc:
             raise ClusterError(
                 f"cannot open the JetStream KV bucket {name}: {exc!r}",

@@ -16,24 +16,31 @@ import ssl
 import sys
 import threading
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 
 import nats
 from nats.aio.client import Client
+from nats.js.api import KeyValueConfig
+from nats.js.errors import BucketNotFoundError
+from nats.js.kv import KeyValue
 
 from skilld.cluster._config import ClusterConfig
 from skilld.errors import ClusterError, UsageError
 from skilld.package import nkeys
+from skilld.paths import read_private
 
 T = TypeVar("T")
 log = logging.getLogger("skilld.cluster")
 
 
 def _read_secret(path: Any, what: str) -> str:
+    """A NATS secret file's text; it must be private (``skilld.paths.read_private``)."""
+    data = read_private(Path(path), what)
     try:
-        return str(path.read_text(encoding="utf-8")).strip()
-    except OSError as exc:
-        raise UsageError(f"cannot read the {what}: {exc.strerror}", location=str(path)) from exc
+        return data.decode("utf-8").strip()
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"the {what} is not UTF-8 text", location=str(path)) from exc
 
 
 class NatsLink:
@@ -152,6 +159,21 @@ class NatsLink:
         except (OSError, ssl.SSLError) as exc:
             raise UsageError(f"cannot load the TLS files: {exc}", location="--nats-tls-*") from exc
         return context
+
+    async def bucket(self, config: KeyValueConfig, timeout: float | None = None) -> KeyValue:
+        """The JetStream key-value bucket ``config.bucket``, made with ``config`` when missing.
+
+        An existing bucket is used as it is (its configuration is the first maker's).
+
+        Raises:
+            Exception: whatever nats-py raises (no JetStream, a refused bucket): the
+                callers map it to their own error or fallback.
+        """
+        js = self.nc.jetstream() if timeout is None else self.nc.jetstream(timeout=timeout)
+        try:
+            return await js.key_value(config.bucket)
+        except BucketNotFoundError:
+            return await js.create_key_value(config)
 
     async def anonymous_can_listen(self, timeout: float = 2.0) -> bool:
         """Whether a connection with no credentials can subscribe to skilld's subjects.

@@ -143,6 +143,8 @@ class Router:
             "timeout_ms": max(1, int(ctx.remaining() * 1000)),
             "depth": ctx.depth,
             "chain": list(ctx.chain),
+            # Sealed with the rest: the worker names the entry node's verified caller.
+            "caller": ctx.caller.as_dict(),
         }
         headers, sent = self._sealer.seal_to(self._box(target), meta, body)
         parts: list[bytes] = []

@@ -45,7 +45,6 @@ from typing import Any
 
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.errors import (
-    BucketNotFoundError,
     KeyDeletedError,
     KeyNotFoundError,
     KeyWrongLastSequenceError,
@@ -136,21 +135,17 @@ class TaskBoard:
         Raises:
             ClusterError: JetStream is not enabled on the server, or refused the bucket.
         """
-        js = link.nc.jetstream()
         try:
-            try:
-                kv = await js.key_value(BUCKET)
-            except BucketNotFoundError:
-                kv = await js.create_key_value(
-                    KeyValueConfig(
-                        bucket=BUCKET,
-                        description="skilld MCP task records (owner-signed)",
-                        history=1,
-                        storage=StorageType.FILE,
-                        ttl=ttl_s,
-                        max_value_size=_MAX_VALUE,
-                    )
+            kv = await link.bucket(
+                KeyValueConfig(
+                    bucket=BUCKET,
+                    description="skilld MCP task records (owner-signed)",
+                    history=1,
+                    storage=StorageType.FILE,
+                    ttl=ttl_s,
+                    max_value_size=_MAX_VALUE,
                 )
+            )
         except Exception as exc:
             raise ClusterError(
                 f"cannot open the JetStream KV bucket {BUCKET}: {exc!r}",

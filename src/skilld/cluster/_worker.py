@@ -53,6 +53,7 @@ from skilld.errors import (
     UsageError,
 )
 from skilld.registry import Registry
+from skilld.types import Caller
 
 log = logging.getLogger("skilld.cluster")
 
@@ -460,8 +461,9 @@ class SkillServer:
                 raise UsageError("the routed caller chain must be a list")
             chain = tuple(str(c) for c in raw_chain)
             self._exposed(call, name)
-            # The audit names the verified sender and, sealed with it, the calling skill.
-            caller = f"node:{call.entry}/{chain[-1] if chain else 'mcp'}"
+            # The audit names the verified sender and, sealed with it, the entry node's
+            # caller (a skill of that node for a routed invoke).
+            caller = _routed_caller(meta.get("caller"), call.entry, chain)
             # A skill on another node invoked this one: that node checked its own grant
             # (remote_calls); consent is this node's, from its own tables, for the
             # verified sender.
@@ -507,3 +509,20 @@ def _int(value: object, default: int) -> int:
         return max(0, int(str(value))) if value is not None else default
     except ValueError:
         return default
+
+
+def _routed_caller(carried: Any, entry: str, chain: tuple[str, ...] = ()) -> Caller:
+    """The caller of a routed call: the one sealed in its message, as arriving from ``entry``.
+
+    A message without one (from an older node) is the calling skill's of that node, or the
+    node's own.
+
+    Raises:
+        UsageError: the carried caller is malformed.
+    """
+    if carried is None:
+        return Caller("skill", chain[-1]).routed_from(entry) if chain else Caller("node", entry)
+    try:
+        return Caller.from_dict(carried).routed_from(entry)
+    except ValueError as exc:
+        raise UsageError(f"the routed caller is malformed: {exc}") from exc

@@ -7,7 +7,7 @@ from typing import Any
 
 from skilld.confine._runner import Confinement, ResourceLimits
 from skilld.errors import ConfinementUnavailable
-from skilld.policy import _patterns as patterns
+from skilld.policy import patterns as patterns
 
 
 def _directory(path_pattern: str) -> str:

@@ -513,40 +513,82 @@ def hand_over(path: str, frm: int, to: int, *, owner_view: bool) -> None:
         os.close(fd)
 
 
-def _hand_over_dir(fd: int, frm: int, to: int, owner_view: bool, depth: int = 0) -> None:
-    if depth > 64:
-        return
+def _hand_over_dir(top: int, frm: int, to: int, owner_view: bool) -> None:
+    """Hand over everything beneath the open directory ``top``, to any depth.
+
+    Iterative, and a directory is left by its ``..`` (checked to be the one it was
+    entered from), so that no depth costs a descriptor or a stack frame: a script's tree
+    70 or 10,000 levels deep is handed back whole (before, past depth 64 it stayed the
+    script's, and the server could not remove it). ``skilld.paths.walk_beneath`` walks
+    the same way; this file imports nothing of skilld's (it runs as a script).
+    """
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    # Each level: (its identity, the names still to visit (reversed), its name in its
+    # parent, or None for ``top``).
+    first = os.fstat(top)
+    levels: list[tuple[tuple[int, int], list[str], str | None]] = [
+        ((first.st_dev, first.st_ino), _listing(top), None)
+    ]
+    fd = top
     try:
-        entries = list(os.scandir(fd))
-    except OSError:
-        return
-    for entry in entries:
-        try:
-            st = entry.stat(follow_symlinks=False)
-        except OSError:
-            continue
-        if st.st_uid != frm:
-            continue
-        if stat.S_ISDIR(st.st_mode):
+        while levels:
+            _ident, names, name = levels[-1]
+            if not names:
+                levels.pop()
+                if name is None:
+                    break
+                up = top if len(levels) == 1 else os.open("..", flags, dir_fd=fd)
+                if (os.fstat(up).st_dev, os.fstat(up).st_ino) != levels[-1][0]:
+                    if up != top:
+                        os.close(up)
+                    return  # moved while handed over: the rest stays as it is
+                with contextlib.suppress(OSError):
+                    os.fchown(fd, to, to)
+                os.close(fd)
+                fd = up
+                continue
+            entry = names.pop()
+            try:
+                st = os.lstat(entry, dir_fd=fd)
+            except OSError:
+                continue
+            if st.st_uid != frm:
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                if st.st_nlink == 1 or stat.S_ISLNK(st.st_mode):
+                    with contextlib.suppress(OSError):
+                        os.chown(entry, to, to, dir_fd=fd, follow_symlinks=False)
+                continue
             if owner_view:
                 # A directory the script closed (mode 0): its owner may open it again.
                 # Without CAP_FOWNER this can only ever change a file ``frm`` owns.
                 with contextlib.suppress(OSError):
-                    os.chmod(entry.name, stat.S_IMODE(st.st_mode) | 0o700, dir_fd=fd)
-            flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+                    os.chmod(entry, stat.S_IMODE(st.st_mode) | 0o700, dir_fd=fd)
             try:
-                sub = os.open(entry.name, flags, dir_fd=fd)
+                sub = os.open(entry, flags, dir_fd=fd)
             except OSError:
                 continue
-            try:
-                if os.fstat(sub).st_uid == frm:
-                    _hand_over_dir(sub, frm, to, owner_view, depth + 1)
-                    os.fchown(sub, to, to)
-            finally:
+            now = os.fstat(sub)
+            if now.st_uid != frm or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
                 os.close(sub)
-        elif st.st_nlink == 1 or stat.S_ISLNK(st.st_mode):
-            with contextlib.suppress(OSError):
-                os.chown(entry.name, to, to, dir_fd=fd, follow_symlinks=False)
+                continue
+            if fd != top:
+                os.close(fd)
+            fd = sub
+            levels.append(((now.st_dev, now.st_ino), _listing(sub), entry))
+    except OSError:
+        pass
+    finally:
+        if fd != top:
+            os.close(fd)
+
+
+def _listing(fd: int) -> list[str]:
+    """The names in the open directory ``fd``, reversed (popped in order); [] unreadable."""
+    try:
+        return sorted(os.listdir(fd), reverse=True)
+    except OSError:
+        return []
 
 
 def sweep_sockets(dirs: Any, uid: int, since: float) -> None:

@@ -37,6 +37,7 @@ from skilld.errors import (
 from skilld.policy import RUNNER_METHOD, Exposure, Tables
 from skilld.registry import Registry, SkillBackend, SkillEntry, ToolAnnotations
 from skilld.types import (
+    Caller,
     CallOutput,
     ClientChannel,
     Decision,
@@ -47,6 +48,8 @@ from skilld.types import (
 )
 
 SKILL_ID = "delegate"
+# A program run outside any call (the CLI, tests) is the local user's.
+_LOCAL = Caller.local()
 # A tool result larger than this is kept in the trace as its digest and size.
 TRACE_INLINE_BYTES = 1024
 # Kit runner calls run nested under the delegate call (they never wait for a slot).
@@ -242,15 +245,19 @@ class DelegateService:
         *,
         channel: ClientChannel | None = None,
         depth: int = 0,
+        caller: Caller = _LOCAL,
     ) -> dict[str, Any]:
-        """Validate and run ``program`` over ``kit``; the result format of docs/delegate.md.
+        """Validate and run ``program`` over ``kit`` for ``caller``; the result format of
+        docs/delegate.md.
 
         Raises:
             DelegateError: no such kit; UsageError: ``params`` not JSON data.
         """
         t0 = time.perf_counter()
         found = self.kit(kit)
-        return self._execute(found, program, dict(params or {}), None, 0, 0.0, t0, channel, depth)
+        return self._execute(
+            found, program, dict(params or {}), None, 0, 0.0, t0, channel, depth, caller
+        )
 
     def delegate(
         self,
@@ -261,6 +268,7 @@ class DelegateService:
         channel: ClientChannel | None = None,
         depth: int = 0,
         deadline: float | None = None,
+        caller: Caller = _LOCAL,
     ) -> dict[str, Any]:
         """Turn ``intent`` into a program over ``kit`` (the tiers in order) and run it.
 
@@ -285,6 +293,7 @@ class DelegateService:
             t0,
             channel,
             depth,
+            caller,
         )
         result["tiers_tried"] = generated.tiers_tried
         return result
@@ -300,6 +309,7 @@ class DelegateService:
         t0: float,
         channel: ClientChannel | None,
         depth: int,
+        caller: Caller,
     ) -> dict[str, Any]:
         result: dict[str, Any] = {
             "success": False,
@@ -350,7 +360,7 @@ class DelegateService:
                     "max_output": kit.max_output,
                 },
                 channel,
-                caller=f"skill:{SKILL_ID}",
+                caller=caller.as_skill(SKILL_ID),
                 depth=depth + _NESTED,
                 chain=(SKILL_ID,),
             )
@@ -455,6 +465,7 @@ class DelegateBackend:
                     channel=ctx.channel,
                     depth=ctx.depth,
                     deadline=ctx.deadline,
+                    caller=ctx.caller,
                 )
             elif method == "run_program":
                 value = svc.run_program(
@@ -463,6 +474,7 @@ class DelegateBackend:
                     _params(args),
                     channel=ctx.channel,
                     depth=ctx.depth,
+                    caller=ctx.caller,
                 )
             elif method == "validate_program":
                 value = svc.validate_program(_text(args, "program"), _text(args, "kit"))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -31,12 +30,40 @@ class ServeConfig:
             ``skilld.internal:8080`` or ``skilld.internal:*`` (any port).
         allowed_origins: Origin header values accepted besides local ones, e.g.
             ``https://agent.example.com``.
-        token_file: a file holding bearer tokens, one per line (``#`` comments allowed).
-        token_env: the name of an environment variable holding a bearer token.
+        token_file: the operator's named bearer tokens, ``NAME TOKEN [SCOPE...]`` per line
+            (``#`` comments), mode 0600, each token at least 32 characters; re-read on SIGHUP.
+        token_env: the name of an environment variable holding a bearer token (named
+            after the variable).
+        auth_issuer: the OAuth authorization server whose JWT access tokens are accepted
+            (its metadata names its keys); with ``auth_audience``, skilld is an OAuth 2.1
+            resource server (Protected Resource Metadata, RFC 9728).
+        auth_audience: this server's resource URI (RFC 8707), e.g.
+            ``https://skilld.example.com/mcp``: a token must name it in ``aud``.
+        auth_jwks_file: the issuer's keys as a JWK set file (air-gapped: nothing fetched).
+        auth_introspection: the issuer's RFC 7662 endpoint, for opaque access tokens.
+        auth_client_file: this server's client credentials for introspection,
+            ``CLIENT_ID SECRET`` (mode 0600).
+        auth_scopes: scopes every MCP request needs (403 ``insufficient_scope`` without).
+        auth_leeway_s: clock skew allowed on ``exp`` and ``nbf``.
+        auth_keys_refresh_s: the issuer's keys are fetched again for an unknown ``kid``
+            at most this often.
+        allow_unauthenticated: serve without authentication on an address other than
+            loopback (refused otherwise: anyone who reaches the port could call).
+        max_sessions: Streamable HTTP sessions open at once, all callers together.
+        max_sessions_per_caller: sessions one caller (``Caller.key``) may hold open.
+        max_streams_per_caller: event streams (``GET /mcp``, ``GET /sse``) one caller may
+            hold open.
+        max_requests_per_caller: HTTP requests one caller may have in progress at once
+            (each holds a connection).
+        write_timeout_s: a connection whose client does not read a response for this
+            long is closed (a client that never reads holds no connection for ever).
         max_body_bytes: the largest HTTP request body accepted (larger: 413).
         queue_timeout_s: how long a call waits for a free slot of its skill (the skill's
             one gate, ``max_concurrency`` of its policy) before it fails as busy.
-        worker_threads: threads that run blocking guest calls (shared by all sessions).
+        worker_threads: threads that run blocking guest calls, shared fairly by all
+            callers (one caller holds at most three quarters of them) and skills; a call
+            that found no thread within ``queue_timeout_s`` fails as busy.
+        worker_idle_s: an idle worker thread leaves after this long.
         inline_ms: how long a tool call may first run on the event loop itself: a
             backend that runs no guest code (delegate's ``kit_list``) answers there and
             skips the hand-off to a worker thread; guest code gives the attempt up
@@ -86,9 +113,24 @@ class ServeConfig:
     allowed_origins: tuple[str, ...] = ()
     token_file: Path | None = None
     token_env: str | None = None
+    auth_issuer: str | None = None
+    auth_audience: str | None = None
+    auth_jwks_file: Path | None = None
+    auth_introspection: str | None = None
+    auth_client_file: Path | None = None
+    auth_scopes: tuple[str, ...] = ()
+    auth_leeway_s: float = 30.0
+    auth_keys_refresh_s: float = 30.0
+    allow_unauthenticated: bool = False
+    max_sessions: int = 10_000
+    max_sessions_per_caller: int = 64
+    max_streams_per_caller: int = 16
+    max_requests_per_caller: int = 64
+    write_timeout_s: float = 30.0
     max_body_bytes: int = 4 * 1024 * 1024
     queue_timeout_s: float = 2.0
     worker_threads: int = 64
+    worker_idle_s: float = 10.0
     inline_ms: float = 1.0
     client_request_timeout_s: float = 300.0
     shutdown_grace_s: float = 30.0
@@ -114,8 +156,10 @@ class ServeConfig:
     def __post_init__(self) -> None:
         if self.max_body_bytes <= 0:
             raise UsageError("max_body_bytes must be positive", location="serve config")
-        if self.worker_threads <= 0:
-            raise UsageError("worker_threads must be positive", location="serve config")
+        if self.worker_threads <= 0 or self.worker_idle_s <= 0:
+            raise UsageError(
+                "worker_threads and worker_idle_s must be positive", location="serve config"
+            )
         if not 0 <= self.inline_ms <= 100:
             raise UsageError(
                 f"inline_ms must be between 0 and 100, not {self.inline_ms}",
@@ -133,6 +177,38 @@ class ServeConfig:
             raise UsageError(
                 "max_tasks_per_client and max_tasks must be positive", location="serve config"
             )
+        self._check_auth()
+
+    def _check_auth(self) -> None:
+        oauth = (self.auth_issuer, self.auth_audience)
+        if any(oauth) and not all(oauth):
+            raise UsageError(
+                "--auth-issuer and --auth-audience go together",
+                hint="the audience is this server's URL as clients reach it, e.g. "
+                "https://skilld.example.com/mcp",
+            )
+        needs_issuer = (self.auth_jwks_file, self.auth_introspection, self.auth_client_file)
+        if any(v is not None for v in needs_issuer) and self.auth_issuer is None:
+            raise UsageError("--auth-jwks and --auth-introspection need --auth-issuer")
+        if (self.auth_introspection is None) != (self.auth_client_file is None):
+            raise UsageError("--auth-introspection and --auth-client-file go together")
+        caps = (
+            self.max_sessions,
+            self.max_sessions_per_caller,
+            self.max_streams_per_caller,
+            self.max_requests_per_caller,
+        )
+        if min(caps) <= 0 or self.write_timeout_s <= 0:
+            raise UsageError(
+                "the per-caller caps and write_timeout_s must be positive", location="serve config"
+            )
+
+    def authenticates(self) -> bool:
+        """Whether HTTP clients must present a credential."""
+        return any(
+            v is not None
+            for v in (self.token_file, self.token_env, self.auth_issuer, self.auth_introspection)
+        )
 
     def host_allowlist(self) -> tuple[str, ...]:
         """Host header patterns accepted: the local names on any port, then the configured ones."""
@@ -148,40 +224,3 @@ class ServeConfig:
             for o in (f"{scheme}://{name}", f"{scheme}://{name}:*")
         )
         return local + self.allowed_origins
-
-    def load_tokens(self) -> tuple[str, ...]:
-        """The bearer tokens HTTP clients must present; empty means no authentication.
-
-        Raises:
-            UsageError: the token file cannot be read or holds no token, or the
-                named environment variable is unset or empty.
-        """
-        tokens: list[str] = []
-        if self.token_file is not None:
-            try:
-                text = self.token_file.read_text(encoding="utf-8")
-            except OSError as exc:
-                raise UsageError(
-                    f"cannot read the token file: {exc.strerror}", location=str(self.token_file)
-                ) from exc
-            found = [
-                line.strip()
-                for line in text.splitlines()
-                if line.strip() and not line.lstrip().startswith("#")
-            ]
-            if not found:
-                raise UsageError(
-                    "the token file holds no token",
-                    location=str(self.token_file),
-                    hint="write one token per line",
-                )
-            tokens += found
-        if self.token_env is not None:
-            value = os.environ.get(self.token_env, "").strip()
-            if not value:
-                raise UsageError(
-                    f"environment variable {self.token_env} is unset or empty",
-                    hint="set it to the bearer token clients must send",
-                )
-            tokens.append(value)
-        return tuple(tokens)

@@ -9,6 +9,9 @@ out and wrote tens of megabytes of log in seconds. Here:
 
 - a connection must complete each request's headers within ``header_timeout_s``
   of connecting (or of its previous response), else it is closed;
+- a connection whose client stops reading is closed (aborted) once a response has
+  waited ``write_timeout_s`` for room in the socket: a client that pipelines requests
+  and never reads their answers, or never reads a stream, holds no slot for ever;
 - at most ``cap`` connections are open at once. When a new one would exceed it,
   the connection idle longest (no request in progress) is closed to make room, so
   an idle crowd cannot lock out a probe; when none is idle, the newcomer's request
@@ -32,8 +35,10 @@ from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from skilld.mcp._http import PROBES
 from skilld.mcp._metrics import Metrics
+
+# Answered whatever the connection count and without a credential (orchestrators' probes).
+PROBES = frozenset({"/healthz", "/readyz"})
 
 # Descriptors kept back from the connection cap for everything else the server opens
 # (about 80 at rest: native code, state, audit, the event loop, pipes) and for one
@@ -62,9 +67,18 @@ def connection_cap(configured: int) -> int:
 class ConnectionGuard:
     """The cap and timeouts shared by one server's connections (see the module docstring)."""
 
-    def __init__(self, cap: int, header_timeout_s: float, metrics: Metrics, log: Any):
+    def __init__(
+        self,
+        cap: int,
+        header_timeout_s: float,
+        metrics: Metrics,
+        log: Any,
+        *,
+        write_timeout_s: float = 30.0,
+    ):
         self.cap = cap
         self.header_timeout_s = header_timeout_s
+        self.write_timeout_s = write_timeout_s
         self._metrics = metrics
         self._log = log
         # Idle connections, oldest first (dicts keep insertion order).
@@ -102,6 +116,10 @@ class ConnectionGuard:
                 conn.close_idle()
                 return True
         return False
+
+    def write_stalled(self) -> None:
+        """A connection was aborted because its client did not read."""
+        self._metrics.write_timed_out()
 
     def refused(self) -> None:
         """A request over the cap was answered 503."""
@@ -157,6 +175,7 @@ class GuardedH11(H11Protocol):
 
     _guard: ConnectionGuard
     _header_timer: asyncio.TimerHandle | None = None
+    _write_timer: asyncio.TimerHandle | None = None
     _over_cap = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -181,7 +200,33 @@ class GuardedH11(H11Protocol):
         """Forget the connection."""
         self._guard.busy(self)
         self._cancel_header_timer()
+        self._cancel_write_timer()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        """The socket is full: the client has this long to read before it is dropped."""
+        super().pause_writing()
+        if self._write_timer is None:
+            self._write_timer = self.loop.call_later(
+                self._guard.write_timeout_s, self._write_stalled
+            )
+
+    def resume_writing(self) -> None:
+        """The client read: its clock stops."""
+        super().resume_writing()
+        self._cancel_write_timer()
+
+    def _cancel_write_timer(self) -> None:
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _write_stalled(self) -> None:
+        self._write_timer = None
+        self._guard.write_stalled()
+        self._guard.busy(self)
+        # abort, not close: close would wait for the buffer the client never reads.
+        self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
         """Parse as uvicorn does; once a request's headers are in, it is busy."""
@@ -220,3 +265,33 @@ class GuardedH11(H11Protocol):
         if not self._in_request():
             self._guard.busy(self)
             self.close_idle()
+
+
+class CallerShares:
+    """How many of one kind of thing (sessions, streams, requests) each caller holds,
+    against a per-caller cap. Used on the event loop only: a take is atomic there."""
+
+    def __init__(self, what: str, cap: int):
+        self.what = what
+        self.cap = cap
+        self._held: dict[str, int] = {}
+
+    def take(self, key: str) -> bool:
+        """One more for ``key``; False (nothing taken) when it holds ``cap`` already."""
+        held = self._held.get(key, 0)
+        if held >= self.cap:
+            return False
+        self._held[key] = held + 1
+        return True
+
+    def give(self, key: str) -> None:
+        """``key`` holds one less."""
+        held = self._held.get(key, 0) - 1
+        if held > 0:
+            self._held[key] = held
+        else:
+            self._held.pop(key, None)
+
+    def held(self, key: str) -> int:
+        """How many ``key`` holds now."""
+        return self._held.get(key, 0)

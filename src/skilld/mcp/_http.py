@@ -8,40 +8,50 @@
     /readyz              200 when every skill is loaded and the server is not draining
     /metrics             Prometheus text format
 
+    /.well-known/oauth-protected-resource[/mcp]   RFC 9728 metadata (OAuth on)
+
 Every request except the two probes passes the front door first: the Host header
 against the allowlist (421), the Origin header against the allowlist (403) — on
 any bind address, 0.0.0.0 included, and ignoring case as DNS does — then the
-bearer token when tokens are configured (401 with ``WWW-Authenticate: Bearer``),
-and only then the body size (413): nothing is buffered for an unauthenticated client.
+credential when authentication is on (:mod:`skilld.mcp._auth`; 401 with
+``WWW-Authenticate: Bearer ... resource_metadata=...``, 403 ``insufficient_scope``
+naming the scope), the caller's share of requests and streams (429), and only then
+the body size (413): nothing is buffered for an unauthenticated client.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
+import contextvars
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
+from typing import Any
+from urllib.parse import urlsplit
 
+from mcp.server.auth.handlers.metadata import ProtectedResourceMetadataHandler
 from mcp.server.auth.middleware.auth_context import AuthContextMiddleware
 from mcp.server.auth.middleware.bearer_auth import BearerAuthBackend, RequireAuthMiddleware
-from mcp.server.auth.provider import AccessToken
+from mcp.server.auth.routes import build_resource_metadata_url, cors_middleware
 from mcp.server.sse import SseServerTransport
+from mcp.server.streamable_http import MCP_SESSION_ID_HEADER
 from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, StreamableHTTPSessionManager
 from mcp.server.transport_security import RequestBodyLimitMiddleware, TransportSecuritySettings
+from mcp.shared.auth import ProtectedResourceMetadata
+from pydantic import AnyHttpUrl
 from starlette.applications import Starlette
 from starlette.datastructures import Headers
 from starlette.middleware import Middleware
 from starlette.middleware.authentication import AuthenticationMiddleware
-from starlette.requests import Request
+from starlette.requests import HTTPConnection, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from skilld.mcp._auth import METRICS_SCOPE, Credentials, caller_of
 from skilld.mcp._config import ServeConfig
+from skilld.mcp._connections import PROBES, CallerShares
 from skilld.mcp._metrics import Metrics, render_gauges
 from skilld.mcp._server import McpService
-
-PROBES = frozenset({"/healthz", "/readyz"})
 
 
 def matches(value: str, patterns: Sequence[str]) -> bool:
@@ -56,34 +66,6 @@ def matches(value: str, patterns: Sequence[str]) -> bool:
             if value.startswith(base + ":") and rest[1:].isdigit():
                 return True
     return False
-
-
-class TokenVerifier:
-    """Bearer tokens from the configuration, compared in constant time.
-
-    Each token maps to its own principal (a digest prefix), so the SDK binds every
-    session to the token that opened it and another token cannot use it.
-    """
-
-    def __init__(self, tokens: Sequence[str]):
-        digests = [_sha256(t) for t in tokens]
-        self._tokens = [(d, "token-" + d.hex()[:12]) for d in digests]
-
-    async def verify_token(self, token: str) -> AccessToken | None:
-        """The access grant for ``token``, or None when it is not one of ours."""
-        # Digests, not the tokens: compare_digest takes time by the length of its
-        # inputs, which would tell a client how long the configured tokens are.
-        presented = _sha256(token)
-        found: str | None = None
-        for known, principal in self._tokens:
-            # No early exit: every configured token is compared, whatever matches.
-            if hmac.compare_digest(presented, known):
-                found = principal
-        return None if found is None else AccessToken(token=token, client_id=found, scopes=[])
-
-
-def _sha256(token: str) -> bytes:
-    return hashlib.sha256(token.encode()).digest()
 
 
 _CASELESS_HEADERS = (b"host", b"origin")
@@ -144,27 +126,173 @@ class _SseEndpoint:
             await server.run(read, write, server.create_initialization_options())
 
 
-def build_app(service: McpService, tokens: Sequence[str]) -> Starlette:
-    """The ASGI app serving ``service`` over HTTP; its lifespan runs the session manager."""
+class RequireCredential(RequireAuthMiddleware):
+    """The SDK's gate, with the scopes it needs named in ``WWW-Authenticate`` as the MCP
+    authorization specification and RFC 6750 ask (``scope="..."``)."""
+
+    async def _send_auth_error(
+        self, send: Send, status_code: int, error: str, description: str
+    ) -> None:
+        parts = [f'error="{error}"', f'error_description="{description}"']
+        if self.required_scopes:
+            parts.append(f'scope="{" ".join(self.required_scopes)}"')
+        if self.resource_metadata_url:
+            parts.append(f'resource_metadata="{self.resource_metadata_url}"')
+        body = json.dumps({"error": error, "error_description": description}).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status_code,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", str(len(body)).encode()),
+                    (b"www-authenticate", f"Bearer {', '.join(parts)}".encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+async def too_many(what: str, cap: int, scope: Scope, receive: Receive, send: Send) -> None:
+    """429: the caller holds its share of ``what`` already (a JSON-RPC error, no id)."""
+    body = {
+        "jsonrpc": "2.0",
+        "id": None,
+        "error": {
+            "code": -32603,
+            "message": f"too many {what} for this caller (at most {cap}); close one and retry",
+            "data": {"limit": cap, "scope": "caller"},
+        },
+    }
+    response = JSONResponse(body, status_code=429, headers={"Retry-After": "1"})
+    await response(scope, receive, send)
+
+
+class CallerShare:
+    """Holds one of the caller's ``shares`` while the wrapped app serves a request."""
+
+    def __init__(self, app: ASGIApp, shares: CallerShares, metrics: Metrics, *, get_only: bool):
+        self._app = app
+        self._shares = shares
+        self._metrics = metrics
+        self._get_only = get_only
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._get_only and scope.get("method") != "GET":
+            await self._app(scope, receive, send)
+            return
+        key = caller_of(HTTPConnection(scope)).key
+        if not self._shares.take(key):
+            self._metrics.http_rejected(429)
+            await too_many(self._shares.what, self._shares.cap, scope, receive, send)
+            return
+        try:
+            await self._app(scope, receive, send)
+        finally:
+            self._shares.give(key)
+
+
+# The caller whose new session is being admitted, and whether it was (see CallerSessions).
+_opening: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar(
+    "skilld_opening_session", default=None
+)
+
+
+class CallerSessions(StreamableHTTPSessionManager):
+    """The SDK's session manager, with each caller's open sessions counted against
+    ``shares``: one caller at its cap gets 429 for a new session while others open theirs
+    (the SDK's own ``max_sessions`` stays the cap for everyone together).
+
+    The SDK admits a session in ``_admit_session`` and forgets it in ``_discard_session``
+    (a DELETE, the idle timeout, a crash, or an opening request that failed); the count
+    follows those two.
+    """
+
+    def __init__(self, *args: Any, shares: CallerShares, metrics: Metrics, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self._shares = shares
+        self._metrics = metrics
+        self._owners: dict[str, str] = {}
+
+    async def _handle_stateful_request(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if Headers(scope=scope).get(MCP_SESSION_ID_HEADER) is not None:
+            await super()._handle_stateful_request(scope, receive, send)
+            return
+        key = caller_of(HTTPConnection(scope)).key
+        if not self._shares.take(key):
+            self._metrics.http_rejected(429)
+            await too_many("open sessions", self._shares.cap, scope, receive, send)
+            return
+        cell: list[Any] = [key, False]
+        reset = _opening.set(cell)
+        try:
+            await super()._handle_stateful_request(scope, receive, send)
+        finally:
+            _opening.reset(reset)
+            if not cell[1]:
+                self._shares.give(key)
+
+    def _admit_session(self, requestor: Any) -> Any:
+        transport = super()._admit_session(requestor)
+        cell = _opening.get()
+        if transport is not None and cell is not None:
+            self._owners[str(transport.mcp_session_id)] = cell[0]
+            cell[1] = True
+        return transport
+
+    async def _discard_session(self, session_id: str, transport: Any) -> None:
+        key = self._owners.pop(session_id, None)
+        if key is not None:
+            self._shares.give(key)
+        await super()._discard_session(session_id, transport)
+
+
+def build_app(service: McpService, credentials: Credentials) -> Starlette:
+    """The ASGI app serving ``service`` over HTTP; its lifespan runs the session manager.
+
+    With ``credentials`` every route but the probes (and the public resource metadata)
+    needs a credential they verify; ``/metrics`` also needs the ``skilld:metrics`` scope.
+    """
     config = service.config
+    metrics = service.metrics
     security = TransportSecuritySettings(
         enable_dns_rebinding_protection=True,
         # The front door lowercases Host and Origin; the SDK compares as written.
         allowed_hosts=[h.lower() for h in config.host_allowlist()],
         allowed_origins=[o.lower() for o in config.origin_allowlist()],
     )
-    manager = StreamableHTTPSessionManager(
-        app=service.server, security_settings=security, max_request_body_size=config.max_body_bytes
+    manager = CallerSessions(
+        app=service.server,
+        security_settings=security,
+        max_request_body_size=config.max_body_bytes,
+        max_sessions=config.max_sessions,
+        shares=CallerShares("open sessions", config.max_sessions_per_caller),
+        metrics=metrics,
     )
     sse = SseServerTransport(
         "/messages/", security_settings=security, max_request_body_size=config.max_body_bytes
     )
+    requests = CallerShares("requests in progress", config.max_requests_per_caller)
+    streams = CallerShares("open streams", config.max_streams_per_caller)
+    resource = (
+        AnyHttpUrl(config.auth_audience)
+        if config.auth_issuer is not None and config.auth_audience is not None
+        else None
+    )
+    metadata_url = build_resource_metadata_url(resource) if resource is not None else None
 
-    def guarded(app: ASGIApp) -> ASGIApp:
-        # The token first, then the body: an unauthenticated client gets its 401
-        # before the server reads (and buffers up to max_body_bytes of) what it sent.
+    def guarded(app: ASGIApp, scopes: Sequence[str] = config.auth_scopes) -> ASGIApp:
+        # The credential first, then the caller's share, then the body: an
+        # unauthenticated client gets its 401 before the server reads (and buffers up
+        # to max_body_bytes of) what it sent.
         limited = RequestBodyLimitMiddleware(app, config.max_body_bytes)
-        return RequireAuthMiddleware(limited, []) if tokens else limited
+        shared = CallerShare(limited, requests, metrics, get_only=False)
+        if not credentials:
+            return shared
+        return RequireCredential(shared, list(scopes), metadata_url)
+
+    def stream(app: ASGIApp) -> ASGIApp:
+        return CallerShare(app, streams, metrics, get_only=True)
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -173,28 +301,51 @@ def build_app(service: McpService, tokens: Sequence[str]) -> Starlette:
         ready = service.dispatcher.ready() and not service.draining
         status = "ready" if ready else ("draining" if service.draining else "loading")
         body = {"status": status}
-        if config.confinement is not None:
+        if config.confinement is not None and not credentials:
             body["confinement"] = config.confinement
         return JSONResponse(body, status_code=200 if ready else 503)
 
-    async def metrics(request: Request) -> Response:
+    async def metrics_page(request: Request) -> Response:
         return PlainTextResponse(
-            service.metrics.render() + render_gauges(service.dispatcher),
+            metrics.render() + render_gauges(service.dispatcher),
             media_type="text/plain; version=0.0.4; charset=utf-8",
         )
 
     routes: list[BaseRoute] = [
-        Route("/mcp", endpoint=guarded(StreamableHTTPASGIApp(manager))),
-        Route("/sse", endpoint=guarded(_SseEndpoint(service, sse)), methods=["GET"]),
+        Route("/mcp", endpoint=guarded(stream(StreamableHTTPASGIApp(manager)))),
+        Route("/sse", endpoint=guarded(stream(_SseEndpoint(service, sse))), methods=["GET"]),
         Mount("/messages/", app=guarded(sse.handle_post_message)),
         Route("/healthz", endpoint=healthz, methods=["GET"]),
         Route("/readyz", endpoint=readyz, methods=["GET"]),
-        Route("/metrics", endpoint=guarded(_EndpointApp(metrics)), methods=["GET"]),
+        Route(
+            "/metrics",
+            endpoint=guarded(_EndpointApp(metrics_page), (METRICS_SCOPE,)),
+            methods=["GET"],
+        ),
     ]
-    middleware = [Middleware(FrontDoor, config=config, metrics=service.metrics)]
-    if tokens:
+    if metadata_url is not None:
+        # Validated from the configured strings, so an issuer keeps its exact spelling
+        # (RFC 8414 compares issuers as strings: no trailing slash added).
+        document = ProtectedResourceMetadata.model_validate(
+            {
+                "resource": config.auth_audience,
+                "authorization_servers": [config.auth_issuer],
+                "scopes_supported": [*config.auth_scopes, METRICS_SCOPE],
+                "resource_name": config.server_name,
+            }
+        )
+        endpoint = cors_middleware(
+            ProtectedResourceMetadataHandler(document).handle, ["GET", "OPTIONS"]
+        )
+        # RFC 9728 puts the metadata of https://host/mcp at
+        # /.well-known/oauth-protected-resource/mcp; clients that know only the host
+        # look at the bare path: both answer.
+        for path in {urlsplit(str(metadata_url)).path, "/.well-known/oauth-protected-resource"}:
+            routes.append(Route(path, endpoint, methods=["GET", "OPTIONS"]))
+    middleware = [Middleware(FrontDoor, config=config, metrics=metrics)]
+    if credentials:
         middleware += [
-            Middleware(AuthenticationMiddleware, backend=BearerAuthBackend(TokenVerifier(tokens))),
+            Middleware(AuthenticationMiddleware, backend=BearerAuthBackend(credentials)),
             Middleware(AuthContextMiddleware),
         ]
 

@@ -49,6 +49,7 @@ class Metrics:
         self._latency: dict[str, _Histogram] = defaultdict(_Histogram)
         self._in_flight = 0
         self._http_rejections: dict[int, int] = defaultdict(int)
+        self._write_timeouts = 0
 
     def started(self) -> None:
         """A call entered a skill."""
@@ -76,6 +77,11 @@ class Metrics:
         """The HTTP front door refused a request with ``status``."""
         with self._lock:
             self._http_rejections[status] += 1
+
+    def write_timed_out(self) -> None:
+        """A connection was dropped because its client did not read its response."""
+        with self._lock:
+            self._write_timeouts += 1
 
     def render(self) -> str:
         """The Prometheus text exposition (format 0.0.4)."""
@@ -129,6 +135,12 @@ class Metrics:
             ]
             for status, n in sorted(self._http_rejections.items()):
                 out.append(f"skilld_http_rejections_total{_labels(status=str(status))} {n}")
+            out += [
+                "# HELP skilld_http_write_timeouts_total Connections dropped: the client did "
+                "not read a response within the write timeout.",
+                "# TYPE skilld_http_write_timeouts_total counter",
+                f"skilld_http_write_timeouts_total {self._write_timeouts}",
+            ]
         return "\n".join(out) + "\n"
 
 

@@ -21,6 +21,7 @@ import uvicorn
 from anyio.abc import TaskStatus
 
 from skilld.errors import UsageError
+from skilld.mcp._auth import Credentials, check_exposure, credentials_for
 from skilld.mcp._config import ServeConfig
 from skilld.mcp._connections import ACCEPT_BATCH, ConnectionGuard, connection_cap
 from skilld.mcp._http import build_app
@@ -58,9 +59,13 @@ class _DrainingServer(uvicorn.Server):
     :meth:`HttpServer.stop` does; a second one ends the drain at once.
     """
 
-    def __init__(self, config: uvicorn.Config, service: McpService):
+    def __init__(
+        self, config: uvicorn.Config, service: McpService, credentials: Credentials, log: Logger
+    ):
         super().__init__(config)
         self._service = service
+        self._credentials = credentials
+        self._log = log
         self._drain_scope: anyio.CancelScope | None = None
         self.drained = True
 
@@ -75,9 +80,12 @@ class _DrainingServer(uvicorn.Server):
             yield
             return
         loop = asyncio.get_running_loop()
-        previous = {sig: signal.getsignal(sig) for sig in _SIGNALS}
+        previous = {sig: signal.getsignal(sig) for sig in (*_SIGNALS, signal.SIGHUP)}
         for sig in _SIGNALS:
             loop.add_signal_handler(sig, self._on_signal, sig)
+        # SIGHUP re-reads the named tokens (a removed one stops working); it never stops
+        # the server, with or without tokens to read.
+        loop.add_signal_handler(signal.SIGHUP, self._reload)
         try:
             yield
         finally:
@@ -89,6 +97,13 @@ class _DrainingServer(uvicorn.Server):
 
     def _on_signal(self, sig: int) -> None:
         self.handle_exit(sig, None)
+
+    def _reload(self) -> None:
+        named = self._credentials.named
+        if named is None:
+            self._log.info("sighup_ignored", reason="no token file to re-read")
+        else:
+            named.reload(self._log)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         """The first signal starts a graceful shutdown; a second ends the drain at once."""
@@ -170,17 +185,24 @@ async def serve_http_async(
     one already bound with :func:`bind` (the server closes it).
 
     Raises:
-        UsageError: the tokens cannot be loaded or the address cannot be bound.
+        UsageError: the credentials cannot be loaded, none are configured for an address
+            other than loopback (and ``allow_unauthenticated`` is not set), or the
+            address cannot be bound.
     """
     started = time.perf_counter()
-    tokens = config.load_tokens()
     log = log or make_logger(config)
+    credentials = credentials_for(config, log)
+    check_exposure(config, credentials)
     service = McpService(dispatcher, config, log, Metrics())
-    app = build_app(service, tokens)
+    app = build_app(service, credentials)
     sock = sock if sock is not None else bind(config.host, config.port)
     port = sock.getsockname()[1]
     guard = ConnectionGuard(
-        connection_cap(config.max_connections), config.header_timeout_s, service.metrics, log
+        connection_cap(config.max_connections),
+        config.header_timeout_s,
+        service.metrics,
+        log,
+        write_timeout_s=config.write_timeout_s,
     )
     uv_config = uvicorn.Config(
         app,
@@ -194,13 +216,13 @@ async def serve_http_async(
         backlog=ACCEPT_BATCH,
         timeout_graceful_shutdown=_STREAM_CLOSE_S,
     )
-    server = _DrainingServer(uv_config, service)
+    server = _DrainingServer(uv_config, service, credentials, log)
     handle = HttpServer(config.host, port, service, server)
     log.info(
         "serving",
         transport="http",
         url=handle.url,
-        auth=bool(tokens),
+        auth=credentials.describe(),
         max_connections=guard.cap,
         expose_ms=round((time.perf_counter() - started) * 1000, 2),
     )

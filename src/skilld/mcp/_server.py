@@ -51,6 +51,7 @@ from skilld.errors import (
     UsageError,
 )
 from skilld.mcp import _skills_ext as skills_extension
+from skilld.mcp._caller import caller_of
 from skilld.mcp._channel import LOG_LEVELS, SessionChannel
 from skilld.mcp._config import ServeConfig
 from skilld.mcp._metrics import Metrics
@@ -61,14 +62,13 @@ from skilld.mcp._tasks import (
     TASKS,
     TaskListen,
     client_capabilities,
-    client_of,
     declares_tasks,
     tasks_of,
     tasks_required,
 )
 from skilld.mcp._workers import WorkerPool
 from skilld.registry import Dispatcher, Slot, Tool
-from skilld.types import CallOutput, ContentBlock, PromptSpec, ResourceSpec
+from skilld.types import Caller, CallOutput, ContentBlock, PromptSpec, ResourceSpec
 
 T = TypeVar("T")
 Ctx = ServerRequestContext[Any, Any]
@@ -277,7 +277,7 @@ class McpService:
         self.config = config
         self.metrics = metrics
         self._log = log
-        self._workers = WorkerPool(config.worker_threads)
+        self._workers = WorkerPool(config.worker_threads, idle_s=config.worker_idle_s)
         self._tools: dict[str, Tool] = {}
         self._validators: dict[str, ArgumentValidator] = {}
         self._in_flight = 0
@@ -285,7 +285,6 @@ class McpService:
         self._running: set[SessionChannel] = set()
         self._idle: anyio.Event | None = None
         self.draining = False
-        self._grace_s = 0.0
         # Connections that listed or called something: told when the dispatcher's skills
         # change. The connection, not ``ctx.session``: the SDK makes a session object per
         # request, so a weak set of those emptied as soon as each request ended, and only
@@ -332,7 +331,6 @@ class McpService:
         if self._in_flight == 0:
             return True
         self._log.warning("drain_cut", in_flight=self._in_flight, grace_s=timeout)
-        self._grace_s = timeout
         # Calls running in the background (2026-07-28 requests, tasks) have no request
         # for the transport to cancel at shutdown: tell each to stop, as a cancelled
         # request's call is told (the guest stops at its next epoch check).
@@ -454,16 +452,16 @@ class McpService:
 
     async def _task_get(self, ctx: Ctx, params: _TaskParams) -> dict[str, Any]:
         self._gate_tasks(ctx, params)
-        return self.tasks.get(params.task_id, client=client_of(ctx))
+        return self.tasks.get(params.task_id, client=caller_of(ctx).key)
 
     async def _task_update(self, ctx: Ctx, params: _TaskParams) -> dict[str, Any]:
         self._gate_tasks(ctx, params)
         responses = _plain(params.input_responses)
-        return self.tasks.update(params.task_id, responses, client=client_of(ctx))
+        return self.tasks.update(params.task_id, responses, client=caller_of(ctx).key)
 
     async def _task_cancel(self, ctx: Ctx, params: _TaskParams) -> dict[str, Any]:
         self._gate_tasks(ctx, params)
-        ack = self.tasks.cancel(params.task_id, client=client_of(ctx))
+        ack = self.tasks.cancel(params.task_id, client=caller_of(ctx).key)
         # Another entry node runs it: let its owner end it before the client's next
         # tasks/get (which then reads cancelled), within a bound.
         with anyio.move_on_after(_CANCEL_WAIT_S):
@@ -502,7 +500,7 @@ class McpService:
             call.channel.rebind(ctx.session, ctx.request_id, self._min_level(ctx))
             self.parked.answer(call, params.request_state, _plain(params.input_responses))
         else:
-            self.tasks.admit(client_of(ctx))  # refused before the call starts
+            self.tasks.admit(caller_of(ctx).key)  # refused before the call starts
             channel = self._round_channel(ctx, skill, _plain(params.input_responses))
 
             async def start() -> types.CallToolResult:
@@ -518,7 +516,7 @@ class McpService:
                         await call.changed.wait()
                 if call.channel.pending:
                     return await self.parked.step(call)
-        record = self.tasks.create(name, call, _task_outcome, client=client_of(ctx))
+        record = self.tasks.create(name, call, _task_outcome, client=caller_of(ctx).key)
         return {"resultType": "task", **record.wire()}
 
     # -- tools ------------------------------------------------------------------
@@ -590,15 +588,18 @@ class McpService:
             self._validator(tool).check(arguments)
         except UsageError as exc:
             text = error_text(exc)[2]
-            self._refused(tool.skill_id, name, "invalid-argument", text, arguments)
+            self._refused(tool.skill_id, name, "invalid-argument", text, arguments, caller_of(ctx))
             return _error_result(text)
         budget_s = self.config.inline_ms / 1000
 
+        caller = caller_of(ctx)
+
         def run(channel: SessionChannel) -> types.CallToolResult:
-            return self._result(tool, self.dispatcher.call(name, arguments, channel))
+            output = self.dispatcher.call(name, arguments, channel, caller=caller)
+            return self._result(tool, output)
 
         def run_inline(channel: SessionChannel) -> types.CallToolResult:
-            output = self.dispatcher.call_inline(name, arguments, channel, budget_s)
+            output = self.dispatcher.call_inline(name, arguments, channel, budget_s, caller=caller)
             return self._result(tool, output)
 
         inline = run_inline if budget_s > 0 else None
@@ -761,18 +762,21 @@ class McpService:
             SkilldError: whatever ``run`` raised (``RegistryError`` for unknown names).
             Exception: a bug below the seam, logged here with its traceback.
         """
-        self._refuse_if_draining(skill, label, arguments)
+        caller = caller_of(ctx)
+        self._refuse_if_draining(skill, label, arguments, caller)
         gate = self.dispatcher.gate(skill)
+        # One wait bound for the slot and the thread together.
+        waited_until = time.monotonic() + self.config.queue_timeout_s
         try:
             slot = await gate.take_async(self.config.queue_timeout_s)
         except SkillBusy as busy:
             self._log.warning("busy", tool=label, skill=skill, limit=gate.limit)
-            self._refused(skill, label, busy.outcome, error_text(busy)[2], arguments)
+            self._refused(skill, label, busy.outcome, error_text(busy)[2], arguments, caller)
             raise
         try:
             # Again: drain() may have seen nothing in flight and returned while this
             # call waited for its slot. No await between here and _enter().
-            self._refuse_if_draining(skill, label, arguments)
+            self._refuse_if_draining(skill, label, arguments, caller)
             channel = channel or self._channel(ctx, skill)
             outcome = "cancelled"
             rule: str | None = None
@@ -780,24 +784,21 @@ class McpService:
             self._enter()
             self._running.add(channel)
             try:
-                result = await self._inline_or_blocking(run, inline, channel, slot)
-            except RegistryError:
-                outcome = "unknown"
-                raise
+                result = await self._inline_or_blocking(
+                    run, inline, channel, slot, skill, caller.key, waited_until
+                )
             except SkilldError as exc:
-                outcome, rule, _text = error_text(exc)
-                if outcome == ErrorCode.NOT_PERMITTED:
+                # The error class's own word: what the audit record says, /metrics and
+                # this log line say too (skilld.errors' table).
+                outcome, rule = exc.outcome, exc.rule
+                if isinstance(exc, SkillBusy):
+                    # No worker thread took the call in time: refused like a busy gate.
+                    self._log.warning("busy", tool=label, skill=skill, threads=self._workers.size)
+                if exc.code == ErrorCode.NOT_PERMITTED:
                     self.metrics.denied(skill, rule or "default-deny")
-                if outcome == "cancelled" and channel.cancel_reason == "shutdown":
-                    outcome = "shutdown"
-                    raise GuestError(
-                        "unavailable",
-                        f"the server shut down: the call was still running when its drain "
-                        f"grace of {self._grace_s:g} s ran out; retry elsewhere",
-                    ) from exc
                 raise
             except Exception:
-                outcome = "internal"
+                outcome = SkilldError.outcome  # a bug below the seam: a fault
                 self._log.exception("tool_crashed", tool=label, skill=skill)
                 raise
             else:
@@ -812,6 +813,7 @@ class McpService:
                     "tool_call",
                     tool=label,
                     skill=skill,
+                    caller=caller.label(),
                     outcome=outcome,
                     rule=rule,
                     ms=round(seconds * 1000, 3),
@@ -821,11 +823,11 @@ class McpService:
             slot.release()
 
     def _refuse_if_draining(
-        self, skill: str, label: str, arguments: Mapping[str, Any] | None
+        self, skill: str, label: str, arguments: Mapping[str, Any] | None, caller: Caller
     ) -> None:
         if self.draining:
             refusal = GuestError("unavailable", "the server is shutting down; retry elsewhere")
-            self._refused(skill, label, "draining", error_text(refusal)[2], arguments)
+            self._refused(skill, label, "draining", error_text(refusal)[2], arguments, caller)
             raise refusal
 
     def _refused(
@@ -835,15 +837,16 @@ class McpService:
         outcome: str,
         text: str,
         arguments: Mapping[str, Any] | None,
+        caller: Caller,
     ) -> None:
-        """Count and audit a request refused before its guest ran.
+        """Count and audit a request ``caller`` made, refused before its guest ran.
 
         An audit failure is logged, not raised: the request is refused either way,
         and the client should see why it was refused, not the audit's trouble.
         """
         self.metrics.refused(skill, label, outcome)
         try:
-            self.dispatcher.refused(skill, label, arguments or {}, outcome, text)
+            self.dispatcher.refused(skill, label, arguments or {}, outcome, text, caller=caller)
         except SkilldError as exc:
             self._log.error("audit_failed", tool=label, skill=skill, error=str(exc))
 
@@ -895,6 +898,9 @@ class McpService:
         inline: Callable[[SessionChannel], T] | None,
         channel: SessionChannel,
         slot: Slot,
+        skill: str,
+        key: str,
+        waited_until: float,
     ) -> T:
         # The call runs in the slot taken for it (lent: the dispatcher takes no second one).
         if inline is not None:
@@ -902,17 +908,17 @@ class McpService:
                 return slot.lend(inline, channel)
             except RunOnThread:
                 pass
-        return await self._blocking(partial(slot.lend, run, channel), channel)
-
-    async def _blocking(self, fn: Callable[[], T], channel: SessionChannel) -> T:
-        """Run ``fn`` on a worker thread; a cancelled request marks the channel and waits.
-
-        The guest cannot be interrupted from outside its thread, so a cancellation
-        (the client's ``notifications/cancelled``, or shutdown) marks the channel: the
-        sandbox stops the guest at its next epoch check once the channel says so (and
-        the guest may poll ``cancelled()`` itself); the call still ends before we return.
-        """
-        return await self._workers.run(fn, channel.cancel)
+        # The guest cannot be interrupted from outside its thread, so a cancellation
+        # (the client's ``notifications/cancelled``, or shutdown) marks the channel: the
+        # sandbox stops the guest at its next epoch check once the channel says so (and
+        # the guest may poll ``cancelled()`` itself); the call still ends before we return.
+        return await self._workers.run(
+            partial(slot.lend, run, channel),
+            channel.cancel,
+            key=key,
+            skill=skill,
+            wait_s=max(0.0, waited_until - time.monotonic()),
+        )
 
     # -- resources ----------------------------------------------------------------
 
@@ -967,11 +973,15 @@ class McpService:
         if spec is None:
             raise MCPError(RESOURCE_NOT_FOUND, f"Resource not found: {uri}", data={"uri": uri})
 
+        caller = caller_of(ctx)
+
         def read(
             channel: SessionChannel,
         ) -> list[types.TextResourceContents | types.BlobResourceContents]:
             return resource_contents(
-                uri, self.dispatcher.read_resource(uri, channel), spec.mime_type
+                uri,
+                self.dispatcher.read_resource(uri, channel, caller=caller),
+                spec.mime_type,
             )
 
         rounds: list[RoundChannel] = []
@@ -1049,7 +1059,9 @@ class McpService:
             raise MCPError(types.INVALID_PARAMS, str(exc)) from exc
 
         def render(channel: SessionChannel) -> types.GetPromptResult:
-            messages = self.dispatcher.get_prompt(spec.name, arguments, channel)
+            messages = self.dispatcher.get_prompt(
+                spec.name, arguments, channel, caller=caller_of(ctx)
+            )
             try:
                 return types.GetPromptResult(
                     description=spec.description,

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import secrets
 import time
@@ -46,6 +45,7 @@ from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel
 
 from skilld.errors import SkilldError
+from skilld.mcp._caller import caller_of
 from skilld.mcp._rounds import MISSING_REQUIRED_CLIENT_CAPABILITY, ParkedCall
 from skilld.registry import Dispatcher
 
@@ -79,7 +79,7 @@ class TaskRecord:
     error: Mapping[str, Any] | None = None
     message: str | None = None
     owner: str = ""  # the node the call runs on
-    client: str = ""  # who made it (a digest of its Authorization): only it is answered
+    client: str = ""  # who made it (its caller's ``Caller.key``): only they are answered
     input_requests: Mapping[str, Any] | None = None  # what its guest waits on, if anything
 
     def wire(self) -> dict[str, Any]:
@@ -618,15 +618,6 @@ def client_capabilities(ctx: Ctx) -> Any:
     return getattr(connection, "client_capabilities", None)
 
 
-def client_of(ctx: Ctx) -> str:
-    """Who a tasks request comes from, as far as the server can tell: a digest of its
-    ``Authorization`` header ("" without one). A task answers only the client that made it,
-    and its status notifications go only to that client's listen streams."""
-    headers = getattr(ctx.request, "headers", None)
-    auth = headers.get("authorization") if headers is not None else None
-    return "" if not auth else hashlib.sha256(auth.encode()).hexdigest()[:32]
-
-
 def tasks_of(dispatcher: Dispatcher, config: ServeConfig, node: str) -> Tasks:
     """This server's tasks: on the cluster's board when it has one, audited through the
     dispatcher's sink when it offers one."""
@@ -657,7 +648,7 @@ class _TaskStatus(BaseModel):
 class TaskListen:
     """``subscriptions/listen``: the SDK's stream (list changes), plus, for a client that
     declared the tasks extension, ``notifications/tasks/status`` for each status change of
-    the tasks it made on this node (the same ``Authorization``, see :func:`_client_of`)."""
+    the tasks its caller made on this node (the same ``Caller.key``)."""
 
     def __init__(self, inner: ListenHandler, tasks: Tasks) -> None:
         self._inner = inner
@@ -668,7 +659,7 @@ class TaskListen:
     ) -> types.SubscriptionsListenResult:
         if not declares_tasks(ctx.params, client_capabilities(ctx)):
             return await self._inner(ctx, params)
-        client = client_of(ctx)
+        client = caller_of(ctx).key
         meta = {SUBSCRIPTION_ID_META_KEY: ctx.request_id}
         send, recv = anyio.create_memory_object_stream[dict[str, Any]](256)
 

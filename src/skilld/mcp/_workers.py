@@ -2,9 +2,27 @@
 
 skilld needs to see a cancellation while a call runs on its thread, which with
 ``anyio.to_thread.run_sync`` took a task group and a shielded worker task around
-it. A plain queue of jobs and one asyncio future settled from the worker thread does
-the same for about a fifth of the CPU: 31 us per hand-off against 138-157 us
-(``bench/bench_handoff.py``, 16 concurrent callers of a no-op).
+it. A queue of jobs and one asyncio future settled from the worker thread does the
+same for about a fifth of the CPU (``bench/bench_handoff.py``, 16 concurrent callers
+of a no-op).
+
+The pool's bookkeeping is a plain state machine, :class:`Ledger`, that the threads
+drive under one lock; it decides which job runs next and how many threads to wake
+or start, and it never trusts a promise a thread may not keep:
+
+- every thread that is waiting wakes (notified, or at its idle timeout) and *looks*
+  at the queue before it may leave, and it leaves only when it finds nothing it may
+  run; a submitted job therefore always finds a thread, however notifications and
+  timeouts interleave (``tests/mcp/test_workers.py`` checks it against a model);
+- ``coming`` counts the threads on their way to look (started, or notified) and is
+  only ever an under-estimate, so the pool may wake one thread too many, never one
+  too few;
+- jobs queue per caller (``Caller.key``) and, within a caller, per skill, and are
+  taken round-robin; one caller holds at most :attr:`Ledger.per_caller` threads, so
+  a caller's backlog of long calls leaves threads for everyone else's;
+- a job that waited ``wait_s`` without a thread is taken out of the queue and
+  refused as :class:`~skilld.errors.SkillBusy`, like a call that waited too long for
+  its skill's slot.
 
 The server runs on asyncio (uvicorn, and ``anyio.run``'s default backend), so the
 future is an asyncio one; anyio's cancel scopes cancel the awaiting task, which is
@@ -15,77 +33,221 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import queue
 import threading
+from collections import deque
 from collections.abc import Callable
-from typing import Any, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 import anyio
 
+from skilld.errors import SkillBusy
+
 T = TypeVar("T")
+J = TypeVar("J")
 
 # An idle thread leaves after this long, so a quiet server (or a test) keeps none.
-_IDLE_S = 10.0
+IDLE_S = 10.0
 
-_Job = Callable[[], None]
+
+def per_caller_share(size: int) -> int:
+    """How many of ``size`` threads one caller may hold: all but a quarter (at least one)."""
+    return max(1, size - size // 4)
+
+
+@dataclass(eq=False)
+class Queued(Generic[J]):
+    """A job in the ledger: what to run, for whom, and where it stands."""
+
+    job: J
+    key: str = ""
+    skill: str = ""
+    state: str = "queued"  # queued -> running -> done, or queued -> withdrawn
+
+
+@dataclass
+class Ledger(Generic[J]):
+    """The pool's state and decisions, without threads (driven under the pool's lock).
+
+    Counters: ``threads`` alive; ``waiting`` inside their wait (woken or not);
+    ``coming`` an under-estimate of the threads on their way to look at the queue
+    (started, or notified and not yet awake).
+    """
+
+    size: int
+    per_caller: int
+    threads: int = 0
+    waiting: int = 0
+    coming: int = 0
+    # caller key -> skill -> jobs, both levels in round-robin order (the front is next).
+    queues: dict[str, dict[str, deque[Queued[J]]]] = field(default_factory=dict)
+    running: dict[str, int] = field(default_factory=dict)
+
+    def add(self, item: Queued[J]) -> None:
+        """Queue ``item`` behind its caller's and skill's earlier jobs."""
+        self.queues.setdefault(item.key, {}).setdefault(item.skill, deque()).append(item)
+
+    def withdraw(self, item: Queued[J]) -> bool:
+        """Take a still-queued ``item`` out of the queue; False once a thread took it."""
+        if item.state != "queued":
+            return False
+        by_skill = self.queues[item.key]
+        jobs = by_skill[item.skill]
+        jobs.remove(item)
+        if not jobs:
+            del by_skill[item.skill]
+            if not by_skill:
+                del self.queues[item.key]
+        item.state = "withdrawn"
+        return True
+
+    def eligible(self) -> int:
+        """How many queued jobs a thread could take now (their callers below their share)."""
+        return sum(
+            min(sum(len(q) for q in by_skill.values()), self.per_caller - self.running.get(k, 0))
+            for k, by_skill in self.queues.items()
+        )
+
+    def take(self) -> Queued[J] | None:
+        """The next job to run (round-robin over callers, then skills), or None."""
+        for key in list(self.queues):
+            by_skill = self.queues.pop(key)
+            if self.running.get(key, 0) >= self.per_caller:
+                self.queues[key] = by_skill  # to the back: others come first next time
+                continue
+            skill, jobs = next(iter(by_skill.items()))
+            del by_skill[skill]
+            item = jobs.popleft()
+            if jobs:
+                by_skill[skill] = jobs
+            if by_skill:
+                self.queues[key] = by_skill
+            self.running[key] = self.running.get(key, 0) + 1
+            item.state = "running"
+            return item
+        return None
+
+    def done(self, item: Queued[J]) -> None:
+        """``item``'s job returned (or raised)."""
+        left = self.running[item.key] - 1
+        if left:
+            self.running[item.key] = left
+        else:
+            del self.running[item.key]
+        item.state = "done"
+
+    def wake(self) -> tuple[int, int]:
+        """How many waiting threads to notify and how many to start, counted as coming."""
+        need = self.eligible() - self.coming
+        notify = max(0, min(need, self.waiting - self.coming))
+        start = max(0, min(need - notify, self.size - self.threads))
+        self.coming += notify + start
+        self.threads += start
+        return notify, start
+
+    def arrived(self) -> None:
+        """A thread that was started or woke up is about to look at the queue."""
+        if self.coming:
+            self.coming -= 1
+
+    def may_leave(self) -> bool:
+        """A thread that timed out waiting leaves unless there is a job it may take."""
+        if self.eligible():
+            return False
+        self.threads -= 1
+        return True
 
 
 class WorkerPool:
     """Up to ``size`` threads, started on demand, running one job at a time each.
 
-    Jobs beyond ``size`` wait in the queue for the next free thread.
+    Jobs beyond what threads can take wait in per-caller queues (see the module's
+    docstring); an idle thread leaves after ``idle_s``.
     """
 
-    def __init__(self, size: int, name: str = "skilld-call"):
+    def __init__(self, size: int, name: str = "skilld-call", idle_s: float = IDLE_S):
         self.size = size
+        self.idle_s = idle_s
         self._name = name
-        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._threads = 0
-        # Idle threads no submitted job has been promised to.
-        self._unpromised = 0
+        self._cond = threading.Condition(threading.Lock())
+        self._ledger: Ledger[Callable[[], None]] = Ledger(size, per_caller_share(size))
 
     @property
     def threads(self) -> int:
         """How many threads are alive now."""
-        return self._threads
+        return self._ledger.threads
 
-    def submit(self, job: _Job) -> None:
-        """Queue ``job``; wake an idle thread, or start one while below ``size``."""
-        with self._lock:
-            if self._unpromised > 0:
-                self._unpromised -= 1
-                start = False
-            else:
-                start = self._threads < self.size
-                self._threads += start
-        self._jobs.put(job)
-        if start:
+    @property
+    def queued(self) -> int:
+        """How many jobs wait for a thread now."""
+        with self._cond:
+            return sum(len(q) for s in self._ledger.queues.values() for q in s.values())
+
+    def submit(self, job: Callable[[], None], key: str = "", skill: str = "") -> Queued[Any]:
+        """Queue ``job`` for caller ``key`` and ``skill``; wake or start threads as needed."""
+        item: Queued[Callable[[], None]] = Queued(job, key, skill)
+        with self._cond:
+            self._ledger.add(item)
+            self._wake()
+        return item
+
+    def withdraw(self, item: Queued[Any]) -> bool:
+        """Take ``item`` out of the queue if no thread took it yet (True if so)."""
+        with self._cond:
+            return self._ledger.withdraw(item)
+
+    def _wake(self) -> None:
+        notify, start = self._ledger.wake()
+        if notify:
+            self._cond.notify(notify)
+        for _ in range(start):
             threading.Thread(target=self._work, name=self._name, daemon=True).start()
 
     def _work(self) -> None:
-        while True:
-            try:
-                job = self._jobs.get(timeout=_IDLE_S)
-            except queue.Empty:
-                with self._lock:
-                    if self._unpromised > 0:
-                        self._unpromised -= 1
-                        self._threads -= 1
+        ledger = self._ledger
+        with self._cond:
+            ledger.arrived()
+            while True:
+                item = ledger.take()
+                if item is None:
+                    ledger.waiting += 1
+                    notified = self._cond.wait(self.idle_s)
+                    ledger.waiting -= 1
+                    ledger.arrived()
+                    if not notified and ledger.may_leave():
                         return
-                # A job was promised to an idle thread just now: wait for it.
-                continue
-            job()
-            del job  # what it holds (its result, its future) is not kept while idle
-            with self._lock:
-                self._unpromised += 1
+                    continue
+                # Others may now be eligible too (this thread took only one).
+                self._wake()
+                self._cond.release()
+                try:
+                    item.job()
+                finally:
+                    self._cond.acquire()
+                    ledger.done(item)
+                    del item  # what the job holds (its result, its future) is not kept idle
+                    self._wake()
 
-    async def run(self, fn: Callable[[], T], on_cancel: Callable[[], None]) -> T:
+    async def run(
+        self,
+        fn: Callable[[], T],
+        on_cancel: Callable[[], None],
+        *,
+        key: str = "",
+        skill: str = "",
+        wait_s: float | None = None,
+    ) -> T:
         """Run ``fn`` on a worker thread and return what it returns (or raise what it raised).
 
-        If the awaiting task is cancelled meanwhile, ``on_cancel`` is called at once
-        (it should make ``fn`` stop soon), the call is still waited for, and then the
-        cancellation goes on: nothing ``fn`` holds outlives this await.
+        ``key`` (the caller's :attr:`~skilld.types.Caller.key`) and ``skill`` place the job
+        in the fair queue. If the awaiting task is cancelled while the job waits for a
+        thread, the job is withdrawn and never runs; once it runs, ``on_cancel`` is
+        called at once (it should make ``fn`` stop soon), the call is still waited for,
+        and then the cancellation goes on: nothing ``fn`` holds outlives this await.
+
+        Raises:
+            SkillBusy: no thread took the job within ``wait_s`` seconds; it did not run.
+            BaseException: whatever ``fn`` raised.
         """
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
@@ -101,10 +263,20 @@ class WorkerPool:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(settle, future, value)
 
-        self.submit(job)
+        item = self.submit(job, key, skill)
+        timer = None
+        if wait_s is not None and item.state == "queued":
+
+            def expire() -> None:
+                if self.withdraw(item):
+                    _set_exception(future, _no_thread(skill, self.size, wait_s))
+
+            timer = loop.call_later(wait_s, expire)
         try:
             return await asyncio.shield(future)
         except asyncio.CancelledError:
+            if self.withdraw(item):
+                raise
             on_cancel()
             with anyio.CancelScope(shield=True):
                 await asyncio.wait([future])
@@ -112,6 +284,18 @@ class WorkerPool:
             # raised is seen here, or asyncio reports it as never retrieved.
             future.exception()
             raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+
+def _no_thread(skill: str, size: int, wait_s: float) -> SkillBusy:
+    return SkillBusy(
+        skill,
+        size,
+        message=f"every worker thread ({size}) stayed busy for {wait_s:g} s, so the call to "
+        f"skill {skill} did not start; retry later",
+    )
 
 
 def _set_result(future: asyncio.Future[Any], value: Any) -> None:

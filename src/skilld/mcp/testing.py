@@ -24,7 +24,16 @@ from mcp.shared.uri_template import UriTemplate
 
 from skilld.errors import GuestError, RegistryError, RunOnThread
 from skilld.registry import CallGate, Tool, ToolAnnotations
-from skilld.types import CallOutput, ClientChannel, ContentBlock, PromptSpec, ResourceSpec
+from skilld.types import (
+    Caller,
+    CallOutput,
+    ClientChannel,
+    ContentBlock,
+    PromptSpec,
+    ResourceSpec,
+)
+
+LOCAL = Caller.local()
 
 ToolFn = Callable[[Mapping[str, Any], ClientChannel], Any]
 """Returns a :class:`CallOutput`, or any JSON value (wrapped as one)."""
@@ -88,6 +97,7 @@ class StaticDispatcher:
     skill_id: str = "static"
     concurrency: int = 8
     calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    callers: list[Caller] = field(default_factory=list)
     # (skill, label, outcome) of each request refused before it ran.
     refusals: list[tuple[str, str, str]] = field(default_factory=list)
     gates: dict[str, CallGate] = field(default_factory=dict)
@@ -96,8 +106,15 @@ class StaticDispatcher:
         """Every tool, in the order given."""
         return [t.tool for t in self.tools_]
 
-    def call(self, tool: str, arguments: Mapping[str, Any], channel: ClientChannel) -> CallOutput:
-        """Run the tool's callable on this thread.
+    def call(
+        self,
+        tool: str,
+        arguments: Mapping[str, Any],
+        channel: ClientChannel,
+        *,
+        caller: Caller = LOCAL,
+    ) -> CallOutput:
+        """Run the tool's callable on this thread (``callers`` keeps who called).
 
         Raises:
             RegistryError: no tool has that name.
@@ -105,11 +122,18 @@ class StaticDispatcher:
         for entry in self.tools_:
             if entry.tool.name == tool:
                 self.calls.append((tool, dict(arguments)))
+                self.callers.append(caller)
                 return _as_output(entry.fn(arguments, channel))
         raise RegistryError(f"no tool named '{tool}'")
 
     def call_inline(
-        self, tool: str, arguments: Mapping[str, Any], channel: ClientChannel, budget_s: float
+        self,
+        tool: str,
+        arguments: Mapping[str, Any],
+        channel: ClientChannel,
+        budget_s: float,
+        *,
+        caller: Caller = LOCAL,
     ) -> CallOutput:
         """Never inline: the callables may block.
 
@@ -119,7 +143,14 @@ class StaticDispatcher:
         raise RunOnThread
 
     def refused(
-        self, skill: str, label: str, arguments: Mapping[str, Any], outcome: str, error: str
+        self,
+        skill: str,
+        label: str,
+        arguments: Mapping[str, Any],
+        outcome: str,
+        error: str,
+        *,
+        caller: Caller = LOCAL,
     ) -> None:
         """Keep (skill, label, outcome) in ``refusals``."""
         self.refusals.append((skill, label, outcome))
@@ -148,7 +179,9 @@ class StaticDispatcher:
         self._resource(uri)
         return self.skill_id
 
-    def read_resource(self, uri: str, channel: ClientChannel) -> Sequence[CallOutput]:
+    def read_resource(
+        self, uri: str, channel: ClientChannel, *, caller: Caller = LOCAL
+    ) -> Sequence[CallOutput]:
         """Read ``uri`` from the first resource or template that matches it.
 
         Raises:
@@ -180,7 +213,12 @@ class StaticDispatcher:
         return self.skill_id
 
     def get_prompt(
-        self, name: str, arguments: Mapping[str, Any], channel: ClientChannel
+        self,
+        name: str,
+        arguments: Mapping[str, Any],
+        channel: ClientChannel,
+        *,
+        caller: Caller = LOCAL,
     ) -> Sequence[Mapping[str, Any]]:
         """Render a prompt.
 

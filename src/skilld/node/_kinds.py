@@ -133,7 +133,15 @@ class AgentSkills:
                     loaded.root / lock.runner.native, lock.runner.native_sha256, name="pyrunner"
                 )
             )
-        work = paths.make_work_dir(loading.config.state_dir)
+        work = paths.make_work_dir(loading.config.state_dir, audit=registry.emit_audit)
+        # One store of kept outputs for every Agent Skill: its caps are per caller and
+        # per node, not per skill.
+        config = loading.config
+        kept = agentskills.KeptOutputs(
+            work,
+            caller_bytes=config.kept_bytes_per_caller or agentskills.CALLER_KEPT_BYTES,
+            total_bytes=config.kept_bytes or agentskills.TOTAL_KEPT_BYTES,
+        )
         ids = {a.id for a in lock.agent_skills}
         many = len(ids) > agentskills.ACTIVATION_THRESHOLD and agentskills.ACTIVATION_ID not in ids
         backends: dict[str, Any] = {}
@@ -151,6 +159,7 @@ class AgentSkills:
                 limits,
                 runner,
                 work=work,
+                kept=kept,
                 plan=locked.scripts,
                 digests={
                     path.removeprefix(f"{locked.root}/"): sha

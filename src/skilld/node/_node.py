@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from skilld.sandbox import Sandbox
     from skilld.state import SqliteState
 
+
 @dataclass(frozen=True, slots=True)
 class NodeConfig:
     """What a node is made of; one frozen value, passed down explicitly.
@@ -42,6 +43,9 @@ class NodeConfig:
         delegate: the kits' inference tiers (``skilld.delegate.InferenceConfig``;
             ``None``: from the ``SKILLD_DELEGATE_*`` environment, templates and rules
             only when unset).
+        kept_bytes_per_caller: what one caller's Agent Skill runs may keep as
+            ``skill://NAME/runs/...`` outputs at once (``None``: 256 MiB).
+        kept_bytes: what the node keeps for all callers together (``None``: 1 GiB).
     """
 
     bundle: Path
@@ -53,6 +57,8 @@ class NodeConfig:
     cluster: ClusterConfig | None = None
     serve_skills: bool = True
     delegate: InferenceConfig | None = None
+    kept_bytes_per_caller: int | None = None
+    kept_bytes: int | None = None
 
     def audit_target(self) -> Path | str:
         """Where the audit records go: a path, or ``"-"`` for stderr."""
@@ -134,7 +140,7 @@ class Node:
             )
         if not config.serve_skills and config.cluster is None:
             raise UsageError("a node that serves no skill of its own must join a cluster")
-        config.state_dir.mkdir(parents=True, exist_ok=True)
+        paths.private_dir(config.state_dir)
         target = config.audit_target()
         audit = JsonLinesSink(sys.stderr if target == "-" else target)
         timings: dict[str, float] = {}

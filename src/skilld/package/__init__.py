@@ -60,6 +60,7 @@ from skilld.package._verify import (
     read_package,
     verify_package,
 )
+from skilld.package._zip import check_name
 
 __all__ = [
     "COMPONENT",
@@ -82,6 +83,7 @@ __all__ = [
     "add_signature",
     "build_package",
     "canonical_json",
+    "check_name",
     "key_id",
     "load_private_key",
     "load_trust",

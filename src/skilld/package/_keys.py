@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from skilld.errors import SignatureError, UsageError
+from skilld.paths import read_private
 
 PUBLIC_KEY_BYTES = 32
 SIGNATURE_BYTES = 64
@@ -168,14 +169,11 @@ def load_private_key(path: Path, *, passphrase: bytes | None = None) -> SigningK
     """Read an Ed25519 private key written by :func:`write_private_key` (or OpenSSL).
 
     Raises:
-        UsageError: unreadable, not an Ed25519 PEM key, encrypted without a
-            passphrase given, or the passphrase is wrong.
+        UsageError: unreadable, readable by other users (``skilld.paths.read_private``),
+            not an Ed25519 PEM key, encrypted without a passphrase given, or the
+            passphrase is wrong.
     """
-    try:
-        with open(path, "rb") as fh:
-            pem = fh.read(MAX_KEY_FILE + 1)
-    except OSError as exc:
-        raise UsageError(f"cannot read key {path}: {exc.strerror}") from exc
+    pem = read_private(path, "private key")
     if len(pem) > MAX_KEY_FILE:
         raise UsageError(f"{path} is too large to be a key file")
     try:

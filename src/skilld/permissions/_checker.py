@@ -17,7 +17,7 @@ from typing import Any
 
 from skilld.permissions._url import UrlRefused, normalize_url
 from skilld.policy import Exposure, Tables
-from skilld.policy import _patterns as p
+from skilld.policy import patterns as p
 from skilld.types import Decision, Limits
 
 DEFAULT_DENY = "default-deny"

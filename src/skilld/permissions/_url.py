@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from skilld.policy._patterns import IPAddress, default_port, normalize_host
+from skilld.policy.patterns import IPAddress, default_port, normalize_host
 
 _ENCODED_DOT = re.compile("%2e", re.IGNORECASE)
 # The common shape (lowercase scheme and name, optional port, plain path): parsed

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from skilld.errors import PolicyError
-from skilld.policy import _patterns as p
+from skilld.policy import patterns as p
 from skilld.policy._kits import compile_kits
 from skilld.policy._schema import (
     CAPABILITY_SECTIONS,

@@ -35,7 +35,7 @@ from dataclasses import asdict
 from typing import Any
 
 from skilld.errors import PolicyError
-from skilld.policy import _patterns as p
+from skilld.policy import patterns as p
 from skilld.policy._schema import (
     Exposure,
     Where,

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from skilld.errors import PolicyError
-from skilld.policy import _patterns as p
+from skilld.policy import patterns as p
 from skilld.policy._yaml import LList, LMap
 from skilld.types import Limits
 

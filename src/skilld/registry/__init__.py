@@ -11,12 +11,11 @@
 
 # A backend's methods take the call's context: part of this package's contract, so that
 # backends outside the sandbox (a cluster's remote skills) need not reach into it.
-from skilld.call import CallContext, CallGate, Slot
+from skilld.call import CallContext, CallGate, NullChannel, Slot
 from skilld.policy import Exposure
 from skilld.registry._catalogue import Catalogue, SkillEntry, annotations_for, per_skill_schema
 from skilld.registry._contract import (
     Dispatcher,
-    NullChannel,
     SkillBackend,
     Tool,
     ToolAnnotations,

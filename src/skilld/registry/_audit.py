@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from skilld.audit import CallRecorder
-from skilld.types import AuditSink, CallOutput
+from skilld.types import AuditSink, Caller, CallOutput
 
 
 class AuditTrail:
@@ -37,8 +37,10 @@ class AuditTrail:
         arguments: Mapping[str, Any],
         outcome: str,
         error: str,
+        caller: Caller,
     ) -> None:
-        """The record of a request refused before any guest code ran (``refused: true``).
+        """The record of a request ``caller`` made, refused before any guest code ran
+        (``refused: true``).
 
         Raises:
             AuditError: the sink could not record.
@@ -46,7 +48,7 @@ class AuditTrail:
         if self._sink is None:
             return
         input_text = json.dumps(arguments, separators=(",", ":"), sort_keys=True, default=str)
-        recorder = CallRecorder(skill, version, method, caller="mcp", input=input_text)
+        recorder = CallRecorder(skill, version, method, caller=caller, input=input_text)
         self._sink.emit(recorder.finish(outcome, error=error, refused=True))
 
 

@@ -15,7 +15,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from skilld.call import CallContext, CallGate
-from skilld.types import CallOutput, ClientChannel, PromptSpec, ResourceSpec
+from skilld.types import Caller, CallOutput, ClientChannel, PromptSpec, ResourceSpec
+
+# Who a call made without saying is for: the local user (tests, benches, the CLI's own use).
+LOCAL = Caller.local()
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,40 +81,6 @@ class SkillBackend(Protocol):
         ...
 
 
-class NullChannel:
-    """A channel with no client behind it (the ``skilld call`` debug path)."""
-
-    def progress(self, progress: float, total: float | None, message: str | None) -> None:
-        """Drop the notification."""
-
-    def log(self, level: str, data: Any) -> None:
-        """Drop the message."""
-
-    def sample(self, params: Mapping[str, Any]) -> Mapping[str, Any]:
-        """Refuse: there is no client to sample from.
-
-        Raises:
-            GuestError: always, with code ``unavailable``.
-        """
-        from skilld.errors import GuestError
-
-        raise GuestError("unavailable", "no MCP client is attached to this call")
-
-    def elicit(self, params: Mapping[str, Any]) -> Mapping[str, Any]:
-        """Refuse: there is no client to ask.
-
-        Raises:
-            GuestError: always, with code ``unavailable``.
-        """
-        from skilld.errors import GuestError
-
-        raise GuestError("unavailable", "no MCP client is attached to this call")
-
-    def cancelled(self) -> bool:
-        """Never cancelled."""
-        return False
-
-
 class Dispatcher(Protocol):
     """What the MCP layer serves. Implemented by ``skilld.registry.Registry``.
 
@@ -127,12 +96,25 @@ class Dispatcher(Protocol):
         """Every exposed tool, in a stable order."""
         ...
 
-    def call(self, tool: str, arguments: Mapping[str, Any], channel: ClientChannel) -> CallOutput:
-        """Run one tool call to the end."""
+    def call(
+        self,
+        tool: str,
+        arguments: Mapping[str, Any],
+        channel: ClientChannel,
+        *,
+        caller: Caller = LOCAL,
+    ) -> CallOutput:
+        """Run one tool call to the end, on behalf of ``caller``."""
         ...
 
     def call_inline(
-        self, tool: str, arguments: Mapping[str, Any], channel: ClientChannel, budget_s: float
+        self,
+        tool: str,
+        arguments: Mapping[str, Any],
+        channel: ClientChannel,
+        budget_s: float,
+        *,
+        caller: Caller = LOCAL,
     ) -> CallOutput:
         """Try ``call`` on the caller's thread (an event loop) for about ``budget_s`` at most.
 
@@ -143,7 +125,14 @@ class Dispatcher(Protocol):
         ...
 
     def refused(
-        self, skill: str, label: str, arguments: Mapping[str, Any], outcome: str, error: str
+        self,
+        skill: str,
+        label: str,
+        arguments: Mapping[str, Any],
+        outcome: str,
+        error: str,
+        *,
+        caller: Caller = LOCAL,
     ) -> None:
         """Audit a request refused before its guest ran (``invalid-argument``, ``busy``,
         ``draining``); ``label`` is the tool's name, ``resource:URI`` or ``prompt:NAME``.
@@ -165,7 +154,9 @@ class Dispatcher(Protocol):
         """
         ...
 
-    def read_resource(self, uri: str, channel: ClientChannel) -> Sequence[CallOutput]:
+    def read_resource(
+        self, uri: str, channel: ClientChannel, *, caller: Caller = LOCAL
+    ) -> Sequence[CallOutput]:
         """Read one resource (each output holds its contents)."""
         ...
 
@@ -178,7 +169,12 @@ class Dispatcher(Protocol):
         ...
 
     def get_prompt(
-        self, name: str, arguments: Mapping[str, Any], channel: ClientChannel
+        self,
+        name: str,
+        arguments: Mapping[str, Any],
+        channel: ClientChannel,
+        *,
+        caller: Caller = LOCAL,
     ) -> Sequence[Mapping[str, Any]]:
         """Render a prompt to MCP prompt messages."""
         ...

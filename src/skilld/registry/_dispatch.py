@@ -34,10 +34,10 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from skilld.audit import CallRecorder
-from skilld.call import CallContext, Inline
+from skilld.call import CallContext, Inline, NullChannel
 from skilld.errors import (
     CallCancelled,
     DeadlineExceeded,
@@ -46,14 +46,37 @@ from skilld.errors import (
     HostCallError,
     RegistryError,
     RunOnThread,
+    ServerShutdown,
     SkilldError,
 )
 from skilld.registry._audit import AuditTrail, audited
 from skilld.registry._catalogue import Catalogue, SkillEntry
-from skilld.registry._contract import NullChannel
-from skilld.types import AuditSink, CallOutput, ClientChannel
+from skilld.registry._contract import LOCAL
+from skilld.types import AuditSink, Caller, CallOutput, ClientChannel, Decision
 
 T = TypeVar("T")
+
+
+@runtime_checkable
+class CancelReason(Protocol):
+    """A channel that says why it was cancelled (``client``, or ``shutdown``: the server's
+    drain grace ran out; None while not cancelled)."""
+
+    cancel_reason: str | None
+
+
+@runtime_checkable
+class InvokeChecks(Protocol):
+    """The typed ``invoke`` questions a compiled checker answers (``SkillPermissions``);
+    a checker without them is asked the generic ``check("invoke", ...)``."""
+
+    def check_invoke(self, callee: str, depth: int = 1, chain: Sequence[str] = ()) -> Decision:
+        """May this skill call ``callee`` at ``depth`` (1: direct), past ``chain``?"""
+        ...
+
+    def check_remote_caller(self, node: str, caller: str) -> Decision:
+        """May skill ``caller`` of cluster node ``node`` invoke this skill?"""
+        ...
 
 
 class Registry(Catalogue):
@@ -75,7 +98,14 @@ class Registry(Catalogue):
         """
         self._trail.emit(record)
 
-    def call(self, tool: str, arguments: Mapping[str, Any], channel: ClientChannel) -> CallOutput:
+    def call(
+        self,
+        tool: str,
+        arguments: Mapping[str, Any],
+        channel: ClientChannel,
+        *,
+        caller: Caller = LOCAL,
+    ) -> CallOutput:
         """Run one tool call to the end (see the module docstring).
 
         Arguments are not checked against the tool's input schema here: the MCP
@@ -88,10 +118,16 @@ class Registry(Catalogue):
             GuestError, GuestFault: the guest's failure, audited.
         """
         sid, method, args = self.resolve(tool, arguments)
-        return self.call_method(sid, method, args, channel, caller="mcp")
+        return self.call_method(sid, method, args, channel, caller=caller)
 
     def call_inline(
-        self, tool: str, arguments: Mapping[str, Any], channel: ClientChannel, budget_s: float
+        self,
+        tool: str,
+        arguments: Mapping[str, Any],
+        channel: ClientChannel,
+        budget_s: float,
+        *,
+        caller: Caller = LOCAL,
     ) -> CallOutput:
         """Try the call on this thread without blocking it for more than about ``budget_s``.
 
@@ -107,7 +143,7 @@ class Registry(Catalogue):
             RegistryError, UsageError, GuestError, GuestFault: as for :meth:`call`.
         """
         sid, method, args = self.resolve(tool, arguments)
-        return self.call_method(sid, method, args, channel, caller="mcp", inline_s=budget_s)
+        return self.call_method(sid, method, args, channel, caller=caller, inline_s=budget_s)
 
     def call_method(
         self,
@@ -116,7 +152,7 @@ class Registry(Catalogue):
         arguments: Mapping[str, Any],
         channel: ClientChannel | None = None,
         *,
-        caller: str = "local",
+        caller: Caller = LOCAL,
         depth: int = 0,
         chain: tuple[str, ...] = (),
         inline_s: float | None = None,
@@ -124,6 +160,8 @@ class Registry(Catalogue):
         remote_caller: tuple[str, str] | None = None,
     ) -> CallOutput:
         """Call ``method`` of ``skill_id`` directly (tools, ``invoke``, ``skilld call``).
+
+        ``caller`` is who the call acts for (``CallContext.caller``): what it keeps is its own.
 
         ``inline_s`` makes it an inline attempt of about that long (see :meth:`call_inline`;
         a routed call from another node of a cluster is tried inline the same way).
@@ -172,7 +210,7 @@ class Registry(Catalogue):
         channel: ClientChannel | None,
         guest: Callable[[CallContext], T],
         *,
-        caller: str,
+        caller: Caller,
         depth: int = 0,
         chain: tuple[str, ...] = (),
         target: str | None = None,
@@ -211,6 +249,7 @@ class Registry(Catalogue):
             depth=depth,
             chain=chain,
             inline=inline,
+            caller=caller,
             # A nested call ends by its caller's deadline if that comes first; others
             # get theirs when the guest starts (instantiation included).
             deadline=None
@@ -222,7 +261,7 @@ class Registry(Catalogue):
         ctx.before_first_write = lambda: self._trail.emit(recorder.started())
         outcome: str = "ok"
         out: T | None = None
-        error: SkilldError | None = None
+        error: Exception | None = None
         # A nested call (invoke) never waits for a slot: waiting inside a call chain
         # that already holds slots of the same skill could deadlock it. Nor does an
         # inline attempt: waiting is for a thread, not the event loop. A call the MCP
@@ -239,13 +278,21 @@ class Registry(Catalogue):
                 out = guest(ctx)
             except SkilldError as exc:
                 outcome, error = exc.outcome, exc
-                # The server's drain ended it (skilld.mcp), not the client: say so.
-                if outcome == "cancelled" and (
-                    getattr(ctx.channel, "cancel_reason", None) == "shutdown"
+                # The server's drain ended it (skilld.mcp), not the client: say so, here
+                # and only here.
+                if (
+                    isinstance(exc, CallCancelled)
+                    and isinstance(ctx.channel, CancelReason)
+                    and ctx.channel.cancel_reason == "shutdown"
                 ):
-                    outcome = "shutdown"
-                    error = CallCancelled(f"{skill_id}: the server shut down during the call")
+                    error = ServerShutdown(
+                        f"the server shut down: the call to {skill_id} was still running when "
+                        "its drain grace ran out; retry elsewhere"
+                    )
                     error.__cause__ = exc
+                    outcome = error.outcome
+            except Exception as exc:  # noqa: BLE001 - a bug below the seam: audited, raised
+                outcome, error = SkilldError.outcome, exc
             finally:
                 slot.release()
                 # The invoker and hook closures refer back to ctx; without them the
@@ -267,13 +314,11 @@ class Registry(Catalogue):
     ) -> str:
         checker = self._skills[caller].checker
         decision = None
-        if checker is not None:
+        if isinstance(checker, InvokeChecks):
             # The compiled checker knows depth limits and cycles; a plain one only the edge.
-            check_invoke = getattr(checker, "check_invoke", None)
-            if check_invoke is not None:
-                decision = ctx.record(check_invoke(callee, depth, ctx.chain))
-            else:
-                decision = ctx.record(checker.check("invoke", "call", callee))
+            decision = ctx.record(checker.check_invoke(callee, depth, ctx.chain))
+        elif checker is not None:
+            decision = ctx.record(checker.check("invoke", "call", callee))
         if decision is None or not decision.allowed:
             rule = decision.rule if decision else "default-deny"
             reason = decision.reason if decision else "no policy allows invoke"
@@ -294,7 +339,7 @@ class Registry(Catalogue):
                 method,
                 args,
                 ctx.channel,
-                caller=f"skill:{caller}",
+                caller=ctx.caller.as_skill(caller),
                 depth=depth,
                 chain=(*ctx.chain, caller),
                 deadline=ctx.deadline,
@@ -316,7 +361,14 @@ class Registry(Catalogue):
         return json.dumps(out.value)
 
     def refused(
-        self, skill: str, label: str, arguments: Mapping[str, Any], outcome: str, error: str
+        self,
+        skill: str,
+        label: str,
+        arguments: Mapping[str, Any],
+        outcome: str,
+        error: str,
+        *,
+        caller: Caller = LOCAL,
     ) -> None:
         """Audit a request the MCP layer refused before any guest code ran.
 
@@ -334,9 +386,11 @@ class Registry(Catalogue):
             method = found[2] if found[2] is not None else str(arguments.get("method", ""))
         entry = self._skills.get(skill)
         version = entry.spec.version if entry is not None else None
-        self._trail.refused(skill, version, method, arguments, outcome, error)
+        self._trail.refused(skill, version, method, arguments, outcome, error, caller)
 
-    def read_resource(self, uri: str, channel: ClientChannel) -> Sequence[CallOutput]:
+    def read_resource(
+        self, uri: str, channel: ClientChannel, *, caller: Caller = LOCAL
+    ) -> Sequence[CallOutput]:
         """Read a resource from the skill that serves it, as a call: slot, context, audit.
 
         Raises:
@@ -350,12 +404,17 @@ class Registry(Catalogue):
             uri,
             channel,
             lambda ctx: entry.component.read_resource(uri, ctx),
-            caller="mcp",
+            caller=caller,
             target=uri,
         )
 
     def get_prompt(
-        self, name: str, arguments: Mapping[str, Any], channel: ClientChannel
+        self,
+        name: str,
+        arguments: Mapping[str, Any],
+        channel: ClientChannel,
+        *,
+        caller: Caller = LOCAL,
     ) -> Sequence[Mapping[str, Any]]:
         """Render a prompt from the skill that serves it, as a call: slot, context, audit.
 
@@ -371,7 +430,7 @@ class Registry(Catalogue):
             args_json,
             channel,
             lambda ctx: entry.component.get_prompt(name, args_json, ctx),
-            caller="mcp",
+            caller=caller,
             target=name,
         )
 
@@ -382,8 +441,13 @@ def _consent(entry: SkillEntry, node: str, caller: str, ctx: CallContext) -> Non
     Raises:
         GuestError: ``not-permitted`` (the decision is recorded for the audit).
     """
-    target = f"{node}/{caller}"
-    decision = None if entry.checker is None else entry.checker.check("invoke", "called-by", target)
+    checker = entry.checker
+    decision = None
+    if isinstance(checker, InvokeChecks):
+        decision = checker.check_remote_caller(node, caller)
+    elif checker is not None:
+        # A plain checker answers only the generic question, about the text NODE/SKILL.
+        decision = checker.check("invoke", "called-by", f"{node}/{caller}")
     if decision is not None:
         ctx.record(decision)
     if decision is None or not decision.allowed:

@@ -32,7 +32,7 @@ import wasmtime
 from wasmtime import _ffi as ffi
 from wasmtime import component
 
-from skilld.call import CallContext, entered
+from skilld.call import CallContext, NullChannel, entered
 from skilld.errors import (
     CallCancelled,
     CompileError,
@@ -100,9 +100,14 @@ class Sandbox:
         self.background = ThreadPoolExecutor(max_workers=2, thread_name_prefix="skilld-warm")
         # Idle instances kept for their caller's next call (capped per component and in all).
         self.warm: WarmInstances[_Instance] = WarmInstances()
+        self._closed = False
 
     def close(self) -> None:
-        """Free the warm instances, stop the background worker and the epoch ticker."""
+        """Free the warm instances, stop the background worker and the epoch ticker; later
+        loads are refused."""
+        if self._closed:
+            return
+        self._closed = True
         self.warm.close()
         self.background.shutdown(wait=True, cancel_futures=True)
         self.engine.close()
@@ -122,7 +127,10 @@ class Sandbox:
         Raises:
             CompileError: not a valid component.
             LinkError: it imports an interface that is not granted, or unknown imports.
+            SandboxError: the sandbox was closed.
         """
+        if self._closed:
+            raise SandboxError(f"{name}: the sandbox is closed")
         if self.cache is not None:
             comp = self.cache.load(wasm, name=name)
         else:
@@ -256,22 +264,7 @@ def _free(inst: _Instance) -> None:
     inst.interrupt.callback = None
 
 
-class _NoClient:
-    def progress(self, progress: float, total: float | None, message: str | None) -> None: ...
-
-    def log(self, level: str, data: Any) -> None: ...
-
-    def sample(self, params: Any) -> Any:
-        raise GuestError("unavailable", "no client during warm-up")
-
-    def elicit(self, params: Any) -> Any:
-        raise GuestError("unavailable", "no client during warm-up")
-
-    def cancelled(self) -> bool:
-        return False
-
-
-_NO_CLIENT = _NoClient()
+_NO_CLIENT = NullChannel("no client during warm-up")
 
 
 @dataclass(frozen=True, slots=True)

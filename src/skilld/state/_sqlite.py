@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from skilld import paths
 from skilld.errors import QuotaExceeded, StateError
 
 _SCHEMA = """
@@ -55,7 +57,9 @@ class SqliteState:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._all: list[sqlite3.Connection] = []
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._closed = False
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._make_private()
         conn = self._conn()
         try:
             conn.executescript(_SCHEMA)
@@ -69,9 +73,37 @@ class SqliteState:
                 f"cannot prepare state database: {exc}", location=str(self.path)
             ) from exc
 
+    def _make_private(self) -> None:
+        """Create the database file 0600 before SQLite opens it (SQLite gives its WAL
+        and shared-memory files the database's mode), and narrow a wider mode found on
+        it or on them (said in the log).
+
+        Raises:
+            StateError: the file cannot be created.
+        """
+        for suffix in ("", "-wal", "-shm"):
+            target = Path(f"{self.path}{suffix}")
+            flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | (os.O_CREAT if not suffix else 0)
+            try:
+                fd = os.open(target, flags, 0o600)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise StateError(
+                    f"cannot create the state database: {exc.strerror}", location=str(target)
+                ) from exc
+            try:
+                paths.private_file(fd, target, "state database")
+            finally:
+                os.close(fd)
+
     def _conn(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is None:
+            if self._closed:
+                # Never reopened behind the owner's back: a write after close would
+                # land in a database nobody flushes or closes again.
+                raise StateError("the state database is closed", location=str(self.path))
             try:
                 conn = sqlite3.connect(
                     self.path, timeout=_BUSY_S, isolation_level=None, check_same_thread=False
@@ -94,8 +126,9 @@ class SqliteState:
         return SkillStore(self, skill_id, value_limit, total_limit)
 
     def close(self) -> None:
-        """Close every connection."""
+        """Close every connection; later use raises :class:`StateError` (a second close: no-op)."""
         with self._lock:
+            self._closed = True
             for conn in self._all:
                 conn.close()
             self._all.clear()

@@ -1,0 +1,23 @@
+"""Who sent an MCP request: the one place the adapter learns its :class:`~skilld.types.Caller`.
+
+Everything downstream (the ring, tasks, rounds, the audit, the worker threads' fair
+share) reads the caller this returns and never looks at a header again.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from skilld.mcp import _auth
+from skilld.types import Caller
+
+
+def caller_of(ctx: Any) -> Caller:
+    """The caller of the request ``ctx`` (an SDK ``ServerRequestContext``).
+
+    The transport's authentication has already run; :func:`skilld.mcp._auth.caller_of`
+    says what its verified credential makes the request (an OAuth principal, a named
+    token, the anonymous client of a server that authenticates no one, or the local
+    user on stdio), never from how a header was spelled.
+    """
+    return _auth.caller_of(ctx.request)
