@@ -27,8 +27,9 @@ ALLOWED: dict[str, set[str]] = {
     "audit": set(),
     # the call contract below the sandbox: CallContext, the current call, outcomes
     "call": {"audit"},
-    # the registry reaches every backend through SkillBackend: it imports no sandbox
-    "registry": {"call", "audit", "policy"},
+    # the registry reaches every backend through SkillBackend: it imports no sandbox;
+    # who may list and call what is the permissions' caller question
+    "registry": {"call", "audit", "policy", "permissions"},
     # OCI artifacts: the registry client and image layouts, below the build only (a
     # bundle holds its packages: nothing that serves imports distribution).
     "distribution": {"package"},

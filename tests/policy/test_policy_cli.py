@@ -197,3 +197,84 @@ def test_policy_errors_name_the_directory_as_given(
     (tmp_path / "mine" / "policies" / "x.yaml").write_text("kv: {}\nenv: [HOME]\n")
     assert main(["policy", "explain", "x", "env.read", "HOME", "--policies", "mine/policies"]) == 0
     assert "rule: x.env[0] (mine/policies/x.yaml:2)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("caller", "extra", "question", "name", "code", "rule"),
+    [
+        ("token:ci", [], "tool.call", "notes/add", 0, "callers.notes-writers"),
+        ("token:ci", [], "tool.call", "echo/echo", 0, "callers.notes-writers"),
+        ("token:stranger", [], "tool.list", "notes/add", 1, "default-deny"),
+        (
+            "oauth:https://idp.example.com#alice",
+            ["--group", "notes-writers"],
+            "resource.call",
+            "skill://notes/x",
+            0,
+            "callers.notes-writers",
+        ),
+        (
+            "oauth:https://idp.example.com#mallory",
+            ["--group", "notes-writers"],
+            "tool.call",
+            "notes/add",
+            1,
+            "callers.no-mallory",
+        ),
+        ("token:r", ["--scope", "notes:read"], "tool.list", "notes/list", 0, "callers.readers"),
+        ("token:r", ["--scope", "notes:read"], "tool.call", "notes/list", 1, "default-deny"),
+        ("local", [], "skill.call", "echo", 0, "callers.local-all"),
+        ("anonymous", [], "tool.call", "notes/add", 0, "callers.open-anonymous"),
+        ("local", ["--skill", "notes"], "prompt.call", "summary", 0, "callers.local-all"),
+    ],
+)
+def test_explain_caller_answers_offline(
+    capsys: pytest.CaptureFixture[str],
+    caller: str,
+    extra: list[str],
+    question: str,
+    name: str,
+    code: int,
+    rule: str,
+) -> None:
+    """explain --caller: who may list and call what, from the policies alone, with the rule."""
+    argv = ["policy", "explain", "--caller", caller, *extra, question, name, "--policies", POLICIES]
+    assert main(argv) == code
+    out = capsys.readouterr().out
+    assert out.startswith("allow:" if code == 0 else "deny:")
+    assert f"rule: {rule}" in out
+    if rule.startswith("callers.") and not rule.startswith("callers.open-"):
+        assert "policies/callers/team.yaml:" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--caller", "bob", "tool.call", "notes/add"], "bad caller 'bob'"),
+        (["--caller", "local", "tool.cal", "notes/add"], "unknown question 'tool.cal'"),
+        (["--caller", "local", "prompt.call", "summary"], "which skill serves prompt"),
+        (["--caller", "local", "tool.call", "notes/add", "extra"], "KIND.ACTION NAME"),
+        (["notes", "kv.get"], "explain needs SKILL ACTION TARGET"),
+    ],
+)
+def test_explain_caller_usage_errors(
+    capsys: pytest.CaptureFixture[str], argv: list[str], words: str
+) -> None:
+    """A question explain --caller cannot ask exits 2 and says what to write."""
+    assert main(["policy", "explain", *argv, "--policies", POLICIES]) == 2
+    assert words in capsys.readouterr().err
+
+
+def test_explain_caller_reads_compiled_tables(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """explain --caller --tables answers from compiled tables, naming the rule's source."""
+    out = tmp_path / "tables.json"
+    assert main(["policy", "compile", POLICIES, "-o", str(out)]) == 0
+    capsys.readouterr()
+    argv = ["policy", "explain", "--caller", "token:ci", "tool.call", "notes/add"]
+    assert main([*argv, "--tables", str(out)]) == 0
+    assert "rule: callers.notes-writers (policies/callers/team.yaml:3)" in capsys.readouterr().out
+    argv = ["policy", "explain", "--caller", "token:other", "tool.list", "notes/add"]
+    assert main([*argv, "--tables", str(out)]) == 1
+    assert "rule: default-deny" in capsys.readouterr().out

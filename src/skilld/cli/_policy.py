@@ -53,10 +53,12 @@ def register(sub: Any) -> None:
             "'notes invoke.call echo'. The answer comes from the tables a build keeps: "
             "compiled from POLICIES with the needs of the skills in --skills (grants a skill "
             "does not need are left out, as 'skilld build' does), or read from --tables or "
-            "--bundle. Exit status 0 when allowed, 1 when denied, 2 for a usage error."
+            "--bundle. With --caller CALLER, ask who may list and call what instead: "
+            "'--caller token:ci tool.call notes/add' (tool, prompt, resource or skill; list "
+            "or call). Exit status 0 when allowed, 1 when denied, 2 for a usage error."
         ),
     )
-    exp.add_argument("skill", metavar="SKILL", help="the skill id")
+    exp.add_argument("skill", metavar="SKILL", help="the skill id (with --caller: KIND.ACTION)")
     exp.add_argument(
         "action",
         metavar="ACTION",
@@ -66,7 +68,28 @@ def register(sub: Any) -> None:
         "mcp.elicit",
     )
     exp.add_argument(
-        "target", metavar="TARGET", help="path, URL, HOST:PORT, command line, skill id, NAME"
+        "target",
+        metavar="TARGET",
+        nargs="?",
+        help="path, URL, HOST:PORT, command line, skill id, NAME (none with --caller)",
+    )
+    exp.add_argument(
+        "--caller",
+        metavar="CALLER",
+        help="ask for this caller: local, anonymous, token:NAME or oauth:ISSUER#SUBJECT",
+    )
+    exp.add_argument(
+        "--group", action="append", default=[], metavar="G", help="with --caller: a group claim"
+    )
+    exp.add_argument(
+        "--scope", action="append", default=[], metavar="S", help="with --caller: a scope"
+    )
+    exp.add_argument(
+        "--skill",
+        dest="serving",
+        metavar="ID",
+        help="with --caller: the skill serving the target (default: read from its name: "
+        "SKILL/METHOD, SCHEME://SKILL/...; needed for prompts and renamed tools)",
     )
     src = exp.add_mutually_exclusive_group()
     src.add_argument(
@@ -155,9 +178,122 @@ def _compile(args: argparse.Namespace) -> int:
 
 def _explain(args: argparse.Namespace) -> int:
     from skilld.permissions import explain, explain_action
-    from skilld.policy import compile_policies, instances_text, load_tables, source_as_given
+    from skilld.policy import instances_text
 
+    if args.caller is not None:
+        return _explain_caller(args)
+    if args.target is None:
+        raise UsageError("explain needs SKILL ACTION TARGET (or --caller CALLER KIND.ACTION NAME)")
     explain_action(args.action)  # a typo is a usage error before anything is compiled
+    tables, policies = _tables_for(args)
+    try:
+        table = tables.skill(args.skill)
+    except PolicyError as exc:
+        # An unknown skill is a question that cannot be asked (2), not a denial (1).
+        raise UsageError(exc.message, location=exc.location, hint=exc.hint) from exc
+    decision = explain(tables, args.skill, args.action, args.target)
+    source = ""
+    for section in table.values():
+        rules = section if isinstance(section, tuple) else (section,)
+        for rule in rules:
+            if isinstance(rule, Mapping) and rule.get("id") == decision.rule:
+                source = _shown(rule["source"], policies)
+    verdict = "allow" if decision.allowed else "deny"
+    print(f"{verdict}: {args.skill} {args.action} {args.target}")
+    print(f"  rule: {decision.rule}{source}")
+    print(f"  why:  {decision.reason}")
+    print(f"  instances: {instances_text(tables.limits(args.skill))}")
+    return 0 if decision.allowed else 1
+
+
+def _shown(source: str, policies: Path | None) -> str:
+    """`` (SOURCE)`` with the policies directory named as the user gave it."""
+    from skilld.policy import source_as_given
+
+    return f" ({source_as_given(source, policies) if policies else source})"
+
+
+def _explain_caller(args: argparse.Namespace) -> int:
+    """``explain --caller CALLER KIND.ACTION NAME``: may this caller list or call that?
+
+    Raises:
+        UsageError: a malformed caller, question or target.
+    """
+    from skilld.permissions import TARGET_KINDS, CallerPolicy, Target
+
+    if args.target is not None:
+        raise UsageError(
+            "with --caller, ask KIND.ACTION NAME (e.g. tool.call notes/add)",
+            hint=f"kinds: {', '.join(TARGET_KINDS)}; actions: list, call",
+        )
+    question, name = args.skill, args.action
+    kind, _, action = question.partition(".")
+    if kind not in TARGET_KINDS or action not in ("list", "call"):
+        raise UsageError(
+            f"unknown question {question!r}",
+            hint=f"KIND.ACTION with KIND one of {', '.join(TARGET_KINDS)}, ACTION list or call",
+        )
+    caller = _caller_of(args.caller, frozenset(args.group), frozenset(args.scope))
+    skill = args.serving or _serving(kind, name)
+    tables, policies = _tables_for(args, note=False)
+    policy = CallerPolicy.from_tables(tables)
+    decision = policy.may(caller, action, Target(kind, name, skill))
+    source = policy.source(decision.rule)
+    verdict = "allow" if decision.allowed else "deny"
+    print(f"{verdict}: {caller.key} {action} {kind} {name} (skill {skill})")
+    print(f"  rule: {decision.rule}{_shown(source, policies) if source else ''}")
+    print(f"  why:  {decision.reason}")
+    return 0 if decision.allowed else 1
+
+
+def _caller_of(text: str, groups: frozenset[str], scopes: frozenset[str]) -> Any:
+    """A :class:`~skilld.types.Caller` from its key's spelling (``Caller.key``).
+
+    Raises:
+        UsageError: none of local, anonymous, token:NAME, oauth:ISSUER#SUBJECT.
+    """
+    from skilld.types import Caller
+
+    kind, _, rest = text.partition(":")
+    if text in ("local", "anonymous") and not (groups or scopes):
+        return Caller.local("cli") if text == "local" else Caller.anonymous()
+    if kind == "token" and rest and not groups:
+        return Caller.token(rest, scopes)
+    issuer, hash_, subject = rest.rpartition("#")
+    if kind == "oauth" and hash_ and issuer and subject:
+        return Caller.oauth(issuer, subject, scopes, groups)
+    raise UsageError(
+        f"bad caller {text!r}",
+        hint="local, anonymous, token:NAME (with --scope) or oauth:ISSUER#SUBJECT "
+        "(with --group, --scope)",
+    )
+
+
+def _serving(kind: str, name: str) -> str:
+    """The skill serving a target, read from its name (``SKILL/METHOD``, ``S://SKILL/...``).
+
+    Raises:
+        UsageError: the name does not say (a prompt; pass --skill).
+    """
+    if kind == "skill":
+        return name
+    if kind == "tool":
+        return name.split("/", 1)[0]
+    if kind == "resource" and "://" in name:
+        return name.split("://", 1)[1].split("/", 1)[0]
+    raise UsageError(f"which skill serves {kind} {name!r}?", hint="name it with --skill ID")
+
+
+def _tables_for(args: argparse.Namespace, *, note: bool = True) -> tuple[Tables, Path | None]:
+    """The tables explain answers from, and the policies directory they were compiled from
+    (``note``: say when no skills' needs narrow the grants; caller rules never depend on them).
+
+    Raises:
+        UsageError: --skills with compiled tables.
+        PolicyError: the policies do not compile, or the tables cannot be read.
+    """
+    from skilld.policy import compile_policies, load_tables
+
     tables: Tables
     policies: Path | None = None
     if args.skills is not None and (args.tables or args.bundle):
@@ -172,29 +308,11 @@ def _explain(args: argparse.Namespace) -> int:
         if skills_dir is None and (policies.parent / "skills").is_dir():
             skills_dir = policies.parent / "skills"
         needs, sources = _read_needs(skills_dir) if skills_dir else (None, None)
-        if skills_dir is None:
+        if skills_dir is None and note:
             print(
                 f"note: no skills/ beside {policies}: every grant counts, needed or not "
                 "('skilld build' keeps only what skills need; pass --skills DIR)",
                 file=sys.stderr,
             )
         tables = compile_policies(policies, needs, needs_sources=sources).tables
-    try:
-        table = tables.skill(args.skill)
-    except PolicyError as exc:
-        # An unknown skill is a question that cannot be asked (2), not a denial (1).
-        raise UsageError(exc.message, location=exc.location, hint=exc.hint) from exc
-    decision = explain(tables, args.skill, args.action, args.target)
-    source = ""
-    for section in table.values():
-        rules = section if isinstance(section, tuple) else (section,)
-        for rule in rules:
-            if isinstance(rule, Mapping) and rule.get("id") == decision.rule:
-                shown = source_as_given(rule["source"], policies) if policies else rule["source"]
-                source = f" ({shown})"
-    verdict = "allow" if decision.allowed else "deny"
-    print(f"{verdict}: {args.skill} {args.action} {args.target}")
-    print(f"  rule: {decision.rule}{source}")
-    print(f"  why:  {decision.reason}")
-    print(f"  instances: {instances_text(tables.limits(args.skill))}")
-    return 0 if decision.allowed else 1
+    return tables, policies

@@ -395,6 +395,7 @@ def _serve(args: argparse.Namespace, text: bool, logger: _Logger, confinement: s
     from concurrent.futures import ThreadPoolExecutor
 
     from skilld.node import Node, NodeConfig, demo_bundle
+    from skilld.permissions import CallerPolicy
 
     if args.bundle is None:
         progress = None if text else logging.getLogger("skilld.build").info
@@ -501,6 +502,15 @@ def _serve(args: argparse.Namespace, text: bool, logger: _Logger, confinement: s
             confinement=confinement,
             total_ms=round((time.perf_counter() - started) * 1000, 2),
         )
+        if (args.token_file or args.token_env) and not CallerPolicy.from_tables(
+            node.bundle.tables
+        ).names_authenticated():
+            # Deny by default: say so, or an upgraded token setup just lists nothing.
+            logger.get().warning(
+                "callers_unnamed",
+                detail="no caller rule names a token or OAuth caller: they list and call "
+                "nothing; write policies/callers/ (docs/policy.md, Callers) and rebuild",
+            )
         if args.no_mcp:
             _wait_for_signal(logger)
             return 0

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from mcp import types
+from mcp.shared.exceptions import MCPError
+
+from skilld.errors import GuestError
 from skilld.mcp import _auth
 from skilld.types import Caller
 
@@ -21,3 +25,14 @@ def caller_of(ctx: Any) -> Caller:
     user on stdio), never from how a header was spelled.
     """
     return _auth.caller_of(ctx.request)
+
+
+def refused_error(refusal: GuestError) -> MCPError:
+    """A request the caller rules refused (``resources/read``, ``prompts/get``,
+    ``resources/subscribe``, ``skills/get``): JSON-RPC invalid params, the code and the
+    rule in the message (as a refused tool call's text has them) and in ``data``."""
+    return MCPError(
+        types.INVALID_PARAMS,
+        f"[{refusal.code}, rule {refusal.rule}] {refusal.message}",
+        data={"code": refusal.code, "rule": refusal.rule},
+    )

@@ -51,7 +51,7 @@ from skilld.errors import (
     UsageError,
 )
 from skilld.mcp import _skills_ext as skills_extension
-from skilld.mcp._caller import caller_of
+from skilld.mcp._caller import caller_of, refused_error
 from skilld.mcp._channel import LOG_LEVELS, SessionChannel
 from skilld.mcp._config import ServeConfig
 from skilld.mcp._metrics import Metrics
@@ -67,7 +67,7 @@ from skilld.mcp._tasks import (
     tasks_required,
 )
 from skilld.mcp._workers import WorkerPool
-from skilld.registry import Dispatcher, Slot, Tool
+from skilld.registry import CallerView, Dispatcher, Slot, TargetKind, Tool
 from skilld.types import Caller, CallOutput, ContentBlock, PromptSpec, ResourceSpec
 
 T = TypeVar("T")
@@ -519,6 +519,37 @@ class McpService:
         record = self.tasks.create(name, call, _task_outcome, client=caller_of(ctx).key)
         return {"resultType": "task", **record.wire()}
 
+    # -- who may list and call what ------------------------------------------------
+
+    def _view(self, ctx: Ctx) -> CallerView:
+        """What the request's caller may list and call (the bundle's caller rules)."""
+        return self.dispatcher.view(caller_of(ctx))
+
+    def _not_permitted(
+        self,
+        ctx: Ctx,
+        kind: TargetKind,
+        name: str,
+        skill: str,
+        label: str,
+        arguments: Mapping[str, Any],
+    ) -> GuestError | None:
+        """The refusal (counted and audited under ``label``) when the caller may not call the
+        ``kind`` (tool, resource, prompt) named ``name``; else None.
+
+        A retry another entry node forwarded was checked there, against its own caller.
+        """
+        if is_forwarded(ctx):
+            return None
+        try:
+            self._view(ctx).permit(kind, name, skill)
+        except GuestError as exc:
+            code, rule, text = error_text(exc)
+            self.metrics.denied(skill, rule or "default-deny")
+            self._refused(skill, label, code, text, arguments, caller_of(ctx))
+            return exc
+        return None
+
     # -- tools ------------------------------------------------------------------
 
     def _task_mode(self, tool: Tool) -> str | None:
@@ -549,7 +580,7 @@ class McpService:
         tools = []
         # By name: the same list whatever order skills loaded in (or cluster nodes joined),
         # so a client's cache and a round-robin over entry nodes see one list.
-        for tool in sorted(self.dispatcher.tools(), key=lambda t: t.name):
+        for tool in sorted(self._view(ctx).tools(), key=lambda t: t.name):
             output = None if tool.output_schema is None else _object_schema(tool.output_schema)[0]
             hints = tool.annotations
             tools.append(
@@ -584,6 +615,9 @@ class McpService:
         if tool is None:
             raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {name}")
         arguments = dict(params.arguments or {})
+        refusal = self._not_permitted(ctx, "tool", name, tool.skill_id, name, arguments)
+        if refusal is not None:
+            return _error_result(error_text(refusal)[2])
         try:
             self._validator(tool).check(arguments)
         except UsageError as exc:
@@ -944,7 +978,7 @@ class McpService:
                 types.Resource(
                     name=r.name, uri=r.uri, description=r.description, mime_type=r.mime_type
                 )
-                for r in self.dispatcher.resources()
+                for r in self._view(ctx).resources()
                 if not r.template
             ]
         )
@@ -960,7 +994,7 @@ class McpService:
                     description=r.description,
                     mime_type=r.mime_type,
                 )
-                for r in self.dispatcher.resources()
+                for r in self._view(ctx).resources()
                 if r.template
             ]
         )
@@ -988,6 +1022,9 @@ class McpService:
         try:
             skill = self.dispatcher.resource_skill(uri)
             label = f"resource:{spec.uri}"
+            refusal = self._not_permitted(ctx, "resource", uri, skill, label, {"uri": uri})
+            if refusal is not None:
+                raise refused_error(refusal)
             if not _modern(ctx):
                 contents = await self._guest_call(ctx, skill, label, read, arguments={"uri": uri})
             else:
@@ -1007,8 +1044,14 @@ class McpService:
 
     async def _subscribe(self, ctx: Ctx, params: types.SubscribeRequestParams) -> types.EmptyResult:
         uri = str(params.uri)
-        if self._resource_spec(uri) is None:
+        spec = self._resource_spec(uri)
+        if spec is None:
             raise MCPError(RESOURCE_NOT_FOUND, f"Resource not found: {uri}", data={"uri": uri})
+        # Hearing of a resource's changes is reading it: the same rules decide.
+        skill = self.dispatcher.resource_skill(uri)
+        refusal = self._not_permitted(ctx, "resource", uri, skill, f"resource:{spec.uri}", {})
+        if refusal is not None:
+            raise refused_error(refusal)
         _session_state(ctx).setdefault(_SUBS_KEY, set()).add(uri)
         return types.EmptyResult()
 
@@ -1027,7 +1070,7 @@ class McpService:
         self, ctx: Ctx, params: types.PaginatedRequestParams | None
     ) -> types.ListPromptsResult:
         prompts = []
-        for spec in self.dispatcher.prompts():
+        for spec in self._view(ctx).prompts():
             props: Mapping[str, Any] = spec.arguments_schema.get("properties", {})
             required = set(spec.arguments_schema.get("required", ()))
             prompts.append(
@@ -1076,6 +1119,9 @@ class McpService:
         try:
             skill = self.dispatcher.prompt_skill(spec.name)
             label = f"prompt:{spec.name}"
+            refusal = self._not_permitted(ctx, "prompt", spec.name, skill, label, arguments)
+            if refusal is not None:
+                raise refused_error(refusal)
             if not _modern(ctx):
                 return await self._guest_call(ctx, skill, label, render, arguments=arguments)
             digest = self._digest(skill, spec.name, {"args": spec.arguments_schema})
@@ -1096,7 +1142,8 @@ class McpService:
         choices: list[str] = []
         if isinstance(params.ref, types.PromptReference):
             spec = self._prompt_spec(params.ref.name)
-            if spec is not None:
+            # A prompt the caller may not list has no choices to show it.
+            if spec is not None and spec in self._view(ctx).prompts():
                 schema = spec.arguments_schema.get("properties", {}).get(params.argument.name, {})
                 choices = [str(v) for v in schema.get("enum", schema.get("examples", []))]
         matches = [c for c in choices if c.startswith(params.argument.value)]

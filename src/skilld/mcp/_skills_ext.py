@@ -27,6 +27,8 @@ from mcp import types
 from mcp.server.lowlevel.server import Server
 from mcp.shared.exceptions import MCPError
 
+from skilld.errors import GuestError
+from skilld.mcp._caller import caller_of, refused_error
 from skilld.registry import Dispatcher
 
 EXTENSION = "io.modelcontextprotocol/skills"
@@ -59,8 +61,8 @@ class GetSkillResult(types.CacheableResult):
     skill: dict[str, Any]
 
 
-def _entries(dispatcher: Dispatcher) -> dict[str, Callable[[], dict[str, Any]]]:
-    """The SKILL.md URI of each Agent Skill the dispatcher serves here, and its entry."""
+def _entries(dispatcher: Dispatcher) -> dict[str, tuple[str, Callable[[], dict[str, Any]]]]:
+    """The SKILL.md URI of each Agent Skill the dispatcher serves here: its id and entry."""
     skills = getattr(dispatcher, "skills", None)
     if skills is None:
         return {}
@@ -68,23 +70,34 @@ def _entries(dispatcher: Dispatcher) -> dict[str, Callable[[], dict[str, Any]]]:
     for entry in skills():
         answer = getattr(entry.component, "skill_entry", None)
         if callable(answer):
-            out[f"skill://{entry.spec.id}/SKILL.md"] = answer
+            out[f"skill://{entry.spec.id}/SKILL.md"] = (entry.spec.id, answer)
     return out
 
 
 def register(server: Server[Any], dispatcher: Dispatcher) -> None:
     """Declare the extension on ``server`` and answer its two methods from ``dispatcher``."""
 
-    async def list_skills(_ctx: Any, _params: ListSkillsParams) -> ListSkillsResult:
-        makers = [make for _uri, make in sorted(_entries(dispatcher).items())]
+    async def list_skills(ctx: Any, _params: ListSkillsParams) -> ListSkillsResult:
+        # Only the skills the caller may list; the listing is then its own, not public.
+        view = dispatcher.view(caller_of(ctx))
+        makers = [
+            make
+            for _uri, (sid, make) in sorted(_entries(dispatcher).items())
+            if view.lists_skill(sid)
+        ]
         skills = await anyio.to_thread.run_sync(lambda: [make() for make in makers])
-        return ListSkillsResult(skills=skills, ttl_ms=TTL_MS, cache_scope="public")
+        return ListSkillsResult(skills=skills, ttl_ms=TTL_MS, cache_scope="private")
 
-    async def get_skill(_ctx: Any, params: GetSkillParams) -> GetSkillResult:
-        make = _entries(dispatcher).get(params.uri)
-        if make is not None:
+    async def get_skill(ctx: Any, params: GetSkillParams) -> GetSkillResult:
+        found_entry = _entries(dispatcher).get(params.uri)
+        if found_entry is not None:
+            sid, make = found_entry
+            try:
+                dispatcher.view(caller_of(ctx)).permit("skill", sid, sid)
+            except GuestError as exc:
+                raise refused_error(exc) from exc
             found = await anyio.to_thread.run_sync(make)
-            return GetSkillResult(skill=found, ttl_ms=TTL_MS, cache_scope="public")
+            return GetSkillResult(skill=found, ttl_ms=TTL_MS, cache_scope="private")
         raise MCPError(
             types.INVALID_PARAMS,
             f"no skill at '{params.uri}' (give the URI of a skill's SKILL.md, as skills/list "

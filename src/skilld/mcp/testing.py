@@ -23,7 +23,7 @@ from typing import Any
 from mcp.shared.uri_template import UriTemplate
 
 from skilld.errors import GuestError, RegistryError, RunOnThread
-from skilld.registry import CallGate, Tool, ToolAnnotations
+from skilld.registry import CallerPolicy, CallerView, CallGate, Tool, ToolAnnotations
 from skilld.types import (
     Caller,
     CallOutput,
@@ -101,6 +101,8 @@ class StaticDispatcher:
     # (skill, label, outcome) of each request refused before it ran.
     refusals: list[tuple[str, str, str]] = field(default_factory=list)
     gates: dict[str, CallGate] = field(default_factory=dict)
+    # Who may list and call what (default: no caller rules, so local and anonymous only).
+    caller_rules: CallerPolicy = field(default_factory=CallerPolicy)
 
     def tools(self) -> Sequence[Tool]:
         """Every tool, in the order given."""
@@ -226,6 +228,10 @@ class StaticDispatcher:
             RegistryError: no prompt has that name.
         """
         return self._prompt(name)(arguments)
+
+    def view(self, caller: Caller) -> CallerView:
+        """What ``caller`` may list and call under ``caller_rules``."""
+        return CallerView(self.caller_rules, caller, self)
 
     def ready(self) -> bool:
         """Whatever ``is_ready`` says."""

@@ -128,6 +128,7 @@ class Node:
         from skilld.audit import JsonLinesSink
         from skilld.bundle import open_bundle
         from skilld.node._kinds import KINDS, Loading
+        from skilld.permissions import CallerPolicy
         from skilld.registry import Registry
         from skilld.sandbox import Sandbox
         from skilld.state import SqliteState
@@ -173,6 +174,7 @@ class Node:
             t = _stage(timings, "describe", t)
             state = SqliteState(config.state_dir / "state.sqlite3")
             registry = Registry(audit=audit)
+            registry.use_callers(CallerPolicy.from_tables(loaded.tables))
             if config.serve_skills:
                 loading = Loading(config, loaded, sandbox, state, specs)
                 for kind in KINDS:

@@ -14,11 +14,23 @@ The sandbox's host functions ask one :class:`SkillPermissions` per skill::
 Every answer is a :class:`~skilld.types.Decision` naming the rule that decided
 (``default-deny`` when none matched) and why. :func:`explain` answers the
 questions ``skilld policy explain`` asks.
+
+Who may list and call which tools, prompts, resources and skills is one more typed
+question, about a caller rather than a skill::
+
+    CallerPolicy.from_tables(tables).may(caller, "call", Target("tool", "notes/add", "notes"))
 """
 
 from __future__ import annotations
 
 from skilld.errors import UsageError
+from skilld.permissions._callers import (
+    TARGET_KINDS,
+    CallerPolicy,
+    Target,
+    TargetKind,
+    open_rule,
+)
 from skilld.permissions._checker import (
     DEFAULT_DENY,
     FS_READ_ACTIONS,
@@ -57,13 +69,18 @@ EXPLAIN_ACTIONS = (
 __all__ = [
     "DEFAULT_DENY",
     "EXPLAIN_ACTIONS",
+    "TARGET_KINDS",
+    "CallerPolicy",
     "NormalUrl",
     "SkillPermissions",
+    "Target",
+    "TargetKind",
     "UrlRefused",
     "check_text",
     "explain",
     "explain_action",
     "normalize_url",
+    "open_rule",
 ]
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from skilld.errors import PolicyError
 from skilld.policy import patterns as p
+from skilld.policy._callers import compile_callers
 from skilld.policy._kits import compile_kits
 from skilld.policy._schema import (
     CAPABILITY_SECTIONS,
@@ -169,7 +170,8 @@ def compile_policies(
 
     Args:
         policy_dir: the ``policies/`` directory; ``kits/*.yaml`` in it are delegate's kits
-            (``skilld.policy._kits``), other subdirectories (``trust/``) are ignored.
+            (``skilld.policy._kits``), ``callers/*.yaml`` who may call what
+            (``skilld.policy._callers``), other subdirectories (``trust/``) are ignored.
         skills: when given, the known skills and their declared needs (``None``: not
             declared, take the grants as they are). A policy for a skill not in it,
             or an invoke reference to one, is an error.
@@ -196,7 +198,15 @@ def compile_policies(
                 if path.is_file() and path.suffix in (".yaml", ".yml"):
                     label = f"{root.name}/kits/{path.name}"
                     kits[path.name] = (label, _read(path, label))
-        result = compile_documents(documents, skills, needs_sources=needs_sources, kits=kits)
+        callers = {}
+        if (root / "callers").is_dir():
+            for path in sorted((root / "callers").iterdir()):
+                if path.is_file() and path.suffix in (".yaml", ".yml"):
+                    label = f"{root.name}/callers/{path.name}"
+                    callers[path.name] = (label, _read(path, label))
+        result = compile_documents(
+            documents, skills, needs_sources=needs_sources, kits=kits, callers=callers
+        )
     except PolicyError as exc:
         exc.location = source_as_given(exc.location, policy_dir)
         raise
@@ -229,8 +239,10 @@ def compile_documents(
     *,
     needs_sources: Mapping[str, str] | None = None,
     kits: Mapping[str, tuple[str, object]] | None = None,
+    callers: Mapping[str, tuple[str, object]] | None = None,
 ) -> CompileResult:
-    """Compile parsed documents: file name → ``(label, parsed YAML)``; ``kits`` likewise.
+    """Compile parsed documents: file name → ``(label, parsed YAML)``; ``kits`` and
+    ``callers`` likewise.
 
     Raises:
         PolicyError: as :func:`compile_policies`.
@@ -342,6 +354,12 @@ def compile_documents(
     data: dict[str, Any] = {"format": FORMAT, "skills": out}
     if kit_tables:
         data["kits"] = kit_tables
+    caller_table, caller_notes = compile_callers(
+        callers or {}, out if skills is not None else None
+    )
+    warnings += [Finding(where, "callers", message) for where, message in caller_notes]
+    if caller_table is not None:
+        data["callers"] = caller_table
     tables = Tables.from_data(data)
     return CompileResult(tables, tuple(warnings), tuple(problems))
 

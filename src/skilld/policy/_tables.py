@@ -81,6 +81,20 @@ class Tables:
             isinstance(v, Mapping) for v in skills.values()
         ):
             raise PolicyError("tables have no 'skills' mapping", location=source)
+        callers = data.get("callers")
+        if callers is not None and not (
+            isinstance(callers, Mapping)
+            and isinstance(callers.get("rules"), list | tuple)
+            and all(
+                isinstance(r, Mapping) and isinstance(r.get("id"), str) for r in callers["rules"]
+            )
+            and isinstance(callers.get("open"), list | tuple)
+        ):
+            raise PolicyError(
+                "the tables' 'callers' is not a caller table",
+                location=source,
+                hint="recompile with 'skilld policy compile'",
+            )
         return cls(data)
 
     @property
@@ -93,6 +107,13 @@ class Tables:
         """delegate's compiled kits by name (``skilld.policy._kits``); empty without any."""
         kits: Mapping[str, Any] = self.data.get("kits") or {}
         return kits
+
+    @property
+    def callers(self) -> Mapping[str, Any] | None:
+        """Who may call what (``skilld.policy._callers``): ``{"rules": [...], "open": [...]}``;
+        ``None`` for tables compiled without ``policies/callers/``."""
+        callers: Mapping[str, Any] | None = self.data.get("callers")
+        return callers
 
     def skill(self, skill_id: str) -> Mapping[str, Any]:
         """One skill's table.

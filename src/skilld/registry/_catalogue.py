@@ -2,8 +2,8 @@
 
 What a name means: :meth:`Catalogue.add` and :meth:`Catalogue.remove` change the skills
 (a cluster's remote skills come and go while serving), :meth:`Catalogue.resolve` turns a
-tool name and its arguments into (skill, method, arguments). Running a call is
-``_dispatch.py``'s.
+tool name and its arguments into (skill, method, arguments), :meth:`Catalogue.view` is
+what one caller may list and call (``_access.py``). Running a call is ``_dispatch.py``'s.
 """
 
 from __future__ import annotations
@@ -16,9 +16,12 @@ from typing import Any
 
 from skilld.call import CallGate
 from skilld.errors import GuestError, RegistryError, UsageError
+from skilld.permissions import CallerPolicy
 from skilld.policy import Exposure
+from skilld.registry._access import CallerView
 from skilld.registry._contract import SkillBackend, Tool, ToolAnnotations
 from skilld.types import (
+    Caller,
     KeyValueStore,
     Limits,
     MethodSpec,
@@ -97,6 +100,17 @@ class Catalogue:
         self._changing = threading.Lock()
         self._watchers: list[Callable[[], None]] = []
         self._gauges: list[Callable[[], Mapping[str, tuple[str, float]]]] = []
+        # Who may list and call what: the bundle's caller rules (the node sets them); until
+        # then, those of a bundle without any (local and anonymous callers only).
+        self._callers = CallerPolicy()
+
+    def use_callers(self, policy: CallerPolicy) -> None:
+        """Answer who may list and call what from ``policy`` (the bundle's compiled rules)."""
+        self._callers = policy
+
+    def view(self, caller: Caller) -> CallerView:
+        """What ``caller`` may list, and the decision for each call it makes."""
+        return CallerView(self._callers, caller, self)
 
     def add(self, entry: SkillEntry) -> None:
         """Register a loaded skill and its tools.

@@ -12,13 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from skilld.call import CallContext, CallGate
 from skilld.types import Caller, CallOutput, ClientChannel, PromptSpec, ResourceSpec
 
 # Who a call made without saying is for: the local user (tests, benches, the CLI's own use).
 LOCAL = Caller.local()
+
+if TYPE_CHECKING:
+    from skilld.registry._access import CallerView
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,4 +184,10 @@ class Dispatcher(Protocol):
 
     def ready(self) -> bool:
         """True when every skill is loaded."""
+        ...
+
+    def view(self, caller: Caller) -> CallerView:
+        """What ``caller`` may list, and the decision for each call it makes
+        (``skilld.registry.CallerView``): every list is filtered through it, and every
+        call asks its :meth:`~CallerView.permit` first."""
         ...
