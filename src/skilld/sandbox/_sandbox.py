@@ -48,7 +48,7 @@ from skilld.sandbox._engine import TICK_S, Engine
 from skilld.sandbox._gil import keep_gil_for_quick_calls
 from skilld.sandbox._host import INTERFACES, PACKAGE, build_linker, import_name, to_py
 from skilld.sandbox._native import NativeCache, load_native
-from skilld.sandbox._warm import WarmInstances, binding
+from skilld.sandbox._warm import Binding, WarmInstances, binding
 from skilld.types import (
     CallOutput,
     ContentBlock,
@@ -625,7 +625,7 @@ class Component:
                         comp._kick()
         return result
 
-    def _take_warm(self, bound: Any, memory_bytes: int) -> _Instance | None:
+    def _take_warm(self, bound: Binding, memory_bytes: int) -> _Instance | None:
         """The caller's warm instance of this component, if one is idle (and fits)."""
         inst = self.sandbox.warm.take(bound)
         if inst is not None and inst.memory_bytes != memory_bytes:
