@@ -12,7 +12,7 @@ import pytest
 
 from skilld.call import CallContext
 from skilld.errors import CallCancelled, DeadlineExceeded, GuestTrap, MemoryExhausted
-from skilld.registry import NullChannel
+from skilld.registry import NullChannel, Registry, SkillEntry
 from skilld.sandbox import Component, Sandbox
 from skilld.types import Caller, Limits
 
@@ -203,3 +203,28 @@ def test_warm_instances_are_capped_least_recently_used_first(
     assert _recall(hostile, callers[3])[0] == callers[3].key
     hostile.close()
     assert sandbox.warm.count(hostile) == 0
+
+
+def test_through_the_registry_each_caller_gets_its_own_warm_instance(
+    sandbox: Sandbox, component_path: Loader
+) -> None:
+    """The registry's typed caller (``CallContext.caller``) decides which warm instance serves.
+
+    Two callers of the same tool through the registry: each finds only what its own
+    earlier call left.
+    """
+    comp = sandbox.load(component_path("hostile").read_bytes(), name="hostile")
+    spec = comp.describe(CallContext("hostile", WARM, NullChannel()))
+    registry = Registry()
+    registry.add(SkillEntry(spec=spec, component=comp, limits=WARM))
+    registry.mark_ready()
+    alice, bob = Caller.token("alice"), Caller.token("bob")
+    try:
+        registry.call("hostile/remember", {"secret": "alice's"}, NullChannel(), caller=alice)
+        registry.call("hostile/remember", {"secret": "bob's"}, NullChannel(), caller=bob)
+        mine = registry.call("hostile/recall", {}, NullChannel(), caller=alice).value
+        theirs = registry.call("hostile/recall", {}, NullChannel(), caller=bob).value
+    finally:
+        comp.close()
+    assert [s for s in mine if len(s) < 64] == ["alice's"]
+    assert [s for s in theirs if len(s) < 64] == ["bob's"]
