@@ -34,7 +34,7 @@ bench:
 
 # Collect skilld and every dependency as wheels in wheelhouse/ (air-gapped installs; skilld's wheel reproducible).
 wheelhouse:
-    rm -rf wheelhouse && SOURCE_DATE_EPOCH=315532800 {{venv}}/bin/pip wheel -q --wheel-dir wheelhouse '.[build]'
+    rm -rf wheelhouse && SOURCE_DATE_EPOCH=315532800 {{venv}}/bin/pip wheel -q --wheel-dir wheelhouse '.[build,otel]'
 
 # Install from wheelhouse/ with no network into VENV (default: /tmp/skilld-airgap).
 airgap-install VENV="/tmp/skilld-airgap":

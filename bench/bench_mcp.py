@@ -15,13 +15,15 @@ cost. Other subjects, through ``--dispatcher module:factory`` and ``--tool``:
     python bench_mcp.py --dispatcher skilld.mcp.testing:echo_dispatcher --tool echo
                                                           # the MCP layer alone
     python bench_mcp.py --inline-ms 0                     # every call on a worker thread
-    python bench_mcp.py --auth jwt                        # skilld with a JWT caller against
-                                                          # skilld without authentication
+    python bench_mcp.py --trace                           # skilld traced: OTLP/HTTP batches to
+                                                          # a local receiver (docs/tracing.md)
+    python bench_mcp.py --sides baseline,skilld,traced --baseline-src ../base/src
+                                                          # a change's cost: each side its own
+                                                          # server, rounds alternating
     python bench_mcp.py --quick                           # seconds: that it runs (CI)
 
-With the default dispatcher (and no ``--auth``) a third server runs beside them: skilld
-with every skill under ``instances: fresh`` (``_bundle:echo_registry_fresh``), the row
-``skilld-fresh`` (``--no-fresh`` leaves it out).
+With the default dispatcher the sides are bare, skilld and fresh: skilld with every skill
+under ``instances: fresh`` (``_bundle:echo_registry_fresh``), a new instance per call.
 
 The machine's speed drifts (a shared VM), so each cell runs ``--rounds`` times,
 alternating bare and skilld: latencies are pooled, throughput and CPU per call are
@@ -42,9 +44,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import IO
 
 import anyio
@@ -64,58 +68,23 @@ def _free_port() -> int:
 # -- the two servers (each runs as ``bench_mcp.py --serve KIND``) ------------------
 
 
-_ISSUER = "https://issuer.bench.invalid"
-
-
-def serve_skilld(
-    port: int, factory: str, log_level: str, inline_ms: float, jwks: str | None = None
-) -> None:
-    """skilld's MCP layer over the dispatcher ``factory`` returns; with ``jwks`` (a JWK set
-    file) an OAuth resource server whose callers present JWTs signed with its key."""
+def serve_skilld(port: int, factory: str, log_level: str, inline_ms: float) -> None:
+    """skilld's MCP layer over the dispatcher ``factory`` returns."""
     from skilld.mcp import ServeConfig, serve
 
+    if os.environ.get("OTEL_TRACES_EXPORTER"):  # the traced side (a baseline tree may have none)
+        from skilld import telemetry
+
+        telemetry.configure(node="bench")  # as `skilld serve` does
     module, _, name = factory.partition(":")
     dispatcher = getattr(importlib.import_module(module), name)()
-    auth = {}
-    if jwks is not None:
-        auth = {
-            "auth_issuer": _ISSUER,
-            "auth_audience": f"http://127.0.0.1:{port}/mcp",
-            "auth_jwks_file": Path(jwks),
-        }
     config = ServeConfig(
         transport="http",
         port=port,
         log_level=log_level,  # type: ignore[arg-type]
         inline_ms=inline_ms,
-        **auth,  # type: ignore[arg-type]
     )
     serve(dispatcher, config)
-
-
-def _jwt_setup(directory: str, port: int) -> tuple[str, str]:
-    """A fresh RSA key's JWK set in ``directory`` and an access token under it for the
-    server on ``port``: (jwks file, token)."""
-    import json
-
-    import jwt
-    from cryptography.hazmat.primitives.asymmetric import rsa
-
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    public = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(key.public_key()))
-    path = str(Path(directory) / "jwks.json")
-    with open(path, "w", encoding="utf-8") as out:
-        json.dump({"keys": [{**public, "kid": "bench", "use": "sig", "alg": "RS256"}]}, out)
-    now = int(time.time())
-    claims = {
-        "iss": _ISSUER,
-        "sub": "bench",
-        "aud": f"http://127.0.0.1:{port}/mcp",
-        "scope": "tools:call",
-        "iat": now,
-        "exp": now + 24 * 3600,
-    }
-    return path, jwt.encode(claims, key, algorithm="RS256", headers={"kid": "bench"})
 
 
 def serve_bare(port: int) -> None:
@@ -192,12 +161,9 @@ async def _caller(
     warmup: int,
     warmed: _Barrier,
     finished: _Barrier,
-    token: str | None,
 ) -> None:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
     async with (
-        httpx2.AsyncClient(headers=headers, timeout=60) as http,
-        streamable_http_client(url, http_client=http) as (read, write),
+        streamable_http_client(url) as (read, write),
         ClientSession(read, write) as session,
     ):
         await session.initialize()
@@ -215,7 +181,7 @@ async def _caller(
 
 
 async def measure(
-    port: int, tool: str, concurrency: int, requests: int, token: str | None = None
+    port: int, tool: str, concurrency: int, requests: int
 ) -> tuple[list[float], float]:
     """Latencies of ``requests`` calls spread over ``concurrency`` sessions, and the wall time.
 
@@ -227,12 +193,12 @@ async def measure(
     warmed, finished = _Barrier(concurrency), _Barrier(concurrency)
     async with anyio.create_task_group() as tg:
         for _ in range(concurrency):
-            tg.start_soon(_caller, url, tool, per_caller, latencies, 10, warmed, finished, token)
+            tg.start_soon(_caller, url, tool, per_caller, latencies, 10, warmed, finished)
     return latencies, finished.at - warmed.at
 
 
-def _spawn(args: Sequence[str]) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+def _spawn(args: Sequence[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **(env or {})}
     return subprocess.Popen(
         [sys.executable, __file__, *args],
         env=env,
@@ -273,6 +239,40 @@ def _cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+@contextmanager
+def _otlp_sink() -> Iterator[str]:
+    """A local OTLP/HTTP receiver that takes every batch (200, nothing kept): its URL."""
+
+    class Sink(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+# The sides a run can put against each other (``--sides``), each its own server process:
+#   bare     the SDK's MCPServer with the same tool, no skilld in between
+#   skilld   skilld as served (tracing off: the default)
+#   traced   skilld tracing every request (OTLP/HTTP batches to a receiver in this process)
+#   baseline skilld from another source tree (``--baseline-src``: say, the commit before a
+#            change), tracing off
+#   fresh    skilld with every skill under ``instances: fresh`` (the default dispatcher's
+#            registry, ``_bundle:echo_registry_fresh``): a new instance per call
+SIDES = ("bare", "skilld", "traced", "baseline", "fresh")
+DEFAULT_DISPATCHER = "_bundle:echo_registry"
 FRESH_DISPATCHER = "_bundle:echo_registry_fresh"
 
 
@@ -283,86 +283,86 @@ async def run(
     log_level: str,
     rounds: int,
     inline_ms: float,
-    auth: str | None = None,
-    fresh: bool = False,
+    sides: Sequence[str] = ("bare", "skilld"),
+    baseline_src: str | None = None,
 ) -> None:
-    """Build what skilld serves, start the servers, measure each cell, print the table.
+    """Build what skilld serves, start each side's server, measure each cell, print the
+    table (ratios against the first side)."""
+    with _otlp_sink() as sink:
+        traced = {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": sink}
+        await _run(
+            requests, dispatcher, tool, log_level, rounds, inline_ms, sides, traced, baseline_src
+        )
 
-    With ``auth == "jwt"`` the "skilld" side is an OAuth resource server whose callers
-    present a JWT, and the "bare" side is skilld without authentication (same tool).
-    With ``fresh`` (and no ``auth``) a "skilld-fresh" server runs every skill under
-    ``instances: fresh`` beside them.
-    """
+
+async def _run(
+    requests: int,
+    dispatcher: str,
+    tool: str,
+    log_level: str,
+    rounds: int,
+    inline_ms: float,
+    sides: Sequence[str],
+    traced: dict[str, str],
+    baseline_src: str | None,
+) -> None:
     _prepare(dispatcher)
-    served = {"skilld": dispatcher}
-    if fresh and not auth:
-        served["skilld-fresh"] = FRESH_DISPATCHER
-    ports = {kind: _free_port() for kind in ("bare", *served)}
-
-    def skilld_args(factory: str) -> list[str]:
-        return ["--dispatcher", factory, "--log-level", log_level, "--inline-ms", str(inline_ms)]
-
-    token: str | None = None
-    keys_dir = tempfile.TemporaryDirectory()
-    if auth == "jwt":
-        jwks, token = _jwt_setup(keys_dir.name, ports["skilld"])
-        procs = {
-            "skilld": _spawn(
-                [
-                    "--serve",
-                    "skilld",
-                    "--port",
-                    str(ports["skilld"]),
-                    "--jwks",
-                    jwks,
-                    *skilld_args(dispatcher),
-                ]
-            ),
-            "bare": _spawn(
-                ["--serve", "skilld", "--port", str(ports["bare"]), *skilld_args(dispatcher)]
-            ),
-        }
-    else:
-        procs = {"bare": _spawn(["--serve", "bare", "--port", str(ports["bare"])])}
-        for kind, factory in served.items():
-            procs[kind] = _spawn(
-                ["--serve", "skilld", "--port", str(ports[kind]), *skilld_args(factory)]
-            )
-    # (kind, concurrency) -> pooled latencies, per-round throughput, per-round CPU ms/call
+    ports = {side: _free_port() for side in sides}
+    skilld_args = [
+        "--dispatcher",
+        dispatcher,
+        "--log-level",
+        log_level,
+        "--inline-ms",
+        str(inline_ms),
+    ]
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    for side in sides:
+        port = ["--port", str(ports[side])]
+        if side == "bare":
+            procs[side] = _spawn(["--serve", "bare", *port])
+        elif side == "baseline":
+            if baseline_src is None:
+                raise SystemExit("bench_mcp: the baseline side needs --baseline-src DIR")
+            # The other tree's skilld first on the path; this bench's helpers after it.
+            path = os.pathsep.join([baseline_src, *sys.path])
+            procs[side] = _spawn(["--serve", "skilld", *port, *skilld_args], {"PYTHONPATH": path})
+        elif side == "fresh":
+            if dispatcher != DEFAULT_DISPATCHER:
+                raise SystemExit("bench_mcp: the fresh side serves the default dispatcher only")
+            fresh_args = ["--dispatcher", FRESH_DISPATCHER, *skilld_args[2:]]
+            procs[side] = _spawn(["--serve", "skilld", *port, *fresh_args])
+        else:
+            env = traced if side == "traced" else {}
+            procs[side] = _spawn(["--serve", "skilld", *port, *skilld_args], env)
+    # (side, concurrency) -> pooled latencies, per-round throughput, per-round CPU ms/call
     lats: dict[tuple[str, int], list[float]] = {}
     rates: dict[tuple[str, int], list[float]] = {}
     cpus: dict[tuple[str, int], list[float]] = {}
     rss: dict[str, tuple[float, float]] = {}
     loads = [os.getloadavg()]
     try:
-        for kind, port in ports.items():
-            await _wait_up(kind, port, procs[kind])
+        for side, port in ports.items():
+            await _wait_up(side, port, procs[side])
         for concurrency in (1, 16):
             for _ in range(rounds):
-                for kind in ports:
-                    name = tool if kind != "bare" or auth else "echo"
-                    before = _cpu_s(procs[kind].pid)
-                    lat, wall = await measure(
-                        ports[kind],
-                        name,
-                        concurrency,
-                        requests,
-                        token if kind == "skilld" else None,
-                    )
-                    after = _cpu_s(procs[kind].pid)
-                    key = (kind, concurrency)
+                for side in sides:
+                    name = "echo" if side == "bare" else tool
+                    before = _cpu_s(procs[side].pid)
+                    lat, wall = await measure(ports[side], name, concurrency, requests)
+                    after = _cpu_s(procs[side].pid)
+                    key = (side, concurrency)
                     lats.setdefault(key, []).extend(lat)
                     rates.setdefault(key, []).append(len(lat) / wall)
                     if before is not None and after is not None:
                         cpus.setdefault(key, []).append((after - before) / len(lat) * 1e3)
-        rss = {kind: _rss_mb(proc.pid) for kind, proc in procs.items()}
+        rss = {side: _rss_mb(proc.pid) for side, proc in procs.items()}
         loads.append(os.getloadavg())
     finally:
         for proc in procs.values():
             proc.terminate()
         for proc in procs.values():
             proc.wait(timeout=60)
-        keys_dir.cleanup()
 
     def cell(key: tuple[str, int]) -> tuple[float, float, float, float]:
         cpu = statistics.median(cpus[key]) if cpus.get(key) else math.nan
@@ -374,33 +374,36 @@ async def run(
         )
 
     load = [max(at[i] for at in loads) for i in range(3)]
-    against = "skilld without authentication" if auth else "a bare MCPServer echo"
-    subject = f"skilld with a JWT caller, {tool}" if auth else f"skilld {tool}"
     print(
-        f"tools/call over Streamable HTTP: {subject} (dispatcher {dispatcher}) against "
-        f'{against} ("bare" below); {requests} calls per cell, {rounds} alternating rounds, '
-        f"inline_ms {inline_ms}; load average (1, 5, 15 min, the higher of start and end) "
+        f"tools/call over Streamable HTTP: {', '.join(sides)}; skilld's tool {tool} "
+        f"(dispatcher {dispatcher}), bare's echo; {requests} calls per cell, {rounds} "
+        f"alternating rounds, inline_ms {inline_ms}; traced: OTLP/HTTP batches to a local "
+        f"receiver; load average (1, 5, 15 min, the higher of start and end) "
         f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f}"
     )
     print()
     print("| server | concurrency | p50 ms | p99 ms | calls/s | server CPU ms/call |")
     print("|---|---|---|---|---|---|")
     for concurrency in (1, 16):
-        for kind in ports:
-            p50, p99, rate, cpu = cell((kind, concurrency))
-            print(f"| {kind} | {concurrency} | {p50:.2f} | {p99:.2f} | {rate:.0f} | {cpu:.2f} |")
+        for side in sides:
+            p50, p99, rate, cpu = cell((side, concurrency))
+            print(f"| {side} | {concurrency} | {p50:.2f} | {p99:.2f} | {rate:.0f} | {cpu:.2f} |")
     print()
-    for kind, (now, peak) in rss.items():
-        print(f"{kind} server resident memory at the end: {now:.0f} MiB (peak {peak:.0f} MiB)")
-    print()
-    print("| server | concurrency | p50 /bare | p99 /bare | throughput /bare | CPU/call /bare |")
-    print("|---|---|---|---|---|---|")
-    for kind in served:
+    for side, (now, peak) in rss.items():
+        print(f"{side} server resident memory at the end: {now:.0f} MiB (peak {peak:.0f} MiB)")
+    first = sides[0]
+    for side in sides[1:]:
+        print()
+        print(
+            f"| concurrency | p50 {side}/{first} | p99 {side}/{first} "
+            f"| throughput {side}/{first} | CPU/call {side}/{first} |"
+        )
+        print("|---|---|---|---|---|")
         for concurrency in (1, 16):
-            s, b = cell((kind, concurrency)), cell(("bare", concurrency))
+            s, b = cell((side, concurrency)), cell((first, concurrency))
             print(
-                f"| {kind} | {concurrency} | {s[0] / b[0]:.2f} | {s[1] / b[1]:.2f} "
-                f"| {s[2] / b[2]:.2f} | {s[3] / b[3]:.2f} |"
+                f"| {concurrency} | {s[0] / b[0]:.3f} | {s[1] / b[1]:.3f} | {s[2] / b[2]:.3f} "
+                f"| {s[3] / b[3]:.3f} |"
             )
 
 
@@ -411,7 +414,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per cell")
     parser.add_argument(
         "--dispatcher",
-        default="_bundle:echo_registry",
+        default=DEFAULT_DISPATCHER,
         help="module:factory returning the Dispatcher skilld serves (default: the demo "
         "bundle's registry)",
     )
@@ -430,31 +433,43 @@ def main() -> None:
         help="skilld's inline budget (default 1.0, the server's; 0 runs every call on a thread)",
     )
     parser.add_argument(
-        "--auth",
-        choices=["jwt"],
-        help="jwt: skilld as an OAuth resource server with a JWT caller, against skilld "
-        "without authentication (the cost of verifying the caller)",
+        "--trace",
+        action="store_true",
+        help="skilld traces every request (OTLP/HTTP batches to a local receiver): the sides "
+        "bare and traced",
     )
     parser.add_argument(
-        "--no-fresh",
-        dest="fresh",
-        action="store_false",
-        help="leave out the skilld-fresh server (instances: fresh)",
+        "--sides",
+        default=None,
+        help=f"comma-separated sides to put against each other, the first the reference "
+        f"(of {', '.join(SIDES)}; default bare,skilld,fresh with the default dispatcher, "
+        "else bare,skilld)",
+    )
+    parser.add_argument(
+        "--baseline-src",
+        default=None,
+        help="the src/ directory of another skilld tree, served as the side 'baseline'",
     )
     parser.add_argument(
         "--quick", action="store_true", help="a few calls, one round: that it runs (CI)"
     )
     parser.add_argument("--serve", choices=["skilld", "bare"], help=argparse.SUPPRESS)
-    parser.add_argument("--jwks", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    sides: tuple[str, ...] = ("bare", "traced" if args.trace else "skilld")
+    if not args.trace and args.dispatcher == DEFAULT_DISPATCHER:
+        sides = (*sides, "fresh")
+    if args.quick:
+        args.requests, args.rounds = 32, 1
+    if args.sides:
+        sides = tuple(args.sides.split(","))
+        if not set(sides) <= set(SIDES) or len(set(sides)) != len(sides):
+            parser.error(f"--sides: distinct names of {', '.join(SIDES)}")
     if args.serve == "skilld":
-        serve_skilld(args.port, args.dispatcher, args.log_level, args.inline_ms, args.jwks)
+        serve_skilld(args.port, args.dispatcher, args.log_level, args.inline_ms)
     elif args.serve == "bare":
         serve_bare(args.port)
     else:
-        if args.quick:
-            args.requests, args.rounds = 32, 1
         anyio.run(
             run,
             args.requests,
@@ -463,8 +478,8 @@ def main() -> None:
             args.log_level,
             args.rounds,
             args.inline_ms,
-            args.auth,
-            args.fresh and args.dispatcher == "_bundle:echo_registry",
+            sides,
+            args.baseline_src,
         )
 
 

@@ -9,7 +9,15 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parent.parent / "src"
-BASE = {"skilld", "skilld.errors", "skilld.types", "skilld.digest", "skilld.paths"}
+# telemetry: OpenTelemetry behind one small module every layer may call (a no-op when off)
+BASE = {
+    "skilld",
+    "skilld.errors",
+    "skilld.types",
+    "skilld.digest",
+    "skilld.paths",
+    "skilld.telemetry",
+}
 
 # package -> the skilld packages it may import (besides errors, types and the root's constants)
 ALLOWED: dict[str, set[str]] = {
@@ -17,6 +25,7 @@ ALLOWED: dict[str, set[str]] = {
     "types": set(),
     "digest": set(),
     "paths": set(),
+    "telemetry": set(),
     "policy": set(),
     "permissions": {"policy"},
     "package": set(),
@@ -75,6 +84,7 @@ BOUNDARIES = {
     "urllib3": {"distribution"},
     # delegate's Anthropic tier is the only user of the SDK (an optional extra).
     "anthropic": {"delegate"},
+    "opentelemetry": {"telemetry"},
 }
 
 # The one exception: building a skill from WebAssembly text uses wasmtime's text

@@ -48,6 +48,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, TypeVar
 
+from skilld import telemetry
 from skilld.audit import CallRecorder
 from skilld.errors import CallCancelled, GuestError, HostCallError, RunOnThread, SkillBusy
 from skilld.types import (
@@ -519,6 +520,7 @@ class CallContext:
 
     def record(self, decision: Decision) -> Decision:
         """Keep a permission decision for the audit record (past the cap, count it); returns it."""
+        telemetry.decision(decision)  # on the host function's span, when tracing is on
         return self._recorder.record(decision)
 
     def record_fault(self, text: str) -> None:

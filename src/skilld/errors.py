@@ -61,6 +61,7 @@ record, metrics and delegate's results use (``deadline``). There is no other map
     ServerShutdown     unavailable        shutdown
     RegistryError      internal           unknown
     HostCallError      its own code       error:<code>
+    ConfinementUnavailable  confinement-refused  error:confinement-refused
 
 ``deadline``, ``memory``, ``stack`` and ``busy`` are also the names of the limits a
 record lists under ``limits_hit``.
@@ -363,12 +364,21 @@ class ClusterError(SkilldError):
 class ConfinementUnavailable(SkilldError):
     """The kernel lacks a feature a confined process needs; nothing was run.
 
+    A client sees its own code, ``confinement-refused``, and the wall that refused
+    (``[confinement-refused] wall seccomp: ...``), never ``internal``: the call was
+    refused on purpose, and the operator can act on it. (A guest's ``shell.run`` gets
+    the WIT code ``unavailable``: the WIT enum has no such word.)
+
     Args:
-        feature: what is missing (``landlock``, ``landlock-tcp``, ``user namespaces``, ...).
+        feature: the wall that refused (``landlock``, ``landlock-tcp``, ``seccomp``,
+            ``identity``, ``temp-paths``, ``launcher``, ...).
     """
 
+    code = "confinement-refused"
+    outcome = "error:confinement-refused"
+
     def __init__(self, message: str, *, feature: str, hint: str | None = None):
-        super().__init__(message, hint=hint)
+        super().__init__(message, location=f"wall {feature}", hint=hint)
         self.feature = feature
 
 

@@ -28,6 +28,8 @@ import pytest
 
 from skilld import confine
 from skilld.confine import Confinement, ResourceLimits
+from skilld.confine._identity import SLOT
+from support.grants import give_grant
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -90,8 +92,7 @@ def host(tmp_path: Path) -> Iterator[dict[str, Any]]:
         socks.append(srv)
     (root / "ro").mkdir()
     (root / "rw").mkdir()
-    uid = confine.uid_for(SKILL)
-    os.chown(root / "rw", uid, uid)
+    give_grant([root / "rw"], SKILL)
     try:
         yield {
             "root": root,
@@ -153,12 +154,17 @@ def test_root_owned_files_keep_their_modes_owners_and_times(host: dict[str, Any]
 
 
 def test_the_script_is_neither_root_nor_skillds_uid(host: dict[str, Any]) -> None:
-    """The script's real, effective and saved ids are its skill's own, with no groups."""
+    """The script's real, effective and saved uids are its call's own (one of its skill's
+    slot, never the skill's number), its gids the skill's group, with no other group."""
     result = probe(
         "import os; print(os.getresuid(), os.getresgid(), os.getgroups())", host["walls"]
     )
-    uid = confine.uid_for(SKILL)
-    assert result.stdout.decode().split("\n")[0] == f"{(uid,) * 3} {(uid,) * 3} []"
+    group = confine.uid_for(SKILL)
+    uids, gids, groups = result.stdout.decode().split("\n")[0].split(") ")
+    uid = int(uids.strip("(").split(",")[0])
+    assert uids + ")" == str((uid,) * 3)
+    assert gids + ")" == str((group,) * 3) and groups == "[]"
+    assert group < uid < group + SLOT
     assert uid not in (0, os.getuid())
 
 
@@ -482,7 +488,9 @@ def test_run_as_keeps_only_the_launcher_privileged_and_hands_the_workspace_back(
         assert out["refused"] == "seccomp", out
         assert not confine.profile().seccomp
         return
-    assert out["script"] == f"from the server {out['skill_uid']}\n", out
+    script, call_uid = out["script"].rsplit(" ", 1)
+    assert script == "from the server", out
+    assert out["skill_uid"] < int(call_uid) < out["skill_uid"] + SLOT, out
     assert out["result"] == "made by the script"
     assert out["owners"] == [10001] * 3, out
 

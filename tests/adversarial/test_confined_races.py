@@ -23,6 +23,7 @@ from skilld import confine
 from skilld.policy import Tables
 from skilld.sandbox import Component
 from support.adversarial import Outcome, Probe, compile_dir
+from support.grants import give_grant_tree
 
 SECRET = "CANARY-8f3a-outside-every-grant"
 ROUNDS = 10
@@ -81,10 +82,8 @@ def world(tmp_path: Path) -> Path:
     (root / "a/link").symlink_to(root / "a/inside.txt")
     (root / "a/d").symlink_to(root / "a/real")
     (root / "ro/link").symlink_to(root / "out/secret")
-    # The rw grant belongs to the skill's own uid, as an operator sets it up.
-    uid = confine.uid_for("prober")
-    for path in (root / "a", *(root / "a").rglob("*")):
-        os.chown(path, uid, uid, follow_symlinks=False)
+    # The rw grant belongs to the skill's group, as an operator sets it up.
+    give_grant_tree(root / "a", "prober")
     return root
 
 

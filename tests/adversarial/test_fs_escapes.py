@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from skilld import confine
 from skilld.permissions import SkillPermissions
 from skilld.policy import Tables
 from skilld.sandbox import Component
 from skilld.types import Decision
 from support.adversarial import Probe, assert_outcome, case_ids, compile_dir, fill
+from support.grants import give_grant_tree
 
 POLICY = """\
 fs:
@@ -82,10 +82,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
     }
     for rel, target in links.items():
         (root / rel).symlink_to(root / target)
-    # The rw grant belongs to the skill's own uid (its shell commands run as that uid).
-    uid = confine.uid_for("prober")
-    for path in (root / "rw", *(root / "rw").rglob("*")):
-        os.chown(path, uid, uid, follow_symlinks=False)
+    # The rw grant belongs to the skill's group (its shell commands run in that group).
+    give_grant_tree(root / "rw", "prober")
     return root
 
 

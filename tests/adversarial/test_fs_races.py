@@ -23,11 +23,11 @@ from typing import Any
 
 import pytest
 
-from skilld import confine
 from skilld.errors import HostCallError
 from skilld.sandbox import Component
 from skilld.sandbox.abi import fs
 from support.adversarial import Probe, compile_dir
+from support.grants import give_grant
 
 CANARY = "CANARY-" * 191  # 1337 bytes: a stat that followed a link would show this size
 ENTRIES = ("e0", "e1", "e2", "e3")
@@ -110,9 +110,8 @@ def world(tmp_path: Path) -> Path:
     (root / "outside" / "dir" / "f.txt").write_text(CANARY)
     # A name only the outside directory has: a listing through a link would show it.
     (root / "outside" / "dir" / "canary-marker").write_text("")
-    # The rw grant belongs to the skill's own uid (its shell commands run as that uid).
-    uid = confine.uid_for("prober")
-    os.chown(root / "rw", uid, uid)
+    # The rw grant belongs to the skill's group (its shell commands run in that group).
+    give_grant([root / "rw"], "prober")
     return root
 
 

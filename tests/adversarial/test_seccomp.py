@@ -731,7 +731,7 @@ remote = (ctypes.c_uint64 * 2)(id(0), 8)
 call("process_vm_readv", 310, child, local, 1, remote, 1, 0)
 call("process_vm_writev", 311, child, local, 1, remote, 1, 0)
 call("kcmp", 312, os.getpid(), child, 0, 0, 0)
-pidfd = os.pidfd_open(child)
+pidfd = call("pidfd_open", 434, child, 0)
 call("pidfd_getfd", 438, pidfd, 0, 0)
 call("process_madvise", 440, pidfd, local, 1, 21, 0)
 os.close(w_fd)
@@ -740,12 +740,15 @@ os.waitpid(child, 0)
 
 
 def test_other_processes_cannot_be_traced_or_read() -> None:
-    """ptrace (attach, seize), process_vm_readv/writev, kcmp, pidfd_getfd and
-    process_madvise of the command's own child are refused; unconfined, the same
-    probe attaches and reads its child's memory."""
+    """ptrace (attach, seize), process_vm_readv/writev, kcmp, pidfd_open (``ENOSYS``:
+    callers fall back to waitpid), pidfd_getfd and process_madvise of the command's own
+    child are refused; unconfined, the same probe attaches, reads its child's memory
+    and opens a pidfd."""
     control = answers(unconfined(PTRACE).stdout)
     assert control["ptrace-attach"] == control["process_vm_readv"] == "ok"
+    assert control["pidfd_open"] == "ok"
     result = probe(PTRACE)
+    refused(result.stdout, ["pidfd_open"], "ENOSYS")
     refused(
         result.stdout,
         [
@@ -846,9 +849,20 @@ def test_without_the_metadata_rules_landlock_alone_lets_chmod_through(
     real = _seccomp.compile_filter
 
     def no_metadata(
-        *, unix_sockets: bool, udp: bool, metadata: bool, local_sockets: bool = False
+        *,
+        unix_sockets: bool,
+        udp: bool,
+        metadata: bool,
+        local_sockets: bool = False,
+        ipc: bool = True,
     ) -> bytes:
-        return real(unix_sockets=unix_sockets, udp=udp, metadata=False, local_sockets=local_sockets)
+        return real(
+            unix_sockets=unix_sockets,
+            udp=udp,
+            metadata=False,
+            local_sockets=local_sockets,
+            ipc=ipc,
+        )
 
     monkeypatch.setattr(_seccomp, "compile_filter", no_metadata)
     got = answers(metadata_probe(files).stdout)
@@ -985,3 +999,126 @@ def test_available_reports_the_library() -> None:
     ok, detail = _seccomp.available()
     assert ok, detail
     assert detail.startswith("libseccomp 2.")
+
+
+# -- other processes by pid -----------------------------------------------------
+
+PID_SERVER = """
+import sys
+from skilld.confine import _seccomp
+libc.prctl(38, 1, 0, 0, 0)
+_seccomp.install(bytes.fromhex(sys.argv[1]))
+buf = ctypes.create_string_buffer(1024)
+print("ready", os.getpid(), flush=True)
+for line in sys.stdin:
+    name, a, b = line.split()
+    a, b = int(a), int(b)
+    if name == "prlimit":
+        r, e = raw(302, a, 0, 0, ctypes.addressof(buf))  # prlimit64(pid, CPU, NULL, &old)
+    elif name == "affinity":
+        r, e = raw(204, a, 128, ctypes.addressof(buf))  # sched_getaffinity
+    elif name == "scheduler":
+        r, e = raw(145, a)  # sched_getscheduler
+    elif name == "priority":
+        r, e = raw(140, a, b)  # getpriority(which, who)
+    else:
+        r, e = raw(252, a, b)  # ioprio_get(which, who)
+    print("ok" if r >= 0 else "err", e, flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def pid_oracle() -> Iterator[tuple[subprocess.Popen[str], int, int]]:
+    """A process under the filter, with root's capabilities kept (so only the filter can
+    refuse), that reads another process's limits, CPUs, scheduling and priorities as
+    each line asks; its own pid and the pid of a process beside it."""
+    bpf = _seccomp.compile_filter(unix_sockets=False, udp=False, metadata=False)
+    other = subprocess.Popen(["sleep", "600"])
+    proc = subprocess.Popen(
+        [PY, "-c", PRELUDE + PID_SERVER, bpf.hex()],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    ready = proc.stdout.readline().split()
+    assert ready[0] == "ready", ready
+    yield proc, int(ready[1]), other.pid
+    assert proc.stdin is not None
+    proc.stdin.close()
+    proc.wait(timeout=10)
+    other.kill()
+    other.wait()
+
+
+# What the kernel reads of each call's arguments as pid or "which": the low 32 bits.
+LOW = st.one_of(st.sampled_from(["self", "other", 0, 1, 2, 3]), st.integers(0, 2**32 - 1))
+# Refused as long as any argument the filter reads is not exactly the caller's own.
+ALLOWED = {
+    "prlimit": (0, None),
+    "affinity": (0, None),
+    "scheduler": (0, None),
+    "priority": (0, 0),
+    "ioprio": (1, 0),
+}
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="x86_64 system call numbers")
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    name=st.sampled_from(sorted(ALLOWED)),
+    low_a=LOW,
+    high_a=st.one_of(st.just(0), HIGH),
+    low_b=LOW,
+    high_b=st.one_of(st.just(0), HIGH),
+)
+@example(name="prlimit", low_a="other", high_a=0, low_b=0, high_b=0)
+@example(name="prlimit", low_a=0, high_a=1 << 32, low_b=0, high_b=0)
+@example(name="priority", low_a=2, high_a=0, low_b=0, high_b=0)  # PRIO_USER, who 0: all of a uid
+def test_no_argument_values_reach_another_process(
+    pid_oracle: tuple[subprocess.Popen[str], int, int],
+    name: str,
+    low_a: int | str,
+    high_a: int,
+    low_b: int | str,
+    high_b: int,
+) -> None:
+    """Whatever 64-bit values the pid (or which/who) arguments get, a call by pid goes
+    through only when every argument the filter reads is the caller's own (pid 0;
+    PRIO_PROCESS or IOPRIO_WHO_PROCESS with who 0): another process's pid, a pid whose
+    high word is not zero, a process group or a user are refused."""
+    oracle, me, other = pid_oracle
+    pids = {"self": me, "other": other}
+    a = high_a | int(pids.get(str(low_a), low_a))
+    b = high_b | int(pids.get(str(low_b), low_b))
+    assert oracle.stdin is not None
+    assert oracle.stdout is not None
+    oracle.stdin.write(f"{name} {a} {b}\n")
+    oracle.stdin.flush()
+    answer = oracle.stdout.readline().split()
+    assert answer, "the oracle died"
+    want_a, want_b = ALLOWED[name]
+    if answer[0] == "ok":
+        assert a == want_a and (want_b is None or b == want_b), (name, a, b)
+
+
+def test_the_pid_oracle_reads_what_it_is_allowed_and_unfiltered_reads_the_other() -> None:
+    """The control: the oracle's own reads (pid 0) go through the filter; the same reads
+    of another process's pid, unconfined, go through the kernel."""
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        code = """
+small, big = ctypes.create_string_buffer(16), ctypes.create_string_buffer(128)
+call("prlimit", 302, {0}, 0, 0, ctypes.addressof(small))
+call("affinity", 204, {0}, 128, ctypes.addressof(big))
+call("priority", 140, 0, {0})
+call("ioprio", 252, 1, {0})
+"""
+        mine = filtered(code.format(0))
+        theirs = answers(unconfined(code.format(other.pid)).stdout)
+    finally:
+        other.kill()
+        other.wait()
+    assert mine == theirs == dict.fromkeys(("prlimit", "affinity", "priority", "ioprio"), "ok")

@@ -19,6 +19,7 @@ from test_confined_host import PREFIX, probe
 
 from skilld import confine
 from skilld.confine import Confinement
+from skilld.confine._identity import SLOT
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="plants files as other uids")
 SKILL = "tempuser"
@@ -39,7 +40,8 @@ try:
 except OSError as exc:
     outside = exc.errno
 time.sleep(float(sys.argv[2]))
-print(json.dumps({"uid": st.st_uid, "mode": st.st_mode & 0o7777, "me": os.getuid(),
+print(json.dumps({"uid": st.st_uid, "gid": st.st_gid, "mode": st.st_mode & 0o7777,
+                  "me": os.getuid(),
                   "seen": seen, "outside": outside, "start": start, "end": time.monotonic()}))
 """
 
@@ -70,13 +72,15 @@ def run_see(temp: str, pause: float = 0.0, seconds: float = 20.0) -> confine.Pro
 
 
 def test_a_temp_path_is_the_calls_own_directory_and_is_gone_after(temp: str) -> None:
-    """During the call the path is a fresh, empty 0700 directory of the skill's uid that
-    it may write beneath (not elsewhere in /tmp); after the call it is gone, a
-    subdirectory the command closed (mode 0) included."""
+    """During the call the path is a fresh, empty 0700 directory of the call's uid (and
+    the skill's group) that it may write beneath (not elsewhere in /tmp); after the call
+    it is gone, a subdirectory the command closed (mode 0) included."""
     result = run_see(temp)
     assert result.exit_code == 0, result
     got = json.loads(result.stdout)
-    assert got["uid"] == got["me"] == confine.uid_for(SKILL)
+    group = confine.uid_for(SKILL)
+    assert got["uid"] == got["me"] and group < got["me"] < group + SLOT
+    assert got["gid"] == group
     assert got["mode"] == 0o700
     assert got["seen"] == []
     assert got["outside"] == 13  # EACCES: Landlock, the rest of /tmp is not granted
@@ -125,11 +129,13 @@ def test_another_uids_directory_at_the_path_fails_closed_untouched(temp: str) ->
     assert (Path(temp) / "planted").read_text() == "macro of someone else"
 
 
-def test_a_leftover_of_the_skill_is_emptied_before_the_call(temp: str) -> None:
-    """The skill's own directory left by a launcher that died is emptied, then used."""
-    uid = confine.uid_for(SKILL)
+@pytest.mark.parametrize("slot_uid", [0, 5])
+def test_a_leftover_of_the_skill_is_emptied_before_the_call(temp: str, slot_uid: int) -> None:
+    """The skill's own directory (of its number, or of a uid of an earlier call, in its
+    group) left by a launcher that died is emptied, then used."""
+    group = confine.uid_for(SKILL)
     Path(temp).mkdir(0o755)
-    os.chown(temp, uid, uid)
+    os.chown(temp, group + slot_uid, group)
     (Path(temp) / "stale").write_text("last call's profile")
     result = run_see(temp)
     assert result.exit_code == 0, result

@@ -84,6 +84,12 @@ def served(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     each caller may keep CALLER_MIB."""
     root = tmp_path_factory.mktemp("kept")
     _skill(root)
+    # With authentication on, a caller no rule names gets nothing: both may use reporter.
+    (root / "policies" / "callers").mkdir()
+    (root / "policies" / "callers" / "team.yaml").write_text(
+        "rules:\n  - id: team\n    who: [{token: alice}, {token: mallory}]\n"
+        "    skills: [reporter]\n"
+    )
     serve_built(root, sandbox, strict=True)
     tokens = root / "tokens"
     fd = os.open(tokens, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -14,19 +14,30 @@ import json
 import os
 import shutil
 import socket
+import sys
 import threading
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
+from mcp import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from skilld import agentskills
+from skilld.bundle import BuildResult
 from skilld.confine import SIMULATE_ABI_ENV
-from skilld.errors import CallCancelled, ConfinementUnavailable, DeadlineExceeded
+from skilld.errors import (
+    CallCancelled,
+    ConfinementUnavailable,
+    DeadlineExceeded,
+    MemoryExhausted,
+)
 from skilld.registry import Registry, SkillEntry
 from skilld.types import Limits
+from support.env import cache_dir
 
 HOSTILE = Path(__file__).resolve().parent / "hostile"
 PROBE = HOSTILE / "scripts" / "probe.py"
@@ -54,6 +65,8 @@ METADATA = set() if os.geteuid() == 0 else {"chmod-skill-file", "utime-skill-fil
 # Exhaustion is refused (MemoryError, EAGAIN) or, on a host under memory pressure, the
 # kernel kills the process: contained either way.
 KILLED_OK = {"memory-bomb", "fork-bomb"}
+# Or the reaper, measuring the tree against the skill's memory limit, ends it first.
+TREE_MEMORY = {"memory-bomb"}
 # kill(-1) returns 0 even when every process it tried refused the signal (EPERM: another
 # uid, or outside the script's Landlock signal scope): it prints LEAK having killed
 # nothing; the host, this test and the next call are still there to show it.
@@ -161,12 +174,24 @@ def test_attack_is_refused_or_contained_and_the_next_call_answers(
     skill directory is unchanged, and the next call of the skill is answered."""
     served = world["served_dir"]
     before = {p: (p.read_bytes(), p.stat().st_mode) for p in served.rglob("*") if p.is_file()}
+    value: dict[str, Any] | None = None
     if case in DEADLINE:
         with pytest.raises(DeadlineExceeded, match="whole process tree was killed"):
             _probe(world, case)
         assert world["audit"].records[-1]["outcome"] == "deadline"
+    elif case in TREE_MEMORY:
+        try:
+            value = _probe(world, case)
+        except MemoryExhausted as exc:
+            over = str(exc)
+        else:
+            over = ""
+        if value is None:
+            assert "over the skill's memory limit of 256 MiB" in over
+            assert world["audit"].records[-1]["outcome"] == "memory"
     else:
         value = _probe(world, case)
+    if value is not None:
         assert case in METADATA | SIGNALLED_NOTHING or "LEAK" not in value["stdout"], value
         if case in TRUNCATED:
             assert value["output_truncated"]
@@ -202,10 +227,12 @@ def test_no_landlock_refuses_to_run(
 ) -> None:
     """Without Landlock (simulated), the executor runs nothing and says what is missing."""
     monkeypatch.setenv(SIMULATE_ABI_ENV, "0")
-    with pytest.raises(ConfinementUnavailable, match="Landlock"):
+    with pytest.raises(ConfinementUnavailable, match="Landlock") as refused:
         _probe(world, "ping")
+    assert refused.value.code == "confinement-refused"
+    assert str(refused.value).startswith("wall landlock: ")
     record = world["audit"].records[-1]
-    assert record["outcome"] == "fault"
+    assert record["outcome"] == "error:confinement-refused"
     assert "Landlock" in record["error"]
 
 
@@ -257,3 +284,34 @@ def test_cancelling_kills_the_script_tree(world: dict[str, Any]) -> None:
         )
     assert world["audit"].records[-1]["outcome"] == "cancelled"
     assert "pong" in _probe(world, "ping")["stdout"]
+
+
+def test_a_refusal_reaches_the_client_as_its_own_code(
+    agent_bundle: BuildResult, tmp_path: Path
+) -> None:
+    """Over MCP (``skilld serve``, the SDK client over stdio), a native script refused by
+    the confinement (no Landlock, simulated) answers ``[confinement-refused] wall
+    landlock: ...`` as a tool error, not ``[internal]``; the server answers next."""
+    params = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "skilld", "serve", "--bundle", str(agent_bundle.out),
+              "--state-dir", str(tmp_path / "state")],
+        env={**os.environ, "SKILLD_CACHE": str(cache_dir()), SIMULATE_ABI_ENV: "0"},
+    )  # fmt: skip
+
+    async def main() -> tuple[Any, Any]:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as s:
+            await s.initialize()
+            with anyio.fail_after(60):
+                refused = await s.call_tool(
+                    "pdf-text/run_script", {"script": "scripts/extract.py", "args": []}
+                )
+                listed = await s.list_tools()
+            return refused, listed
+
+    refused, listed = anyio.run(main)
+    text = "".join(getattr(c, "text", "") for c in refused.content)
+    assert refused.is_error
+    assert text.startswith("[confinement-refused] wall landlock: "), text
+    assert "Landlock" in text and "[internal]" not in text
+    assert any(t.name == "pdf-text/run_script" for t in listed.tools)

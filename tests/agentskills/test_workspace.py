@@ -14,13 +14,14 @@ from typing import Any
 
 import pytest
 
-from skilld import agentskills, confine, paths
+from skilld import agentskills, paths
 from skilld.agentskills import _quota
 from skilld.bundle import BuildResult
 from skilld.errors import GuestError
 from skilld.registry import Registry, SkillEntry
 from skilld.sandbox import Sandbox
 from skilld.types import Limits
+from support.grants import give_grant
 
 # fill.py TARGET MIB [FILES]: MIB files of 1 MiB (or FILES empty files) in TARGET, slowly
 # enough that the watch sees it happen; prints where it ran.
@@ -52,9 +53,8 @@ def _backend(
     rw = root / "rw"
     rw.mkdir()
     if executor == "native" and os.geteuid() == 0:
-        # Native scripts run as the skill's own uid: the operator gives it its rw grant.
-        uid = confine.uid_for("filler")
-        os.chown(rw, uid, uid)
+        # Native scripts run in the skill's group: the operator gives it its rw grant.
+        give_grant([rw], "filler")
     source = agentskills.read_source(skill)
     spec = agentskills.describe(source.md, "0.0.0", source.files)
     limits = Limits(timeout_ms=20_000, workspace_bytes=CAP_MIB << 20, write_bytes=BUDGET_MIB << 20)

@@ -16,7 +16,8 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
 from support.env import ROOT, cache_dir
+from support.otlp import otlp_receiver
 
 # CI (.ci/run) installs buildah, podman and debootstrap, so there a missing buildah fails
 # the run instead of skipping the image tests unseen.
@@ -64,7 +66,7 @@ def image(demo_bundle: object) -> str:
         subprocess.run([str(TOOLS / "oci-base")], check=True)
     # As `just wheelhouse image`: a reproducible skilld wheel keeps buildah's layer cache.
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--wheel-dir", "wheelhouse", ".[build]"],
+        [sys.executable, "-m", "pip", "wheel", "-q", "--wheel-dir", "wheelhouse", ".[build,otel]"],
         cwd=ROOT,
         check=True,
         env={**os.environ, "SOURCE_DATE_EPOCH": "315532800"},
@@ -108,6 +110,15 @@ def served(image: str, tmp_path: Path) -> Iterator[tuple[str, Path, Path]]:
 
     Yields (MCP url, host state dir, the container's writable layer).
     """
+    with _serving(image, tmp_path) as found:
+        yield found
+
+
+@contextmanager
+def _serving(
+    image: str, tmp_path: Path, env: Sequence[str] = ()
+) -> Iterator[tuple[str, Path, Path]]:
+    """The image's entry point on a free port (``env``: K=V for its environment)."""
     state = tmp_path / "state"
     state.mkdir()
     os.chown(state, UID, -1)
@@ -116,6 +127,7 @@ def served(image: str, tmp_path: Path) -> Iterator[tuple[str, Path, Path]]:
     assert isinstance(entrypoint, list)
     # As 10001 from the start (the restricted profile's way; a root start drops to it).
     vols = ["--volume", f"{state}:/var/lib/skilld", "--user", str(UID)]
+    vols += [arg for pair in env for arg in ("--env", pair)]
     before = _containers()
     log = (tmp_path / "serve.log").open("wb")
     argv = [*entrypoint, "--host", "127.0.0.1", "--port", str(port)]
@@ -218,3 +230,43 @@ def test_tool_call_from_outside(served: tuple[str, Path, Path]) -> None:
     assert "echo" in audit.read_text()
     written = {p.relative_to(upper).as_posix() for p in upper.rglob("*")}
     assert written <= RUN_FILES, f"written outside the state volume: {written - RUN_FILES}"
+
+
+def test_the_image_sends_traces_to_a_collector(image: str, tmp_path: Path) -> None:
+    """With OTEL_TRACES_EXPORTER=otlp and an endpoint, the image (the otel extra installed)
+    sends a tools/call's spans over OTLP/HTTP: the request span under the client's
+    traceparent, the call beneath it, service.name skilld (docs/tracing.md)."""
+    trace_id, parent = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+    with otlp_receiver() as receiver:
+        env = [
+            "OTEL_TRACES_EXPORTER=otlp",
+            f"OTEL_EXPORTER_OTLP_ENDPOINT={receiver.url}",
+            "OTEL_BSP_SCHEDULE_DELAY=100",
+        ]
+        with _serving(image, tmp_path, env) as (url, _state, _upper):
+
+            async def call() -> None:
+                with anyio.fail_after(60):
+                    async with (
+                        httpx2.AsyncClient(timeout=30) as http,
+                        streamable_http_client(url, http_client=http) as (read, write),
+                        ClientSession(read, write) as session,
+                    ):
+                        await session.initialize()
+                        result = await session.call_tool(
+                            "echo/echo",
+                            {"text": "traced"},
+                            meta={"traceparent": f"00-{trace_id}-{parent}-01"},
+                        )
+                        assert not result.is_error
+
+            anyio.run(call)
+            spans = receiver.wait(
+                lambda seen: any(
+                    s.trace_id == trace_id and s.name == "execute_tool echo.echo" for s in seen
+                ),
+                timeout=60,
+            )
+    server = next(s for s in spans if s.name == "tools/call echo/echo")
+    assert (server.trace_id, server.parent_id) == (trace_id, parent)
+    assert server.resource["service.name"] == "skilld"

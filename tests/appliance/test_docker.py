@@ -17,9 +17,11 @@ sockets (one 0666). Through a real MCP client: a shell command, a wasm script, a
 script, and the attacks of issue 19 from inside; files and modes are checked unchanged
 with ``docker exec``, and the next call must be answered.
 
-Confinement in the container: a launcher that switches to one uid per skill (``default``)
-or shares skilld's uid with metadata calls refused by seccomp (``restricted``); no user
-namespace is required.
+Confinement in the container: a launcher that switches each call to a uid of its own in
+its skill's group (``default``) or shares skilld's uid with metadata calls and calls on
+other pids refused by seccomp (``restricted``); no user namespace is required. The attacks
+of issue 27 (another call's process and skilld by pid, /proc, System V IPC, a tree over
+the skill's memory limit) run in both, each with a control from a plain process.
 """
 
 from __future__ import annotations
@@ -532,3 +534,177 @@ def test_stop_cuts_a_long_call_as_server_shutdown_before_sigkill(
     records = [json.loads(line) for line in audit.splitlines()]
     cut = [r for r in records if r.get("skill") == "filler" and r.get("outcome") == "shutdown"]
     assert cut, records[-2:]
+
+
+# -- the call is the unit of isolation (issue 27) --------------------------------------
+
+FIND = """
+import os, sys
+for pid in sorted(int(p) for p in os.listdir("/proc") if p.isdigit()):
+    if pid == os.getpid():
+        continue
+    try:
+        argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\\0")
+        ppid = next(l for l in open(f"/proc/{pid}/status") if l.startswith("PPid:")).split()[1]
+    except (OSError, StopIteration):
+        continue
+    if any(sys.argv[1].encode() in a for a in argv):
+        print(pid, ppid)
+        break
+"""
+
+# The control: the same calls from a plain process of the server's uid in the container,
+# on a child of its own.
+REACH_CONTROL = """
+import os, resource, subprocess
+child = subprocess.Popen(["sleep", "30"])
+for name, fn in (
+    ("prlimit", lambda: resource.prlimit(child.pid, resource.RLIMIT_CPU, (0, 0))),
+    ("setpriority", lambda: os.setpriority(os.PRIO_PROCESS, child.pid, 19)),
+    ("affinity", lambda: os.sched_setaffinity(child.pid, {0})),
+):
+    fn()
+    print("ok", name)
+child.kill()
+"""
+
+IPC_CONTROL = """
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+key = 0x5C222AB5
+if sys.argv[1] == "plant":
+    shm = libc.shmget(key, 4096, 0o1666)
+    ctypes.memmove(libc.shmat(shm, None, 0), b"planted", 7)
+else:
+    shm = libc.shmget(key, 0, 0)
+    print(ctypes.string_at(libc.shmat(shm, None, 0), 7).decode())
+    libc.shmctl(shm, 0, None)
+"""
+
+TREE_CONTROL = """
+import os, time
+r, w = os.pipe()
+kids = []
+for _ in range(8):
+    pid = os.fork()
+    if pid == 0:
+        block = bytearray(200 << 20)
+        for i in range(0, len(block), 4096):
+            block[i] = 1
+        os.write(w, b"x")
+        time.sleep(60)
+        os._exit(0)
+    kids.append(pid)
+held = 0
+while held < 8:
+    held += len(os.read(r, 8))
+print("held", held)
+for pid in kids:
+    os.kill(pid, 9)
+"""
+
+
+def _py(running: Running, code: str, *args: str) -> str:
+    """Python as the server's uid in the container (``docker exec --user``): stdout."""
+    argv = ["exec", "--user", str(UID), running.name, "/opt/skilld/bin/python", "-c", code]
+    return docker(*argv, *args).stdout
+
+
+def _pid(running: Running, needle: str) -> tuple[int, int]:
+    """(pid, parent pid) in the container of the first process with ``needle`` in its argv."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        found = running.exec("/opt/skilld/bin/python", "-c", FIND, needle).split()
+        if found:
+            return int(found[0]), int(found[1])
+        time.sleep(0.05)  # polling the container: the call is starting
+    raise AssertionError(f"no process with {needle} in its argv")
+
+
+def test_a_call_reaches_neither_another_call_nor_skilld(running: Running) -> None:
+    """While a call of the hostile skill waits, another call of it tries prlimit(RLIMIT_CPU,
+    0), setpriority and sched_setaffinity on that call's process, on skilld and on the
+    launcher: all refused; the waiting call finds itself unchanged and ends normally; the
+    server answers. Control: a plain process of the server's uid does all three to its
+    own child."""
+    flag = f"flag-{uuid.uuid4().hex[:8]}"
+    results: list[Any] = []
+    waiting = threading.Thread(
+        target=lambda: results.append(
+            running.script("hostile", "scripts/attack.py", "victim", f"/srv/rw/{flag}")
+        )
+    )
+    waiting.start()
+    try:
+        victim, _ = _pid(running, flag)
+        launcher, server = _pid(running, "_launcher.py")
+        attack = value_of(
+            running.script(
+                "hostile", "scripts/attack.py", "reach", *map(str, (victim, server, launcher))
+            )
+        )
+    finally:
+        (running.rw / flag).write_text("")
+        waiting.join(60)
+    lines = attack["stdout"].splitlines()
+    assert len(lines) == 3 and all(line.startswith("BLOCKED") for line in lines), attack
+    (waited,) = results
+    assert value_of(waited)["stdout"].splitlines()[-1].startswith("BLOCKED victim"), waited
+    assert value_of(running.script("hostile", "scripts/attack.py", "hello"))["exit_status"] == 0
+    assert _py(running, REACH_CONTROL).split() == [
+        "ok",
+        "prlimit",
+        "ok",
+        "setpriority",
+        "ok",
+        "affinity",
+    ]
+
+
+def test_a_call_finds_no_other_process_of_its_uid(running: Running) -> None:
+    """Under the README's ``docker run`` (a uid per call) a call scanning /proc/PID with
+    stat() finds no process of its uid but itself while another call runs; with the
+    restricted profile's shared uid (the control: no uid to give each call) it finds
+    the other call and skilld, which the test above shows it cannot touch."""
+    flag = f"flag-{uuid.uuid4().hex[:8]}"
+    waiting = threading.Thread(
+        target=lambda: running.script("hostile", "scripts/attack.py", "victim", f"/srv/rw/{flag}")
+    )
+    waiting.start()
+    try:
+        victim, _ = _pid(running, flag)
+        found = value_of(running.script("hostile", "scripts/attack.py", "proc"))
+    finally:
+        (running.rw / flag).write_text("")
+        waiting.join(60)
+    words = found["stdout"].splitlines()[0].split()
+    assert words[0] == "same-uid", found
+    me, same = int(words[1]), [int(w) for w in words[2:]]
+    if running.profile == "default":
+        assert same == [me], found
+    else:
+        assert victim in same and len(same) > 2, found
+
+
+def test_ipc_does_not_outlive_its_call(running: Running) -> None:
+    """System V shared memory and a message queue: a call can neither plant them (no IPC
+    namespace can be made in a container: the filter refuses every IPC call) nor read
+    what was planted. Control: two plain processes of the server's uid plant and read."""
+    planted = value_of(running.script("hostile", "scripts/attack.py", "ipc", "plant"))
+    assert planted["stdout"].startswith("BLOCKED ipc plant 1"), planted
+    read = value_of(running.script("hostile", "scripts/attack.py", "ipc", "read"))
+    assert read["stdout"].startswith("BLOCKED ipc read 1"), read
+    _py(running, IPC_CONTROL, "plant")
+    assert _py(running, IPC_CONTROL, "read").strip() == "planted"
+
+
+def test_a_tree_over_the_skills_memory_limit_is_killed(running: Running) -> None:
+    """Eight processes of 200 MiB each for a skill limited to 256 MiB: the call ends
+    ``[limit-exceeded]`` naming memory, the tree killed before it held it all; the next
+    call is answered. Control: the same tree as a plain process holds all eight."""
+    over = running.script("hostile", "scripts/attack.py", "tree")
+    assert over.is_error, text_of(over)
+    assert "[limit-exceeded]" in text_of(over) and "memory limit of 256 MiB" in text_of(over)
+    assert value_of(running.script("hostile", "scripts/attack.py", "hello"))["exit_status"] == 0
+    assert _py(running, TREE_CONTROL).strip() == "held 8"

@@ -57,6 +57,8 @@ def test_an_unwritable_rw_grant_is_named_with_its_owner_and_the_uid(tmp_path: Pa
     problem = confine.unwritable(str(grant), uid)
     assert problem is not None
     assert str(grant) in problem and f"uid {uid}" in problem and "0755" in problem
-    assert f"chown -R {uid}:{uid} {grant}" in problem
+    assert f"chown -R {uid}:{uid} {grant} && chmod -R g+rwX {grant}" in problem
     os.chown(grant, uid, uid)
+    assert confine.unwritable(str(grant), uid) is not None  # its calls are the group
+    grant.chmod(0o775)
     assert confine.unwritable(str(grant), uid) is None

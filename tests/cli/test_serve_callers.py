@@ -93,7 +93,7 @@ def test_each_token_lists_and_calls_what_the_bundle_rules_give(server: ServeProc
                 refused = await beta.call_tool("echo/echo", {"text": "hi"})
                 assert refused.is_error
                 text = refused.content[0].text  # type: ignore[union-attr]
-                assert text.startswith("[not-permitted, rule default-deny] token:token-")
+                assert text.startswith("[not-permitted, rule default-deny] token:beta ")
 
     anyio.run(main)
     refusals = [r for r in server.audit() if r.get("outcome") == "not-permitted"]

@@ -31,6 +31,8 @@ from skilld.confine import (
     run,
     uid_for,
 )
+from skilld.confine._identity import SLOT
+from support.grants import give_grant
 
 PATH = {"PATH": "/usr/bin:/bin"}
 SH = "/bin/sh"
@@ -82,10 +84,10 @@ def world(tmp_path: Path) -> Path:
     for name in ("ro", "rw", "out"):
         (root / name).mkdir()
         (root / name / "canary").write_text(f"{name}-secret")
-    # A rw grant belongs to the skill's uid (the operator chowns it so); an ro grant
-    # and out/ stay the host's.
-    for path in (root / "rw", root / "rw" / "canary"):
-        os.chown(path, ANON, ANON)
+    # A rw grant belongs to the skill's group (the operator chowns it so, group-writable:
+    # each call runs as a uid of its own in that group); an ro grant and out/ stay the
+    # host's.
+    give_grant((root / "rw", root / "rw" / "canary"), None)
     return root
 
 
@@ -274,7 +276,7 @@ def test_only_the_program_itself_is_executable(world: Path) -> None:
     allowed = go([SH, "-c", "/usr/bin/id -u"], Confinement(executables=tools("id")))
     assert denied.exit_code == 126
     assert b"Permission denied" in denied.stderr
-    assert allowed.stdout.strip() == str(ANON).encode()
+    assert ANON < int(allowed.stdout) < ANON + SLOT
 
 
 @pytest.mark.parametrize("shebang", ["#!/bin/sh", "#!/usr/bin/env sh"])
@@ -620,7 +622,7 @@ def test_a_launcher_that_died_is_restarted_by_the_next_call() -> None:
     old.proc.kill()
     old.proc.wait()
     result = go(["/usr/bin/id", "-u"], Confinement(executables=tools("id")))
-    assert result.stdout.strip() == str(ANON).encode()
+    assert ANON < int(result.stdout) < ANON + SLOT
     assert _client.launcher().proc.pid != old.proc.pid
 
 

@@ -17,6 +17,7 @@ import pytest
 from skilld.mcp import HttpServer, ServeConfig
 from skilld.mcp.testing import ECHO_SCHEMA, StaticDispatcher, static_tool
 from skilld.types import ClientChannel
+from support.callers import open_to_authenticated
 from support.mcp_fakes import running_http
 
 pytestmark = pytest.mark.anyio
@@ -53,13 +54,14 @@ class Held:
 
 
 def _dispatcher(held: Held) -> StaticDispatcher:
-    return StaticDispatcher(
+    dispatcher = StaticDispatcher(
         tools_=[
             static_tool("work/hold", held, skill_id="work"),
             static_tool("notes/echo", lambda a, c: {"text": a["text"]}, input_schema=ECHO_SCHEMA),
         ],
         concurrency=64,
     )
+    return open_to_authenticated(dispatcher)
 
 
 def _headers(token: str, session: str | None = None, scheme: str = "Bearer") -> dict[str, str]:

@@ -4,7 +4,6 @@ carried in its sealed message is read strictly."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -24,9 +23,12 @@ from skilld.errors import UsageError
 from skilld.mcp import HttpServer, ServeConfig
 from skilld.registry import Registry
 from skilld.types import Caller
-from support.mcp_fakes import client_tokens, running_http
+from support.callers import open_to_authenticated
+from support.mcp_fakes import client_tokens, running_http, token_of
 
 pytestmark = pytest.mark.anyio
+
+ALICE, BOB = f"Bearer {token_of('alice')}", f"Bearer {token_of('bob')}"
 
 
 @pytest.fixture
@@ -37,13 +39,8 @@ async def server(
     config = ServeConfig(
         transport="http", port=0, token_file=client_tokens(tmp_path, "alice", "bob")
     )
-    async with running_http(conformance_exposed[0], config) as srv:
+    async with running_http(open_to_authenticated(conformance_exposed[0]), config) as srv:
         yield srv
-
-
-def _principal(token: str) -> str:
-    """The caller key of a token: a short digest of it (never the token)."""
-    return "token:" + hashlib.sha256(token.encode()).hexdigest()[:12]
 
 
 async def _rpc(
@@ -76,12 +73,12 @@ async def test_the_audit_names_the_tokens_caller_never_the_token(
     registry, sink = conformance_exposed
     async with httpx.AsyncClient(timeout=30) as http:
         answer = await _rpc(
-            http, server.url, "tools/call", {"name": tool(registry, "simple_text")}, "Bearer alice"
+            http, server.url, "tools/call", {"name": tool(registry, "simple_text")}, ALICE
         )
     assert "result" in answer, answer
     record = next(r for r in sink.records if r.get("event") == "call")
-    assert record["caller"] == record["principal"] == _principal("alice")
-    assert "alice" not in json.dumps(record)
+    assert record["caller"] == record["principal"] == "token:alice"
+    assert token_of("alice") not in json.dumps(record)
 
 
 async def test_a_tokens_spellings_are_one_caller_for_tasks(
@@ -97,18 +94,18 @@ async def test_a_tokens_spellings_are_one_caller_for_tasks(
             server.url,
             "tools/call",
             {"name": name, "arguments": {"seconds": 60}},
-            "Bearer alice",
+            ALICE,
         )
         task_id = made["result"]["taskId"]
-        for spelling in ("bearer alice", "BEARER alice"):
+        for spelling in (f"bearer {token_of('alice')}", f"BEARER {token_of('alice')}"):
             got = await _rpc(http, server.url, "tasks/get", {"taskId": task_id}, spelling)
             assert got["result"]["taskId"] == task_id, (spelling, got)
-        theirs = await _rpc(http, server.url, "tasks/get", {"taskId": task_id}, "Bearer bob")
+        theirs = await _rpc(http, server.url, "tasks/get", {"taskId": task_id}, BOB)
         assert theirs["error"]["code"] == -32602, theirs
-        done = await _rpc(http, server.url, "tasks/cancel", {"taskId": task_id}, "bearer alice")
+        done = await _rpc(http, server.url, "tasks/cancel", {"taskId": task_id}, ALICE.lower())
         assert "result" in done, done
         with anyio.fail_after(15):
-            while (await _rpc(http, server.url, "tasks/get", {"taskId": task_id}, "Bearer alice"))[
+            while (await _rpc(http, server.url, "tasks/get", {"taskId": task_id}, ALICE))[
                 "result"
             ]["status"] != "cancelled":
                 await anyio.sleep(0.05)

@@ -21,6 +21,7 @@ from skilld.errors import UsageError
 from skilld.mcp import HttpServer, ServeConfig
 from skilld.mcp._tasks import MemoryTaskStore, Tasks
 from skilld.registry import Registry
+from support.callers import open_to_authenticated
 from support.mcp_fakes import client_tokens, running_http
 
 pytestmark = pytest.mark.anyio
@@ -38,7 +39,7 @@ async def server(
         max_tasks=3,
         token_file=client_tokens(tmp_path, "alice", "bob", "carol"),
     )
-    async with running_http(conformance_exposed[0], config) as srv:
+    async with running_http(open_to_authenticated(conformance_exposed[0]), config) as srv:
         yield srv
 
 

@@ -17,7 +17,8 @@ from test_mcp_tasks import WITH_TASKS
 from skilld.audit import MemorySink
 from skilld.mcp import HttpServer, ServeConfig
 from skilld.registry import Registry
-from support.mcp_fakes import client_tokens, running_http
+from support.callers import open_to_authenticated
+from support.mcp_fakes import client_tokens, running_http, token_of
 
 pytestmark = pytest.mark.anyio
 
@@ -34,7 +35,7 @@ async def server(
     """The conformance skill; its policy marks the task tools; callers alice, mallory, a."""
     tokens = client_tokens(tmp_path, "alice", "mallory", "a")
     config = ServeConfig(transport="http", port=0, token_file=tokens)
-    async with running_http(conformance_exposed[0], config) as srv:
+    async with running_http(open_to_authenticated(conformance_exposed[0]), config) as srv:
         yield srv
 
 
@@ -44,7 +45,7 @@ def headers(method: str, who: str, named: str | None = None) -> dict[str, str]:
         "Accept": "application/json, text/event-stream",
         "MCP-Protocol-Version": MODERN,
         "Mcp-Method": method,
-        "Authorization": f"Bearer {who}",
+        "Authorization": f"Bearer {token_of(who)}",
     }
     if named:
         out["Mcp-Name"] = named

@@ -9,8 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from skilld.permissions import CallerPolicy, Target, open_rule
-from skilld.policy import compile_documents, load_yaml
+from skilld.policy import compile_documents
 from skilld.types import Caller
+from support.callers import policy_of
 
 IDP = "https://idp.example.com"
 ADD = Target("tool", "notes/add", "notes")
@@ -44,13 +45,6 @@ rules:
     who: [{{scope: notes:read}}]
     prompts: [greeting]
 """
-
-
-def policy_of(text: str) -> CallerPolicy:
-    """The caller policy compiled from one ``callers/team.yaml`` holding ``text``."""
-    doc = load_yaml(text, "policies/callers/team.yaml")
-    tables = compile_documents({}, callers={"team.yaml": ("policies/callers/team.yaml", doc)})
-    return CallerPolicy.from_tables(tables.tables)
 
 
 POLICY = policy_of(RULES)

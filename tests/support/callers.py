@@ -15,7 +15,7 @@ from typing import Any
 from skilld.audit import MemorySink
 from skilld.call import CallContext
 from skilld.permissions import CallerPolicy
-from skilld.policy import compile_policies
+from skilld.policy import compile_documents, compile_policies, load_yaml
 from skilld.registry import Registry, SkillEntry
 from skilld.types import CallOutput, ContentBlock, MethodSpec, PromptSpec, ResourceSpec, SkillSpec
 
@@ -91,3 +91,21 @@ def caller_registry(tmp_path: Path, rules: str | None) -> tuple[Registry, Memory
     registry.mark_ready()
     return registry, sink
 
+
+
+def policy_of(text: str) -> CallerPolicy:
+    """The caller policy compiled from one ``policies/callers/team.yaml`` holding ``text``."""
+    doc = load_yaml(text, "policies/callers/team.yaml")
+    tables = compile_documents({}, callers={"team.yaml": ("policies/callers/team.yaml", doc)})
+    return CallerPolicy.from_tables(tables.tables)
+
+
+# For tests about something else than caller rules: every authenticated caller may list
+# and call everything (with authentication on, a caller no rule names gets nothing).
+ALL_AUTHENTICATED = "rules:\n  - id: all\n    who: authenticated\n    skills: ['*']\n"
+
+
+def open_to_authenticated(registry: Any) -> Any:
+    """``registry`` (anything with ``use_callers``) under :data:`ALL_AUTHENTICATED`; returned."""
+    registry.use_callers(policy_of(ALL_AUTHENTICATED))
+    return registry

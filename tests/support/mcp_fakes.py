@@ -36,6 +36,7 @@ from skilld.mcp._server import McpService
 from skilld.mcp.testing import ECHO_SCHEMA, StaticDispatcher, static_tool
 from skilld.registry import Dispatcher, ToolAnnotations
 from skilld.types import CallOutput, ClientChannel, ContentBlock, PromptSpec, ResourceSpec
+from support.callers import open_to_authenticated
 
 TESTS = Path(__file__).resolve().parent.parent  # tests/: the server runs from there
 
@@ -123,14 +124,15 @@ DESTRUCTIVE = ToolAnnotations(read_only=False, destructive=True, idempotent=Fals
 
 
 def fake_dispatcher(gate: Gate | None = None) -> StaticDispatcher:
-    """The tools every transport test uses, named after what they do."""
+    """The tools every transport test uses, named after what they do; every
+    authenticated caller may use them (``support.callers.ALL_AUTHENTICATED``)."""
     gate = gate or Gate()
     prompt_args = {
         "type": "object",
         "properties": {"tone": {"type": "string", "enum": ["formal", "friendly", "fierce"]}},
         "required": ["tone"],
     }
-    return StaticDispatcher(
+    dispatcher = StaticDispatcher(
         tools_=[
             static_tool(
                 "notes/echo",
@@ -223,6 +225,7 @@ def fake_dispatcher(gate: Gate | None = None) -> StaticDispatcher:
             ),
         ],
     )
+    return open_to_authenticated(dispatcher)
 
 
 # -- clients ---------------------------------------------------------------------
@@ -358,7 +361,14 @@ def text_of(result: types.CallToolResult) -> str:
 
 
 def client_tokens(directory: Path, *names: str) -> Path:
-    """A token file naming each of ``names`` as a bearer token: one caller per name."""
+    """A private token file with one caller per name in ``names``, each token being
+    :func:`token_of` its name (``NAME TOKEN`` per line, mode 0600)."""
     path = directory / "tokens"
-    path.write_text("".join(f"{name}\n" for name in names))
+    path.write_text("".join(f"{name} {token_of(name)}\n" for name in names))
+    path.chmod(0o600)
     return path
+
+
+def token_of(name: str) -> str:
+    """The bearer token :func:`client_tokens` gives the caller ``name`` (long enough)."""
+    return f"{name}-" + "t" * 32

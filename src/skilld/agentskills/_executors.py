@@ -37,7 +37,13 @@ from skilld.agentskills._build import INTERPRETERS
 from skilld.agentskills._plan import PROGRAM_NEEDS, SYSTEM_FILES, ProgramNeeds
 from skilld.call import CallContext
 from skilld.confine import ProgramNotStarted, ResourceLimits, from_grants, program_files, run
-from skilld.errors import CallCancelled, DeadlineExceeded, ErrorCode, GuestError
+from skilld.errors import (
+    CallCancelled,
+    DeadlineExceeded,
+    ErrorCode,
+    GuestError,
+    MemoryExhausted,
+)
 from skilld.paths import scratch_prefix
 from skilld.policy import patterns as patterns
 from skilld.sandbox import egress_route
@@ -277,6 +283,9 @@ class NativeExecutor:
             limits=ResourceLimits(
                 # CPython maps ~100 MiB of address space before it runs a line.
                 address_space=max(limits.memory_bytes, 512 << 20),
+                # The whole tree together: a script's children are each under the
+                # address-space limit, their sum is not.
+                memory=limits.memory_bytes,
                 processes=32,
                 file_size=64 << 20,
                 open_files=128,
@@ -367,6 +376,8 @@ class NativeExecutor:
             DeadlineExceeded: the script ran past the call's deadline; its whole process
                 tree was killed.
             CallCancelled: the client cancelled the call; the tree was killed too.
+            MemoryExhausted: its process tree together went over the skill's memory
+                limit (code ``limit-exceeded``); the tree was killed.
             GuestError: no interpreter granted for it, or it could not be started.
         """
         command = self._interpreter(script)
@@ -374,7 +385,7 @@ class NativeExecutor:
         readable = [str(self.root), *([str(self.env)] if self.env else [])]
         home = private or workspace
         # Both live in the call's one directory (its mount and its cap), handed to the
-        # skill's uid for the call and back after it.
+        # call's uid for the call and back after it.
         call_dir = workspace if private is None else workspace.parent
         if private is not None and private.parent != call_dir:
             raise GuestError(
@@ -420,6 +431,13 @@ class NativeExecutor:
             raise CallCancelled(
                 f"the client cancelled script '{script}' of '{self.skill_id}'; its whole "
                 "process tree was killed"
+            )
+        if done.memory:
+            raise MemoryExhausted(
+                f"script '{script}' of '{self.skill_id}' held {done.memory >> 20} MiB of "
+                f"memory with its processes together, over the skill's memory limit of "
+                f"{(confinement.limits.memory or 0) >> 20} MiB; its whole process tree was killed",
+                location=self.skill_id,
             )
         if done.timed_out:
             raise DeadlineExceeded(

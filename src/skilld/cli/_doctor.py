@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
         )
     )
     if prof.identity == "separate":
-        ident = f"separate: one uid per skill from {prof.uids[0]}-{prof.uids[1]}"
+        ident = f"separate: a uid per call, a group per skill, from {prof.uids[0]}-{prof.uids[1]}"
     else:
         ident = f"shared: skilld's uid {prof.launcher_uid} (metadata refused by seccomp)"
     rows.append(("identity", ident, prof.identity == "separate" or prof.seccomp))
@@ -116,7 +116,10 @@ def run(args: argparse.Namespace) -> int:
         except ConfinementUnavailable as exc:
             print(f"  skill {skill}: {exc.message}")
             continue
-        print(f"  skill {skill}: uid and gid {uid}")
+        print(
+            f"  skill {skill}: uid and gid {uid} (its group and its grants' owner; its "
+            f"calls run as uids {uid + 1}-{uid + confine.CALL_SLOT - 1} in that group)"
+        )
         for path in rw if prof.identity == "separate" else ():
             problem = confine.unwritable(path, uid)
             grants_ok &= problem is None

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from skilld import __version__, paths
+from skilld import __version__, paths, telemetry
 from skilld.cli._cluster import add_nats_options, nats_options
 from skilld.errors import ConfinementUnavailable, SkilldError, UsageError
 
@@ -451,7 +451,7 @@ def _serve(args: argparse.Namespace, text: bool, logger: _Logger, confinement: s
                 if sock is not None:
                     sock.close()
                 raise
-    with node:
+    with node, telemetry.configured(args.node):
         # Each skill's uid, in sorted order: a collision resolves the same way every start.
         from skilld import confine
 

@@ -50,6 +50,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from skilld import telemetry
 from skilld.cluster import _announce
 from skilld.cluster._config import NODE_RE
 from skilld.cluster._wire import H_SIG, H_STAMP
@@ -138,7 +139,8 @@ class Sealer:
         Raises:
             ClusterError: ``box`` is not a usable X25519 public key.
         """
-        full = {**meta, "from": self.node}
+        # The trace context is a routing fact: sealed with them, read once verified.
+        full = {**meta, **telemetry.carrier(), "from": self.node}
         mine = self.box if box is not None else None
         if mine is not None:
             full["pair"] = 1

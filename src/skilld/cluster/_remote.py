@@ -26,6 +26,7 @@ from typing import Any
 
 from nats.aio.msg import Msg
 
+from skilld import telemetry
 from skilld.cluster._envelope import Opened, Opener, Sealer, claimed, digest
 from skilld.cluster._link import NatsLink
 from skilld.cluster._wire import (
@@ -127,6 +128,7 @@ class Router:
                 f"no node of the cluster serves skill '{sid}' right now",
                 location=sid,
             )
+        telemetry.annotate({"skilld.node.target": target})
         call_id = secrets.token_hex(12)
         inbox = f"{self._prefix}.{call_id}"
         subject = call_subject(target, sid, skill.digest)
@@ -301,7 +303,8 @@ class RemoteSkill:
         Raises:
             RunOnThread, GuestError, GuestFault: as for :meth:`Router.call`.
         """
-        doc = self._router.call(self, "call", method, args_json.encode(), ctx)
+        with telemetry.span(f"skilld.route {self.skill_id}", kind="client"):
+            doc = self._router.call(self, "call", method, args_json.encode(), ctx)
         return output_from_json(doc)
 
     def read_resource(self, uri: str, ctx: CallContext) -> list[CallOutput]:

@@ -28,6 +28,7 @@ from typing import Any
 
 from nats.aio.msg import Msg
 
+from skilld import telemetry
 from skilld.cluster._envelope import Opened, Opener, Sealer, claimed
 from skilld.cluster._link import NatsLink
 from skilld.cluster._wire import CALL_PREFIX, dumps, split
@@ -209,9 +210,11 @@ class RoundRelay:
                 doc = _error(f"node {self.node} serves no MCP clients now")
             else:
                 try:
-                    doc = await asyncio.wrap_future(
-                        asyncio.run_coroutine_threadsafe(handler(request), loop)
-                    )
+                    # The retry's trace (from the entry node that got it) goes on here.
+                    with telemetry.joined(opened.meta, "skilld.round.relayed"):
+                        doc = await asyncio.wrap_future(
+                            asyncio.run_coroutine_threadsafe(handler(request), loop)
+                        )
                 except Exception as exc:  # a bug costs this retry, and its sender is told
                     log.exception("cluster: a forwarded retry failed on %s", self.node)
                     doc = _error(f"the forwarded retry failed on node {self.node}: {exc!r}")

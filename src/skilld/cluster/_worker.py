@@ -30,7 +30,7 @@ from nats.micro import add_service
 from nats.micro.request import Request
 from nats.micro.service import Service
 
-from skilld import __version__
+from skilld import __version__, telemetry
 from skilld.cluster._announce import LocalSkill
 from skilld.cluster._envelope import Opened, Opener, Sealer, claimed
 from skilld.cluster._link import NatsLink
@@ -416,7 +416,8 @@ class SkillServer:
     def _payload(self, call: _Call, run: Callable[[], Any]) -> bytes:
         """The reply to a routed call: its value, or its error (RunOnThread passes through)."""
         try:
-            return dumps({"ok": run()})
+            with telemetry.joined(call.meta):  # the entry node's trace, from the envelope
+                return dumps({"ok": run()})
         except CallCancelled as exc:
             # Stopped by the entry's deadline rather than by a cancellation: say so.
             err: SkilldError = exc

@@ -2,16 +2,19 @@
 
 :func:`run` starts a program confined by the kernel, not by checks in Python:
 
+- **a uid of its own per call** (from its skill's slot of ``SKILLD_SKILL_UIDS``, in the
+  skill's group), where skilld may switch uids: no call reaches another's processes;
 - **Landlock** (ruleset from a :class:`Confinement`): the files it may read, write and
   execute; TCP ports it may connect to or bind; no signals or abstract unix sockets
-  outside its own domain, no ptrace of anything outside it.
-- **Namespaces**: its own PID namespace (when the program exits or the deadline
-  comes, every process it started dies with the namespace, ``setsid`` or not), an
-  empty network namespace unless TCP or network is granted, its own IPC namespace,
-  and (when skilld is not root) its own user namespace with the same uid.
-- **no_new_privs**, no capabilities (even as root), a cleared environment.
-- **rlimits** (:class:`ResourceLimits`): address space, CPU, file size, open files,
-  and a process count that holds for root too (a pids cgroup).
+  outside its own domain, no ptrace of anything outside it;
+- **seccomp**: what Landlock and file modes do not govern (keyrings, unix and raw
+  sockets, namespaces, mounts, every call aimed at another pid, System V IPC where no
+  IPC namespace is made, metadata where the uid is shared);
+- **namespaces** where they can be made (IPC; network only where the other walls leave
+  a gap), never required;
+- **no_new_privs**, no capabilities (even as root), a cleared environment;
+- **rlimits** (:class:`ResourceLimits`) and a memory limit for the whole tree, measured
+  by the per-call reaper, which also ends the whole tree with the call.
 
 Where the kernel lacks a feature the confinement needs, :func:`run` raises
 :class:`~skilld.errors.ConfinementUnavailable` naming it and runs nothing (tests
@@ -34,6 +37,7 @@ from skilld.confine._client import (
 )
 from skilld.confine._grants import from_grants
 from skilld.confine._identity import RANGE_ENV, assign, uid_for, unwritable
+from skilld.confine._identity import SLOT as CALL_SLOT
 from skilld.confine._runner import (
     DEVICES,
     NETWORK_FILES,
@@ -51,6 +55,7 @@ from skilld.confine._runner import (
 from skilld.errors import ConfinementUnavailable, ProgramNotStarted
 
 __all__ = [
+    "CALL_SLOT",
     "DEVICES",
     "NETWORK_FILES",
     "OUTPUT_CAP",

@@ -45,9 +45,10 @@ _HELLO_TIMEOUT_S = 30.0
 class Profile:
     """The confinement a command gets on this node, layer by layer.
 
-    ``identity`` is ``separate`` (each skill's processes run as their own uid, from
-    ``uids``) or ``shared`` (as skilld's uid: the seccomp filter then refuses metadata
-    changes, and state, audit and bundle are outside every Landlock rule).
+    ``identity`` is ``separate`` (each call's processes run as a uid of their own, from
+    their skill's slot of ``uids``, in the skill's group) or ``shared`` (as skilld's uid:
+    the seccomp filter then refuses metadata changes and every call on another pid, and
+    state, audit and bundle are outside every Landlock rule).
     ``namespaces`` lists the extra walls made per command (``net``, ``ipc``), maybe none.
     ``runnable`` is False, with ``reason``, when native commands are refused here.
     """
@@ -65,7 +66,7 @@ class Profile:
     def describe(self) -> str:
         """One line for the start-up banner, the log and ``/readyz``."""
         ident = (
-            f"separate (uids {self.uids[0]}-{self.uids[1]})"
+            f"separate (a uid per call from {self.uids[0]}-{self.uids[1]})"
             if self.identity == "separate"
             else f"shared (uid {self.launcher_uid})"
         )

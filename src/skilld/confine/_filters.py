@@ -12,14 +12,23 @@ from skilld.errors import SkilldError
 
 
 def program(
-    *, unix_sockets: bool, udp: bool, metadata: bool, local_sockets: bool = False
+    *,
+    unix_sockets: bool,
+    udp: bool,
+    metadata: bool,
+    local_sockets: bool = False,
+    ipc: bool = True,
 ) -> bytes | None:
     """The filter's BPF bytes for these flags, or ``None`` when there is no seccomp layer
     (``compile_filter`` keeps each program it built: this is called per command)."""
     try:
         return bytes(
             _seccomp.compile_filter(
-                unix_sockets=unix_sockets, udp=udp, metadata=metadata, local_sockets=local_sockets
+                unix_sockets=unix_sockets,
+                udp=udp,
+                metadata=metadata,
+                local_sockets=local_sockets,
+                ipc=ipc,
             )
         )
     except (ImportError, OSError, RuntimeError, ValueError, SkilldError):

@@ -13,13 +13,14 @@ Three kinds of processes::
       │              CTL_FD (a byte and four descriptors: the call socket, stdin, stdout,
       │              stderr), forks C, reaps; kills any orphan that reaches it
       └─ C           one per command: a child subreaper. Reads the spec from the call
-           │         socket, hands the per-call workspace to the skill's uid, forks G,
-           │         waits for G, a kill request (``K``, or EOF: the host is gone) or the
-           │         deadline; then SIGKILLs every descendant until ``wait`` says ECHILD
+           │         socket, hands the per-call workspace to the call's uid, forks G,
+           │         waits for G, a kill request (``K``, or EOF: the host is gone), the
+           │         deadline or the tree over its memory limit (measured every 10 ms:
+           │         ``tree_memory``); then SIGKILLs every descendant until ``wait`` says ECHILD
            │         (``setsid`` does not leave a subreaper), gives the workspace back,
            │         writes the status line and exits
            └─ G      the command's own process: a new session and keyring, net and IPC
-                     namespaces where they can be made, the skill's uid and gid (no
+                     namespaces where they can be made, the call's uid and the skill's gid (no
                      supplementary groups), no capabilities, rlimits, no_new_privs,
                      Landlock, the seccomp filter, then ``execve``
 
@@ -422,6 +423,9 @@ def _command(spec: Mapping[str, Any], call: int, stdio: tuple[int, int, int]) ->
         if identity is not None:
             drop_bounding_set()
             switch_identity(*identity)
+            # The call's own uid, the skill's group: what it makes in the skill's grants
+            # stays writable by the skill's later calls, which run as other uids.
+            os.umask(0o002)
         set_capabilities(0)
         _limits(spec["rlimits"])
         try:
@@ -481,6 +485,53 @@ def kill_descendants(reaped: dict[int, int] | None = None) -> None:
             select.select([], [], [], 0.001)
         elif reaped is not None:
             reaped[pid] = status
+
+
+# -- the tree's memory -----------------------------------------------------------
+
+# How often C measures its tree against a memory limit (the fallback where no cgroup
+# can be had): a tree allocating faster than this lets it overshoot by what it takes
+# in one interval.
+MEMORY_POLL_S = 0.01
+
+
+def descendants() -> list[int]:
+    """Every process below this one (the subreaper's tree), read from each task's
+    ``children`` list: a child forked by a thread is listed under that thread."""
+    found: list[int] = []
+    todo = _children()
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")  # noqa: PTH208 - no pathlib in the launcher
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
+                    todo += [int(p) for p in f.read().split()]
+            except OSError:
+                continue
+    return found
+
+
+def tree_memory() -> int:
+    """Bytes of memory the tree holds: each process's anonymous and shared-memory
+    resident pages (``RssAnon`` + ``RssShmem`` of ``/proc/PID/status``, readable by any
+    uid). Pages shared after a ``fork`` count once per process: the sum errs high."""
+    total = 0
+    for pid in descendants():
+        try:
+            with open(f"/proc/{pid}/status", "rb") as f:
+                text = f.read()
+        except OSError:
+            continue
+        for key in (b"RssAnon:", b"RssShmem:"):
+            at = text.find(key)
+            if at >= 0:
+                total += int(text[at + len(key) : text.index(b"k", at)]) * 1024
+    return total
 
 
 # -- the per-call workspace -----------------------------------------------------
@@ -634,14 +685,17 @@ def temp_name(path: str) -> str:
     return name
 
 
-def make_temp_paths(paths: Any, uid: int) -> list[tuple[str, int, int, int]]:
-    """Make each of ``paths`` (``/tmp/NAME``) a fresh directory of ``uid``, mode 0700,
-    locked (``flock``) for the call: ``(name, fd, st_dev, st_ino)`` each.
+def make_temp_paths(
+    paths: Any, uid: int, gid: int, slot: tuple[int, int] | None = None
+) -> list[tuple[str, int, int, int]]:
+    """Make each of ``paths`` (``/tmp/NAME``) a fresh directory of ``uid`` and ``gid``,
+    mode 0700, locked (``flock``) for the call: ``(name, fd, st_dev, st_ino)`` each.
 
     Never through a link: ``mkdir``, then ``open(O_DIRECTORY|O_NOFOLLOW)`` and ``fstat``.
-    A directory ``uid`` already owns there is a leftover of a call that died with its
-    launcher: emptied and used, unless another call holds its lock. Anything else at
-    the name (a link, a file, another uid's directory) refuses the call, untouched.
+    A directory of the skill's group owned by a uid of its ``slot`` (``uid`` itself
+    without one) is a leftover of a call that died with its launcher: emptied, given to
+    ``uid`` and used, unless another call holds its lock. Anything else at the name (a
+    link, a file, another uid's directory) refuses the call, untouched.
 
     Raises:
         TempPathRefused: naming the path and why; what was made so far is removed.
@@ -652,7 +706,7 @@ def make_temp_paths(paths: Any, uid: int) -> list[tuple[str, int, int, int]]:
     tmp = os.open(TEMP_PARENT, _DIR_FLAGS)
     try:
         for path in paths:
-            made.append(_make_temp_path(tmp, path, uid))
+            made.append(_make_temp_path(tmp, path, (uid, gid), slot or (uid, uid)))
     except BaseException:
         remove_temp_paths(made)
         raise
@@ -661,7 +715,9 @@ def make_temp_paths(paths: Any, uid: int) -> list[tuple[str, int, int, int]]:
     return made
 
 
-def _make_temp_path(tmp: int, path: str, uid: int) -> tuple[str, int, int, int]:
+def _make_temp_path(
+    tmp: int, path: str, owner: tuple[int, int], slot: tuple[int, int]
+) -> tuple[str, int, int, int]:
     name = temp_name(path)
     try:
         os.mkdir(name, 0o700, dir_fd=tmp)
@@ -681,29 +737,32 @@ def _make_temp_path(tmp: int, path: str, uid: int) -> tuple[str, int, int, int]:
             "who made it)"
         ) from None
     try:
-        st = _claim(fd, path, uid, fresh=fresh)
+        st = _claim(fd, path, owner, slot, fresh=fresh)
     except BaseException:
         os.close(fd)
         raise
     return name, fd, st.st_dev, st.st_ino
 
 
-def _claim(fd: int, path: str, uid: int, *, fresh: bool) -> os.stat_result:
-    """Make the directory ``fd`` (at ``path``) ``uid``'s for the call, locked and empty.
+def _claim(
+    fd: int, path: str, owner: tuple[int, int], slot: tuple[int, int], *, fresh: bool
+) -> os.stat_result:
+    """Make the directory ``fd`` (at ``path``) ``owner``'s (uid, gid) for the call,
+    locked and empty.
 
     Raises:
-        TempPathRefused: another uid owns it, or another call holds it.
+        TempPathRefused: a uid outside the skill's slot owns it, or another call holds it.
     """
     st = os.fstat(fd)
+    ours = slot[0] <= st.st_uid <= slot[1] and st.st_gid == owner[1]
     if fresh:
         # Mode first: after the chown a launcher that is not root no longer owns it.
         os.fchmod(fd, 0o700)
-        if st.st_uid != uid:
-            os.fchown(fd, uid, uid)
-    elif st.st_uid != uid:
+    elif not ours:
         raise TempPathRefused(
-            f"{path} already exists and belongs to uid {st.st_uid}, not to this skill's "
-            f"uid {uid}; it was left alone (remove it, or find who made it)"
+            f"{path} already exists and belongs to uid {st.st_uid} gid {st.st_gid}, not to "
+            f"this skill (uids {slot[0]}-{slot[1]}, group {owner[1]}); it was left alone "
+            "(remove it, or find who made it)"
         )
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -716,7 +775,9 @@ def _claim(fd: int, path: str, uid: int, *, fresh: bool) -> os.stat_result:
                 raise TempPathRefused(
                     f"{path} is a leftover of this skill that could not be emptied; remove it"
                 )
-    return st
+    if (st.st_uid, st.st_gid) != owner:
+        os.fchown(fd, *owner)
+    return os.fstat(fd)
 
 
 _DEEP = 32
@@ -805,7 +866,7 @@ def _read_spec(call: int) -> Any:
 
 
 def _as_skill(spec: Mapping[str, Any]) -> bool:
-    """Act as the skill's uid (effective only) where this launcher is not root: then
+    """Act as the call's uid (effective only) where this launcher is not root: then
     its SIGKILLs reach the skill's processes and its directories can be read."""
     identity = spec["identity"]
     if identity is None or os.geteuid() == 0:
@@ -824,11 +885,11 @@ def _call(call: int, stdio: tuple[int, int, int]) -> None:
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
         spec = _read_spec(call)
         identity, owner, workspace = spec["identity"], spec["owner"], spec["workspace"]
-        temps = make_temp_paths(
-            spec.get("temp_paths"), os.geteuid() if identity is None else identity[0]
-        )
+        uid, gid = (os.geteuid(), os.getegid()) if identity is None else identity
+        temps = make_temp_paths(spec.get("temp_paths"), uid, gid, spec.get("slot"))
         if identity is not None and workspace:
-            hand_over(workspace, owner, identity[0], owner_view=False)
+            # The workspace is the call's alone: its uid, and that number as its group.
+            hand_over(workspace, owner, uid, owner_view=False)
         # Whole seconds: a file's ctime may be taken from a coarser clock than time().
         started = int(time.time()) - 1
         child = os.fork()
@@ -841,12 +902,15 @@ def _call(call: int, stdio: tuple[int, int, int]) -> None:
         poller.register(pidfd, select.POLLIN)
         poller.register(call, select.POLLIN)
         until = spec["until"]
+        memory = spec.get("memory")
         ended = "killed"
+        held = 0
         while True:
             left = until - time.monotonic()
             if left <= 0:
                 break
-            ready = dict(poller.poll(min(int(left * 1000) + 1, 1 << 30)))
+            wait = left if memory is None else min(left, MEMORY_POLL_S)
+            ready = dict(poller.poll(min(int(wait * 1000) + 1, 1 << 30)))
             if pidfd in ready:
                 ended = "exited"
                 break
@@ -854,6 +918,11 @@ def _call(call: int, stdio: tuple[int, int, int]) -> None:
                 # ``K`` or EOF (the host is gone): either way the tree ends.
                 os.read(call, 1)
                 break
+            if memory is not None:
+                held = tree_memory()
+                if held > memory:
+                    ended = "memory"
+                    break
         reaped: dict[int, int] = {}
         if ended == "exited":
             _, status = os.waitpid(child, 0)
@@ -869,7 +938,9 @@ def _call(call: int, stdio: tuple[int, int, int]) -> None:
         if as_skill:
             os.setresuid(-1, os.getuid(), -1)
         waited = reaped.get(child)
-        if ended != "exited" or waited is None:
+        if ended == "memory":
+            _status(call, "memory", held)
+        elif ended != "exited" or waited is None:
             _status(call, "killed", 0)
         elif os.WIFSIGNALED(waited):
             _status(call, "signal", os.WTERMSIG(waited))

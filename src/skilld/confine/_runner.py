@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from skilld import telemetry
 from skilld.confine import _client, _filters, _identity
 from skilld.confine import _launcher as la
 from skilld.errors import ConfinementUnavailable, ProgramNotStarted
@@ -87,12 +88,15 @@ class ResourceLimits:
     """rlimits of the confined command (``None``: the host's own limit).
 
     ``processes`` bounds the command's whole tree: RLIMIT_NPROC, counted per uid (the
-    skill's, which is never root: concurrent calls of one skill share it; with a shared
+    call's own, which is never root and no other running call has; with a shared
     identity, on top of what skilld's uid already runs). ``cpu_seconds`` of ``None`` is
-    the deadline's length rounded up.
+    the deadline's length rounded up. ``memory`` bounds the whole tree together (bytes
+    of anonymous and shared memory its processes hold, measured by the launcher's
+    per-call reaper every 10 ms; over it, the tree is killed and the result says so).
     """
 
     address_space: int | None = 4 << 30
+    memory: int | None = None
     cpu_seconds: int | None = None
     processes: int = 64
     file_size: int | None = 1 << 30
@@ -142,7 +146,8 @@ class ProcessResult:
 
     ``exit_code`` is ``None`` when a signal ended it (``signal``); ``dropped`` counts
     output bytes read past the cap and thrown away; ``timed_out`` says the deadline
-    ended the tree, ``cancelled`` that the caller's ``cancelled()`` did.
+    ended the tree, ``cancelled`` that the caller's ``cancelled()`` did, ``memory`` (the
+    bytes measured, else 0) that the tree went over its ``ResourceLimits.memory``.
     """
 
     exit_code: int | None
@@ -153,6 +158,7 @@ class ProcessResult:
     timed_out: bool
     duration: float
     cancelled: bool = False
+    memory: int = 0
 
 
 def landlock_abi() -> int:
@@ -460,8 +466,9 @@ _warned: set[tuple[str, int]] = set()
 
 
 def _warn_unwritable(confinement: Confinement, uid: int) -> None:
-    """Log, once per grant and uid, a read-write grant the skill's uid cannot write to
-    (the operator has to ``chown`` it; the command runs and gets "Permission denied")."""
+    """Log, once per grant and skill, a read-write grant the calls of the skill numbered
+    ``uid`` cannot write to (the operator has to ``chown`` and ``chmod g+w`` it; the
+    command runs and gets "Permission denied")."""
     for path in confinement.read_write:
         if path == confinement.workspace or (path, uid) in _warned:
             continue
@@ -480,27 +487,28 @@ def _spec(
     cwd: str,
     env: Mapping[str, str],
     deadline: float,
+    identity: tuple[int, int] | None,
 ) -> dict[str, Any]:
     hello = _client.launcher().hello
-    separate = _client.identity_mode(hello) == "separate"
-    identity = None
+    separate = identity is not None
     lim = confinement.limits
     processes = lim.processes
-    if separate:
-        uid = _identity.uid_for(confinement.skill, _client.forbidden_uids(hello))
-        identity = (uid, uid)
-        _warn_unwritable(confinement, uid)
+    if identity is not None:
+        _warn_unwritable(confinement, identity[1])
     else:
         processes += _shared_tasks(int(hello["uid"]))
     seconds = max(deadline - time.monotonic(), 0.0)
     cpu = lim.cpu_seconds if lim.cpu_seconds is not None else math.ceil(seconds) + 1
+    spaces = _client.namespaces(hello, _filters.available(), abi)
     bpf = _filters.program(
         unix_sockets=_filters.names_socket((*confinement.read_only, *confinement.read_write)),
         udp=confinement.network,
         metadata=not separate,
         local_sockets=bool(confinement.socket_dirs),
+        # Without an IPC namespace of its own, System V IPC and message queues are the
+        # host's: one call could plant what a later call of another client reads.
+        ipc="ipc" not in spaces,
     )
-    spaces = _client.namespaces(hello, bpf is not None, abi)
     unshare = la.CLONE_NEWIPC if "ipc" in spaces else 0
     if "net" in spaces and not confinement.shares_network:
         unshare |= la.CLONE_NEWNET
@@ -512,12 +520,15 @@ def _spec(
         "landlock": _landlock(abi, confinement, program, env),
         "unshare": unshare,
         "identity": identity,
+        # The uids of the skill's slot: what a leftover temporary path may belong to.
+        "slot": (identity[1], identity[1] + _identity.SLOT - 1) if identity else None,
         "owner": int(hello["uid"]),
         "workspace": confinement.workspace if separate else None,
         "socket_dirs": list(confinement.socket_dirs),
         "temp_paths": list(confinement.temp_paths),
         "seccomp": bpf,
         "until": deadline + _KILL_GRACE_S,
+        "memory": lim.memory,
         "rlimits": {
             "RLIMIT_AS": lim.address_space,
             "RLIMIT_CPU": cpu,
@@ -592,6 +603,8 @@ class _Call:
         self.cap = cap
         self.out, self.err, self.status = bytearray(), bytearray(), bytearray()
         self.dropped = 0
+        # The launcher has the command (it may run), and has reported its end.
+        self.sent = self.reported = False
 
     def close_child_side(self) -> None:
         # The launcher holds its own copies once they are sent; once only, as above.
@@ -632,6 +645,7 @@ class _Call:
             ) from exc
         finally:
             self.close_child_side()
+        self.sent = True
         body = marshal.dumps(spec)
         try:
             self.sock.sendall(len(body).to_bytes(4, "little") + body)
@@ -693,6 +707,7 @@ class _Call:
                     pipes.discard(fd)
                     if fd == sock:
                         reported_at = time.monotonic()
+                        self.reported = True
                 elif fd == sock:
                     self.status += chunk
                 else:
@@ -783,10 +798,11 @@ def run(
             return ProcessResult(None, None, b"", b"", 0, not cancelled_now, 0.0, cancelled_now)
         held = taken
     try:
-        return _run(
-            argv, confinement=confinement, deadline=deadline, cwd=cwd, env=env,
-            stdin=stdin, output_cap=output_cap, cancelled=cancelled,
-        )  # fmt: skip
+        with telemetry.span("skilld.process", {"process.executable.name": Path(argv[0]).name}):
+            return _run(
+                argv, confinement=confinement, deadline=deadline, cwd=cwd, env=env,
+                stdin=stdin, output_cap=output_cap, cancelled=cancelled,
+            )  # fmt: skip
     finally:
         for lock in held:
             lock.release()
@@ -805,23 +821,54 @@ def _run(
 ) -> ProcessResult:
     if not argv or not argv[0] or any("\x00" in a for a in argv):
         raise ProgramNotStarted("argv must name a program, without NUL bytes", errno=errno.EINVAL)
-    environment = dict(env or {})
+    environment = telemetry.environ(dict(env or {}))  # TRACEPARENT: the script joins the trace
     abi = require(confinement)
     program = resolve_program(argv[0], environment)
     start = time.monotonic()
     if deadline <= start:
         # No time left: nothing is started.
         return ProcessResult(None, None, b"", b"", 0, True, 0.0)
-    spec = _spec(program, argv, confinement, abi=abi, cwd=cwd, env=environment, deadline=deadline)
+    hello = _client.launcher().hello
+    identity: tuple[int, int] | None = None
+    if _client.identity_mode(hello) == "separate":
+        group = _identity.uid_for(confinement.skill, _client.forbidden_uids(hello))
+        uid = _identity.take(group, deadline, cancelled)
+        if uid is None:
+            # Every uid of the skill's slot is running a call until the deadline.
+            cancelled_now = cancelled is not None and cancelled()
+            return ProcessResult(None, None, b"", b"", 0, not cancelled_now, 0.0, cancelled_now)
+        identity = (uid, group)
     call = _Call(stdin, output_cap)
     try:
-        call.hand_over(spec)
-        ended = call.pump(deadline, cancelled)
+        spec = _spec(
+            program, argv, confinement, abi=abi, cwd=cwd, env=environment,
+            deadline=deadline, identity=identity,
+        )  # fmt: skip
+        with telemetry.span("skilld.process.launch"):
+            call.hand_over(spec)
+        with telemetry.span("skilld.process.run"):
+            ended = call.pump(deadline, cancelled)
     finally:
         call.close()
+        # The uid is free once its call reported (the launcher ends the tree before it
+        # does) or never got it; a call that did not report keeps it out of use.
+        if identity is not None and (call.reported or not call.sent):
+            _identity.give_back(identity[1], identity[0])
+        elif identity is not None:
+            _log.warning(
+                "the launcher never reported the end of %s (skill %s): uid %d stays out of "
+                "use until skilld restarts",
+                argv[0], confinement.skill, identity[0],
+            )  # fmt: skip
     duration = time.monotonic() - start
     status = _parse_status(bytes(call.status))
     out, err = bytes(call.out), bytes(call.err)
+    for kind, value, _ in status:
+        if kind == "memory":
+            # The reaper ended the tree: over its memory limit, whatever came after.
+            return ProcessResult(
+                None, signal.SIGKILL, out, err, call.dropped, False, duration, memory=value
+            )
     if any(kind == "killed" for kind, _, _ in status):
         # On request, or (``exited``) by the launcher's own deadline backstop.
         return ProcessResult(

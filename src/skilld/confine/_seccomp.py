@@ -31,6 +31,20 @@ flags a filter can read):
 - other processes and namespaces: ``ptrace``, ``process_vm_*``, ``process_madvise``,
   ``kcmp``, ``pidfd_getfd``, ``unshare``, ``setns``, ``clone`` with a ``CLONE_NEW*`` flag,
   every mount call (old and new API), ``pivot_root``, ``chroot``;
+- every call aimed at a process by its pid, unless the pid is ``0`` (the caller itself):
+  ``prlimit64``, ``setpriority``/``getpriority`` (``PRIO_PROCESS`` only), the
+  ``sched_*`` calls that take a pid, ``ioprio_set``/``ioprio_get``
+  (``IOPRIO_WHO_PROCESS`` only), ``migrate_pages``, ``move_pages``,
+  ``get_robust_list``; and the pidfd calls (``pidfd_open``, ``pidfd_send_signal``,
+  ``process_mrelease``: ``ENOSYS``, so that asyncio and Go fall back to ``waitpid``).
+  The filter cannot know which pids are the caller's own children, so a pid other than
+  ``0`` is refused whoever it names: no call of a script reaches another call's
+  processes, nor skilld's, in any identity mode (signals: Landlock's scoping);
+- with ``ipc`` (where the command gets no IPC namespace of its own): every System V
+  and POSIX message-queue call (``shmget``, ``msgget``, ``semget``, ``mq_open`` and the
+  calls on what they return): their objects are the host's and outlive the call
+  (POSIX shared memory and named semaphores are files in ``/dev/shm``, which Landlock
+  does not grant);
 - kernel attack surface: ``bpf``, ``perf_event_open``, ``userfaultfd``, ``io_uring_*``
   (io_uring performs socket and connect without passing through seccomp),
   ``open_by_handle_at``, ``personality`` other than the default and the query, and the
@@ -110,6 +124,26 @@ ALWAYS = (
     "lookup_dcookie", "settimeofday", "clock_settime", "clock_adjtime", "adjtimex",
     "iopl", "ioperm", "vhangup", "nfsservctl",
 )  # fmt: skip
+# Calls aimed at a process by their first argument (a pid; 0 is the caller).
+BY_PID = (
+    "prlimit64", "sched_setaffinity", "sched_getaffinity", "sched_setscheduler",
+    "sched_getscheduler", "sched_setparam", "sched_getparam", "sched_setattr",
+    "sched_getattr", "sched_rr_get_interval", "migrate_pages", "move_pages",
+    "get_robust_list",
+)  # fmt: skip
+# Calls aimed at a process, a process group or a user by (which, who): allowed only as
+# (the process, 0), the caller itself (a user's "who" of 0 is every process of its uid).
+BY_WHICH_WHO = {
+    "setpriority": 0, "getpriority": 0,  # PRIO_PROCESS
+    "ioprio_set": 1, "ioprio_get": 1,  # IOPRIO_WHO_PROCESS
+}  # fmt: skip
+PIDFD = ("pidfd_open", "pidfd_send_signal", "process_mrelease")
+# System V IPC and POSIX message queues: objects of the host's IPC namespace.
+IPC = (
+    "shmget", "shmat", "shmdt", "shmctl", "msgget", "msgsnd", "msgrcv", "msgctl",
+    "semget", "semop", "semtimedop", "semctl", "mq_open", "mq_unlink", "mq_timedsend",
+    "mq_timedreceive", "mq_notify", "mq_getsetattr", "ipc",
+)  # fmt: skip
 METADATA = (
     "chmod", "fchmod", "fchmodat", "fchmodat2",
     "chown", "fchown", "lchown", "fchownat",
@@ -130,6 +164,9 @@ _RAW = {
     "quotactl_fd": 443,
     "process_madvise": 440,
     "pidfd_getfd": 438,
+    "pidfd_open": 434,
+    "pidfd_send_signal": 424,
+    "process_mrelease": 448,
 }
 _MACHINES = {"x86_64", "aarch64"}
 
@@ -138,11 +175,16 @@ class _SockFprog(ctypes.Structure):
     _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.c_void_p))
 
 
-_cache: dict[tuple[bool, bool, bool, bool], bytes] = {}
+_cache: dict[tuple[bool, bool, bool, bool, bool], bytes] = {}
 
 
 def compile_filter(
-    *, unix_sockets: bool, udp: bool, metadata: bool, local_sockets: bool = False
+    *,
+    unix_sockets: bool,
+    udp: bool,
+    metadata: bool,
+    local_sockets: bool = False,
+    ipc: bool = True,
 ) -> bytes:
     """The BPF program (``struct sock_filter[]``, native byte order) of the filter.
 
@@ -151,13 +193,15 @@ def compile_filter(
     ``socket(AF_UNIX)`` through and refuses ``connect`` (the command listens on its
     own socket and reaches none); ``udp`` lets UDP over IPv4/IPv6 through; ``metadata``
     refuses changes of modes, owners, times and extended attributes (the command runs
-    as skilld's own uid). Compiled once per argument tuple, in the host.
+    as skilld's own uid); ``ipc`` refuses System V IPC and POSIX message queues (the
+    command has no IPC namespace of its own). Compiled once per argument tuple, in the
+    host.
 
     Raises:
         ConfinementUnavailable: ``feature="seccomp"``: the binding or libseccomp is
             missing, or the machine is not one the filter is written for.
     """
-    key = (unix_sockets, udp, metadata, local_sockets)
+    key = (unix_sockets, udp, metadata, local_sockets, ipc)
     if key not in _cache:
         _cache[key] = _compile(*key)
     return _cache[key]
@@ -184,7 +228,9 @@ def _binding() -> Any:
     return pyseccomp
 
 
-def _compile(unix_sockets: bool, udp: bool, metadata: bool, local_sockets: bool) -> bytes:
+def _compile(
+    unix_sockets: bool, udp: bool, metadata: bool, local_sockets: bool, ipc: bool
+) -> bytes:
     machine = os.uname().machine
     if machine not in _MACHINES:
         raise _unavailable(
@@ -212,6 +258,18 @@ def _compile(unix_sockets: bool, udp: bool, metadata: bool, local_sockets: bool)
         refuse("clone3", action=sc.ERRNO(_ENOSYS))
         for bit in CLONE_NEW.values():
             refuse("clone", arg(0, sc.MASKED_EQ, bit, bit))
+        # The kernel reads these pids as C ints; the filter compares all 64 bits, so a
+        # value whose low word is 0 but not its high word is refused, never let through.
+        for name in BY_PID:
+            refuse(name, arg(0, sc.NE, 0))
+        for name, which in BY_WHICH_WHO.items():
+            refuse(name, arg(0, sc.NE, which))
+            refuse(name, arg(1, sc.NE, 0))
+        for name in PIDFD:
+            refuse(name, action=sc.ERRNO(_ENOSYS))
+        if ipc:
+            for name in IPC:
+                refuse(name)
         _personality(refuse, sc)
         _sockets(refuse, sc, unix_sockets=unix_sockets, udp=udp, local=local_sockets)
         if metadata:

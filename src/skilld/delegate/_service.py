@@ -21,6 +21,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
+from skilld import telemetry
 from skilld.call import CallContext
 from skilld.delegate._infer import InferenceConfig, infer, monotonic_budget, no_program
 from skilld.delegate._kits import Kit, load_kits
@@ -157,7 +158,8 @@ class KitRunner:
             return out
 
         ctx.invoker = gate
-        return self.component.call(method, args_json, ctx)
+        with telemetry.span("skilld.delegate.program", {"skilld.kit": self.kit.name}):
+            return self.component.call(method, args_json, ctx)
 
     def read_resource(self, uri: str, ctx: CallContext) -> list[CallOutput]:
         """A runner serves no resources.

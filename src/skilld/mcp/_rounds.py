@@ -51,6 +51,7 @@ from mcp import types
 from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ValidationError
 
+from skilld import telemetry
 from skilld.errors import GuestError
 from skilld.mcp._channel import KEY_META, SessionChannel, without_key
 
@@ -251,6 +252,8 @@ class ParkedCall(Generic[T]):
     task: asyncio.Task[T]
     expires: float
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    # The trace context of the request that started it: each retry's span links to it.
+    trace: dict[str, str] = field(default_factory=telemetry.carrier)
 
 
 def skill_digest(tool: str, skill: str, definition: Mapping[str, Any]) -> str:
@@ -361,6 +364,7 @@ class ParkedCalls:
         if time.monotonic() > call.expires:
             call.channel.cancel()
             raise _invalid("the input round expired")
+        telemetry.link(call.trace, "input-required round")
         return call
 
     @staticmethod

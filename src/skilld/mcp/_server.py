@@ -41,6 +41,7 @@ from mcp.shared.uri_template import InvalidUriTemplate, UriTemplate
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ValidationError
 
+from skilld import telemetry
 from skilld.errors import (
     ErrorCode,
     GuestError,
@@ -412,6 +413,7 @@ class McpService:
         server.middleware.append(
             RequestStateBoundary(security, default_audience=self.config.server_name)
         )
+        telemetry.mcp_middleware(server.middleware)
         # Always offered: which tools may run as tasks comes from the policy
         # (``mcp.tasks``, also of skills a cluster node joins with later) or the config.
         server.extensions[TASKS] = {}
@@ -802,7 +804,8 @@ class McpService:
         # One wait bound for the slot and the thread together.
         waited_until = time.monotonic() + self.config.queue_timeout_s
         try:
-            slot = await gate.take_async(self.config.queue_timeout_s)
+            with telemetry.stage("skilld.gate.wait", {"skilld.skill": skill}):
+                slot = await gate.take_async(self.config.queue_timeout_s)
         except SkillBusy as busy:
             self._log.warning("busy", tool=label, skill=skill, limit=gate.limit)
             self._refused(skill, label, busy.outcome, error_text(busy)[2], arguments, caller)

@@ -44,6 +44,7 @@ from mcp.server.subscriptions import SUBSCRIPTION_ID_META_KEY, ListenHandler
 from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel
 
+from skilld import telemetry
 from skilld.errors import SkilldError
 from skilld.mcp._caller import caller_of
 from skilld.mcp._rounds import MISSING_REQUIRED_CLIENT_CAPABILITY, ParkedCall
@@ -81,6 +82,9 @@ class TaskRecord:
     owner: str = ""  # the node the call runs on
     client: str = ""  # who made it (its caller's ``Caller.key``): only they are answered
     input_requests: Mapping[str, Any] | None = None  # what its guest waits on, if anything
+    # The trace context of the request that created it: every tasks/* request about it,
+    # on whichever entry node, links to it.
+    trace: Mapping[str, str] | None = None
 
     def wire(self) -> dict[str, Any]:
         """The ``Task`` fields."""
@@ -186,6 +190,7 @@ _FIELDS = (
     "input_requests",
     "expires",
     "client",
+    "trace",
 )
 
 
@@ -417,6 +422,7 @@ class Tasks:
             expires=time.time() + self.ttl_ms / 1000,
             owner=self.node,
             client=client,
+            trace=telemetry.carrier() or None,
         )
         try:
             self.store.put(record)
@@ -609,6 +615,7 @@ class Tasks:
         # Another client's task reads as unknown: its id alone is no proof of whose it is.
         if record is None or (client is not None and record.client != client):
             raise MCPError(types.INVALID_PARAMS, f"unknown task: {task_id}")
+        telemetry.link(record.trace, "task")
         return record
 
 

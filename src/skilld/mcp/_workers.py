@@ -41,6 +41,7 @@ from typing import Any, Generic, TypeVar
 
 import anyio
 
+from skilld import telemetry
 from skilld.errors import SkillBusy
 
 T = TypeVar("T")
@@ -251,6 +252,7 @@ class WorkerPool:
         """
         loop = asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
+        fn = telemetry.carry(fn)  # the request's trace goes on in the thread
 
         def job() -> None:
             settle: Callable[..., None]

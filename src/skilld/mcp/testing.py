@@ -229,6 +229,10 @@ class StaticDispatcher:
         """
         return self._prompt(name)(arguments)
 
+    def use_callers(self, policy: CallerPolicy) -> None:
+        """Answer every caller question under ``policy`` from now on."""
+        self.caller_rules = policy
+
     def view(self, caller: Caller) -> CallerView:
         """What ``caller`` may list and call under ``caller_rules``."""
         return CallerView(self.caller_rules, caller, self)

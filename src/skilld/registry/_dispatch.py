@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
+from skilld import telemetry
 from skilld.audit import CallRecorder
 from skilld.call import CallContext, Inline, NullChannel
 from skilld.errors import (
@@ -268,14 +269,19 @@ class Registry(Catalogue):
         # layer runs takes the slot it was lent (skilld.call.CallGate).
         wait = entry.limits.timeout_ms / 1000 if depth == 0 and inline is None else 0
         try:
-            slot = entry.gate.take(wait, ctx.channel.cancelled)
+            with telemetry.stage("skilld.gate.wait", {"skilld.skill": skill_id}):
+                slot = entry.gate.take(wait, ctx.channel.cancelled)
         except SkilldError as exc:  # SkillBusy, or CallCancelled while it waited
             if inline is not None:
                 inline.give_up()
             outcome, error = exc.outcome, exc
         else:
             try:
-                out = guest(ctx)
+                with telemetry.call_span(
+                    skill_id, method, caller=caller, depth=depth, arguments=input_text
+                ) as span:
+                    out = guest(ctx)
+                    span.result(out)
             except SkilldError as exc:
                 outcome, error = exc.outcome, exc
                 # The server's drain ended it (skilld.mcp), not the client: say so, here

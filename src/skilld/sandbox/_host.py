@@ -15,7 +15,7 @@ from typing import Any
 
 from wasmtime import component
 
-from skilld import ABI_VERSION
+from skilld import ABI_VERSION, telemetry
 from skilld.call import current
 from skilld.errors import ErrorCode, HostCallError, PermissionDenied
 from skilld.sandbox.abi import Functions, HostFn, Kind
@@ -70,10 +70,13 @@ def _adapt(interface: str, name: str, fn: HostFn, kind: Kind) -> Any:
         rec = error_record(code, message, rule)
         return component.Variant("err", rec) if kind == "result-tagged" else rec
 
+    span_name = f"skilld.host {interface}.{name}"
+
     def host_function(_store: Any, *args: Any) -> Any:
         ctx = current()
         try:
-            value = fn(ctx, *[to_py(a) for a in args])
+            with telemetry.span(span_name):
+                value = fn(ctx, *[to_py(a) for a in args])
         except HostCallError as exc:
             return None if kind == "plain" else err(exc.code, exc.message, exc.rule)
         except PermissionDenied as exc:

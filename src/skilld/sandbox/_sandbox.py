@@ -32,6 +32,7 @@ import wasmtime
 from wasmtime import _ffi as ffi
 from wasmtime import component
 
+from skilld import telemetry
 from skilld.call import CallContext, NullChannel, entered
 from skilld.errors import (
     CallCancelled,
@@ -450,6 +451,7 @@ class Component:
             except queue.Empty:
                 pass
             else:
+                telemetry.annotate({"skilld.instance": "warm"})
                 return inst
         return self._fresh(ctx.limits.memory_bytes, ctx=ctx)
 
@@ -574,15 +576,19 @@ class Component:
         try:
             if ctx.deadline is None:
                 ctx.deadline = time.monotonic() + limits.timeout_ms / 1000
-            inst = self._take_warm(bound, limits.memory_bytes) if bound else None
-            if inst is None:
-                inst = self._take(ctx)
+            with telemetry.stage("skilld.instance", {"skilld.instance": "fresh"}):
+                inst = self._take_warm(bound, limits.memory_bytes) if bound else None
+                if inst is None:
+                    inst = self._take(ctx)
+                else:
+                    # The caller's own instance, used before ("warm" is a pre-warmed one).
+                    telemetry.annotate({"skilld.instance": "reused"})
             inst.calls += 1
             ctx.audit["instances"] = "fresh" if bound is None else "warm"
             ctx.audit["instance_call"] = inst.calls
             inst.streams.ctx = ctx
             inst.interrupt.arm(inst.store, ctx, ctx.remaining())
-            with entered(ctx):
+            with entered(ctx), telemetry.span("skilld.guest.run"):
                 func = inst.instance.get_func(inst.store, export)
                 if func is None:  # pragma: no cover - checked at load
                     raise LinkError(f"{self.name}: export vanished")

@@ -175,6 +175,19 @@ CASES = {
     "read-proc-1-environ": lambda: read("/proc/1/environ"),
     "read-proc-1-cmdline": lambda: read("/proc/1/cmdline"),
     "read-parent-environ": lambda: read(f"/proc/{CTX['host_pid']}/environ"),
+    # the server's process by pid (issue 27: prlimit(RLIMIT_CPU, 0) on it killed it); what
+    # would leak only rereads or rewrites what is there
+    "prlimit-read-host": lambda: __import__("resource").prlimit(
+        CTX["host_pid"], __import__("resource").RLIMIT_CPU
+    ),
+    "setpriority-host": lambda: os.setpriority(os.PRIO_PROCESS, CTX["host_pid"], 0),
+    "affinity-host": lambda: os.sched_setaffinity(
+        CTX["host_pid"], os.sched_getaffinity(CTX["host_pid"])
+    ),
+    "prlimit-read-parent": lambda: __import__("resource").prlimit(
+        os.getppid(), __import__("resource").RLIMIT_CPU
+    ),
+    "pidfd-host": lambda: os.pidfd_open(CTX["host_pid"]),
     "list-root": lambda: os.listdir("/"),
     "list-tmp": lambda: os.listdir("/tmp"),
     "list-var-log": lambda: os.listdir("/var/log"),

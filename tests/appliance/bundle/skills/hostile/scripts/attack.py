@@ -88,6 +88,98 @@ def memtree(_target):
     raise OSError(12, f"every child refused past the limit: {codes}")
 
 
+def reach(target):
+    """Another call's process, skilld, the launcher: lower its CPU limit to 0 (the
+    kernel then kills it), its priority, its CPUs."""
+    import resource
+
+    pid = int(target)
+    errors = []
+    for name, fn in (
+        ("prlimit", lambda: resource.prlimit(pid, resource.RLIMIT_CPU, (0, 0))),
+        ("setpriority", lambda: os.setpriority(os.PRIO_PROCESS, pid, 19)),
+        ("affinity", lambda: os.sched_setaffinity(pid, {0})),
+    ):
+        try:
+            fn()
+        except OSError as exc:
+            errors.append(f"{name}:{exc.errno}")
+        else:
+            print("LEAK", "reach", name, target)
+    if len(errors) == 3:
+        raise OSError(1, " ".join(errors))
+
+
+def victim(target):
+    """A call that waits for TARGET (a file in the rw grant) to appear, then checks that
+    nothing changed its CPU limit, priority or CPUs meanwhile."""
+    import resource
+
+    before = (resource.getrlimit(resource.RLIMIT_CPU), os.getpriority(os.PRIO_PROCESS, 0),
+              os.sched_getaffinity(0))  # fmt: skip
+    print("pid", os.getpid(), os.getuid(), flush=True)
+    for _ in range(300):
+        if os.path.exists(target):
+            break
+        time.sleep(0.05)
+    after = (resource.getrlimit(resource.RLIMIT_CPU), os.getpriority(os.PRIO_PROCESS, 0),
+             os.sched_getaffinity(0))  # fmt: skip
+    if after != before:
+        return  # LEAK: another call changed this one
+    raise OSError(1, "untouched")
+
+
+def proc(target):
+    """Processes of this uid, found by stat() of /proc/PID (Landlock refuses listing)."""
+    me = os.getuid()
+    mine = []
+    for pid in range(1, os.getpid() + 2000):
+        try:
+            if os.stat(f"/proc/{pid}").st_uid == me:
+                mine.append(pid)
+        except OSError:
+            pass
+    print("same-uid", os.getpid(), *mine)
+    raise OSError(0, "listed")
+
+
+def ipc(target):
+    """``plant``: System V shared memory and a message under a fixed key; ``read``: what
+    a call planted before."""
+    libc.shmget.restype = ctypes.c_int
+    libc.shmat.restype = ctypes.c_void_p
+    key = 0x5C111AB5
+    if target == "plant":
+        shm = libc.shmget(key, 4096, 0o1666)
+        msq = libc.msgget(key, 0o1666)
+        if shm < 0 and msq < 0:
+            raise OSError(ctypes.get_errno(), "no IPC object could be made")
+        if shm >= 0:
+            ctypes.memmove(libc.shmat(shm, None, 0), b"planted", 7)
+        return  # LEAK: something outlives the call
+    shm = libc.shmget(key, 0, 0)
+    if shm < 0:
+        raise OSError(ctypes.get_errno(), "nothing planted is reachable")
+    print("read", ctypes.string_at(libc.shmat(shm, None, 0), 7))
+
+
+def tree(_target):
+    """Eight children of 200 MiB each, touched, all waiting: 1.6 GiB for a 256 MiB skill."""
+    r, w = os.pipe()
+    for _ in range(8):
+        if os.fork() == 0:
+            block = bytearray(200 << 20)
+            for i in range(0, len(block), 4096):
+                block[i] = 1
+            os.write(w, b"x")
+            time.sleep(60)
+            os._exit(0)
+    held = 0
+    while held < 8:
+        held += len(os.read(r, 8))
+    # LEAK: the tree held all of it at once
+
+
 def fill(target):
     chunk = b"x" * (1 << 20)
     with open(target, "wb") as f:
@@ -111,6 +203,11 @@ CASES = {
     "daemon": daemon,
     "fill": fill,
     "memtree": memtree,
+    "reach": reach,
+    "victim": victim,
+    "proc": proc,
+    "ipc": ipc,
+    "tree": tree,
 }
 
 

@@ -1,0 +1,658 @@
+"""Traces and call metrics for the operator's OpenTelemetry collector; nothing when off.
+
+The one module that knows OpenTelemetry (DESIGN.md). Every other layer calls the small
+hooks below; while tracing is off (the default) each returns at once with nothing
+allocated beyond a shared no-op, so the hot path costs a function call.
+
+Tracing is on once :func:`configure` ran with ``OTEL_TRACES_EXPORTER=otlp`` (``skilld
+serve`` calls it through :func:`configured`). The standard ``OTEL_*`` variables configure
+the rest: ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``..._TRACES_ENDPOINT``), the protocol
+(``http/protobuf``; ``grpc`` where its exporter is installed), ``OTEL_TRACES_SAMPLER``,
+``OTEL_RESOURCE_ATTRIBUTES`` and ``OTEL_SERVICE_NAME`` (default ``skilld``; the node's name
+is the resource attribute ``skilld.node``). ``OTEL_METRICS_EXPORTER=otlp`` sends
+``mcp.server.operation.duration`` and ``skilld.call.duration`` the same way, beside the
+Prometheus ``/metrics``. Nothing connects at start: spans go out in batches from a
+background thread, and while no collector answers they are dropped with one warning.
+docs/tracing.md is the operator's page.
+
+One trace, from the client to the script::
+
+    tools/call notes_add            SERVER  the SDK's OpenTelemetryMiddleware; parent: the
+    │                                       request's _meta.traceparent, else the HTTP
+    │                                       traceparent header (mcp_middleware)
+    ├─ skilld.gate.wait                     a slot of the skill's gate
+    └─ execute_tool notes.add               the call (Registry._run): skill, method, caller
+       ├─ skilld.route notes  CLIENT        a routed call: the context rides in the sealed
+       │  └─ (worker) execute_tool ...      envelope's routing facts (carrier / joined)
+       ├─ skilld.instance                   fresh, warm (pre-warmed) or reused
+       └─ skilld.guest.run
+          └─ skilld.host kv.set             each host function; its permission decisions
+             └─ execute_tool other.m        (allowed, rule) as attributes and events;
+                └─ skilld.process python3   invoke nests a call; a native process gets
+                                            TRACEPARENT in its environment
+
+Arguments and results are never recorded, unless the operator names the skill in
+``SKILLD_OTEL_RECORD_ARGUMENTS`` (comma-separated skill ids, or ``*``): its calls then
+carry ``gen_ai.tool.call.arguments`` and ``gen_ai.tool.call.result`` (each cut to 4 KiB).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableSequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+
+from skilld.errors import SkilldError
+from skilld.types import Caller
+
+T = TypeVar("T")
+
+log = logging.getLogger("skilld.telemetry")
+
+# W3C trace context, as it travels in _meta, an HTTP header, a cluster envelope's
+# routing facts, and (upper case) a native script's environment.
+TRACEPARENT = "traceparent"
+TRACESTATE = "tracestate"
+# W3C caps tracestate at 32 members of at most 256 characters; a longer one is dropped.
+_MAX_TRACESTATE = 512
+RECORD_ARGUMENTS_ENV = "SKILLD_OTEL_RECORD_ARGUMENTS"
+_MAX_RECORDED = 4096
+_MAX_SESSION_ID = 128  # the header is the client's to send; the server's ids are shorter
+STAGE_MIN_NS = 1_000_000  # a stage shorter than this (1 ms) is no span of its own
+_SHUTDOWN_S = 2.0
+
+
+class _Noop:
+    """The span of a hook while tracing is off: enters, exits, records nothing."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> _Noop:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def result(self, value: Any) -> None:
+        """Nothing (tracing is off)."""
+
+
+NOOP = _Noop()
+
+
+@dataclass(frozen=True, slots=True)
+class _State:
+    tracer: Any  # opentelemetry.trace.Tracer
+    provider: Any  # opentelemetry.sdk.trace.TracerProvider
+    meters: Any | None  # opentelemetry.sdk.metrics.MeterProvider, when metrics are on
+    operation: Any | None  # histogram mcp.server.operation.duration
+    calls: Any | None  # histogram skilld.call.duration
+    record_arguments: frozenset[str]
+    trace: Any  # the opentelemetry.trace and .context modules, imported once
+    context: Any
+
+
+_state: _State | None = None
+_lock = threading.Lock()
+
+
+def enabled() -> bool:
+    """True while spans go to a collector (after :func:`configure` turned tracing on)."""
+    return _state is not None
+
+
+def configure(node: str | None = None, environ: Mapping[str, str] | None = None) -> bool:
+    """Turn tracing on when ``OTEL_TRACES_EXPORTER=otlp``; True when it is on.
+
+    Sets the process's tracer provider (the MCP SDK's request spans go there too). Opens
+    no connection: the exporter sends batches from its own thread. A protocol or exporter
+    that is not installed logs one warning and leaves tracing off. ``environ`` (default:
+    the process's) decides whether and how; OpenTelemetry's SDK reads its own settings
+    (endpoint, sampler, batch sizes) from the process's environment.
+    """
+    global _state
+    env = os.environ if environ is None else environ
+    wanted = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if wanted in ("", "none"):
+        return False
+    if wanted != "otlp":
+        log.warning("OTEL_TRACES_EXPORTER=%s is not supported (use otlp): tracing is off", wanted)
+        return False
+    protocol = (
+        env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+    ) or "http/protobuf"
+    try:
+        from opentelemetry import context, metrics, trace
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        span_exporter = _span_exporter(protocol.strip().lower())
+    except ImportError as exc:
+        log.warning(
+            "OTEL_TRACES_EXPORTER=otlp (%s) needs OpenTelemetry's SDK and exporter, which are "
+            "not installed (%s): install skilld[otel]; tracing is off",
+            protocol,
+            exc.name,
+        )
+        return False
+    if span_exporter is None:
+        return False
+    attributes: dict[str, Any] = {}
+    if "service.name" not in _resource_keys(env.get("OTEL_RESOURCE_ATTRIBUTES", "")):
+        attributes["service.name"] = "skilld"  # OTEL_SERVICE_NAME, when set, still wins
+    if node:
+        attributes["skilld.node"] = node
+    resource = Resource.create(attributes)
+    provider = TracerProvider(resource=resource)
+    # _Dropping delegates everything else to the exporter it wraps (duck-typed).
+    provider.add_span_processor(BatchSpanProcessor(cast(Any, _Dropping(span_exporter))))
+    # The exporter logs each failed batch and each retry; _Dropping says it once instead.
+    logging.getLogger("opentelemetry.exporter").setLevel(logging.CRITICAL)
+    trace.set_tracer_provider(provider)
+    meters = operation = calls = None
+    if env.get("OTEL_METRICS_EXPORTER", "").strip().lower() == "otlp":
+        meters = _meter_provider(resource)
+        if meters is not None:
+            metrics.set_meter_provider(meters)
+            meter = meters.get_meter("skilld")
+            operation = meter.create_histogram(
+                "mcp.server.operation.duration",
+                unit="s",
+                description="MCP request duration as observed on the server",
+            )
+            calls = meter.create_histogram(
+                "skilld.call.duration", unit="s", description="One call of a skill's method"
+            )
+    opted = frozenset(s.strip() for s in env.get(RECORD_ARGUMENTS_ENV, "").split(",") if s.strip())
+    with _lock:
+        _state = _State(
+            provider.get_tracer("skilld"),
+            provider,
+            meters,
+            operation,
+            calls,
+            opted,
+            trace,
+            context,
+        )
+    return True
+
+
+def shutdown() -> None:
+    """Send what is batched (waiting at most about 2 s) and turn tracing off."""
+    global _state
+    with _lock:
+        state, _state = _state, None
+    if state is None:
+        return
+
+    def flush() -> None:
+        state.provider.shutdown()
+        if state.meters is not None:
+            state.meters.shutdown(timeout_millis=int(_SHUTDOWN_S * 1000))
+
+    # A collector that does not answer must not hold up the drain (docker stop's budget).
+    done = threading.Thread(target=flush, name="skilld-otel-flush", daemon=True)
+    done.start()
+    done.join(_SHUTDOWN_S)
+
+
+@contextmanager
+def configured(node: str | None = None) -> Iterator[bool]:
+    """:func:`configure` for the life of the block, then :func:`shutdown` (``skilld serve``)."""
+    on = configure(node)
+    try:
+        yield on
+    finally:
+        if on:
+            shutdown()
+
+
+def _resource_keys(text: str) -> set[str]:
+    return {item.split("=", 1)[0].strip() for item in text.split(",") if "=" in item}
+
+
+def _span_exporter(protocol: str) -> Any:
+    """The OTLP span exporter for ``protocol``; None (warned) for one skilld cannot speak.
+
+    Raises:
+        ImportError: its package is not installed.
+    """
+    if protocol == "http/protobuf":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter()
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+            OTLPSpanExporter as GrpcSpanExporter,
+        )
+
+        return GrpcSpanExporter()
+    log.warning("OTLP protocol %r is not supported (http/protobuf, grpc): tracing is off", protocol)
+    return None
+
+
+def _meter_provider(resource: Any) -> Any:
+    try:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    except ImportError as exc:
+        log.warning("OTEL_METRICS_EXPORTER=otlp: %s is not installed; metrics stay off", exc.name)
+        return None
+    reader = PeriodicExportingMetricReader(cast(Any, _Dropping(OTLPMetricExporter())))
+    return MeterProvider(resource=resource, metric_readers=[reader])
+
+
+class _Dropping:
+    """An exporter that says once, not per batch, that the collector does not answer.
+
+    Spans (or metrics) that cannot be sent are dropped; calls never wait for them.
+    """
+
+    def __init__(self, inner: Any):
+        self._inner = inner
+        self._warned = False
+
+    def __getattr__(self, name: str) -> Any:
+        # The span and metric processors read the exporter's own settings (temporality,
+        # aggregation) and call shutdown/force_flush: all the inner exporter's.
+        return getattr(self._inner, name)
+
+    def export(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        result = self._inner.export(batch, *args, **kwargs)
+        if getattr(result, "name", "") == "FAILURE" and not self._warned:
+            self._warned = True
+            log.warning(
+                "the OpenTelemetry collector did not take a batch (endpoint %s): spans are "
+                "dropped until it answers; this is said once",
+                os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+                or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4318"),
+            )
+        return result
+
+
+# -- spans ------------------------------------------------------------------------------
+
+
+class _Span:
+    """A live span, current for the ``with`` block; ends (with the error, if any) after it."""
+
+    __slots__ = ("_attributes", "_kind", "_name", "_started", "_state", "_token", "span")
+
+    def __init__(self, state: _State, name: str, attributes: Mapping[str, Any] | None, kind: str):
+        self._state = state
+        self._name = name
+        self._attributes = attributes
+        self._kind = kind
+        self.span: Any = None
+        self._token: Any = None
+        self._started = 0.0
+
+    def __enter__(self) -> _Span:
+        state = self._state
+        self.span = state.tracer.start_span(
+            self._name,
+            kind=getattr(state.trace.SpanKind, self._kind.upper()),
+            attributes=self._attributes,
+        )
+        self._token = state.context.attach(state.trace.set_span_in_context(self.span))
+        self._started = time.perf_counter()
+        return self
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        if exc is not None:
+            _failed(self.span, exc)
+        self.span.end()
+        self._state.context.detach(self._token)
+
+
+def _failed(span: Any, exc: BaseException) -> None:
+    from opentelemetry.trace import StatusCode
+
+    if isinstance(exc, SkilldError):
+        # The outcome vocabulary of the audit and the metrics; never the message, which
+        # may quote what the guest was given.
+        span.set_attribute("error.type", exc.outcome)
+        span.set_attribute("skilld.error.code", exc.code)
+        span.set_status(StatusCode.ERROR)
+    elif isinstance(exc, Exception):
+        span.set_attribute("error.type", type(exc).__qualname__)
+        span.set_status(StatusCode.ERROR)
+
+
+def span(name: str, attributes: Mapping[str, Any] | None = None, kind: str = "internal") -> Any:
+    """A span named ``name`` for the ``with`` block, current for what runs in it.
+
+    ``kind``: internal, client, server, producer or consumer. A :class:`SkilldError`
+    leaving the block sets ``error.type`` to its outcome. While tracing is off: a no-op.
+    """
+    state = _state
+    if state is None:
+        return NOOP
+    return _Span(state, name, attributes, kind)
+
+
+class _Stage:
+    """A stage that becomes a span only when it took long enough to matter, or failed."""
+
+    __slots__ = ("_attributes", "_name", "_start", "_state")
+
+    def __init__(self, state: _State, name: str, attributes: Mapping[str, Any] | None):
+        self._state = state
+        self._name = name
+        self._attributes = attributes
+        self._start = 0
+
+    def __enter__(self) -> _Stage:
+        self._start = time.time_ns()
+        return self
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        end = time.time_ns()
+        if exc is None and end - self._start < STAGE_MIN_NS:
+            return
+        # Made afterwards, with its real times, in the context the block ran in.
+        span = self._state.tracer.start_span(
+            self._name, attributes=self._attributes, start_time=self._start
+        )
+        if exc is not None:
+            _failed(span, exc)
+        span.end(end_time=end)
+
+
+def stage(name: str, attributes: Mapping[str, Any] | None = None) -> Any:
+    """A span named ``name`` for the ``with`` block, recorded only when the block took at
+    least ``STAGE_MIN_NS`` (1 ms) or raised: a gate that did not make the call wait, or a
+    warm instance handed over, costs no span (each costs about as much CPU as a small
+    call's own work). Nothing inside the block can be its child. A no-op while off."""
+    state = _state
+    if state is None:
+        return NOOP
+    return _Stage(state, name, attributes)
+
+
+def annotate(attributes: Mapping[str, Any]) -> None:
+    """Set ``attributes`` on the current span (nothing while tracing is off)."""
+    if _state is None:
+        return
+    from opentelemetry import trace
+
+    trace.get_current_span().set_attributes(dict(attributes))
+
+
+def decision(decision: Any) -> None:
+    """Record a permission decision on the current span (a host function's).
+
+    The span gets the last decision's ``skilld.permission.allowed`` and
+    ``skilld.permission.rule`` and one ``skilld.permission`` event per decision
+    (capability, action, allowed, rule). The target (a path, a URL) is never recorded.
+    """
+    if _state is None:
+        return
+    from opentelemetry import trace
+
+    current = trace.get_current_span()
+    facts: dict[str, str | bool] = {
+        "skilld.permission.capability": str(decision.capability),
+        "skilld.permission.action": str(decision.action),
+        "skilld.permission.allowed": bool(decision.allowed),
+        "skilld.permission.rule": str(decision.rule),
+    }
+    current.add_event("skilld.permission", facts)
+    current.set_attributes(facts)
+
+
+class _CallSpan(_Span):
+    __slots__ = ("_record", "_skill")
+
+    def __init__(self, state: _State, skill: str, method: str, attributes: dict[str, Any]):
+        super().__init__(state, f"execute_tool {skill}.{method}", attributes, "internal")
+        self._skill = skill
+        self._record = skill in state.record_arguments or "*" in state.record_arguments
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        outcome = "ok"
+        if isinstance(exc, SkilldError):
+            outcome = exc.outcome
+        elif exc is not None:
+            outcome = "internal"
+        self.span.set_attribute("skilld.outcome", outcome)
+        calls = self._state.calls
+        if calls is not None:
+            calls.record(
+                time.perf_counter() - self._started,
+                {"skilld.skill": self._skill, "skilld.outcome": outcome},
+            )
+        super().__exit__(kind, exc, tb)
+
+    def result(self, value: Any) -> None:
+        """The call's result, on its span, when the operator opted in for its skill."""
+        if not self._record:
+            return
+        shown = getattr(value, "value", value)
+        try:
+            text = json.dumps(shown, separators=(",", ":"), sort_keys=True, default=str)
+        except (TypeError, ValueError):
+            text = repr(shown)
+        self.span.set_attribute("gen_ai.tool.call.result", text[:_MAX_RECORDED])
+
+
+def call_span(skill: str, method: str, *, caller: Caller, depth: int, arguments: str) -> Any:
+    """The span of one call of ``skill``'s ``method`` (``execute_tool SKILL.METHOD``).
+
+    Carries the GenAI tool attributes, skilld's own (skill, method, caller kind, depth)
+    and, leaving, ``skilld.outcome``; the call's duration goes to ``skilld.call.duration``.
+    ``arguments`` (and, through ``.result(value)``, the result) are recorded only for the
+    skills named in ``SKILLD_OTEL_RECORD_ARGUMENTS``. While tracing is off: a no-op.
+    """
+    state = _state
+    if state is None:
+        return NOOP
+    attributes: dict[str, Any] = {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": f"{skill}.{method}",
+        "skilld.skill": skill,
+        "skilld.method": method,
+        # The kind only (oauth, token, local, skill, node...): who it is stays in the audit.
+        "skilld.caller": caller.kind,
+        "skilld.depth": depth,
+    }
+    if skill in state.record_arguments or "*" in state.record_arguments:
+        attributes["gen_ai.tool.call.arguments"] = arguments[:_MAX_RECORDED]
+    return _CallSpan(state, skill, method, attributes)
+
+
+# -- context across threads, nodes and processes --------------------------------------
+
+
+def carry(fn: Callable[[], T]) -> Callable[[], T]:
+    """``fn``, made to run in this thread's trace context on whichever thread runs it
+    (a worker pool's); ``fn`` itself while tracing is off."""
+    if _state is None:
+        return fn
+    from opentelemetry import context
+
+    here = context.get_current()
+
+    def run() -> T:
+        token = context.attach(here)
+        try:
+            return fn()
+        finally:
+            context.detach(token)
+
+    return run
+
+
+def carrier() -> dict[str, str]:
+    """The current trace context as W3C fields (``traceparent``, ``tracestate``), for a
+    message to another node; empty while tracing is off or outside any span."""
+    if _state is None:
+        return {}
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    fields: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(fields)
+    # A client's tracestate may be 8 KB: it must not crowd a cluster envelope's routing
+    # facts (MAX_META) nor a script's environment.
+    if len(fields.get(TRACESTATE, "")) > _MAX_TRACESTATE:
+        del fields[TRACESTATE]
+    return fields
+
+
+def _remote(fields: Mapping[str, Any]) -> Any:
+    """The context a valid W3C ``traceparent`` in ``fields`` names, or None."""
+    parent = fields.get(TRACEPARENT)
+    if not isinstance(parent, str):
+        return None
+    from opentelemetry import trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    carried = {TRACEPARENT: parent}
+    state = fields.get(TRACESTATE)
+    if isinstance(state, str) and len(state) <= _MAX_TRACESTATE:
+        carried[TRACESTATE] = state
+    found = TraceContextTextMapPropagator().extract(carried)
+    if not trace.get_current_span(found).get_span_context().is_valid:
+        return None
+    return found
+
+
+@contextmanager
+def _attached(ctx: Any) -> Iterator[None]:
+    from opentelemetry import context
+
+    token = context.attach(ctx)
+    try:
+        yield
+    finally:
+        context.detach(token)
+
+
+def joined(fields: Mapping[str, Any] | None, name: str | None = None) -> Any:
+    """For the ``with`` block, the trace context ``fields`` carry (a verified envelope's
+    routing facts) is the parent of new spans, beneath a SERVER span ``name`` when given;
+    a no-op without one."""
+    state = _state
+    if state is None or not fields:
+        return NOOP
+    ctx = _remote(fields)
+    if ctx is None:
+        return NOOP
+    return _attached(ctx) if name is None else _joined_span(state, ctx, name)
+
+
+@contextmanager
+def _joined_span(state: _State, ctx: Any, name: str) -> Iterator[_Span]:
+    with _attached(ctx), _Span(state, name, None, "server") as opened:
+        yield opened
+
+
+def link(fields: Mapping[str, Any] | None, why: str) -> None:
+    """Link the current span to the span ``fields`` carry (a :func:`carrier` kept with a
+    call): a retry's request span then leads to the call it resumed, in its first
+    request's trace. Nothing while tracing is off or without a context."""
+    state = _state
+    if state is None or not fields:
+        return
+    ctx = _remote(fields)
+    if ctx is None:
+        return
+    target = state.trace.get_current_span(ctx).get_span_context()
+    state.trace.get_current_span().add_link(target, {"skilld.link": why})
+
+
+def environ(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with ``TRACEPARENT`` (and ``TRACESTATE``) of the current span: a native
+    process's spans then join the call's trace. ``env`` itself while tracing is off."""
+    for key, value in carrier().items():
+        env[key.upper()] = value
+    return env
+
+
+# -- the MCP request ------------------------------------------------------------------
+
+
+def mcp_middleware(chain: MutableSequence[Any]) -> None:
+    """Put skilld's two middlewares around the SDK's ``OpenTelemetryMiddleware`` (first in
+    ``chain``, ``Server.middleware``): nothing while tracing is off.
+
+    Outside it, the context of the HTTP ``traceparent`` header where the request's
+    ``_meta`` carries none (the SDK's span takes ``_meta``'s first, then the ambient
+    context) and ``mcp.server.operation.duration``; inside it, ``mcp.session.id`` and
+    ``network.transport`` on the SDK's span.
+
+    Either way, OpenTelemetry's warning for each malformed ``tracestate`` member is
+    silenced: the SDK's middleware reads every request's ``_meta``, so a client could
+    write one log line per member of every request.
+    """
+    logging.getLogger("opentelemetry.trace.span").setLevel(logging.ERROR)
+    if _state is None:
+        return
+    chain.insert(0, _outer)
+    chain.insert(2, _inner)  # right after the SDK's (appended when it was removed)
+
+
+def _headers(ctx: Any) -> Mapping[str, str] | None:
+    # ctx.request is the transport's (Starlette) request over HTTP, None over stdio: the
+    # SDK types it Any, so its headers are looked for rather than assumed.
+    request = getattr(ctx, "request", None)
+    headers = getattr(request, "headers", None)
+    return headers if isinstance(headers, Mapping) or hasattr(headers, "get") else None
+
+
+async def _outer(ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
+    state = _state
+    if state is None:
+        return await call_next(ctx)
+    parent = None
+    meta = ctx.meta
+    if not (isinstance(meta, Mapping) and _remote(meta) is not None):
+        headers = _headers(ctx)
+        if headers is not None:
+            parent = _remote(
+                {TRACEPARENT: headers.get(TRACEPARENT), TRACESTATE: headers.get(TRACESTATE)}
+            )
+    started = time.perf_counter()
+    error: str | None = None
+    try:
+        if parent is None:
+            return await call_next(ctx)
+        with _attached(parent):
+            return await call_next(ctx)
+    except BaseException as exc:
+        error = type(exc).__qualname__
+        raise
+    finally:
+        if state.operation is not None and ctx.request_id is not None:
+            facts: dict[str, Any] = {
+                "mcp.method.name": ctx.method,
+                "mcp.protocol.version": ctx.protocol_version,
+            }
+            name = (ctx.params or {}).get("name") if ctx.method == "tools/call" else None
+            # Only a tool that answered: unknown names are the client's, unbounded.
+            if isinstance(name, str) and error is None:
+                facts["gen_ai.tool.name"] = name
+                facts["gen_ai.operation.name"] = "execute_tool"
+            if error is not None:
+                facts["error.type"] = error
+            state.operation.record(time.perf_counter() - started, facts)
+
+
+async def _inner(ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
+    if _state is not None:
+        headers = _headers(ctx)
+        facts = {"network.transport": "tcp" if headers is not None else "pipe"}
+        session = headers.get("mcp-session-id") if headers is not None else None
+        if session:
+            facts["mcp.session.id"] = session[:_MAX_SESSION_ID]
+        annotate(facts)
+    return await call_next(ctx)

@@ -1,0 +1,187 @@
+"""Trace context is client input: whatever a request's _meta, HTTP header or a script's
+environment would carry, the hooks neither fail nor pass on more than W3C allows."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+from opentelemetry import context, propagate, trace
+from opentelemetry.sdk.trace import TracerProvider
+
+from skilld import telemetry
+from skilld.types import Caller
+
+TRACEPARENT = re.compile(r"^00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
+VALID = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+@pytest.fixture
+def on(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Tracing on in this process, on a provider of its own (the global one untouched)."""
+    provider = TracerProvider()
+    state = telemetry._State(
+        provider.get_tracer("test"), provider, None, None, None, frozenset(), trace, context
+    )
+    monkeypatch.setattr(telemetry, "_state", state)
+    yield
+    provider.shutdown()
+
+
+# Text a client controls: W3C-shaped and not, long tracestate lists, control characters.
+fields = st.one_of(
+    st.text(max_size=200),
+    st.from_regex(r"00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}", fullmatch=True),
+    st.builds(
+        lambda n, v: ",".join(f"k{i}={v}" for i in range(n)),
+        st.integers(0, 40),
+        st.text(alphabet="abcdef0123456789", min_size=1, max_size=256),
+    ),
+)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(parent=st.one_of(fields, st.just(VALID)), state=fields, other=st.none() | st.integers())
+@example(parent=VALID, state=",".join(f"k{i}={'a' * 250}" for i in range(32)), other=None)
+def test_any_carried_context_is_taken_or_ignored_never_passed_on_unbounded(
+    on: None, parent: str, state: str, other: Any
+) -> None:
+    """joined/link/carrier/environ on arbitrary traceparent and tracestate text: no
+    exception, and what goes on (to another node, into a script's environment) is a
+    well-formed traceparent and at most 512 characters of tracestate."""
+    carried = {"traceparent": parent, "tracestate": state, "x": other}
+    # As the SDK's middleware takes a request's _meta (the global propagator, unbounded).
+    token = context.attach(propagate.extract({"traceparent": parent, "tracestate": state}))
+    try:
+        with telemetry.span("request"):
+            sdk_side = telemetry.carrier()
+    finally:
+        context.detach(token)
+    assert len(sdk_side.get("tracestate", "")) <= 512
+    with telemetry.joined(carried, "skilld.round.relayed"), telemetry.span("child"):
+        telemetry.link(carried, "test")
+        out = telemetry.carrier()
+        env = telemetry.environ({})
+    assert TRACEPARENT.fullmatch(out["traceparent"]), out
+    assert len(out.get("tracestate", "")) <= 512
+    assert env["TRACEPARENT"] == out["traceparent"]
+    if parent == VALID:
+        assert out["traceparent"].split("-")[1] == VALID.split("-")[1]
+
+
+class _Request:
+    def __init__(self, headers: dict[str, str]):
+        self.headers = headers
+
+
+class _Ctx:
+    def __init__(self, meta: Any, headers: dict[str, str]):
+        self.meta = meta
+        self.request = _Request(headers)
+        self.request_id = 1
+        self.method = "tools/call"
+        self.protocol_version = "2025-11-25"
+        self.params = {"name": "t"}
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(header=fields, meta=st.one_of(st.none(), st.dictionaries(st.text(max_size=20), fields)))
+def test_the_request_middleware_takes_any_header_and_meta(
+    on: None, header: str, meta: dict[str, str] | None
+) -> None:
+    """The middleware outside the SDK's runs the request under whatever the HTTP header
+    and _meta hold, valid or not, and leaves the context as it found it."""
+    import anyio
+
+    seen: list[Any] = []
+
+    async def handler(ctx: Any) -> str:
+        seen.append(trace.get_current_span().get_span_context())
+        return "ok"
+
+    before = context.get_current()
+    ctx = _Ctx(meta, {"traceparent": header, "tracestate": header})
+    assert anyio.run(telemetry._outer, ctx, handler) == "ok"
+    assert context.get_current() == before
+    assert len(seen) == 1
+
+
+def test_a_stage_is_a_span_only_when_it_took_long_enough_or_failed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A gate or instance stage shorter than STAGE_MIN_NS leaves no span; one that took
+    longer, or raised, is a span under the call with its real times and error."""
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from skilld.errors import SkillBusy
+
+    provider = TracerProvider()
+    spans = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    state = telemetry._State(
+        provider.get_tracer("test"), provider, None, None, None, frozenset(), trace, context
+    )
+    monkeypatch.setattr(telemetry, "_state", state)
+    monkeypatch.setattr(telemetry, "STAGE_MIN_NS", 10**12)
+    with telemetry.span("call"):
+        with telemetry.stage("quick", {"skilld.skill": "s"}):
+            pass
+        with pytest.raises(SkillBusy), telemetry.stage("refused"):
+            raise SkillBusy("s", 1)
+        monkeypatch.setattr(telemetry, "STAGE_MIN_NS", 0)
+        with telemetry.stage("waited", {"skilld.skill": "s"}):
+            pass
+    done = {s.name: s for s in spans.get_finished_spans()}
+    assert set(done) == {"call", "refused", "waited"}
+    call = done["call"].context.span_id
+    assert done["waited"].parent is not None and done["waited"].parent.span_id == call
+    assert done["waited"].attributes == {"skilld.skill": "s"}
+    assert done["refused"].attributes["error.type"] == "busy"
+    assert done["waited"].start_time <= done["waited"].end_time
+
+
+def test_a_malformed_tracestate_writes_no_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    """Once the MCP server is built (mcp_middleware, tracing on or off), a request's
+    malformed tracestate, which OpenTelemetry warns about per member, logs nothing."""
+    telemetry.mcp_middleware([])
+    with caplog.at_level(logging.DEBUG):
+        propagate.extract({"traceparent": VALID, "tracestate": ",".join(["bad member"] * 30)})
+    assert not [r for r in caplog.records if r.name.startswith("opentelemetry")]
+
+
+def test_arguments_and_results_are_recorded_only_for_the_skills_opted_in(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SKILLD_OTEL_RECORD_ARGUMENTS names the skills whose calls carry their arguments and
+    result (cut to 4 KiB); every other call's span has neither."""
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from skilld.types import CallOutput
+
+    provider = TracerProvider()
+    spans = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    opted = frozenset({"notes"})
+    state = telemetry._State(
+        provider.get_tracer("test"), provider, None, None, None, opted, trace, context
+    )
+    monkeypatch.setattr(telemetry, "_state", state)
+    for skill in ("notes", "secrets"):
+        arguments = json.dumps({"text": "x" * 5000})
+        local = Caller.local()
+        with telemetry.call_span(skill, "add", caller=local, depth=0, arguments=arguments) as span:
+            span.result(CallOutput({"id": 7}))
+    done = {s.attributes["skilld.skill"]: s.attributes for s in spans.get_finished_spans()}
+    assert len(done["notes"]["gen_ai.tool.call.arguments"]) == 4096
+    assert done["notes"]["gen_ai.tool.call.result"] == '{"id":7}'
+    assert "gen_ai.tool.call.arguments" not in done["secrets"]
+    assert "gen_ai.tool.call.result" not in done["secrets"]
+    assert done["secrets"]["skilld.outcome"] == "ok"

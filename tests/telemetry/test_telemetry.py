@@ -1,0 +1,270 @@
+"""Operator control: off by default with every hook a no-op; on, no connection until there
+are spans, one warning for a missing collector; the HTTP traceparent header as the parent."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx2 as httpx
+import pytest
+
+from skilld import telemetry
+from skilld.bundle import build_bundle
+from skilld.sandbox import Sandbox
+from skilld.types import Caller
+from support.env import SKILLS, cache_dir
+from support.otlp import Receiver, otlp_receiver
+from support.serve_process import ServeProcess
+
+pytestmark = pytest.mark.anyio
+
+MODERN = "2026-07-28"
+TASKS = "io.modelcontextprotocol/tasks"
+META = {
+    "io.modelcontextprotocol/protocolVersion": MODERN,
+    "io.modelcontextprotocol/clientCapabilities": {},
+}
+
+
+def test_off_by_default_every_hook_is_a_no_op() -> None:
+    """Without OTEL_TRACES_EXPORTER=otlp tracing stays off and each hook returns at once:
+    the shared no-op span, no carrier, the same environment, the same function, the
+    middleware list untouched."""
+    assert not telemetry.configure(environ={})
+    assert not telemetry.configure(environ={"OTEL_TRACES_EXPORTER": "none"})
+    assert not telemetry.configure(environ={"OTEL_TRACES_EXPORTER": "zipkin"})
+    assert not telemetry.enabled()
+    assert telemetry.span("x") is telemetry.NOOP
+    call = telemetry.call_span("s", "m", caller=Caller.local(), depth=0, arguments="{}")
+    assert call is telemetry.NOOP
+    assert telemetry.carrier() == {}
+    env = {"A": "1"}
+    assert telemetry.environ(env) == {"A": "1"}
+
+    def fn() -> int:
+        return 1
+
+    assert telemetry.carry(fn) is fn
+    parent = {"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"}
+    assert telemetry.joined(parent) is telemetry.NOOP
+    chain: list[Any] = ["sdk"]
+    telemetry.mcp_middleware(chain)
+    assert chain == ["sdk"]
+
+
+# Configures tracing as `skilld serve` does, says so, waits for "go", then makes spans in
+# three batches and shuts down (the flush is bounded).
+_SCRIPT = """
+import logging, sys
+logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s %(message)s")
+from skilld import telemetry
+from opentelemetry import trace
+assert telemetry.configure(node="n1")
+print("configured", flush=True)
+sys.stdin.readline()
+provider = trace.get_tracer_provider()
+for batch in range(3):
+    for n in range(5):
+        with telemetry.span(f"s{batch}.{n}"):
+            pass
+    provider.force_flush(5000)
+telemetry.shutdown()
+print("done", flush=True)
+"""
+
+
+@pytest.fixture
+def silent_collector() -> Iterator[tuple[socket.socket, list[int]]]:
+    """A listening socket that takes connections and closes them unanswered; the count."""
+    server = socket.create_server(("127.0.0.1", 0))
+    seen: list[int] = []
+    yield server, seen
+    server.close()
+
+
+def test_a_missing_collector_costs_no_connection_at_start_and_one_warning(
+    silent_collector: tuple[socket.socket, list[int]],
+) -> None:
+    """Configured, the node opens no connection before it has spans; when the collector
+    does not answer, three failed batches give one warning and nothing else is logged."""
+    server, _seen = silent_collector
+    port = server.getsockname()[1]
+    env = {
+        **os.environ,
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "1",
+        "OTEL_BSP_SCHEDULE_DELAY": "50",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SCRIPT],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        assert proc.stdout.readline().strip() == "configured"
+        # Nothing connected while there were no spans (the backlog would hold it).
+        server.settimeout(0.5)
+        with pytest.raises(TimeoutError):
+            server.accept()
+        connections: list[int] = []
+
+        def refuse() -> None:
+            server.settimeout(None)
+            while True:
+                try:
+                    conn, _ = server.accept()
+                except OSError:
+                    return
+                connections.append(1)
+                conn.close()
+
+        threading.Thread(target=refuse, daemon=True).start()
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert out.strip() == "done", err
+    assert connections, "the exporter never tried to send"
+    warnings = [line for line in err.splitlines() if line.startswith(("WARNING", "ERROR"))]
+    assert len(warnings) == 1, err
+    assert "collector did not take a batch" in warnings[0]
+    assert f"127.0.0.1:{port}" in warnings[0]
+
+
+@pytest.fixture(scope="module")
+def echo_bundle(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("echo")
+    shutil.copytree(SKILLS["echo"], root / "skills" / "echo")
+    (root / "policies").mkdir()
+    (root / "policies" / "echo.yaml").write_text("skill: echo\nmcp:\n  tasks: {echo: optional}\n")
+    out = root / "bundle"
+    build_bundle(
+        root / "skills",
+        root / "policies",
+        out,
+        sandbox=sandbox,
+        cache_dir=cache_dir(),
+        strict=False,
+    )
+    return out
+
+
+@pytest.fixture
+def traced_node(
+    echo_bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Receiver, ServeProcess]]:
+    with otlp_receiver() as receiver:
+        monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+        node = ServeProcess(echo_bundle, tmp_path / "state")
+        try:
+            yield receiver, node
+        finally:
+            node.stop()
+
+
+async def _call(url: str, text: str, meta: dict[str, Any], headers: dict[str, str]) -> Any:
+    params = {"name": "echo/echo", "arguments": {"text": text}}
+    return await _rpc(url, "tools/call", params, meta, headers)
+
+
+async def _rpc(
+    url: str,
+    method: str,
+    params: dict[str, Any],
+    meta: dict[str, Any],
+    headers: dict[str, str] | None = None,
+) -> Any:
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": method,
+        "params": {**params, "_meta": {**META, **meta}},
+    }
+    named = params.get("name") or params.get("taskId")
+    async with httpx.AsyncClient(timeout=30) as http:
+        response = await http.post(
+            url,
+            json=body,
+            headers={
+                "Accept": "application/json, text/event-stream",
+                "MCP-Protocol-Version": MODERN,
+                "Mcp-Method": method,
+                **({"Mcp-Name": str(named)} if named else {}),
+                **(headers or {}),
+            },
+        )
+    if response.headers.get("content-type", "").startswith("application/json"):
+        return response.json()
+    data = [line[5:].strip() for line in response.text.splitlines() if line.startswith("data:")]
+    return json.loads(data[-1])
+
+
+HEADER = "00-11111111111111111111111111111111-2222222222222222-01"
+CREATE = "00-55555555555555555555555555555555-6666666666666666-01"
+GET = "00-77777777777777777777777777777777-8888888888888888-01"
+IN_META = "00-33333333333333333333333333333333-4444444444444444-01"
+
+
+async def test_the_http_traceparent_header_is_the_parent_when_meta_has_none(
+    traced_node: tuple[Receiver, ServeProcess],
+) -> None:
+    """A request whose _meta has no traceparent is parented by its HTTP traceparent
+    header; one with both is parented by _meta's (the MCP convention comes first)."""
+    receiver, node = traced_node
+    first = await _call(node.url, "a", {}, {"traceparent": HEADER})
+    second = await _call(node.url, "b", {"traceparent": IN_META}, {"traceparent": HEADER})
+    assert "error" not in first and "error" not in second, (first, second)
+    spans = receiver.wait(lambda s: sum(x.name == "tools/call echo/echo" for x in s) == 2)
+    servers = {s.trace_id: s for s in spans if s.name == "tools/call echo/echo"}
+    assert servers["1" * 32].parent_id == "2" * 16
+    assert servers["3" * 32].parent_id == "4" * 16
+    for server in servers.values():
+        assert server.kind == "server"
+        assert server.attributes["network.transport"] == "tcp"
+    # The call beneath it, in the same trace.
+    call = next(s for s in spans if s.name == "execute_tool echo.echo" and s.trace_id == "1" * 32)
+    assert call.attributes["skilld.outcome"] == "ok"
+
+
+async def test_every_request_about_a_task_links_to_the_request_that_created_it(
+    traced_node: tuple[Receiver, ServeProcess],
+) -> None:
+    """A task made by one request (trace C) and asked after by another (trace G): the
+    call runs in C; the tasks/get span, in G, links to C's request span."""
+    receiver, node = traced_node
+    tasks = {"io.modelcontextprotocol/clientCapabilities": {"extensions": {TASKS: {}}}}
+    created = await _call(node.url, "later", {**tasks, "traceparent": CREATE}, {})
+    assert created["result"]["resultType"] == "task", created
+    task_id = created["result"]["taskId"]
+    asked = await _rpc(node.url, "tasks/get", {"taskId": task_id}, {**tasks, "traceparent": GET})
+    assert "error" not in asked, asked
+    spans = receiver.wait(
+        lambda s: (
+            any(x.name.startswith("tasks/get") for x in s)
+            and any(x.name == "execute_tool echo.echo" for x in s)
+        )
+    )
+    create = next(s for s in spans if s.name == "tools/call echo/echo")
+    get = next(s for s in spans if s.name.startswith("tasks/get"))
+    call = next(s for s in spans if s.name == "execute_tool echo.echo")
+    assert create.trace_id == call.trace_id == "5" * 32
+    assert get.trace_id == "7" * 32
+    assert ("5" * 32, create.span_id) in get.links, get.links
