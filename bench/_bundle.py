@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -32,4 +33,12 @@ def echo_registry_cold() -> Any:
     registry = echo_registry()
     for entry in registry.skills():
         entry.component._pool_limits = None
+    return registry
+
+
+def echo_registry_fresh() -> Any:
+    """As :func:`echo_registry`, every skill under ``instances: fresh`` (an instance per call)."""
+    registry = echo_registry()
+    for entry in registry.skills():
+        entry.limits = replace(entry.limits, instance_calls=1)
     return registry

@@ -81,7 +81,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--scale", type=float, default=1.0, help="fraction of iterations")
     parser.add_argument("--bundle", type=Path, help="measure activation tokens of this bundle")
+    parser.add_argument(
+        "--quick", action="store_true", help="a few iterations: that it runs (CI; no targets)"
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.scale = 0.1
     if args.bundle is not None:
         with Sandbox(cache_dir()) as sandbox:
             activation_tokens(args.bundle, sandbox)

@@ -146,6 +146,11 @@ async def _app_cost(rounds: int, batch: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=20000)
+    parser.add_argument(
+        "--quick", action="store_true", help="a few iterations: that it runs (CI; no targets)"
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.requests = 200
     anyio.run(main, args.requests)
     anyio.run(_app_cost, 10, max(1, args.requests // 20))

@@ -168,7 +168,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--cedar-iterations", type=int, default=300, help="per case (Cedar takes milliseconds)"
     )
     ap.add_argument("--no-cedar", action="store_true", help="time skilld's rules only")
+    ap.add_argument(
+        "--quick", action="store_true", help="a few iterations: that it runs (CI; no targets)"
+    )
     args = ap.parse_args(argv)
+    if args.quick:
+        # Cedar is an optional comparison (cedarpy is not a dependency): skilld's rules only.
+        args.iterations, args.rounds, args.no_cedar = 400, 1, True
 
     t0 = time.perf_counter()
     doc = load_yaml(rules_yaml(), "callers/bench.yaml")

@@ -204,7 +204,12 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=100_000)
     parser.add_argument("--pool", type=int, default=DEFAULT_POOL)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--quick", action="store_true", help="a few iterations: that it runs (CI; no targets)"
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.iterations, args.rounds = 3000, 1
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "bench.yaml").write_text(policy_text(RULES_PER_KIND))
         t0 = time.perf_counter()

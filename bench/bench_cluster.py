@@ -95,7 +95,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000, help="calls per round and side")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds")
+    parser.add_argument(
+        "--quick", action="store_true", help="a few iterations: that it runs (CI; no targets)"
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.calls, args.rounds = 50, 1
     tmp = Path(tempfile.mkdtemp(prefix="skilld-bench-cluster-"))
     procs: list[subprocess.Popen[str]] = []
     try:

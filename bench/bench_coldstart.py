@@ -167,4 +167,8 @@ async def main(runs: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=7)
-    anyio.run(main, parser.parse_args().runs)
+    parser.add_argument(
+        "--quick", action="store_true", help="a few iterations: that it runs (CI; no targets)"
+    )
+    args = parser.parse_args()
+    anyio.run(main, 1 if args.quick else args.runs)

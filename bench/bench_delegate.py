@@ -97,7 +97,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--bundle", help="a bundle with the notes kit (default: the demo bundle)")
+    ap.add_argument(
+        "--quick", action="store_true", help="a few iterations: that it runs (CI; no targets)"
+    )
     args = ap.parse_args()
+    if args.quick:
+        args.rounds = 3
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="skilld-bench-delegate-") as state:

@@ -65,7 +65,12 @@ def main() -> int:
     """Time each path, print a table."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--scale", type=float, default=1.0)
+    parser.add_argument(
+        "--quick", action="store_true", help="a few iterations: that it runs (CI; no targets)"
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.scale = 0.01
     n = max(3, int(500 * args.scale))
     m = max(3, int(60 * args.scale))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Page)

@@ -15,6 +15,7 @@ Run: ``python bench/bench_handoff.py``
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import time
@@ -37,21 +38,21 @@ def _noop() -> int:
     return 1
 
 
-async def _measure(handoff: Callable[[], Awaitable[object]]) -> float:
-    """CPU seconds per call with ``CALLERS`` tasks making ``CALLS`` calls in all."""
+async def _measure(handoff: Callable[[], Awaitable[object]], calls: int) -> float:
+    """CPU seconds per call with ``CALLERS`` tasks making ``calls`` calls in all."""
 
     async def caller() -> None:
-        for _ in range(CALLS // CALLERS):
+        for _ in range(calls // CALLERS):
             await handoff()
 
     started = time.process_time()
     async with anyio.create_task_group() as tg:
         for _ in range(CALLERS):
             tg.start_soon(caller)
-    return (time.process_time() - started) / CALLS
+    return (time.process_time() - started) / calls
 
 
-async def main() -> None:
+async def main(calls: int, rounds: int) -> None:
     """Print CPU per hand-off for each way, and the ratios to anyio's."""
     limiter = anyio.CapacityLimiter(64)
     pool = WorkerPool(64)
@@ -84,11 +85,11 @@ async def main() -> None:
         "WorkerPool.run (skilld now)": worker_pool,
     }
     cpu: dict[str, list[float]] = {name: [] for name in ways}
-    for _ in range(ROUNDS):  # alternating, so a drifting machine hits every way alike
+    for _ in range(rounds):  # alternating, so a drifting machine hits every way alike
         for name, handoff in ways.items():
-            cpu[name].append(await _measure(handoff))
+            cpu[name].append(await _measure(handoff, calls))
     base = statistics.median(cpu["anyio.to_thread.run_sync"])
-    print(f"{CALLERS} concurrent callers, {CALLS} no-op calls per round, {ROUNDS} rounds")
+    print(f"{CALLERS} concurrent callers, {calls} no-op calls per round, {rounds} rounds")
     print()
     print("| hand-off | CPU us/call (median of rounds) | ratio to anyio.to_thread |")
     print("|---|---|---|")
@@ -98,4 +99,9 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    anyio.run(main)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--quick", action="store_true", help="a few iterations: that it runs (CI; no targets)"
+    )
+    quick = parser.parse_args().quick
+    anyio.run(main, 160 if quick else CALLS, 1 if quick else ROUNDS)

@@ -97,7 +97,12 @@ def main() -> None:
     parser.add_argument("--keep-resident", type=int, help="MiB of linear memory kept resident")
     parser.add_argument("--warm-slots", type=int, help="unused warm slots the pool keeps")
     parser.add_argument("--wasm", type=Path, help="another build of the echo component")
+    parser.add_argument(
+        "--quick", action="store_true", help="a few iterations: that it runs (CI; no targets)"
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.calls = 20
     if args.keep_resident is not None:
         _engine._POOL_KEEP_RESIDENT = args.keep_resident << 20
     if args.warm_slots is not None:

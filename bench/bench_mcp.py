@@ -6,7 +6,7 @@ client session per concurrent caller, and reports p50/p99 latency, throughput an
 server's CPU time per call at concurrency 1 and 16, then the skilld/bare ratios.
 
 By default skilld serves the demo bundle through its registry (policy context, audit
-record, one fresh wasm instance per call) and the tool is ``echo-wat/echo``: a skill
+record, the caller's warm wasm instance) and the tool is ``echo-wat/echo``: a skill
 written in WebAssembly text, with no guest runtime, so the numbers are skilld's own
 cost. Other subjects, through ``--dispatcher module:factory`` and ``--tool``:
 
@@ -20,6 +20,10 @@ cost. Other subjects, through ``--dispatcher module:factory`` and ``--tool``:
     python bench_mcp.py --sides baseline,skilld,traced --baseline-src ../base/src
                                                           # a change's cost: each side its own
                                                           # server, rounds alternating
+    python bench_mcp.py --quick                           # seconds: that it runs (CI)
+
+With the default dispatcher the sides are bare, skilld and fresh: skilld with every skill
+under ``instances: fresh`` (``_bundle:echo_registry_fresh``), a new instance per call.
 
 The machine's speed drifts (a shared VM), so each cell runs ``--rounds`` times,
 alternating bare and skilld: latencies are pooled, throughput and CPU per call are
@@ -265,7 +269,11 @@ def _otlp_sink() -> Iterator[str]:
 #   traced   skilld tracing every request (OTLP/HTTP batches to a receiver in this process)
 #   baseline skilld from another source tree (``--baseline-src``: say, the commit before a
 #            change), tracing off
-SIDES = ("bare", "skilld", "traced", "baseline")
+#   fresh    skilld with every skill under ``instances: fresh`` (the default dispatcher's
+#            registry, ``_bundle:echo_registry_fresh``): a new instance per call
+SIDES = ("bare", "skilld", "traced", "baseline", "fresh")
+DEFAULT_DISPATCHER = "_bundle:echo_registry"
+FRESH_DISPATCHER = "_bundle:echo_registry_fresh"
 
 
 async def run(
@@ -319,6 +327,11 @@ async def _run(
             # The other tree's skilld first on the path; this bench's helpers after it.
             path = os.pathsep.join([baseline_src, *sys.path])
             procs[side] = _spawn(["--serve", "skilld", *port, *skilld_args], {"PYTHONPATH": path})
+        elif side == "fresh":
+            if dispatcher != DEFAULT_DISPATCHER:
+                raise SystemExit("bench_mcp: the fresh side serves the default dispatcher only")
+            fresh_args = ["--dispatcher", FRESH_DISPATCHER, *skilld_args[2:]]
+            procs[side] = _spawn(["--serve", "skilld", *port, *fresh_args])
         else:
             env = traced if side == "traced" else {}
             procs[side] = _spawn(["--serve", "skilld", *port, *skilld_args], env)
@@ -401,7 +414,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per cell")
     parser.add_argument(
         "--dispatcher",
-        default="_bundle:echo_registry",
+        default=DEFAULT_DISPATCHER,
         help="module:factory returning the Dispatcher skilld serves (default: the demo "
         "bundle's registry)",
     )
@@ -429,17 +442,25 @@ def main() -> None:
         "--sides",
         default=None,
         help=f"comma-separated sides to put against each other, the first the reference "
-        f"(of {', '.join(SIDES)}; default bare,skilld)",
+        f"(of {', '.join(SIDES)}; default bare,skilld,fresh with the default dispatcher, "
+        "else bare,skilld)",
     )
     parser.add_argument(
         "--baseline-src",
         default=None,
         help="the src/ directory of another skilld tree, served as the side 'baseline'",
     )
+    parser.add_argument(
+        "--quick", action="store_true", help="a few calls, one round: that it runs (CI)"
+    )
     parser.add_argument("--serve", choices=["skilld", "bare"], help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    sides = ("bare", "traced" if args.trace else "skilld")
+    sides: tuple[str, ...] = ("bare", "traced" if args.trace else "skilld")
+    if not args.trace and args.dispatcher == DEFAULT_DISPATCHER:
+        sides = (*sides, "fresh")
+    if args.quick:
+        args.requests, args.rounds = 32, 1
     if args.sides:
         sides = tuple(args.sides.split(","))
         if not set(sides) <= set(SIDES) or len(set(sides)) != len(sides):

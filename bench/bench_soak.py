@@ -185,7 +185,12 @@ def main() -> None:
     parser.add_argument("--sample", type=float, default=5, help="seconds between RSS samples")
     parser.add_argument("--session-calls", type=int, default=200, help="calls per session")
     parser.add_argument("--bundle", type=Path, help="bundle to serve (default: the demo)")
+    parser.add_argument(
+        "--quick", action="store_true", help="a few iterations: that it runs (CI; no targets)"
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.duration, args.idle, args.sample = 8.0, 2.0, 1.0
     state = Path(tempfile.mkdtemp(prefix="skilld-soak-"))
     proc, url = start_server(args.bundle, state)
     try:

@@ -25,9 +25,11 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from skilld import telemetry
-from skilld.types import Decision
+from skilld.types import Caller, Decision
 
 DECISION = Decision(True, "kv", "set", "k", "notes.kv", "granted")
+# An MCP client without authentication, as the ring now passes it: a typed caller.
+_CALLER = Caller.anonymous()
 
 
 def one_call(host_calls: int) -> None:
@@ -37,7 +39,7 @@ def one_call(host_calls: int) -> None:
         pass
     with telemetry.stage("skilld.gate.wait", {"skilld.skill": "notes"}):
         pass
-    with telemetry.call_span("notes", "add", caller="mcp", depth=0, arguments="{}") as span:
+    with telemetry.call_span("notes", "add", caller=_CALLER, depth=0, arguments="{}") as span:
         with telemetry.stage("skilld.instance", {"skilld.instance": "fresh"}):
             telemetry.annotate({"skilld.instance": "warm"})
         with telemetry.span("skilld.guest.run", {"skilld.skill": "notes"}):
@@ -95,7 +97,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=20000)
     parser.add_argument("--host-calls", type=int, default=2)
+    parser.add_argument(
+        "--quick", action="store_true", help="a few iterations: that it runs (CI; no targets)"
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.calls = 200
     rows = [("nothing", timed(lambda: None, args.calls))]
     rows.append(("tracing off", timed(lambda: one_call(args.host_calls), args.calls)))
     with sink() as url:

@@ -11,6 +11,7 @@ Run: ``python bench/bench_verify.py``
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import os
 import statistics
@@ -36,17 +37,22 @@ RUNS = 15
 
 def main() -> None:
     """Print the timings as a Markdown table and the ratio to one sha256."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--quick", action="store_true", help="a few iterations: that it runs (CI; no targets)"
+    )
+    runs = 2 if parser.parse_args().quick else RUNS
     key = SigningKey.generate()
     trust = TrustStore((trusted_key("bench", key.public_raw, ["bench"]),))
     meta = SkillMeta("bench", "Bench", "1.0.0", "benchmark", {"kv": {}})
     data = build_package(meta, os.urandom(SIZE), files={"SKILL.md": b"# bench\n"}, keys=[key])
-    print(f"package: {len(data) / 1e6:.1f} MB, {RUNS} runs, python {sys.version.split()[0]}")
+    print(f"package: {len(data) / 1e6:.1f} MB, {runs} runs, python {sys.version.split()[0]}")
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.skill"
         path.write_bytes(data)
-        sha = timings(lambda: hashlib.sha256(data).digest(), n=RUNS)
-        from_bytes = timings(lambda: verify_package(data, trust), n=RUNS)
-        from_file = timings(lambda: verify_package(path, trust), n=RUNS)
+        sha = timings(lambda: hashlib.sha256(data).digest(), n=runs)
+        from_bytes = timings(lambda: verify_package(data, trust), n=runs)
+        from_file = timings(lambda: verify_package(path, trust), n=runs)
     print("\n| step | median ms | p99 ms |\n|---|---|---|")
     print(row("sha256 of the package bytes (raw)", sha))
     print(row("verify_package(bytes)", from_bytes))

@@ -24,7 +24,7 @@ One trace, from the client to the script::
     └─ execute_tool notes.add               the call (Registry._run): skill, method, caller
        ├─ skilld.route notes  CLIENT        a routed call: the context rides in the sealed
        │  └─ (worker) execute_tool ...      envelope's routing facts (carrier / joined)
-       ├─ skilld.instance                   fresh or warm
+       ├─ skilld.instance                   fresh, warm (pre-warmed) or reused
        └─ skilld.guest.run
           └─ skilld.host kv.set             each host function; its permission decisions
              └─ execute_tool other.m        (allowed, rule) as attributes and events;

@@ -211,6 +211,15 @@ class Limits:
     # grow in one call (accounted while it runs: skilld.agentskills._quota).
     workspace_bytes: int = 256 * 1024 * 1024
     write_bytes: int = 64 * 1024 * 1024
+    # Warm instances (policy ``instances:``, docs/runtime.md): how many calls of one caller
+    # one instance may serve (1: a fresh instance per call), and how long it may sit idle.
+    instance_calls: int = 1000
+    instance_idle_ms: int = 60_000
+
+    @property
+    def fresh_instances(self) -> bool:
+        """Every call gets an instance no other call touched (``instances: fresh``)."""
+        return self.instance_calls <= 1
 
 
 @runtime_checkable

@@ -125,3 +125,23 @@ def test_programs_run_on_warm_runner_instances(
     monkeypatch.setattr(runner, "_fresh", counted)
     assert service.run_program("result = 2", "text", {})["output"] == 2
     assert threading.current_thread().name not in made_here
+
+
+def test_a_programs_runner_and_tool_calls_reuse_the_callers_warm_instances(
+    kits_registry: tuple[Registry, AuditFile],
+) -> None:
+    """A second program for the same caller runs on the runner and tool instances of the first.
+
+    That is what makes a program of three tools faster than three direct calls
+    (bench/bench_delegate.py): none of its calls pays an instance's life.
+    """
+    registry, audit = kits_registry
+    intent = {"intent": "add a note warm-1 saying hello", "kit": "notes"}
+    registry.call("delegate", intent, NullChannel())
+    before = len(audit.records)
+    intent = {"intent": "add a note warm-2 saying hello", "kit": "notes"}
+    assert registry.call("delegate", intent, NullChannel()).value["success"]
+    guests = [r for r in audit.records[before:] if r.get("event") == "call" and "instances" in r]
+    assert {r["skill"] for r in guests} == {"kit.notes", "notes"}
+    assert len([r for r in guests if r["skill"] == "notes"]) == 3
+    assert all(r["instances"] == "warm" and r["instance_call"] >= 2 for r in guests), guests

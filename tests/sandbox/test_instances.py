@@ -176,8 +176,9 @@ def test_a_nested_calls_refill_waits_for_the_outermost_call(
     hostile relays to echo (invoke): echo's used instance goes to the background worker
     only once hostile's own call has ended, so the program keeps the cores. With no
     ready instance left, a nested call refills at once (the next one would instantiate).
+    Fresh instances per call: a warm one is kept, never retired.
     """
-    limits = Limits(timeout_ms=10_000)
+    limits = Limits(timeout_ms=10_000, instance_calls=1)
     reg = Registry()
     comps: dict[str, Component] = {}
     for name in ("echo", "hostile"):

@@ -82,9 +82,11 @@ def test_output_over_the_limit_is_refused(hostile: Component) -> None:
 
 
 def test_nothing_survives_into_the_next_call(hostile: Component) -> None:
-    """Module state a call leaves behind is gone in the next call, pooled slots included."""
-    ctx = CallContext("hostile", Limits(), NullChannel())
-    hostile.prewarm(Limits(), depth=2)
+    """Under ``instances: fresh``, module state a call leaves behind is gone in the next call,
+    pooled slots included."""
+    fresh = Limits(instance_calls=1)
+    ctx = CallContext("hostile", fresh, NullChannel())
+    hostile.prewarm(fresh, depth=2)
     try:
         for i in range(20):
             assert hostile.call("recall", "{}", ctx).value == []

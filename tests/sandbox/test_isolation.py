@@ -1,4 +1,5 @@
-"""No call sees another call's data: pooled, warmed and concurrently used instances."""
+"""No call sees another call's data under ``instances: fresh``: pooled, warmed and concurrently
+used instances (one caller's warm instances: tests/sandbox/test_warm.py)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def test_concurrent_calls_never_read_each_others_secrets(hostile: Component, dep
     the spot, and freed by the background worker into slots the next instances reuse: a
     slot or instance handed on without its memory reset would show a secret here.
     """
-    limits = Limits()
+    limits = Limits(instance_calls=1)  # instances: fresh
     hostile.prewarm(limits, depth=depth)
     seen: list[str] = []
     failures: list[BaseException] = []
@@ -72,7 +73,7 @@ def test_a_call_finds_at_most_the_hosts_warm_up_never_another_call(hostile: Comp
     instance (so the test sees the pool at work), and no call ever finds the secret
     of another call beside it.
     """
-    limits = Limits()
+    limits = Limits(instance_calls=1)  # instances: fresh
     marker = [["warm", "warm" * 16]]  # what recall returns after the warm-up alone
     hostile.prewarm(limits, depth=2, warm_call=("remember", json.dumps({"secret": "warm"})))
     found: list[list[str]] = []

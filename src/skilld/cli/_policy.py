@@ -178,6 +178,7 @@ def _compile(args: argparse.Namespace) -> int:
 
 def _explain(args: argparse.Namespace) -> int:
     from skilld.permissions import explain, explain_action
+    from skilld.policy import instances_text
 
     if args.caller is not None:
         return _explain_caller(args)
@@ -201,6 +202,7 @@ def _explain(args: argparse.Namespace) -> int:
     print(f"{verdict}: {args.skill} {args.action} {args.target}")
     print(f"  rule: {decision.rule}{source}")
     print(f"  why:  {decision.reason}")
+    print(f"  instances: {instances_text(tables.limits(args.skill))}")
     return 0 if decision.allowed else 1
 
 

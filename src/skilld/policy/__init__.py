@@ -27,7 +27,13 @@ from skilld.policy._kits import (
     grade_of,
     kit_runner_id,
 )
-from skilld.policy._schema import CAPABILITY_SECTIONS, HTTP_METHODS, Exposure, parse_grants
+from skilld.policy._schema import (
+    CAPABILITY_SECTIONS,
+    HTTP_METHODS,
+    Exposure,
+    instances_text,
+    parse_grants,
+)
 from skilld.policy._tables import FORMAT, Tables, load_tables
 from skilld.policy._yaml import LMap, load_yaml
 
@@ -48,6 +54,7 @@ __all__ = [
     "compile_documents",
     "compile_policies",
     "grade_of",
+    "instances_text",
     "kit_runner_id",
     "load_tables",
     "load_yaml",

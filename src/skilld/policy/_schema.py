@@ -30,6 +30,7 @@ from typing import Any
 from skilld.errors import PolicyError
 from skilld.policy import patterns as p
 from skilld.policy._yaml import LList, LMap
+from skilld.types import Limits
 
 HTTP_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 DEFAULT_HTTP_METHODS = ("GET", "HEAD")
@@ -45,7 +46,9 @@ _CLIENT_FEATURES = ("sample", "elicit", "roots")
 TASK_MODES = ("optional", "required")
 
 CAPABILITY_SECTIONS = ("fs", "http", "tcp", "shell", "env", "invoke", "transfer", "kv")
-POLICY_KEYS = ("skill", "description", *CAPABILITY_SECTIONS, "limits", "mcp", "scripts")
+POLICY_KEYS = (
+    "skill", "description", *CAPABILITY_SECTIONS, "limits", "instances", "mcp", "scripts"
+)  # fmt: skip
 # How an Agent Skill's scripts run (docs/agent-skills.md): the executor, the programs a
 # native script may be started with, and packages baked into its environment at build.
 EXECUTORS = ("wasm", "native")
@@ -753,6 +756,67 @@ def _limits(m: Mapping[str, Any], where: Where) -> dict[str, int]:
     return out
 
 
+# ``instances:`` (docs/runtime.md, "Warm instances"): whether one caller's calls may share
+# an instance, as a word or a mapping; compiled into the limits it sets.
+INSTANCE_MODES = ("warm", "fresh")
+_MAX_INSTANCE_CALLS = 100_000
+
+
+def _instances(value: object, where: Where) -> dict[str, int]:
+    """``instances: fresh | warm`` or ``{reuse: fresh | warm, max_calls: N, idle: 30s}``."""
+    m: Mapping[str, Any] = (
+        {"reuse": value} if isinstance(value, str) else _mapping(value, where, "instances")
+    )
+    _check_keys(m, ("reuse", "max_calls", "idle"), where, "instances")
+    out: dict[str, int] = {}
+    reuse = m.get("reuse", "warm")
+    if reuse not in INSTANCE_MODES:
+        raise _fail(
+            _line(m, "reuse", where) if "reuse" in m else where,
+            f"instances: {reuse!r} is not one of {', '.join(INSTANCE_MODES)}",
+        )
+    if reuse == "fresh":
+        extra = sorted(k for k in ("max_calls", "idle") if k in m)
+        if extra:
+            raise _fail(
+                _line(m, extra[0], where),
+                f"instances.{extra[0]} means nothing with a fresh instance per call: "
+                "drop it or write 'reuse: warm'",
+            )
+        return {"instance_calls": 1}
+    if "reuse" in m:
+        out["instance_calls"] = Limits().instance_calls
+    if "max_calls" in m:
+        calls = m["max_calls"]
+        if not (
+            isinstance(calls, int)
+            and not isinstance(calls, bool)
+            and 2 <= calls <= _MAX_INSTANCE_CALLS
+        ):
+            raise _fail(
+                _line(m, "max_calls", where),
+                f"instances.max_calls: bad count {calls!r}: a whole number "
+                f"2..{_MAX_INSTANCE_CALLS} (for one call per instance write 'instances: fresh')",
+            )
+        out["instance_calls"] = calls
+    if "idle" in m:
+        try:
+            out["instance_idle_ms"] = p.parse_duration_ms(m["idle"])
+        except ValueError as exc:
+            raise _fail(_line(m, "idle", where), f"instances.idle: {exc}") from exc
+    return out
+
+
+def instances_text(limits: Limits) -> str:
+    """What ``instances:`` decided for a skill, in words (``skilld policy explain``)."""
+    if limits.fresh_instances:
+        return "fresh (a new instance for every call)"
+    return (
+        f"warm (one caller's calls share an instance: at most {limits.instance_calls} calls, "
+        f"idle at most {limits.instance_idle_ms / 1000:g} s)"
+    )
+
+
 def _str_map(
     value: object, where: Where, what: str, check: re.Pattern[str] | None
 ) -> dict[str, str]:
@@ -948,6 +1012,8 @@ def parse_grants(
         if "limits" in m
         else {}
     )
+    if m.get("instances") is not None:
+        limits = {**limits, **_instances(m["instances"], _line(m, "instances", top))}
     needs = "skill" not in allowed and "limits" not in allowed
     mcp: dict[str, Any] = {}
     if "mcp" in m and m["mcp"] is not None:

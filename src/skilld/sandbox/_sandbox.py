@@ -1,10 +1,13 @@
-"""Load components and run one call each in a fresh store, under hard limits.
+"""Load components and run calls in their own stores, under hard limits.
 
-A call gets a new :class:`wasmtime.Store` (memory cap, epoch deadline, sealed
-WASI whose stdout and stderr are captured) and a new instance of the
-pre-compiled component. Nothing survives the call but what host functions
-wrote (key-value state, files). Traps, deadlines and memory exhaustion become
-:class:`~skilld.errors.GuestFault` subclasses: a failing guest costs one call.
+A call gets an instance of the pre-compiled component in a store of its own (memory
+cap, epoch deadline, sealed WASI whose stdout and stderr are captured): a warm one that
+served the same caller's earlier calls of the same skill and finished them cleanly, or a
+fresh one (always, under ``instances: fresh``; docs/runtime.md, "Warm instances"). An
+instance never serves two callers, and one that trapped, ran past its deadline, was
+cancelled, hit its memory cap, met a host fault or a refusal is never used again.
+Traps, deadlines and memory exhaustion become :class:`~skilld.errors.GuestFault`
+subclasses: a failing guest costs one call.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import queue
 import re
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +49,7 @@ from skilld.sandbox._engine import TICK_S, Engine
 from skilld.sandbox._gil import keep_gil_for_quick_calls
 from skilld.sandbox._host import INTERFACES, PACKAGE, build_linker, import_name, to_py
 from skilld.sandbox._native import NativeCache, load_native
+from skilld.sandbox._warm import Binding, WarmInstances, binding
 from skilld.types import (
     CallOutput,
     ContentBlock,
@@ -95,13 +99,17 @@ class Sandbox:
         self.cache = NativeCache(self.engine, cache_dir) if cache_dir is not None else None
         # Warms fresh instances and frees used ones off the calls' path.
         self.background = ThreadPoolExecutor(max_workers=2, thread_name_prefix="skilld-warm")
+        # Idle instances kept for their caller's next call (capped per component and in all).
+        self.warm: WarmInstances[_Instance] = WarmInstances()
         self._closed = False
 
     def close(self) -> None:
-        """Stop the background worker and the epoch ticker; later loads are refused."""
+        """Free the warm instances, stop the background worker and the epoch ticker; later
+        loads are refused."""
         if self._closed:
             return
         self._closed = True
+        self.warm.close()
         self.background.shutdown(wait=True, cancel_futures=True)
         self.engine.close()
 
@@ -245,6 +253,8 @@ class _Instance:
     streams: _Streams
     memory_bytes: int
     interrupt: _Interrupt
+    # Calls served so far (a warm instance serves one caller's, up to its policy's cap).
+    calls: int = 0
 
 
 def _free(inst: _Instance) -> None:
@@ -519,15 +529,28 @@ class Component:
         )
 
     def close(self) -> None:
-        """Stop refilling the pool and drop the ready instances."""
+        """Stop refilling the pool and drop the ready and the warm instances."""
         self._closed = True
+        self.sandbox.warm.drop(self)
         while True:
             try:
                 self._pool.get_nowait()
             except queue.Empty:
                 return
 
-    def _run(self, ctx: CallContext, export: component.ExportIndex, *args: Any) -> Any:
+    def _run(
+        self,
+        ctx: CallContext,
+        export: component.ExportIndex,
+        *args: Any,
+        clean: Callable[[Any], bool] | None = None,
+    ) -> Any:
+        """Run ``export`` for ``ctx`` on an instance: a warm one of its caller, or fresh.
+
+        ``clean`` says whether the guest's answer leaves its instance fit for the same
+        caller's next call (``call`` passes one); without it, and under ``instances:
+        fresh`` or with preopens, the instance serves this call only.
+        """
         # Guest code never runs inline (on the server's event loop), decided here, before
         # any of it runs: an inline attempt gives up unseen and the call runs once, on a
         # worker thread. A guest stopped inline and run again on a thread would run its
@@ -541,13 +564,28 @@ class Component:
         # calls used, and starts their background work when it ends (see _retire).
         deferred = _DEFERRED.get()
         token = _DEFERRED.set(set()) if deferred is None else None
+        limits = ctx.limits
+        bound = (
+            binding(self, ctx.caller)
+            if clean is not None and not limits.fresh_instances and not ctx.preopens
+            else None
+        )
         engine.ticker.enter()
         inst: _Instance | None = None
+        keep = False
         try:
             if ctx.deadline is None:
-                ctx.deadline = time.monotonic() + ctx.limits.timeout_ms / 1000
+                ctx.deadline = time.monotonic() + limits.timeout_ms / 1000
             with telemetry.stage("skilld.instance", {"skilld.instance": "fresh"}):
-                inst = self._take(ctx)
+                inst = self._take_warm(bound, limits.memory_bytes) if bound else None
+                if inst is None:
+                    inst = self._take(ctx)
+                else:
+                    # The caller's own instance, used before ("warm" is a pre-warmed one).
+                    telemetry.annotate({"skilld.instance": "reused"})
+            inst.calls += 1
+            ctx.audit["instances"] = "fresh" if bound is None else "warm"
+            ctx.audit["instance_call"] = inst.calls
             inst.streams.ctx = ctx
             inst.interrupt.arm(inst.store, ctx, ctx.remaining())
             with entered(ctx), telemetry.span("skilld.guest.run"):
@@ -556,6 +594,13 @@ class Component:
                     raise LinkError(f"{self.name}: export vanished")
                 result = func(inst.store, *args)
                 func.post_return(inst.store)
+            keep = (
+                bound is not None
+                and clean is not None
+                and inst.calls < limits.instance_calls
+                and clean(result)
+                and _left_clean(ctx)
+            )
         except wasmtime.WasmtimeError as exc:
             stopped = inst.interrupt.reason if inst else _stop_reason(str(exc))
             raise self._fault(exc, ctx, stopped) from None
@@ -565,7 +610,19 @@ class Component:
                 ctx.close_handles()
                 if inst is not None:
                     inst.streams.ctx = None
-                    self._retire(inst, deferred)
+                    if keep and bound is not None:
+                        # The idle instance must not keep its last call's context alive.
+                        inst.interrupt.ctx = None
+                        self.sandbox.warm.keep(
+                            bound, inst, limits.instance_idle_ms / 1000, self._discard
+                        )
+                        # Ready instances still serve other callers' first calls.
+                        if deferred is not None:
+                            deferred.add(self)
+                        else:
+                            self._kick()
+                    else:
+                        self._retire(inst, deferred)
             finally:
                 if token is not None:
                     nested = _DEFERRED.get() or set()
@@ -573,6 +630,19 @@ class Component:
                     for comp in nested:
                         comp._kick()
         return result
+
+    def _take_warm(self, bound: Binding, memory_bytes: int) -> _Instance | None:
+        """The caller's warm instance of this component, if one is idle (and fits)."""
+        inst = self.sandbox.warm.take(bound)
+        if inst is not None and inst.memory_bytes != memory_bytes:
+            # Its store's memory cap was set for other limits (a policy that changed).
+            self._discard(inst)
+            return None
+        return inst
+
+    def _discard(self, inst: _Instance) -> None:
+        """Free an idle warm instance (its idle time ran out, or a cap dropped it)."""
+        self._retire(inst)
 
     def _fault(
         self, exc: wasmtime.WasmtimeError, ctx: CallContext, stopped: str | None
@@ -669,7 +739,7 @@ class Component:
             GuestFault: trap, deadline, memory or stack exhaustion.
             RunOnThread: an inline attempt gave up.
         """
-        result = self._run(ctx, self._exports.call, method, args_json)
+        result = self._run(ctx, self._exports.call, method, args_json, clean=_answered)
         if result.tag == "err":
             raise self._guest_error(result.payload, ctx)
         out = to_py(result.payload)
@@ -706,6 +776,30 @@ class Component:
         if not isinstance(messages, list):
             raise GuestError("internal", "get-prompt did not return a JSON array")
         return messages
+
+
+def _answered(result: Any) -> bool:
+    """Whether a ``call``'s answer leaves its instance fit for the caller's next call.
+
+    A value or a typed error of the guest's own is a clean finish; running out of memory
+    (reported as ``limit-exceeded``) or an ``internal`` error is not.
+    """
+    if result.tag == "ok":
+        return True
+    return str(to_py(result.payload)["code"]) not in ("limit-exceeded", "internal")
+
+
+def _left_clean(ctx: CallContext) -> bool:
+    """Whether nothing in the call rules its instance out of further calls.
+
+    No host fault, no refused permission (a guest that met a refusal may hold state
+    that only makes sense under it), not cancelled, not past its deadline.
+    """
+    if ctx.host_faults or any(not d.allowed for d in ctx.decisions):
+        return False
+    if any(not allowed for _c, _a, allowed, _r in ctx.decisions_beyond):
+        return False
+    return not ctx.channel.cancelled() and ctx.remaining() > 0
 
 
 def _raw_size(out: dict[str, Any]) -> int:

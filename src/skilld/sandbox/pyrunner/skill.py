@@ -16,6 +16,15 @@ Each method sits on its own below the shared helpers:
   and stdin, in a fresh writable workspace at ``/workspace`` (its working directory
   and ``TMPDIR``); no sockets, the call's memory cap and deadline.
 
+A guest blocked in a WASI call (a sleep, a poll) runs no wasm code, so the host's epoch
+check, which stops a guest at its deadline or on cancel, never sees it: a 25 s
+``time.sleep`` under a 5 s wall time returned after 25.1 s. wasmtime-py gives the host
+no way to cut a WASI wait short (its clocks and polls are wasmtime's own, with no hook
+and no handle on their pollables), so this runner waits in slices instead: ``time.sleep``,
+``select.select`` and ``select.poll`` (and ``selectors``, which holds its own references)
+block for at most ``WAIT_SLICE_S`` at a time and run guest code in between, where the
+epoch check stops the call within a slice of its deadline or cancel.
+
 componentize-py keeps only what was imported while it pre-initialised this module
 (the guest has no standard library files at run time), so the standard library is
 imported here, all of it that runs in WASI: a script may import any of it.
@@ -30,7 +39,10 @@ import json
 import os
 import pkgutil
 import runpy
+import select
+import selectors
 import sys
+import time
 import traceback
 from typing import Any
 
@@ -62,6 +74,65 @@ def _preload_stdlib() -> None:
 
 
 _preload_stdlib()
+
+# -- waits in slices (see the module docstring) ------------------------------------------
+
+WAIT_SLICE_S = 0.005
+_wasi_sleep = time.sleep
+_wasi_select = getattr(select, "select", None)
+_wasi_poll = getattr(select, "poll", None)
+
+
+def _sliced_sleep(seconds: float) -> None:
+    """``time.sleep``, in slices of at most ``WAIT_SLICE_S`` with guest code between them."""
+    seconds = float(seconds)
+    if seconds < 0:
+        raise ValueError("sleep length must be non-negative")
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        _wasi_sleep(min(left, WAIT_SLICE_S))
+
+
+def _sliced_select(rlist: Any, wlist: Any, xlist: Any, timeout: float | None = None) -> Any:
+    """``select.select``, waiting in slices until something is ready or ``timeout`` passes."""
+    assert _wasi_select is not None
+    end = None if timeout is None else time.monotonic() + float(timeout)
+    while True:
+        left = WAIT_SLICE_S if end is None else min(max(end - time.monotonic(), 0), WAIT_SLICE_S)
+        ready = _wasi_select(rlist, wlist, xlist, left)
+        if any(ready) or (end is not None and time.monotonic() >= end):
+            return ready
+
+
+class _SlicedPoll:
+    """A ``select.poll`` object whose ``poll`` waits in slices."""
+
+    def __init__(self) -> None:
+        assert _wasi_poll is not None
+        self._poll = _wasi_poll()
+        self.register = self._poll.register
+        self.modify = self._poll.modify
+        self.unregister = self._poll.unregister
+
+    def poll(self, timeout: float | None = None) -> list[tuple[int, int]]:
+        """Ready descriptors, waiting at most ``timeout`` ms (None or negative: forever)."""
+        forever = timeout is None or timeout < 0
+        end = 0.0 if forever else time.monotonic() + float(timeout or 0) / 1000
+        while True:
+            left = WAIT_SLICE_S if forever else min(max(end - time.monotonic(), 0), WAIT_SLICE_S)
+            ready: list[tuple[int, int]] = self._poll.poll(left * 1000)
+            if ready or (not forever and time.monotonic() >= end):
+                return ready
+
+
+time.sleep = _sliced_sleep  # type: ignore[assignment]
+if _wasi_select is not None:
+    select.select = _sliced_select
+    selectors.SelectSelector._select = staticmethod(_sliced_select)  # type: ignore[attr-defined]
+if _wasi_poll is not None:
+    select.poll = _SlicedPoll  # type: ignore[misc,assignment]
+    if hasattr(selectors, "PollSelector"):
+        selectors.PollSelector._selector_cls = _SlicedPoll  # type: ignore[attr-defined]
 
 PROGRAM_FILE = "<program>"
 
