@@ -295,7 +295,7 @@ def _auth_config(args: argparse.Namespace, logger: _Logger) -> dict[str, Any]:
     if args.token_file_init:
         if args.token_file is None:
             raise UsageError("--token-file-init needs --token-file FILE")
-        from skilld.mcp._auth import create_token_file
+        from skilld.mcp import create_token_file
 
         token = create_token_file(args.token_file)
         if token is not None:

@@ -23,6 +23,7 @@ from skilld.mcp._logging import make_logger
 from skilld.mcp._serve import serve, serve_async, serve_stdio_async
 
 if TYPE_CHECKING:
+    from skilld.mcp._auth import create_token_file
     from skilld.mcp._serve_http import HttpServer, advertised_url, bind, serve_http_async
 
 
@@ -32,6 +33,10 @@ def __getattr__(name: str) -> Any:
         from skilld.mcp import _serve_http
 
         return getattr(_serve_http, name)
+    if name == "create_token_file":  # the OAuth side pulls in PyJWT and an HTTP client
+        from skilld.mcp import _auth
+
+        return _auth.create_token_file
     raise AttributeError(f"module 'skilld.mcp' has no attribute {name!r}")
 
 
@@ -40,6 +45,7 @@ __all__ = [
     "ServeConfig",
     "advertised_url",
     "bind",
+    "create_token_file",
     "make_logger",
     "serve",
     "serve_async",
