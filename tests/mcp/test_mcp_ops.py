@@ -68,7 +68,8 @@ async def test_metrics_count_calls_errors_denials_and_latency() -> None:
         in lines
     )
     assert (
-        'skilld_tool_calls_total{skill="net",tool="net/fetch",outcome="not-permitted"} 1' in lines
+        'skilld_tool_calls_total{skill="net",tool="net/fetch",outcome="error:not-permitted"} 1'
+        in lines
     )
     assert 'skilld_tool_errors_total{skill="net"} 1' in lines
     assert 'skilld_permission_denials_total{skill="net",rule="x"} 1' in lines

@@ -51,7 +51,7 @@ from skilld.errors import (
 )
 from skilld.registry._audit import AuditTrail, audited
 from skilld.registry._catalogue import Catalogue, SkillEntry
-from skilld.registry._contract import LOCAL, NullChannel
+from skilld.registry._contract import LOCAL, AnswersInline, NullChannel
 from skilld.types import AuditSink, Caller, CallOutput, ClientChannel, Decision
 
 T = TypeVar("T")
@@ -176,7 +176,10 @@ class Registry(Catalogue):
         entry = self._skills.get(skill_id)
         if entry is None:
             raise RegistryError(f"no skill named '{skill_id}'")
-        if inline_s is not None and not getattr(entry.component, "answers_inline", False):
+        component = entry.component
+        if inline_s is not None and not (
+            isinstance(component, AnswersInline) and component.answers_inline
+        ):
             # It would give up before its guest runs: give up before the call is set up.
             raise RunOnThread
         args_json = json.dumps(arguments, separators=(",", ":"), sort_keys=True)
