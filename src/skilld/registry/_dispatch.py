@@ -1,32 +1,6 @@
-"""Dispatch: the path of one call, from the MCP layer (or a routed call, or ``invoke``)
-to a backend and back. Each stage is in one place:
-
-1. **Name** (``_catalogue.py``): :meth:`Registry.call` resolves the tool name to
-   (skill, method, arguments). The MCP layer has already checked the arguments against
-   the tool's input schema, refused while draining and taken a slot of the skill's
-   gate for the call (``skilld.mcp``); a routed call from another node enters at
-   :meth:`Registry.call_method` (``skilld.cluster``), ``skilld call`` too.
-2. **Inline or thread** (:class:`skilld.call.Inline`): a
-   call from the event loop is first tried there; it gives up, before anything can be
-   observed, when it could block, and then runs once on a worker thread.
-3. **Slot** (:class:`skilld.call.CallGate`, the skill's one gate): one of its
-   ``max_concurrency`` slots. The MCP layer took it on the event loop and lent it to
-   this call; anyone else waits for one here on their thread, up to the skill's wall
-   time (never a nested call, never inline). None frees up: :class:`SkillBusy`
-   (``limit-exceeded``, outcome ``busy``).
-4. **Context** (:meth:`Registry._run`): a :class:`skilld.call.CallContext` with the
-   skill's limits, key-value namespace, permission checker, the client channel, the
-   orchestrator for ``invoke`` (:meth:`Registry._invoke`, which comes back to step 3
-   for the callee) and a :class:`skilld.audit.CallRecorder`.
-5. **Backend** (``SkillBackend.call``, ``_contract.py``): the sandbox's wasm component
-   (a fresh or pooled instance, an epoch deadline; every host function asks the
-   permission checker and records the decision on the context), an Agent Skill, a
-   delegate kit, or a remote node.
-6. **Outcome** (``skilld.errors``): each error class carries its WIT code and its
-   audit outcome; nothing here maps them again.
-7. **Audit** (``_audit.py``): the recorder's one ``call`` record (a ``started`` record
-   first, before the call's first state write) goes to the sink; the result or the
-   error goes back to the caller.
+"""Dispatch: the registry's part of a call (hops 2 and 5 of the one call path, told in
+``skilld/call.py``'s docstring): a tool name to (skill, method), the call's context and
+slot, its backend, and its one audit record with the error class's own outcome.
 """
 
 from __future__ import annotations
