@@ -27,6 +27,7 @@ import jwt
 from _util import pct
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from mcp.server.auth.middleware.bearer_auth import BearerAuthBackend
+from skilld.mcp.testing import echo_dispatcher
 from starlette.requests import HTTPConnection
 
 from skilld.mcp import ServeConfig
@@ -35,7 +36,6 @@ from skilld.mcp._http import build_app
 from skilld.mcp._logging import make_logger
 from skilld.mcp._metrics import Metrics
 from skilld.mcp._server import McpService
-from skilld.mcp.testing import echo_dispatcher
 
 ISSUER = "https://issuer.bench.invalid"
 AUDIENCE = "https://skilld.bench.invalid/mcp"

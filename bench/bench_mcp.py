@@ -12,7 +12,7 @@ cost. Other subjects, through ``--dispatcher module:factory`` and ``--tool``:
 
     python bench_mcp.py                                   # skilld's full stack, echo-wat
     python bench_mcp.py --tool echo/echo                  # the Python echo (CPython in wasm)
-    python bench_mcp.py --dispatcher skilld.mcp.testing:echo_dispatcher --tool echo
+    python bench_mcp.py --dispatcher support.static_dispatcher:echo_dispatcher --tool echo
                                                           # the MCP layer alone
     python bench_mcp.py --inline-ms 0                     # every call on a worker thread
     python bench_mcp.py --trace                           # skilld traced: OTLP/HTTP batches to
@@ -49,6 +49,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import IO
 
 import anyio
@@ -56,6 +57,9 @@ import httpx2
 from _util import pct
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
+
+# The tests' support modules (support.static_dispatcher) are dispatchers to measure too.
+sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))
 
 
 def _free_port() -> int:

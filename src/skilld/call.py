@@ -3,13 +3,17 @@
 One ``tools/call``, in five hops (each stage in one place):
 
 1. **MCP layer** (``mcp/_server.py``, ``McpService._call_tool`` then ``_guest_call``):
-   the arguments against the tool's input schema, refused while draining, then a
+   the request's typed :class:`~skilld.types.Caller` (``mcp/_caller.py``), the
+   arguments against the tool's input schema, refused while draining, then a
    slot of the skill's one :class:`CallGate` awaited on the event loop
    (``dispatcher.gate(skill).take_async``; none in time: :class:`~skilld.errors.SkillBusy`).
    The slot is lent (:meth:`Slot.lend`) to the call, which runs on a worker thread
-   (``_inline_or_blocking``; a tool call is first tried inline on the loop). A routed call
-   from another node (``cluster/_worker.py``), ``invoke`` and ``skilld call`` enter at
-   hop 2 on their own thread.
+   (``_inline_or_blocking``; a tool call is first tried inline on the loop) taken from
+   ``mcp/_workers.py``'s pool, shared fairly between callers and skills and waited for
+   within what is left of ``queue_timeout_s`` (else ``SkillBusy`` too). A routed call
+   from another node (``cluster/_worker.py``, its entry node's caller sealed in the
+   message), ``invoke`` (the caller's skill) and ``skilld call`` (``local:cli``) enter
+   at hop 2 on their own thread.
 2. **Registry** (``registry/_dispatch.py``, ``Registry.call``, ``call_method``, ``_run``):
    the tool name to (skill, method); an inline attempt (:class:`Inline`); a
    :class:`CallContext` with its :class:`~skilld.audit.CallRecorder`; the slot
@@ -22,7 +26,9 @@ One ``tools/call``, in five hops (each stage in one place):
    ``check_address``, ``check_tcp``; ``abi.decide``) and records the decision on the
    context (:meth:`CallContext.record`); ``invoke`` comes back to hop 2 for the callee.
 5. **Outcome and audit** (``Registry._run``): the error class carries its WIT code and
-   its audit outcome (``errors.py``'s table); the slot goes back; the recorder's one
+   its outcome (``errors.py``'s table), which the audit, ``/metrics`` and the
+   ``tool_call`` log line all say; a cancel from the server's drain becomes
+   ``ServerShutdown`` here, once; the slot goes back; the recorder's one
    ``call`` record goes to the sink (``registry/_audit.py``; a ``started`` record went
    before the call's first state write); the result or the error goes to the caller.
 

@@ -342,10 +342,11 @@ async def test_a_forged_remote_called_by_caller_is_refused(
         genuine.subject, b'{"text":"x"}', headers=member.seal(meta, b'{"text":"x"}'), timeout=10
     )
     assert json.loads(answer.data)["error"]["code"] == "not-permitted", answer.data
+    # The sender is node-t, whatever caller the copied message carries.
     record = node_b.audit_until(
-        lambda rs: any(r.get("caller") == "node:node-t<skill:hostile" for r in rs)
+        lambda rs: any(str(r.get("caller")).startswith("node:node-t<") for r in rs)
     )
-    refused = next(r for r in record if r.get("caller") == "node:node-t<skill:hostile")
+    refused = next(r for r in record if str(r.get("caller")).startswith("node:node-t<"))
     assert refused["outcome"] == "error:not-permitted"
 
 

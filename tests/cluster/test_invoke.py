@@ -84,7 +84,7 @@ def _audited(node: NodeProc, caller: str) -> dict[str, Any]:
 async def test_allowed_on_both_sides_returns_the_result(nodes: dict[str, NodeProc]) -> None:
     """node-a grants, node-b consents: echo runs on node-b, both nodes audit the call."""
     assert await _relay(nodes["a"]) == "over there"
-    there = _audited(nodes["b"], "node:node-a/hostile")
+    there = _audited(nodes["b"], "node:node-a<skill:hostile<anonymous")
     assert (there["skill"], there["outcome"]) == ("echo", "ok")
     assert there["decisions"][0]["rule"] == "echo.from-node-a"
     here = nodes["a"].audit_until(
@@ -129,12 +129,12 @@ async def test_refused_by_the_holders_consent_names_the_holders_rule(
     assert denied["denied"] == "not-permitted"
     assert denied["rule"] == "echo.from-node-a"
     assert "remote_called_by" in denied["message"], denied
-    there = _audited(nodes["b"], "node:node-x/hostile")
+    there = _audited(nodes["b"], "node:node-x<skill:hostile<anonymous")
     assert (there["skill"], there["outcome"]) == ("echo", "error:not-permitted")
     decision = there["decisions"][0]
     assert (decision["allowed"], decision["target"]) == (False, "node-x/hostile")
     # node-x granted it (its own rule) and audits the routed call's refusal as well.
-    here = _audited(nodes["x"], "skill:hostile")
+    here = _audited(nodes["x"], "skill:hostile<anonymous")
     assert (here["skill"], here["outcome"]) == ("echo", "error:not-permitted")
     records = nodes["x"].audit_until(lambda rs: any(r["skill"] == "hostile" for r in rs))
     granted = next(r for r in records if r["skill"] == "hostile")["decisions"][0]

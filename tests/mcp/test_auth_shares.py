@@ -13,9 +13,9 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
+from skilld.mcp.testing import ECHO_SCHEMA, StaticDispatcher, static_tool
 
 from skilld.mcp import HttpServer, ServeConfig
-from skilld.mcp.testing import ECHO_SCHEMA, StaticDispatcher, static_tool
 from skilld.types import ClientChannel
 from support.callers import open_to_authenticated
 from support.mcp_fakes import running_http

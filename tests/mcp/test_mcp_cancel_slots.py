@@ -19,13 +19,13 @@ from mcp.shared.memory import create_client_server_memory_streams
 from skilld.audit import MemorySink
 from skilld.errors import GuestError
 from skilld.mcp._channel import SessionChannel
-from skilld.mcp.testing import StaticDispatcher, static_tool
 from skilld.permissions import SkillPermissions
 from skilld.policy import compile_policies
 from skilld.registry import NullChannel, Registry, SkillEntry
 from skilld.sandbox import CallContext, Sandbox
 from skilld.types import ClientChannel
 from support.mcp_fakes import connect, memory_service, text_of
+from support.static_dispatcher import StaticDispatcher, static_tool
 
 pytestmark = pytest.mark.anyio
 

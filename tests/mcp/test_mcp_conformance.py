@@ -9,9 +9,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from skilld.mcp.testing import conformance_dispatcher
 from support.env import ROOT
 from support.mcp_fakes import running_http
+from support.static_dispatcher import conformance_dispatcher
 
 # The runner ships in tools/; SKILLD_MCP_CONFORMANCE points at another copy.
 SUITE = Path(os.environ.get("SKILLD_MCP_CONFORMANCE") or ROOT / "tools" / "mcp-conformance")

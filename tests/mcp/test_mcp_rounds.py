@@ -31,6 +31,9 @@ from skilld.sandbox import CallContext, Sandbox
 from support.env import ROOT
 from support.mcp_fakes import running_http, text_of
 
+# The static test dispatcher, served as a script (it is no part of the package).
+STATIC = Path(__file__).resolve().parents[1] / "support" / "static_dispatcher.py"
+
 pytestmark = pytest.mark.anyio
 
 MODERN = "2026-07-28"
@@ -356,7 +359,7 @@ async def test_stdio_serves_both_eras(mode: str) -> None:
         return types.ElicitResult(action="accept", content={"username": "ada", "email": "a@b"})
 
     server = StdioServerParameters(
-        command=sys.executable, args=["-m", "skilld.mcp.testing", "conformance"]
+        command=sys.executable, args=[str(STATIC), "conformance"]
     )
     with anyio.fail_after(60):
         async with Client(stdio_client(server), mode=mode, elicitation_callback=answer) as client:

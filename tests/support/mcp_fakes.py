@@ -33,10 +33,10 @@ from skilld.mcp import HttpServer, ServeConfig, serve_http_async
 from skilld.mcp._logging import make_logger
 from skilld.mcp._metrics import Metrics
 from skilld.mcp._server import McpService
-from skilld.mcp.testing import ECHO_SCHEMA, StaticDispatcher, static_tool
 from skilld.registry import Dispatcher, ToolAnnotations
 from skilld.types import CallOutput, ClientChannel, ContentBlock, PromptSpec, ResourceSpec
 from support.callers import open_to_authenticated
+from support.static_dispatcher import ECHO_SCHEMA, StaticDispatcher, static_tool
 
 TESTS = Path(__file__).resolve().parent.parent  # tests/: the server runs from there
 

@@ -12,8 +12,8 @@ the calls in flight finish). ``serve_async``, ``serve_http_async`` and ``serve_s
 the same inside a running event loop; ``serve_http_async`` reports an
 :class:`HttpServer` (port, url, ``stop()``) through ``task_status`` for ``tg.start``.
 
-Only this package imports the ``mcp`` SDK. ``skilld.mcp.testing`` has an in-process
-``StaticDispatcher`` and the behaviours the official conformance suite expects.
+Only this package imports the ``mcp`` SDK. The tests' ``support/static_dispatcher.py`` has
+an in-process ``StaticDispatcher`` and the behaviours the official conformance suite expects.
 """
 
 from typing import TYPE_CHECKING, Any

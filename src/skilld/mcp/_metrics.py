@@ -11,6 +11,7 @@ import bisect
 import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 # Upper bounds in seconds: a guest call takes from well under a millisecond to its deadline.
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -144,13 +145,21 @@ class Metrics:
         return "\n".join(out) + "\n"
 
 
+@runtime_checkable
+class Gauges(Protocol):
+    """A dispatcher that reports gauges of its own (``Registry.gauges``)."""
+
+    def gauges(self) -> dict[str, tuple[str, float]]:
+        """Each gauge's name: (help text, value)."""
+        ...
+
+
 def render_gauges(dispatcher: object) -> str:
     """The gauges a dispatcher reports besides the server's own (``Registry.gauges``:
     a cluster's nodes, connection and routed calls), in the text format."""
-    source = getattr(dispatcher, "gauges", None)
-    if source is None:
+    if not isinstance(dispatcher, Gauges):
         return ""
     out: list[str] = []
-    for name, (help_text, value) in sorted(source().items()):
+    for name, (help_text, value) in sorted(dispatcher.gauges().items()):
         out += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name} {value!r}"]
     return "\n".join(out) + "\n" if out else ""

@@ -19,7 +19,7 @@ import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
-from typing import Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast, runtime_checkable
 
 import anyio
 import structlog
@@ -238,6 +238,15 @@ def _object_schema(schema: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
     return {"type": "object", "properties": {"result": dict(schema)}, "required": ["result"]}, True
 
 
+@runtime_checkable
+class Watched(Protocol):
+    """A dispatcher whose skills change while it serves (``Registry.watch``: a cluster)."""
+
+    def watch(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (from any thread) whenever skills come or go."""
+        ...
+
+
 class _ChangingServer(Server[Any]):
     """A server whose tools, resources and prompts change while it serves (a cluster).
 
@@ -304,10 +313,10 @@ class McpService:
             config.round_peers.serve(self._relayed, asyncio.get_running_loop())
         self.tasks = tasks_of(dispatcher, config, self.parked.node)
         self._task_tools = dict(config.task_tools)
-        watch = getattr(dispatcher, "watch", None)
-        self.server = self._build(changing=watch is not None)
-        if watch is not None:
-            watch(self._dispatcher_changed)
+        changing = isinstance(dispatcher, Watched)
+        self.server = self._build(changing=changing)
+        if isinstance(dispatcher, Watched):
+            dispatcher.watch(self._dispatcher_changed)
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -693,10 +702,8 @@ class McpService:
         return result
 
     def _digest(self, skill: str, target: str, definition: Mapping[str, Any]) -> str:
-        """What a round's ``requestState`` binds: the skill's bundle digest, when known."""
-        known = getattr(self.dispatcher, "skill_digest", None)
-        digest = known(skill) if callable(known) else None
-        return skill_digest(target, skill, {"bundle": digest, **definition})
+        """What a round's ``requestState`` binds: the tool and its schemas."""
+        return skill_digest(target, skill, dict(definition))
 
     @staticmethod
     def _missing(rounds: list[RoundChannel]) -> None:

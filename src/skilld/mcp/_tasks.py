@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 import anyio
 from mcp import types
@@ -105,8 +105,8 @@ class TaskStore(Protocol):
     """Where task records live for their TTL; any entry node may answer from it.
 
     ``put`` must be durable before it returns: a ``tasks/get`` right after the
-    ``CreateTaskResult`` must find the task. A store shared by several nodes also has
-    ``ask(owner, task_id, op, body)`` (see :class:`BoardTaskStore`).
+    ``CreateTaskResult`` must find the task. A store shared by several nodes is also a
+    :class:`SharedTaskStore` (see :class:`BoardTaskStore`).
     """
 
     def put(self, record: TaskRecord) -> None:
@@ -115,6 +115,24 @@ class TaskStore(Protocol):
 
     def get(self, task_id: str) -> TaskRecord | None:
         """The record, or None when unknown or past its TTL."""
+        ...
+
+
+@runtime_checkable
+class SharedTaskStore(TaskStore, Protocol):
+    """A store several entry nodes share: it carries an operation to a task's owner."""
+
+    def ask(self, owner: str, task_id: str, op: str, body: Mapping[str, Any]) -> None:
+        """Send ``op`` (``cancel``, ``update``) for ``task_id`` to the node ``owner``."""
+        ...
+
+
+@runtime_checkable
+class AuditEmitter(Protocol):
+    """A dispatcher that writes extra audit records (``Registry.emit_audit``)."""
+
+    def emit_audit(self, record: dict[str, Any]) -> None:
+        """Write ``record`` to the audit sink."""
         ...
 
 
@@ -599,12 +617,12 @@ class Tasks:
         Raises:
             MCPError: ``-32603`` when no other node can be reached for it.
         """
-        ask = getattr(self.store, "ask", None)
-        if ask is None or not record.owner or record.owner == self.node:
+        store = self.store
+        if not isinstance(store, SharedTaskStore) or not record.owner or record.owner == self.node:
             # Ours but no longer running (this node restarted): nothing can act on it.
             return
         try:
-            ask(record.owner, record.task_id, op, {**body, "by": self.node})
+            store.ask(record.owner, record.task_id, op, {**body, "by": self.node})
         except SkilldError as exc:
             raise MCPError(
                 types.INTERNAL_ERROR, f"the node running task {record.task_id} is unreachable"
@@ -630,12 +648,11 @@ def tasks_of(dispatcher: Dispatcher, config: ServeConfig, node: str) -> Tasks:
     dispatcher's sink when it offers one."""
     board = config.task_board
     store: TaskStore = MemoryTaskStore() if board is None else BoardTaskStore(board)
-    audit = getattr(dispatcher, "emit_audit", None)
     tasks = Tasks(
         store,
         ttl_ms=config.task_ttl_ms,
         node=board.node if board is not None else node,
-        audit=audit if callable(audit) else None,
+        audit=dispatcher.emit_audit if isinstance(dispatcher, AuditEmitter) else None,
         max_per_client=config.max_tasks_per_client,
         max_tasks=config.max_tasks,
     )

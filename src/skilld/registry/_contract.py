@@ -12,10 +12,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from skilld.call import CallContext, CallGate
 from skilld.types import Caller, CallOutput, ClientChannel, PromptSpec, ResourceSpec
+
+
+@runtime_checkable
+class AnswersInline(Protocol):
+    """A backend that may answer on the caller's thread (an event loop) without blocking:
+    an inline attempt is made of it (delegate's ``kit_list``); ``answers_inline`` is True."""
+
+    answers_inline: bool
+
 
 # Who a call made without saying is for: the local user (tests, benches, the CLI's own use).
 LOCAL = Caller.local()
@@ -64,7 +73,7 @@ class SkillBackend(Protocol):
     - records every permission decision it takes with ``ctx.record``;
     - calls ``ctx.thread_only()`` first when it cannot finish without blocking
       (anything but a quick pure answer): an inline attempt gives up there. Only a
-      backend with a true ``answers_inline`` attribute is tried inline at all (delegate's,
+      backend that is :class:`AnswersInline` is tried inline at all (delegate's,
       for ``kit_list``); for any other the registry gives an attempt up before the call
       is set up;
     - raises only :class:`~skilld.errors.SkilldError` subclasses (``GuestError`` for a

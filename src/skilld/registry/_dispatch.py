@@ -1,32 +1,6 @@
-"""Dispatch: the path of one call, from the MCP layer (or a routed call, or ``invoke``)
-to a backend and back. Each stage is in one place:
-
-1. **Name** (``_catalogue.py``): :meth:`Registry.call` resolves the tool name to
-   (skill, method, arguments). The MCP layer has already checked the arguments against
-   the tool's input schema, refused while draining and taken a slot of the skill's
-   gate for the call (``skilld.mcp``); a routed call from another node enters at
-   :meth:`Registry.call_method` (``skilld.cluster``), ``skilld call`` too.
-2. **Inline or thread** (:class:`skilld.call.Inline`): a
-   call from the event loop is first tried there; it gives up, before anything can be
-   observed, when it could block, and then runs once on a worker thread.
-3. **Slot** (:class:`skilld.call.CallGate`, the skill's one gate): one of its
-   ``max_concurrency`` slots. The MCP layer took it on the event loop and lent it to
-   this call; anyone else waits for one here on their thread, up to the skill's wall
-   time (never a nested call, never inline). None frees up: :class:`SkillBusy`
-   (``limit-exceeded``, outcome ``busy``).
-4. **Context** (:meth:`Registry._run`): a :class:`skilld.call.CallContext` with the
-   skill's limits, key-value namespace, permission checker, the client channel, the
-   orchestrator for ``invoke`` (:meth:`Registry._invoke`, which comes back to step 3
-   for the callee) and a :class:`skilld.audit.CallRecorder`.
-5. **Backend** (``SkillBackend.call``, ``_contract.py``): the sandbox's wasm component
-   (a fresh or pooled instance, an epoch deadline; every host function asks the
-   permission checker and records the decision on the context), an Agent Skill, a
-   delegate kit, or a remote node.
-6. **Outcome** (``skilld.errors``): each error class carries its WIT code and its
-   audit outcome; nothing here maps them again.
-7. **Audit** (``_audit.py``): the recorder's one ``call`` record (a ``started`` record
-   first, before the call's first state write) goes to the sink; the result or the
-   error goes back to the caller.
+"""Dispatch: the registry's part of a call (hops 2 and 5 of the one call path, told in
+``skilld/call.py``'s docstring): a tool name to (skill, method), the call's context and
+slot, its backend, and its one audit record with the error class's own outcome.
 """
 
 from __future__ import annotations
@@ -52,7 +26,7 @@ from skilld.errors import (
 )
 from skilld.registry._audit import AuditTrail, audited
 from skilld.registry._catalogue import Catalogue, SkillEntry
-from skilld.registry._contract import LOCAL
+from skilld.registry._contract import LOCAL, AnswersInline
 from skilld.types import AuditSink, Caller, CallOutput, ClientChannel, Decision
 
 T = TypeVar("T")
@@ -179,7 +153,10 @@ class Registry(Catalogue):
         entry = self._skills.get(skill_id)
         if entry is None:
             raise RegistryError(f"no skill named '{skill_id}'")
-        if inline_s is not None and not getattr(entry.component, "answers_inline", False):
+        component = entry.component
+        if inline_s is not None and not (
+            isinstance(component, AnswersInline) and component.answers_inline
+        ):
             # It would give up before its guest runs: give up before the call is set up.
             raise RunOnThread
         args_json = json.dumps(arguments, separators=(",", ":"), sort_keys=True)

@@ -6,7 +6,7 @@ wasm behind it, for tests of anything that serves or calls a dispatcher.
 official MCP conformance suite exercises (``tests/skills/conformance`` carries the same
 behaviours as a sandboxed skill: nothing here is special-cased by the server).
 
-Run ``python -m skilld.mcp.testing [conformance|echo] [--http PORT]`` to serve one
+Run ``python tests/support/static_dispatcher.py [conformance|echo] [--http PORT]`` to serve one
 over stdio (the default) or HTTP.
 """
 
@@ -594,7 +594,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Serve a test dispatcher: over stdio by default, over HTTP with ``--http PORT``."""
     from skilld.mcp import ServeConfig, serve
 
-    parser = argparse.ArgumentParser(prog="python -m skilld.mcp.testing")
+    parser = argparse.ArgumentParser(prog="python tests/support/static_dispatcher.py")
     parser.add_argument("dispatcher", nargs="?", default="conformance", choices=sorted(FACTORIES))
     parser.add_argument("--http", type=int, metavar="PORT", help="serve HTTP on 127.0.0.1:PORT")
     args = parser.parse_args(argv)
