@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -27,7 +28,6 @@ import jwt
 from _util import pct
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from mcp.server.auth.middleware.bearer_auth import BearerAuthBackend
-from skilld.mcp.testing import echo_dispatcher
 from starlette.requests import HTTPConnection
 
 from skilld.mcp import ServeConfig
@@ -36,6 +36,9 @@ from skilld.mcp._http import build_app
 from skilld.mcp._logging import make_logger
 from skilld.mcp._metrics import Metrics
 from skilld.mcp._server import McpService
+
+sys.path.append(str(Path(__file__).resolve().parents[1] / "tests"))
+from support.static_dispatcher import echo_dispatcher
 
 ISSUER = "https://issuer.bench.invalid"
 AUDIENCE = "https://skilld.bench.invalid/mcp"

@@ -13,12 +13,12 @@ from typing import Any
 import anyio
 import httpx2
 import pytest
-from skilld.mcp.testing import ECHO_SCHEMA, StaticDispatcher, static_tool
 
 from skilld.mcp import HttpServer, ServeConfig
 from skilld.types import ClientChannel
 from support.callers import open_to_authenticated
 from support.mcp_fakes import running_http
+from support.static_dispatcher import ECHO_SCHEMA, StaticDispatcher, static_tool
 
 pytestmark = pytest.mark.anyio
 
