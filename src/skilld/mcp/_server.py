@@ -807,6 +807,9 @@ class McpService:
         """
         caller = caller_of(ctx)
         self._refuse_if_draining(skill, label, arguments, caller)
+        # "May this caller call this tool?" is asked here, once per call from any MCP entry
+        # (tools, resources, prompts, tasks, rounds), before the call waits for anything;
+        # a refusal goes through ``_refused`` so it is counted and audited with the caller.
         gate = self.dispatcher.gate(skill)
         # One wait bound for the slot and the thread together.
         waited_until = time.monotonic() + self.config.queue_timeout_s

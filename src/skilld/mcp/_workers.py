@@ -104,6 +104,8 @@ class Ledger(Generic[J]):
 
     def eligible(self) -> int:
         """How many queued jobs a thread could take now (their callers below their share)."""
+        if not self.queues:
+            return 0
         return sum(
             min(sum(len(q) for q in by_skill.values()), self.per_caller - self.running.get(k, 0))
             for k, by_skill in self.queues.items()
@@ -139,6 +141,8 @@ class Ledger(Generic[J]):
 
     def wake(self) -> tuple[int, int]:
         """How many waiting threads to notify and how many to start, counted as coming."""
+        if self.waiting <= self.coming and self.threads >= self.size:
+            return 0, 0  # no thread to wake or start: skip counting (the common case)
         need = self.eligible() - self.coming
         notify = max(0, min(need, self.waiting - self.coming))
         start = max(0, min(need - notify, self.size - self.threads))
@@ -170,7 +174,9 @@ class WorkerPool:
         self.size = size
         self.idle_s = idle_s
         self._name = name
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
+        # Each waiting thread's own wake-up lock (held while it sleeps), most recent last.
+        self._idle: list[threading.Lock] = []
         self._ledger: Ledger[Callable[[], None]] = Ledger(size, per_caller_share(size))
 
     @property
@@ -181,50 +187,63 @@ class WorkerPool:
     @property
     def queued(self) -> int:
         """How many jobs wait for a thread now."""
-        with self._cond:
+        with self._lock:
             return sum(len(q) for s in self._ledger.queues.values() for q in s.values())
 
     def submit(self, job: Callable[[], None], key: str = "", skill: str = "") -> Queued[Any]:
         """Queue ``job`` for caller ``key`` and ``skill``; wake or start threads as needed."""
         item: Queued[Callable[[], None]] = Queued(job, key, skill)
-        with self._cond:
+        with self._lock:
             self._ledger.add(item)
             self._wake()
         return item
 
     def withdraw(self, item: Queued[Any]) -> bool:
         """Take ``item`` out of the queue if no thread took it yet (True if so)."""
-        with self._cond:
+        with self._lock:
             return self._ledger.withdraw(item)
 
     def _wake(self) -> None:
         notify, start = self._ledger.wake()
-        if notify:
-            self._cond.notify(notify)
+        # The most recently idle first: the others may reach their idle timeout and leave.
+        for _ in range(min(notify, len(self._idle))):
+            self._idle.pop().release()
         for _ in range(start):
             threading.Thread(target=self._work, name=self._name, daemon=True).start()
 
     def _work(self) -> None:
         ledger = self._ledger
-        with self._cond:
+        lock = self._lock
+        wake = threading.Lock()
+        wake.acquire()
+        with lock:
             ledger.arrived()
             while True:
                 item = ledger.take()
                 if item is None:
                     ledger.waiting += 1
-                    notified = self._cond.wait(self.idle_s)
+                    self._idle.append(wake)
+                    lock.release()
+                    notified = wake.acquire(timeout=self.idle_s)
+                    lock.acquire()
                     ledger.waiting -= 1
+                    if not notified:
+                        if wake in self._idle:
+                            self._idle.remove(wake)  # nobody woke it: a true timeout
+                        else:
+                            # Woken as it timed out: take the release (made under the lock).
+                            notified = wake.acquire(blocking=False)
                     ledger.arrived()
                     if not notified and ledger.may_leave():
                         return
                     continue
                 # Others may now be eligible too (this thread took only one).
                 self._wake()
-                self._cond.release()
+                lock.release()
                 try:
                     item.job()
                 finally:
-                    self._cond.acquire()
+                    lock.acquire()
                     ledger.done(item)
                     del item  # what the job holds (its result, its future) is not kept idle
                     self._wake()
