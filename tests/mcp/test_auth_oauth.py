@@ -123,7 +123,8 @@ async def test_resource_metadata_and_challenge(auth_server: Authority, skilld: H
 
 HOSTILE = {
     "expired": {"claims": {"exp": int(time.time()) - 120, "iat": int(time.time()) - 400}},
-    "not yet valid": {"claims": {"nbf": int(time.time()) + 600}},
+    # Far ahead: HOSTILE is made at import, and a whole suite can run for many minutes.
+    "not yet valid": {"claims": {"nbf": int(time.time()) + 30 * 86400}},
     "wrong audience": {"aud": "https://elsewhere.example/mcp"},
     "wrong issuer": {"claims": {"iss": "https://impostor.example"}},
     "alg none": {"forge": "none"},
