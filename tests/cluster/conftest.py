@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from skilld.sandbox import Sandbox
+from support.callers import ALL_AUTHENTICATED
 from support.cluster import HOSTILE_POLICY, Keys, NatsServer, make_bundle, make_keys
 from support.env import ROOT
 
@@ -62,8 +63,10 @@ def hostile_bundle(sandbox: Sandbox, keys: Keys, tmp_path_factory: pytest.TempPa
 
 @pytest.fixture(scope="session")
 def gateway_bundle(sandbox: Sandbox, keys: Keys, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A small bundle for entry-only nodes: only its trust set matters."""
-    return make_bundle(sandbox, tmp_path_factory.mktemp("gateway"), ["echo-wat"], keys, {})
+    """A small bundle for entry-only nodes: its trust set, and caller rules letting every
+    authenticated caller use everything (for entry nodes serving with tokens)."""
+    callers = {"callers/all.yaml": ALL_AUTHENTICATED}
+    return make_bundle(sandbox, tmp_path_factory.mktemp("gateway"), ["echo-wat"], keys, callers)
 
 
 @pytest.fixture

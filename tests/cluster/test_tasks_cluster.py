@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from itertools import cycle
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import httpx2 as httpx
 import pytest
 
 from support.cluster import Keys, NatsServer, NodeProc, start_node
+from support.mcp_fakes import client_tokens, token_of
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -38,7 +40,7 @@ async def rpc(
     who: str | None = None,
 ) -> Any:
     """One stateless 2026-07-28 request declaring the tasks extension (unless told not to),
-    as the client holding bearer token ``who`` (none by default); its JSON-RPC message."""
+    as the caller ``who`` (its token ``token_of(who)``; none by default); its JSON-RPC message."""
     meta = META if extensions else {**META, CAPS: {}}
     body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": {**params, "_meta": meta}}
     headers = {
@@ -50,7 +52,7 @@ async def rpc(
     if named:
         headers["Mcp-Name"] = named
     if who is not None:
-        headers["Authorization"] = f"Bearer {who}"
+        headers["Authorization"] = f"Bearer {token_of(who)}"
     response = await http.post(url, json=body, headers=headers)
     if response.headers.get("content-type", "").startswith("application/json"):
         return response.json()
@@ -69,16 +71,15 @@ def task_audit(node: NodeProc, task_id: str) -> list[dict[str, Any]]:
     return found
 
 
-@pytest.fixture
-def two_entries(
+@contextmanager
+def _two_entries(
     bus_nats: tuple[NatsServer, Path],
     keys: Keys,
     demo_cluster_bundle: Path,
     gateway_bundle: Path,
     tmp_path: Path,
+    entry_extra: Sequence[str] = (),
 ) -> Iterator[tuple[NodeProc, NodeProc, NodeProc]]:
-    """node-a and node-c, entry-only with --cluster-kv (tasks in JetStream KV), and node-b,
-    the worker holding the conformance skill, on the documented least-privilege bus."""
     nats, bus = bus_nats
     worker = start_node(
         "node-b", demo_cluster_bundle, nats.url, keys.member, tmp_path / "b", http=False, bus=bus
@@ -90,7 +91,7 @@ def two_entries(
             nats.url,
             keys.member,
             tmp_path / name,
-            extra=["--entry-only", "--cluster-kv"],
+            extra=["--entry-only", "--cluster-kv", *entry_extra],
             bus=bus,
         )
         for name in ("node-a", "node-c")
@@ -102,6 +103,39 @@ def two_entries(
     finally:
         for node in (*entries, worker):
             node.stop()
+
+
+@pytest.fixture
+def two_entries(
+    bus_nats: tuple[NatsServer, Path],
+    keys: Keys,
+    demo_cluster_bundle: Path,
+    gateway_bundle: Path,
+    tmp_path: Path,
+) -> Iterator[tuple[NodeProc, NodeProc, NodeProc]]:
+    """node-a and node-c, entry-only with --cluster-kv (tasks in JetStream KV), and node-b,
+    the worker holding the conformance skill, on the documented least-privilege bus; no
+    authentication (every client is the one anonymous caller)."""
+    with _two_entries(bus_nats, keys, demo_cluster_bundle, gateway_bundle, tmp_path) as nodes:
+        yield nodes
+
+
+@pytest.fixture
+def two_entries_alice_mallory(
+    bus_nats: tuple[NatsServer, Path],
+    keys: Keys,
+    demo_cluster_bundle: Path,
+    gateway_bundle: Path,
+    tmp_path: Path,
+) -> Iterator[tuple[NodeProc, NodeProc, NodeProc]]:
+    """As ``two_entries``, the entry nodes authenticating two callers, alice and mallory
+    (named tokens, ``support.mcp_fakes.token_of``), whom the gateway's rules let use all."""
+    tokens = client_tokens(tmp_path, "alice", "mallory")
+    extra = ["--token-file", str(tokens)]
+    with _two_entries(
+        bus_nats, keys, demo_cluster_bundle, gateway_bundle, tmp_path, extra
+    ) as nodes:
+        yield nodes
 
 
 async def test_round_robin_client_creates_on_a_and_reads_the_result_on_c(
@@ -247,11 +281,11 @@ async def test_a_question_asked_on_a_is_answered_through_c(
 
 
 async def test_another_client_cannot_read_or_cancel_a_task_on_any_entry(
-    two_entries: tuple[NodeProc, NodeProc, NodeProc],
+    two_entries_alice_mallory: tuple[NodeProc, NodeProc, NodeProc],
 ) -> None:
     """A task alice made on node-a is unknown to mallory on node-c and on node-a: her
     tasks/get, tasks/update and tasks/cancel are -32602, and the task runs on for alice."""
-    a, c, _worker = two_entries
+    a, c, _worker = two_entries_alice_mallory
     assert a.url is not None and c.url is not None
     async with httpx.AsyncClient(timeout=30) as http:
         created = await rpc(
@@ -310,7 +344,7 @@ async def listen(
         "Mcp-Method": "subscriptions/listen",
     }
     if who is not None:
-        headers["Authorization"] = f"Bearer {who}"
+        headers["Authorization"] = f"Bearer {token_of(who)}"
     async with http.stream("POST", url, json=body, headers=headers) as response:
         async for line in response.aiter_lines():
             if line.startswith("data:"):
@@ -338,12 +372,12 @@ async def heard_until(
 
 
 async def test_a_listener_on_c_hears_the_status_of_a_task_run_through_a(
-    two_entries: tuple[NodeProc, NodeProc, NodeProc],
+    two_entries_alice_mallory: tuple[NodeProc, NodeProc, NodeProc],
 ) -> None:
     """alice's listen stream on node-c hears working, then completed, of a task she made and
     ran through node-a (seen changing in the bucket), each once; her stream on node-a hears
     the same once, not twice; mallory's stream on node-c hears nothing of it."""
-    a, c, _worker = two_entries
+    a, c, _worker = two_entries_alice_mallory
     assert a.url is not None and c.url is not None
     send_c, on_c = anyio.create_memory_object_stream[dict[str, Any]](64)
     send_a, on_a = anyio.create_memory_object_stream[dict[str, Any]](64)
