@@ -10,9 +10,11 @@ import anyio.to_thread
 import pytest
 from mcp import types
 
+from skilld.mcp._caller import caller_of
 from skilld.mcp._channel import KEY_META
 from skilld.mcp._relay import ForwardedSession, run_relayed
 from skilld.mcp._rounds import ParkedCalls, RoundChannel
+from skilld.types import Caller
 
 pytestmark = pytest.mark.anyio
 
@@ -28,17 +30,21 @@ def _question(text: str) -> dict[str, Any]:
     }
 
 
+ALICE = Caller.token("alice")
+WHO = ALICE.as_dict()
+
+
 async def test_a_copy_of_an_answered_retry_does_not_answer_the_next_question() -> None:
     """A guest asks twice under one key: the first round's retry sent again after the guest
     asked the second question answers nothing; the second round's own retry does."""
     channel = RoundChannel(
-        ForwardedSession(MODERN, CAPS),
+        ForwardedSession(MODERN, CAPS, ALICE),
         None,
         skill="s",
         min_level=lambda: None,
         request_timeout_s=5,
         prefilled={},
-        capabilities=ForwardedSession(MODERN, CAPS).check_client_capability,
+        capabilities=ForwardedSession(MODERN, CAPS, ALICE).check_client_capability,
     )
 
     def guest() -> str:
@@ -72,35 +78,57 @@ async def test_a_copy_of_an_answered_retry_does_not_answer_the_next_question() -
 
 
 async def test_the_relay_takes_only_a_modern_retry() -> None:
-    """A forwarded request without a requestState, of another era or another method is
-    refused before any handler runs: the relay cannot start a call."""
+    """A forwarded request without a requestState, of another era or another method, or
+    naming no caller, is refused before any handler runs: the relay cannot start a call;
+    the retry it takes acts for the caller the forwarding node verified."""
     ran: list[str] = []
+    callers: list[Caller] = []
 
     async def handler(ctx: Any, params: Any) -> types.CallToolResult:
         ran.append(ctx.method)
+        callers.append(caller_of(ctx))
         return types.CallToolResult(content=[])
 
     handlers = {"tools/call": handler}
     params = {"name": "t", "arguments": {}, "_meta": CAPS}
     refused = [
-        await run_relayed({"method": "tools/call", "params": params, "version": MODERN}, handlers),
+        await run_relayed(
+            {"method": "tools/call", "params": params, "version": MODERN, "caller": WHO}, handlers
+        ),
         await run_relayed(
             {
                 "method": "tools/call",
                 "params": {**params, "requestState": "{}"},
                 "version": "2025-11-25",
+                "caller": WHO,
             },
             handlers,
         ),
         await run_relayed(
-            {"method": "tools/list", "params": {"requestState": "{}"}, "version": MODERN},
+            {
+                "method": "tools/list",
+                "params": {"requestState": "{}"},
+                "version": MODERN,
+                "caller": WHO,
+            },
+            handlers,
+        ),
+        # No caller: never this node's own user.
+        await run_relayed(
+            {"method": "tools/call", "params": {**params, "requestState": "{}"}, "version": MODERN},
             handlers,
         ),
     ]
     taken = await run_relayed(
-        {"method": "tools/call", "params": {**params, "requestState": "{}"}, "version": MODERN},
+        {
+            "method": "tools/call",
+            "params": {**params, "requestState": "{}"},
+            "version": MODERN,
+            "caller": WHO,
+        },
         handlers,
     )
     assert all(r["error"]["code"] == types.INVALID_PARAMS for r in refused), refused
     assert taken == {"result": {"content": [], "isError": False, "resultType": "complete"}}
     assert ran == ["tools/call"]
+    assert callers == [ALICE]

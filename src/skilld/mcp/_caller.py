@@ -13,6 +13,7 @@ from mcp.shared.exceptions import MCPError
 
 from skilld.errors import GuestError
 from skilld.mcp import _auth
+from skilld.mcp._relay import ForwardedSession
 from skilld.types import Caller
 
 
@@ -24,6 +25,9 @@ def caller_of(ctx: Any) -> Caller:
     token, the anonymous client of a server that authenticates no one, or the local
     user on stdio), never from how a header was spelled.
     """
+    if isinstance(ctx.session, ForwardedSession):
+        # A retry another entry node forwarded: the caller that node verified.
+        return ctx.session.caller
     return _auth.caller_of(ctx.request)
 
 

@@ -54,6 +54,7 @@ from pydantic import BaseModel, ValidationError
 from skilld import telemetry
 from skilld.errors import GuestError
 from skilld.mcp._channel import KEY_META, SessionChannel, without_key
+from skilld.types import Caller
 
 T = TypeVar("T")
 
@@ -262,7 +263,8 @@ def skill_digest(tool: str, skill: str, definition: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-Forward = Callable[[str, str, Mapping[str, Any], str], Awaitable[Any]]
+# (node, method, params, protocol version, the retry's verified caller) -> the answer there
+Forward = Callable[[str, str, Mapping[str, Any], str, Caller], Awaitable[Any]]
 """The cluster's hook: ``forward(node, method, params, version)`` sends a retry whose call
 is parked on ``node`` there (params as received, ``requestState`` already verified and
 opened) and returns that node's result."""

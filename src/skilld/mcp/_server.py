@@ -504,7 +504,7 @@ class McpService:
                 # Another entry node holds the call: the cluster routes the retry there.
                 answer: types.CallToolResult | types.InputRequiredResult | dict[str, Any]
                 answer = await self.parked.forward(
-                    node, ctx.method, dict(ctx.params or {}), ctx.protocol_version
+                    node, ctx.method, dict(ctx.params or {}), ctx.protocol_version, caller_of(ctx)
                 )
                 return answer
             call = self.parked.resume(params.request_state, name, digest)
@@ -740,7 +740,7 @@ class McpService:
             if node is not None and self.parked.forward is not None and not is_forwarded(ctx):
                 # Another entry node holds the call: the cluster routes the retry there.
                 answer: T | types.InputRequiredResult = await self.parked.forward(
-                    node, ctx.method, dict(ctx.params or {}), ctx.protocol_version
+                    node, ctx.method, dict(ctx.params or {}), ctx.protocol_version, caller_of(ctx)
                 )
                 return answer
             call = self.parked.resume(params.request_state, target, digest)
