@@ -200,14 +200,20 @@ def test_only_the_state_volume_is_writable(image: str) -> None:
     assert writable and writable <= allowed, writable - allowed
 
 
+def _auth(state: Path) -> dict[str, str]:
+    """The header carrying the token the entry point made at first start in ``state``."""
+    lines = (state / "tokens").read_text().splitlines()
+    token = next(line.split()[1] for line in lines if line[:1].isalnum())
+    return {"Authorization": f"Bearer {token}"}
+
+
 def test_tool_call_from_outside(served: tuple[str, Path, Path]) -> None:
     """An MCP client on the host calls echo/echo in the container; only the volume is written."""
     url, state, upper = served
     # The entry point made a named token at first start, in the state volume, private.
     tokens = state / "tokens"
     assert tokens.stat().st_uid == UID and tokens.stat().st_mode & 0o777 == 0o600
-    token = next(line.split()[1] for line in tokens.read_text().splitlines() if line[:1].isalnum())
-    auth = {"Authorization": f"Bearer {token}"}
+    auth = _auth(state)
 
     async def call() -> None:
         with anyio.fail_after(60):
@@ -243,12 +249,12 @@ def test_the_image_sends_traces_to_a_collector(image: str, tmp_path: Path) -> No
             f"OTEL_EXPORTER_OTLP_ENDPOINT={receiver.url}",
             "OTEL_BSP_SCHEDULE_DELAY=100",
         ]
-        with _serving(image, tmp_path, env) as (url, _state, _upper):
+        with _serving(image, tmp_path, env) as (url, state, _upper):
 
             async def call() -> None:
                 with anyio.fail_after(60):
                     async with (
-                        httpx2.AsyncClient(timeout=30) as http,
+                        httpx2.AsyncClient(timeout=30, headers=_auth(state)) as http,
                         streamable_http_client(url, http_client=http) as (read, write),
                         ClientSession(read, write) as session,
                     ):

@@ -210,7 +210,6 @@ class Running:
         return self.call(f"{skill}/run_script", {"script": script, "args": list(args)})
 
 
-
 def value_of(result: Any) -> dict[str, Any]:
     """A run_script result's value (its first text block is the JSON)."""
     assert not result.is_error, text_of(result)
