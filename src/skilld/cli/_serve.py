@@ -34,9 +34,11 @@ def register(sub: Any) -> None:
     p.add_argument("--version", action="version", version=f"skilld {__version__}")
     p.add_argument(
         "--with-conformance",
-        action="store_true",
+        type=Path,
+        metavar="DIR",
         help="add the MCP conformance suite's test_* tools, resources and prompts to the "
-        "demo bundle (for running the suite; never served otherwise)",
+        "demo bundle, from DIR/skills/conformance and DIR/policies/conformance.yaml (a "
+        "source checkout's tests/; for running the suite, never served otherwise)",
     )
     p.add_argument(
         "--transport",
@@ -400,8 +402,8 @@ def _serve(args: argparse.Namespace, text: bool, logger: _Logger, confinement: s
     if args.bundle is None:
         progress = None if text else logging.getLogger("skilld.build").info
         bundle_dir = demo_bundle(with_conformance=args.with_conformance, progress=progress)
-        state_name = "demo-conformance" if args.with_conformance else "demo"
-    elif args.with_conformance:
+        state_name = "demo-conformance" if args.with_conformance is not None else "demo"
+    elif args.with_conformance is not None:
         raise UsageError("--with-conformance adds to the demo bundle; it goes without --bundle")
     else:
         bundle_dir = args.bundle
