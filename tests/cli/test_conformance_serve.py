@@ -28,7 +28,7 @@ EXPECTED = {
 @pytest.mark.parametrize("revision", sorted(EXPECTED))
 def test_serve_passes_every_server_scenario(tmp_path: Path, revision: str) -> None:
     """Every scenario a revision's requirement set runs passes against `serve
-    --with-conformance` and the wasm skill (2025-11-25: 30 scored; 2026-07-28: 37 scored,
+    --with-conformance tests/` and the wasm skill (2025-11-25: 30 scored; 2026-07-28: 37 scored,
     and the tasks extension's 10)."""
     assert SUITE.is_file(), f"no conformance runner at {SUITE} (SKILLD_MCP_CONFORMANCE)"
     server = subprocess.Popen(
@@ -38,6 +38,7 @@ def test_serve_passes_every_server_scenario(tmp_path: Path, revision: str) -> No
             "skilld",
             "serve",
             "--with-conformance",
+            str(ROOT / "tests"),
             "--transport",
             "http",
             "--port",

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from skilld.bundle import BuildResult
-from support.env import cache_env
+from support.env import ROOT, cache_env
 
 
 def _argv(bundle: Path, *extra: str) -> list[str]:
@@ -142,7 +142,7 @@ def test_with_conformance_goes_with_the_demo_only(demo_bundle: BuildResult, tmp_
     """--with-conformance beside --bundle is a usage error (exit 2), said in a JSON line."""
     bundle = demo_bundle.out
     done = subprocess.run(
-        _argv(bundle, "--with-conformance"),
+        _argv(bundle, "--with-conformance", str(ROOT / "tests")),
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,

@@ -45,3 +45,16 @@ def test_a_directory_without_a_lock_is_refused(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=r"not a bundle \(no bundle.lock\)") as info:
         Node.open(NodeConfig(bundle=tmp_path, state_dir=tmp_path / "state"))
     assert "skilld build" in (info.value.hint or "")
+
+
+def test_a_node_on_its_own_wires_serving_to_nothing_and_a_closed_one_refuses(
+    demo_bundle: BuildResult, tmp_path: Path
+) -> None:
+    """A node outside a cluster serves with no round peers and no task board (tasks in
+    memory); a closed node wires nothing."""
+    node = Node.open(NodeConfig(bundle=demo_bundle.out, state_dir=tmp_path / "state"))
+    with node:
+        wiring = node.serving(600.0)
+        assert (wiring.round_peers, wiring.task_board) == (None, None)
+    with pytest.raises(UsageError, match="closed"):
+        node.serving(600.0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -29,7 +30,7 @@ from skilld.errors import (
     PermissionDenied,
     UsageError,
 )
-from skilld.mcp import HttpServer, ServeConfig, serve_http_async
+from skilld.mcp import HttpServer, ServeConfig, Wiring, serve_http_async
 from skilld.mcp._logging import make_logger
 from skilld.mcp._metrics import Metrics
 from skilld.mcp._server import McpService
@@ -273,25 +274,32 @@ def _session(read: Any, write: Any, inbox: Inbox) -> ClientSession:
 
 @asynccontextmanager
 async def running_http(
-    dispatcher: Dispatcher, config: ServeConfig | None = None
+    dispatcher: Dispatcher, config: ServeConfig | None = None, wiring: Wiring | None = None
 ) -> AsyncIterator[HttpServer]:
-    """A real uvicorn server on a free port, stopped (gracefully) on exit."""
+    """A real uvicorn server on a free port, stopped (gracefully) on exit; ``wiring``: a
+    node's (``Node.serving``), as ``skilld serve`` wires it."""
     config = config or ServeConfig(transport="http", port=0)
     async with anyio.create_task_group() as tg:
-        server: HttpServer = await tg.start(serve_http_async, dispatcher, config)
+        server: HttpServer = await tg.start(
+            functools.partial(serve_http_async, wiring=wiring), dispatcher, config
+        )
         try:
             yield server
         finally:
             server.stop()
 
 
-def memory_service(dispatcher: Dispatcher, config: ServeConfig | None = None) -> McpService:
-    """An MCP service over ``dispatcher`` for :func:`memory_session`, logging only errors."""
+def memory_service(
+    dispatcher: Dispatcher, config: ServeConfig | None = None, wiring: Wiring | None = None
+) -> McpService:
+    """An MCP service over ``dispatcher`` for :func:`memory_session`, logging only errors;
+    ``wiring``: a node's (``Node.serving``), as ``skilld serve`` wires it."""
     return McpService(
         dispatcher,
         config or ServeConfig(),
         make_logger(ServeConfig(log_level="error")),
         Metrics(),
+        wiring,
     )
 
 

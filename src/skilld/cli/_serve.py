@@ -34,9 +34,11 @@ def register(sub: Any) -> None:
     p.add_argument("--version", action="version", version=f"skilld {__version__}")
     p.add_argument(
         "--with-conformance",
-        action="store_true",
+        type=Path,
+        metavar="DIR",
         help="add the MCP conformance suite's test_* tools, resources and prompts to the "
-        "demo bundle (for running the suite; never served otherwise)",
+        "demo bundle, from DIR/skills/conformance and DIR/policies/conformance.yaml (a "
+        "source checkout's tests/; for running the suite, never served otherwise)",
     )
     p.add_argument(
         "--transport",
@@ -400,8 +402,8 @@ def _serve(args: argparse.Namespace, text: bool, logger: _Logger, confinement: s
     if args.bundle is None:
         progress = None if text else logging.getLogger("skilld.build").info
         bundle_dir = demo_bundle(with_conformance=args.with_conformance, progress=progress)
-        state_name = "demo-conformance" if args.with_conformance else "demo"
-    elif args.with_conformance:
+        state_name = "demo-conformance" if args.with_conformance is not None else "demo"
+    elif args.with_conformance is not None:
         raise UsageError("--with-conformance adds to the demo bundle; it goes without --bundle")
     else:
         bundle_dir = args.bundle
@@ -457,18 +459,6 @@ def _serve(args: argparse.Namespace, text: bool, logger: _Logger, confinement: s
 
         with contextlib.suppress(ConfinementUnavailable):
             confine.assign([entry.spec.id for entry in node.registry.skills()])
-        # An entry node whose cluster keeps state in JetStream KV keeps its tasks there too:
-        # any entry node then answers for them.
-        clustered = node_config.cluster
-        board = (
-            node.cluster.task_board(ServeConfig().task_ttl_ms / 1000)
-            if node.cluster is not None
-            and clustered is not None
-            and clustered.kv
-            and clustered.entry
-            and not args.no_mcp
-            else None
-        )
         config = ServeConfig(
             transport=args.transport,
             host=args.host,
@@ -488,7 +478,6 @@ def _serve(args: argparse.Namespace, text: bool, logger: _Logger, confinement: s
             idle_timeout_s=args.idle_timeout,
             header_timeout_s=args.header_timeout,
             confinement=confinement,
-            task_board=board,
             **_round_options(args, node, logger),
         )
         logger.get().info(
@@ -516,7 +505,10 @@ def _serve(args: argparse.Namespace, text: bool, logger: _Logger, confinement: s
             return 0
         if text:
             _banner(args, config, node, node_config)
-        serve(node.registry, config, sock=sock)
+        # The cluster's round relay and task board: the same wiring the tests and
+        # benchmarks serve a node with.
+        wiring = node.serving(config.task_ttl_ms / 1000)
+        serve(node.registry, config, sock=sock, wiring=wiring)
     return 0
 
 
@@ -533,7 +525,8 @@ def _positive_mib(text: str) -> int:
 
 def _round_options(args: argparse.Namespace, node: Any, logger: _Logger) -> dict[str, Any]:
     """The ServeConfig fields of input-required rounds in a cluster: this node's name in
-    ``requestState``, the entry nodes' shared sealing keys and the relay between them.
+    ``requestState`` and the entry nodes' shared sealing keys (the relay between them is
+    wiring: ``Node.serving``).
 
     Raises:
         UsageError: a key file cannot be read, is readable by other users, or holds
@@ -563,7 +556,6 @@ def _round_options(args: argparse.Namespace, node: Any, logger: _Logger) -> dict
     return {
         "node_id": node.cluster.config.node,
         "request_state_keys": tuple(keys),
-        "round_peers": node.cluster.rounds,
     }
 
 

@@ -35,6 +35,7 @@ from skilld.cluster._config import ClusterConfig
 from skilld.cluster._natsconf import NatsSetup, write_nats_config
 from skilld.cluster._observe import observe
 from skilld.cluster._remote import RemoteSkill
+from skilld.cluster._rounds import RoundRelay
 from skilld.cluster._tasks import TaskBoard
 from skilld.cluster._transfer import FileAccess
 
@@ -45,6 +46,7 @@ __all__ = [
     "LocalSkill",
     "NatsSetup",
     "RemoteSkill",
+    "RoundRelay",
     "TaskBoard",
     "observe",
     "write_nats_config",

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from skilld.mcp._config import ServeConfig
 from skilld.mcp._logging import make_logger
 from skilld.mcp._serve import serve, serve_async, serve_stdio_async
+from skilld.mcp._wiring import Wiring
 
 if TYPE_CHECKING:
     from skilld.mcp._auth import create_token_file
@@ -43,6 +44,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "HttpServer",
     "ServeConfig",
+    "Wiring",
     "advertised_url",
     "bind",
     "create_token_file",

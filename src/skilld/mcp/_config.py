@@ -1,16 +1,16 @@
-"""How ``skilld serve`` serves: one frozen value, passed down explicitly."""
+"""How ``skilld serve`` serves: one frozen value of values, passed down explicitly.
+
+The live objects serving is wired to (a cluster's round peers and task board) are not
+configuration: the node builds them (``skilld.mcp._wiring``, ``skilld.node.Node.serving``).
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from skilld.errors import UsageError
-
-if TYPE_CHECKING:
-    from skilld.mcp._rounds import RoundPeers
-    from skilld.mcp._tasks import TaskBoard
 
 # Host and Origin values a local client sends; always allowed, whatever the bind address.
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]")
@@ -89,17 +89,11 @@ class ServeConfig:
             empty: a random key held by this process only.
         round_ttl_s: how long a ``requestState`` stays valid (its call ends at its own
             deadline either way).
-        round_peers: the cluster's other entry nodes (``skilld.cluster``): a retry whose
-            ``requestState`` names one of them is forwarded there, and retries they
-            forward here continue this node's calls. None: a node on its own.
         task_tools: tools that may run as tasks besides those the policy's ``mcp.tasks``
             names (``io.modelcontextprotocol/tasks``), each
             ``optional`` (a task when the client declared the extension) or ``required``
             (refused with -32021 otherwise; input is gathered in rounds first).
         task_ttl_ms: how long a task's record and result are kept after it was created.
-        task_board: task records shared by a cluster's entry nodes (JetStream KV, from
-            ``skilld.cluster``), so that any of them answers ``tasks/*``; None: this
-            node's memory.
         max_tasks_per_client: how many tasks one client (one ``Authorization``) may have
             running on this node at once; the next is refused (-32603) until one ends.
         max_tasks: how many tasks may run on this node at once, all clients together.
@@ -145,10 +139,8 @@ class ServeConfig:
     node_id: str = ""
     request_state_keys: tuple[bytes, ...] = ()
     round_ttl_s: float = 600.0
-    round_peers: RoundPeers | None = None
     task_tools: tuple[tuple[str, Literal["optional", "required"]], ...] = ()
     task_ttl_ms: int = 600_000
-    task_board: TaskBoard | None = None
     max_tasks_per_client: int = 16
     max_tasks: int = 256
     confinement: str | None = None

@@ -17,11 +17,16 @@ from skilld.mcp._logging import make_logger
 from skilld.mcp._metrics import Metrics
 from skilld.mcp._server import Logger, McpService
 from skilld.mcp._stdin import claimed_stdin
+from skilld.mcp._wiring import Wiring
 from skilld.registry import Dispatcher
 
 
 async def serve_stdio_async(
-    dispatcher: Dispatcher, config: ServeConfig, *, log: Logger | None = None
+    dispatcher: Dispatcher,
+    config: ServeConfig,
+    *,
+    log: Logger | None = None,
+    wiring: Wiring | None = None,
 ) -> None:
     """Serve ``dispatcher`` to one client over stdin/stdout until stdin closes, or until
     SIGTERM/SIGINT.
@@ -34,7 +39,7 @@ async def serve_stdio_async(
     """
     started = time.perf_counter()
     log = log or make_logger(config)
-    service = McpService(dispatcher, config, log, Metrics())
+    service = McpService(dispatcher, config, log, Metrics(), wiring)
     server = service.server
     log.info(
         "serving", transport="stdio", expose_ms=round((time.perf_counter() - started) * 1000, 2)
@@ -88,27 +93,37 @@ async def _cancel_on(event: anyio.Event, scope: anyio.CancelScope) -> None:
 
 
 async def serve_async(
-    dispatcher: Dispatcher, config: ServeConfig, *, sock: socket.socket | None = None
+    dispatcher: Dispatcher,
+    config: ServeConfig,
+    *,
+    sock: socket.socket | None = None,
+    wiring: Wiring | None = None,
 ) -> None:
-    """Serve ``dispatcher`` on the transport ``config`` names (http: on ``sock`` if given).
+    """Serve ``dispatcher`` on the transport ``config`` names (http: on ``sock`` if given),
+    wired to ``wiring`` (a node's: ``Node.serving``).
 
     Raises:
         UsageError: as for :func:`serve_http_async`.
     """
     if config.transport == "stdio":
-        await serve_stdio_async(dispatcher, config)
+        await serve_stdio_async(dispatcher, config, wiring=wiring)
     else:
         from skilld.mcp._serve_http import serve_http_async
 
-        await serve_http_async(dispatcher, config, sock=sock)
+        await serve_http_async(dispatcher, config, sock=sock, wiring=wiring)
 
 
 def serve(
-    dispatcher: Dispatcher, config: ServeConfig, *, sock: socket.socket | None = None
+    dispatcher: Dispatcher,
+    config: ServeConfig,
+    *,
+    sock: socket.socket | None = None,
+    wiring: Wiring | None = None,
 ) -> None:
     """Serve ``dispatcher`` until stdin closes (stdio) or SIGTERM/SIGINT (both, drained).
 
-    ``sock``: for http, a socket already bound (``skilld.mcp.bind``).
+    ``sock``: for http, a socket already bound (``skilld.mcp.bind``). ``wiring``: the
+    live objects a node wires serving to (``Node.serving``); None: a server on its own.
 
     Raises:
         UsageError: as for :func:`serve_http_async`.
@@ -117,4 +132,4 @@ def serve(
     # server: frozen, the garbage collector stops walking it on every full collection.
     gc.collect()
     gc.freeze()
-    anyio.run(functools.partial(serve_async, dispatcher, config, sock=sock))
+    anyio.run(functools.partial(serve_async, dispatcher, config, sock=sock, wiring=wiring))

@@ -28,6 +28,7 @@ from skilld.mcp._http import build_app
 from skilld.mcp._logging import make_logger
 from skilld.mcp._metrics import Metrics
 from skilld.mcp._server import Logger, McpService
+from skilld.mcp._wiring import Wiring
 from skilld.registry import Dispatcher
 
 # Once calls in flight have finished, idle streams (an SSE GET) get this long to close.
@@ -176,13 +177,15 @@ async def serve_http_async(
     *,
     log: Logger | None = None,
     sock: socket.socket | None = None,
+    wiring: Wiring | None = None,
     task_status: TaskStatus[HttpServer] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve ``dispatcher`` over HTTP on ``config.host:config.port`` until stopped.
 
     The socket is bound before ``task_status.started`` reports the server, so a
     client may connect at once (``config.port == 0`` picks a free port). ``sock`` is
-    one already bound with :func:`bind` (the server closes it).
+    one already bound with :func:`bind` (the server closes it). ``wiring``: the live
+    objects a node wires serving to (``Node.serving``); None: a server on its own.
 
     Raises:
         UsageError: the credentials cannot be loaded, none are configured for an address
@@ -193,7 +196,7 @@ async def serve_http_async(
     log = log or make_logger(config)
     credentials = credentials_for(config, log)
     check_exposure(config, credentials)
-    service = McpService(dispatcher, config, log, Metrics())
+    service = McpService(dispatcher, config, log, Metrics(), wiring)
     app = build_app(service, credentials)
     sock = sock if sock is not None else bind(config.host, config.port)
     port = sock.getsockname()[1]

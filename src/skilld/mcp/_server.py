@@ -67,6 +67,7 @@ from skilld.mcp._tasks import (
     tasks_of,
     tasks_required,
 )
+from skilld.mcp._wiring import Wiring
 from skilld.mcp._workers import WorkerPool
 from skilld.registry import CallerView, Dispatcher, Slot, TargetKind, Tool
 from skilld.types import Caller, CallOutput, ContentBlock, PromptSpec, ResourceSpec
@@ -278,10 +279,17 @@ class McpService:
         config: limits and timeouts.
         log: where the call log goes (one JSON line per call).
         metrics: the counters ``/metrics`` reports.
+        wiring: the live objects the node wired serving to (``Node.serving``): a
+            cluster's round peers and task board; None: a server on its own.
     """
 
     def __init__(
-        self, dispatcher: Dispatcher, config: ServeConfig, log: Logger, metrics: Metrics
+        self,
+        dispatcher: Dispatcher,
+        config: ServeConfig,
+        log: Logger,
+        metrics: Metrics,
+        wiring: Wiring | None = None,
     ) -> None:
         self.dispatcher = dispatcher
         self.config = config
@@ -307,11 +315,13 @@ class McpService:
         self.parked = ParkedCalls(
             config.node_id or f"node-{secrets.token_hex(6)}", config.round_ttl_s
         )
-        if config.round_peers is not None:
+        peers = wiring.round_peers if wiring is not None else None
+        if peers is not None:
             # A cluster's entry nodes: retries of rounds parked elsewhere go there (_relay).
-            self.parked.forward = forwarder(config.round_peers)
-            config.round_peers.serve(self._relayed, asyncio.get_running_loop())
-        self.tasks = tasks_of(dispatcher, config, self.parked.node)
+            self.parked.forward = forwarder(peers)
+            peers.serve(self._relayed, asyncio.get_running_loop())
+        board = wiring.task_board if wiring is not None else None
+        self.tasks = tasks_of(dispatcher, config, self.parked.node, board)
         self._task_tools = dict(config.task_tools)
         changing = isinstance(dispatcher, Watched)
         self.server = self._build(changing=changing)

@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import anyio
 from mcp import types
@@ -47,11 +47,9 @@ from pydantic import BaseModel
 from skilld import telemetry
 from skilld.errors import SkilldError
 from skilld.mcp._caller import caller_of
+from skilld.mcp._config import ServeConfig
 from skilld.mcp._rounds import MISSING_REQUIRED_CLIENT_CAPABILITY, ParkedCall
 from skilld.registry import Dispatcher
-
-if TYPE_CHECKING:
-    from skilld.mcp._config import ServeConfig
 
 Ctx = ServerRequestContext[Any, Any]
 
@@ -643,10 +641,11 @@ def client_capabilities(ctx: Ctx) -> Any:
     return getattr(connection, "client_capabilities", None)
 
 
-def tasks_of(dispatcher: Dispatcher, config: ServeConfig, node: str) -> Tasks:
-    """This server's tasks: on the cluster's board when it has one, audited through the
-    dispatcher's sink when it offers one."""
-    board = config.task_board
+def tasks_of(
+    dispatcher: Dispatcher, config: ServeConfig, node: str, board: TaskBoard | None
+) -> Tasks:
+    """This server's tasks: on the cluster's ``board`` when the node wired one, audited
+    through the dispatcher's sink when it offers one."""
     store: TaskStore = MemoryTaskStore() if board is None else BoardTaskStore(board)
     tasks = Tasks(
         store,

@@ -1,8 +1,10 @@
 """The demo bundle: built from the source checkout's skills/ and policies/, cached by content.
 
 The MCP conformance suite's skill (its ``test_*`` tools, resources and prompts) is not
-part of the demo: it is served only on request (``with_conformance``), from
-``tests/skills/conformance`` and ``tests/policies/conformance.yaml``.
+part of the demo, and skilld reads no test files of its own accord: the conformance skill
+is added only from a directory the caller names (``with_conformance``, ``skilld serve
+--with-conformance DIR``), which holds ``skills/conformance/`` and
+``policies/conformance.yaml`` (a source checkout's ``tests/``).
 """
 
 from __future__ import annotations
@@ -41,20 +43,23 @@ def demo_sources() -> tuple[Path, Path]:
     return skills, policies
 
 
-def conformance_sources() -> tuple[Path, Path]:
-    """The conformance skill's source directory and its policy, beside the demo's.
+def conformance_sources(tests_dir: Path) -> tuple[Path, Path]:
+    """The conformance skill's source directory and its policy, in ``tests_dir``.
 
     Raises:
-        UsageError: they are not there (an installed skilld without its source tree).
+        UsageError: ``tests_dir`` holds no ``skills/conformance/skill.yaml`` and
+            ``policies/conformance.yaml``.
     """
-    base = _base()
-    skill, policy = base / "tests" / "skills" / "conformance", base / "tests" / "policies"
-    if not ((skill / "skill.yaml").is_file() and (policy / "conformance.yaml").is_file()):
+    skill = tests_dir / "skills" / "conformance"
+    policy = tests_dir / "policies" / "conformance.yaml"
+    if not ((skill / "skill.yaml").is_file() and policy.is_file()):
         raise UsageError(
-            f"the conformance skill is not in {base / 'tests'}",
-            hint="run from a source checkout, or set SKILLD_DEMO_DIR to one",
+            "no conformance skill here: skills/conformance/skill.yaml and "
+            "policies/conformance.yaml are needed",
+            location=str(tests_dir),
+            hint="pass the directory that holds them: a source checkout's tests/",
         )
-    return skill, policy / "conformance.yaml"
+    return skill, policy
 
 
 def _digest(roots: list[Path]) -> str:
@@ -73,20 +78,21 @@ def _digest(roots: list[Path]) -> str:
 
 
 def demo_bundle(
-    *, with_conformance: bool = False, progress: Callable[[str], None] | None = None
+    *, with_conformance: Path | None = None, progress: Callable[[str], None] | None = None
 ) -> Path:
     """The demo bundle in the cache, built from the demo sources when missing or stale.
 
-    ``with_conformance`` adds the MCP conformance suite's skill (a bundle of its own in
-    the cache, so the plain demo never serves its ``test_*`` tools). ``progress`` hears
-    what a build does (default: timed lines on stderr).
+    ``with_conformance`` names a directory holding the MCP conformance suite's skill
+    (see :func:`conformance_sources`) to add (a bundle of its own in the cache, so the
+    plain demo never serves its ``test_*`` tools). ``progress`` hears what a build does
+    (default: timed lines on stderr).
 
     Raises:
         UsageError: no demo sources (see :func:`demo_sources`, :func:`conformance_sources`).
         PackageError, PolicyError, BundleError: building it failed.
     """
     skills, policies = demo_sources()
-    extra = conformance_sources() if with_conformance else None
+    extra = conformance_sources(with_conformance) if with_conformance is not None else None
     roots = [skills, policies, *(extra or ())]
     name = "demo-conformance-bundle" if extra else "demo-bundle"
     out = paths.cache_dir() / name / _digest(roots)

@@ -16,7 +16,7 @@ from skilld.errors import UsageError
 if TYPE_CHECKING:
     from skilld.audit import JsonLinesSink
     from skilld.bundle import LoadedBundle
-    from skilld.cluster import Cluster, ClusterConfig
+    from skilld.cluster import Cluster, ClusterConfig, RoundRelay, TaskBoard
     from skilld.delegate import InferenceConfig
     from skilld.registry import Registry
     from skilld.sandbox import Sandbox
@@ -65,6 +65,22 @@ class NodeConfig:
         if self.audit_log is None:
             return self.state_dir / "audit.jsonl"
         return self.audit_log
+
+
+@dataclass(frozen=True, slots=True)
+class Serving:
+    """What serving a node is wired to besides its registry and the serve configuration's
+    values (``skilld.mcp.Wiring``); built by :meth:`Node.serving` for every way of serving.
+
+    Attributes:
+        round_peers: the cluster's other entry nodes, which forward retries of
+            input-required rounds to the node that parked the call; None on its own.
+        task_board: the cluster's shared task records (JetStream KV), so that any entry
+            node answers ``tasks/*``; None: tasks in the server's memory.
+    """
+
+    round_peers: RoundRelay | None = None
+    task_board: TaskBoard | None = None
 
 
 def _stage(timings: dict[str, float], name: str, since: float) -> float:
@@ -247,6 +263,29 @@ class Node:
         )
         self.cluster.start()
         self.registry.add_gauges(self.cluster.gauges)
+
+    def serving(self, task_ttl_s: float) -> Serving:
+        """The live objects an MCP server of this node is wired to: ``skilld serve``, the
+        tests and the benchmarks all take them from here, so they serve alike.
+
+        A node in a cluster relays input-required rounds between entry nodes; one whose
+        cluster keeps state in JetStream KV also keeps its tasks there (``task_ttl_s``:
+        how long a task's record stays), and the cluster marks a task failed when its
+        owner leaves.
+
+        Raises:
+            ClusterError: JetStream refused the task bucket.
+            UsageError: the node is closed, or serves no MCP (``--no-mcp``).
+        """
+        if self._closed:
+            raise UsageError("this node is closed", hint="open a new one with Node.open")
+        cluster, clustered = self.cluster, self.config.cluster
+        if cluster is None or clustered is None:
+            return Serving()
+        if not clustered.entry:
+            raise UsageError("a node that joined its cluster with --no-mcp serves no MCP")
+        board = cluster.task_board(task_ttl_s) if clustered.kv else None
+        return Serving(round_peers=cluster.rounds, task_board=board)
 
     def close(self) -> None:
         """Leave the cluster; release the sandbox, the state and the audit sink (idempotent)."""
