@@ -42,3 +42,19 @@ def echo_registry_fresh() -> Any:
     for entry in registry.skills():
         entry.limits = replace(entry.limits, instance_calls=1)
     return registry
+
+
+# The issuer bench_mcp's jwt side trusts (its JWTs' ``iss``).
+BENCH_ISSUER = "https://issuer.bench.invalid"
+
+
+def bench_callers() -> Any:
+    """A caller policy letting the bench issuer's subjects call every skill, for a server
+    with authentication on: there a caller no rule names gets nothing (docs/policy.md,
+    Callers), and the rule's check is part of what a JWT caller costs."""
+    from skilld.permissions import CallerPolicy
+    from skilld.policy import compile_documents, load_yaml
+
+    text = f"rules:\n  - id: bench\n    who: [{{issuer: '{BENCH_ISSUER}'}}]\n    skills: ['*']\n"
+    callers = {"bench.yaml": ("bench/callers/bench.yaml", load_yaml(text, "bench.yaml"))}
+    return CallerPolicy.from_tables(compile_documents({}, callers=callers).tables)

@@ -20,6 +20,9 @@ cost. Other subjects, through ``--dispatcher module:factory`` and ``--tool``:
     python bench_mcp.py --sides baseline,skilld,traced --baseline-src ../base/src
                                                           # a change's cost: each side its own
                                                           # server, rounds alternating
+    python bench_mcp.py --sides skilld,jwt                # what a JWT caller adds: skilld as
+                                                          # an OAuth resource server (docs/mcp.md);
+                                                          # --auth jwt says the same
     python bench_mcp.py --quick                           # seconds: that it runs (CI)
 
 With the default dispatcher the sides are bare, skilld and fresh: skilld with every skill
@@ -54,6 +57,7 @@ from typing import IO
 
 import anyio
 import httpx2
+from _bundle import BENCH_ISSUER, bench_callers
 from _util import pct
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
@@ -72,8 +76,11 @@ def _free_port() -> int:
 # -- the two servers (each runs as ``bench_mcp.py --serve KIND``) ------------------
 
 
-def serve_skilld(port: int, factory: str, log_level: str, inline_ms: float) -> None:
-    """skilld's MCP layer over the dispatcher ``factory`` returns."""
+def serve_skilld(
+    port: int, factory: str, log_level: str, inline_ms: float, jwks: str | None = None
+) -> None:
+    """skilld's MCP layer over the dispatcher ``factory`` returns; with ``jwks`` (a JWK set
+    file) an OAuth resource server whose callers present JWTs signed with its key."""
     from skilld.mcp import ServeConfig, serve
 
     if os.environ.get("OTEL_TRACES_EXPORTER"):  # the traced side (a baseline tree may have none)
@@ -82,13 +89,48 @@ def serve_skilld(port: int, factory: str, log_level: str, inline_ms: float) -> N
         telemetry.configure(node="bench")  # as `skilld serve` does
     module, _, name = factory.partition(":")
     dispatcher = getattr(importlib.import_module(module), name)()
+    auth = {}
+    if jwks is not None:
+        # With authentication on, a caller no rule names may call nothing.
+        dispatcher.use_callers(bench_callers())
+        auth = {
+            "auth_issuer": BENCH_ISSUER,
+            "auth_audience": f"http://127.0.0.1:{port}/mcp",
+            "auth_jwks_file": Path(jwks),
+        }
     config = ServeConfig(
         transport="http",
         port=port,
         log_level=log_level,  # type: ignore[arg-type]
         inline_ms=inline_ms,
+        **auth,  # type: ignore[arg-type]
     )
     serve(dispatcher, config)
+
+
+def _jwt_setup(directory: str, port: int) -> tuple[str, str]:
+    """A fresh RSA key's JWK set in ``directory`` and an access token under it for the
+    server on ``port``: (jwks file, token)."""
+    import json
+
+    import jwt
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    public = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(key.public_key()))
+    path = str(Path(directory) / "jwks.json")
+    with open(path, "w", encoding="utf-8") as out:
+        json.dump({"keys": [{**public, "kid": "bench", "use": "sig", "alg": "RS256"}]}, out)
+    now = int(time.time())
+    claims = {
+        "iss": BENCH_ISSUER,
+        "sub": "bench",
+        "aud": f"http://127.0.0.1:{port}/mcp",
+        "scope": "tools:call",
+        "iat": now,
+        "exp": now + 24 * 3600,
+    }
+    return path, jwt.encode(claims, key, algorithm="RS256", headers={"kid": "bench"})
 
 
 def serve_bare(port: int) -> None:
@@ -165,9 +207,12 @@ async def _caller(
     warmup: int,
     warmed: _Barrier,
     finished: _Barrier,
+    token: str | None,
 ) -> None:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     async with (
-        streamable_http_client(url) as (read, write),
+        httpx2.AsyncClient(headers=headers, timeout=60) as http,
+        streamable_http_client(url, http_client=http) as (read, write),
         ClientSession(read, write) as session,
     ):
         await session.initialize()
@@ -185,7 +230,7 @@ async def _caller(
 
 
 async def measure(
-    port: int, tool: str, concurrency: int, requests: int
+    port: int, tool: str, concurrency: int, requests: int, token: str | None = None
 ) -> tuple[list[float], float]:
     """Latencies of ``requests`` calls spread over ``concurrency`` sessions, and the wall time.
 
@@ -197,7 +242,7 @@ async def measure(
     warmed, finished = _Barrier(concurrency), _Barrier(concurrency)
     async with anyio.create_task_group() as tg:
         for _ in range(concurrency):
-            tg.start_soon(_caller, url, tool, per_caller, latencies, 10, warmed, finished)
+            tg.start_soon(_caller, url, tool, per_caller, latencies, 10, warmed, finished, token)
     return latencies, finished.at - warmed.at
 
 
@@ -275,7 +320,10 @@ def _otlp_sink() -> Iterator[str]:
 #            change), tracing off
 #   fresh    skilld with every skill under ``instances: fresh`` (the default dispatcher's
 #            registry, ``_bundle:echo_registry_fresh``): a new instance per call
-SIDES = ("bare", "skilld", "traced", "baseline", "fresh")
+#   jwt      skilld as an OAuth resource server (``--auth-jwks``: a JWK set file) whose
+#            client presents an RS256 JWT on every request; against skilld, what a JWT
+#            caller adds
+SIDES = ("bare", "skilld", "traced", "baseline", "fresh", "jwt")
 DEFAULT_DISPATCHER = "_bundle:echo_registry"
 FRESH_DISPATCHER = "_bundle:echo_registry_fresh"
 
@@ -292,10 +340,19 @@ async def run(
 ) -> None:
     """Build what skilld serves, start each side's server, measure each cell, print the
     table (ratios against the first side)."""
-    with _otlp_sink() as sink:
+    with _otlp_sink() as sink, tempfile.TemporaryDirectory() as keys:
         traced = {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": sink}
         await _run(
-            requests, dispatcher, tool, log_level, rounds, inline_ms, sides, traced, baseline_src
+            requests,
+            dispatcher,
+            tool,
+            log_level,
+            rounds,
+            inline_ms,
+            sides,
+            traced,
+            baseline_src,
+            keys,
         )
 
 
@@ -309,6 +366,7 @@ async def _run(
     sides: Sequence[str],
     traced: dict[str, str],
     baseline_src: str | None,
+    keys: str,
 ) -> None:
     _prepare(dispatcher)
     ports = {side: _free_port() for side in sides}
@@ -321,6 +379,7 @@ async def _run(
         str(inline_ms),
     ]
     procs: dict[str, subprocess.Popen[bytes]] = {}
+    token: str | None = None  # the jwt side's client presents it
     for side in sides:
         port = ["--port", str(ports[side])]
         if side == "bare":
@@ -336,6 +395,9 @@ async def _run(
                 raise SystemExit("bench_mcp: the fresh side serves the default dispatcher only")
             fresh_args = ["--dispatcher", FRESH_DISPATCHER, *skilld_args[2:]]
             procs[side] = _spawn(["--serve", "skilld", *port, *fresh_args])
+        elif side == "jwt":
+            jwks, token = _jwt_setup(keys, ports[side])
+            procs[side] = _spawn(["--serve", "skilld", *port, "--jwks", jwks, *skilld_args])
         else:
             env = traced if side == "traced" else {}
             procs[side] = _spawn(["--serve", "skilld", *port, *skilld_args], env)
@@ -353,7 +415,9 @@ async def _run(
                 for side in sides:
                     name = "echo" if side == "bare" else tool
                     before = _cpu_s(procs[side].pid)
-                    lat, wall = await measure(ports[side], name, concurrency, requests)
+                    lat, wall = await measure(
+                        ports[side], name, concurrency, requests, token if side == "jwt" else None
+                    )
                     after = _cpu_s(procs[side].pid)
                     key = (side, concurrency)
                     lats.setdefault(key, []).extend(lat)
@@ -382,7 +446,8 @@ async def _run(
         f"tools/call over Streamable HTTP: {', '.join(sides)}; skilld's tool {tool} "
         f"(dispatcher {dispatcher}), bare's echo; {requests} calls per cell, {rounds} "
         f"alternating rounds, inline_ms {inline_ms}; traced: OTLP/HTTP batches to a local "
-        f"receiver; load average (1, 5, 15 min, the higher of start and end) "
+        f"receiver; jwt: an RS256 JWT caller, keys from a JWK set file; load average "
+        f"(1, 5, 15 min, the higher of start and end) "
         f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f}"
     )
     print()
@@ -443,6 +508,12 @@ def main() -> None:
         "bare and traced",
     )
     parser.add_argument(
+        "--auth",
+        choices=["jwt"],
+        help="jwt: the sides skilld and jwt, skilld without authentication against skilld "
+        "with a JWT caller (the cost of verifying the caller)",
+    )
+    parser.add_argument(
         "--sides",
         default=None,
         help=f"comma-separated sides to put against each other, the first the reference "
@@ -458,11 +529,14 @@ def main() -> None:
         "--quick", action="store_true", help="a few calls, one round: that it runs (CI)"
     )
     parser.add_argument("--serve", choices=["skilld", "bare"], help=argparse.SUPPRESS)
+    parser.add_argument("--jwks", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     sides: tuple[str, ...] = ("bare", "traced" if args.trace else "skilld")
     if not args.trace and args.dispatcher == DEFAULT_DISPATCHER:
         sides = (*sides, "fresh")
+    if args.auth == "jwt":
+        sides = ("skilld", "jwt")
     if args.quick:
         args.requests, args.rounds = 32, 1
     if args.sides:
@@ -470,7 +544,7 @@ def main() -> None:
         if not set(sides) <= set(SIDES) or len(set(sides)) != len(sides):
             parser.error(f"--sides: distinct names of {', '.join(SIDES)}")
     if args.serve == "skilld":
-        serve_skilld(args.port, args.dispatcher, args.log_level, args.inline_ms)
+        serve_skilld(args.port, args.dispatcher, args.log_level, args.inline_ms, args.jwks)
     elif args.serve == "bare":
         serve_bare(args.port)
     else:
