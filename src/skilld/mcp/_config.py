@@ -94,9 +94,15 @@ class ServeConfig:
             ``optional`` (a task when the client declared the extension) or ``required``
             (refused with -32021 otherwise; input is gathered in rounds first).
         task_ttl_ms: how long a task's record and result are kept after it was created.
-        max_tasks_per_client: how many tasks one client (one ``Authorization``) may have
+        max_tasks_per_client: how many tasks one caller (``Caller.key``) may have
             running on this node at once; the next is refused (-32603) until one ends.
         max_tasks: how many tasks may run on this node at once, all clients together.
+        max_task_results_per_client: how many tasks of one caller this node keeps,
+            running or finished within their TTL; the next is refused (-32603, scope
+            ``client-results``) until the oldest expires.
+        max_task_result_bytes_per_client: how many bytes (JSON) of one caller's finished
+            results this node keeps; a result beyond is dropped and its task ``failed``
+            naming the cap (only that caller's task).
         confinement: the active confinement profile in one line (``/readyz`` shows it).
     """
 
@@ -143,6 +149,8 @@ class ServeConfig:
     task_ttl_ms: int = 600_000
     max_tasks_per_client: int = 16
     max_tasks: int = 256
+    max_task_results_per_client: int = 64
+    max_task_result_bytes_per_client: int = 32 << 20
     confinement: str | None = None
 
     def __post_init__(self) -> None:
@@ -165,9 +173,17 @@ class ServeConfig:
             )
         if not 0 <= self.port <= 65535:
             raise UsageError(f"port {self.port} is out of range", location="serve config")
-        if self.max_tasks_per_client <= 0 or self.max_tasks <= 0:
+        task_caps = (
+            self.max_tasks_per_client,
+            self.max_tasks,
+            self.max_task_results_per_client,
+            self.max_task_result_bytes_per_client,
+        )
+        if min(task_caps) <= 0:
             raise UsageError(
-                "max_tasks_per_client and max_tasks must be positive", location="serve config"
+                "max_tasks_per_client, max_tasks, max_task_results_per_client and "
+                "max_task_result_bytes_per_client must be positive",
+                location="serve config",
             )
         self._check_auth()
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import secrets
 import time
@@ -283,6 +284,11 @@ class Tasks:
         audit: where the task's lifecycle records go (``None``: nowhere).
         max_per_client: how many tasks one client may have running here at once.
         max_tasks: how many tasks may run here at once, all clients together.
+        max_results_per_client: how many of one client's tasks this node keeps, running
+            or finished (a finished task's result is kept for its TTL).
+        result_bytes_per_client: how many bytes of one client's finished results (their
+            JSON) this node keeps; a result that would go beyond is not kept: its task
+            ends ``failed`` naming the cap, and only that client's task is affected.
     """
 
     def __init__(
@@ -294,10 +300,18 @@ class Tasks:
         audit: Audit | None = None,
         max_per_client: int = 16,
         max_tasks: int = 256,
+        max_results_per_client: int = 64,
+        result_bytes_per_client: int = 32 << 20,
     ) -> None:
         self.store = store
         self.max_per_client = max_per_client
         self.max_tasks = max_tasks
+        self.max_results_per_client = max_results_per_client
+        self.result_bytes_per_client = result_bytes_per_client
+        # Finished tasks of each client whose records this node keeps: task -> (expires,
+        # bytes of its result). Counted per Caller.key so one caller's results never take
+        # the room of another's (issue #28: 600 results of 0.5 MiB took 300 MiB).
+        self._kept: dict[str, dict[str, tuple[float, int]]] = {}
         self._client_of: dict[str, str] = {}  # running task -> its client
         self.ttl_ms = ttl_ms
         self.poll_interval_ms = poll_interval_ms
@@ -402,6 +416,15 @@ class Tasks:
             scope, limit = "client", self.max_per_client
         elif len(self._running) >= self.max_tasks:
             scope, limit = "node", self.max_tasks
+        elif mine + len(self._kept_of(client, now)) >= self.max_results_per_client:
+            limit = self.max_results_per_client
+            raise MCPError(
+                types.INTERNAL_ERROR,
+                f"too many tasks: this client has {limit} tasks kept here, running or "
+                f"finished (max_task_results_per_client); a finished task's result is kept "
+                f"for its TTL ({self.ttl_ms} ms): wait for the oldest to expire",
+                data={"limit": limit, "scope": "client-results"},
+            )
         else:
             return
         who = "this client has" if scope == "client" else "this server has"
@@ -410,6 +433,39 @@ class Tasks:
             f"too many tasks: {who} {limit} running; wait for one to end, or cancel one",
             data={"limit": limit, "scope": scope},
         )
+
+    def _kept_of(self, client: str, now: float) -> dict[str, tuple[float, int]]:
+        """``client``'s finished tasks still kept (those past their TTL forgotten)."""
+        kept = self._kept.get(client, {})
+        for task_id in [t for t, (expires, _) in kept.items() if expires <= now]:
+            del kept[task_id]
+        if not kept:
+            self._kept.pop(client, None)
+        return kept
+
+    def _keep(self, record: TaskRecord) -> TaskRecord:
+        """Count ``record``'s result against its client's bytes, or, beyond the cap, the
+        record without it (``failed`` naming the cap)."""
+        size = 0 if record.result is None else len(json.dumps(record.result, default=str))
+        kept = self._kept_of(record.client, time.time())
+        held = sum(b for _, b in kept.values())
+        if size and held + size > self.result_bytes_per_client:
+            record = replace(
+                record,
+                status="failed",
+                result=None,
+                error={
+                    "code": types.INTERNAL_ERROR,
+                    "message": f"the task's result ({size} bytes) was not kept: this "
+                    f"client's finished results here hold {held} of "
+                    f"{self.result_bytes_per_client} bytes (max_task_result_bytes_per_client);"
+                    f" they are freed as their TTL ({self.ttl_ms} ms) ends",
+                    "data": {"limit": self.result_bytes_per_client, "scope": "client-results"},
+                },
+            )
+            size = 0
+        self._kept.setdefault(record.client, {})[record.task_id] = (record.expires, size)
+        return record
 
     def create(
         self, tool: str, call: ParkedCall[Any], outcome: Outcome, client: str = ""
@@ -464,19 +520,21 @@ class Tasks:
             exc = None if task.cancelled() else task.exception()
             value = None if exc is not None or task.cancelled() else task.result()
             status, error, result = outcome(exc, value)
-            done = replace(
-                current,
-                status=status,
-                error=error,
-                result=result,
-                input_requests=None,
-                updated_at=_now(),
+            done = self._keep(
+                replace(
+                    current,
+                    status=status,
+                    error=error,
+                    result=result,
+                    input_requests=None,
+                    updated_at=_now(),
+                )
             )
             try:
                 self.store.put(done)
             except SkilldError as exc:  # the record stays as it was until its TTL
                 logging.getLogger("skilld.mcp").warning("task %s: %s", record.task_id, exc)
-            self._emit(status, done)
+            self._emit(done.status, done)  # failed when its result was beyond the cap
 
         call.task.add_done_callback(ended)
         return record
@@ -654,6 +712,8 @@ def tasks_of(
         audit=dispatcher.emit_audit if isinstance(dispatcher, AuditEmitter) else None,
         max_per_client=config.max_tasks_per_client,
         max_tasks=config.max_tasks,
+        max_results_per_client=config.max_task_results_per_client,
+        result_bytes_per_client=config.max_task_result_bytes_per_client,
     )
     if board is not None:
         tasks.follow_board(board)
