@@ -16,7 +16,7 @@ import asyncio
 import logging
 
 from nats.js.api import KeyValueConfig, StorageType
-from nats.js.errors import KeyWrongLastSequenceError
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from skilld.cluster._link import NatsLink
@@ -55,14 +55,17 @@ class StartTurn:
         while True:
             try:
                 self._revision = await kv.create(KEY, self._node.encode())
-            except KeyWrongLastSequenceError:
+            except (KeyWrongLastSequenceError, KeyNotFoundError):
+                # Refused: another node is checking, its turn first. (nats-py's create()
+                # looks the key up after a refused create; a hold that ran out or was
+                # given back in between reads as "not found": try again all the same.)
                 if loop.time() >= end:
                     raise ClusterError(
                         f"other nodes kept the replica check ({BUCKET}/{KEY} in JetStream "
                         f"KV) for over {self._wait_s:.3g}s",
                         hint="start the nodes holding stateful skills again",
                     ) from None
-                await asyncio.sleep(_POLL_S)  # another node is checking: its turn first
+                await asyncio.sleep(_POLL_S)
                 continue
             self._kv = kv
             return self
