@@ -13,6 +13,7 @@ from mcp import types
 from skilld.mcp._channel import KEY_META
 from skilld.mcp._relay import ForwardedSession, run_relayed
 from skilld.mcp._rounds import ParkedCalls, RoundChannel
+from skilld.types import Caller
 
 pytestmark = pytest.mark.anyio
 
@@ -32,13 +33,13 @@ async def test_a_copy_of_an_answered_retry_does_not_answer_the_next_question() -
     """A guest asks twice under one key: the first round's retry sent again after the guest
     asked the second question answers nothing; the second round's own retry does."""
     channel = RoundChannel(
-        ForwardedSession(MODERN, CAPS),
+        ForwardedSession(MODERN, CAPS, Caller.local()),
         None,
         skill="s",
         min_level=lambda: None,
         request_timeout_s=5,
         prefilled={},
-        capabilities=ForwardedSession(MODERN, CAPS).check_client_capability,
+        capabilities=ForwardedSession(MODERN, CAPS, Caller.local()).check_client_capability,
     )
 
     def guest() -> str:
@@ -98,7 +99,12 @@ async def test_the_relay_takes_only_a_modern_retry() -> None:
         ),
     ]
     taken = await run_relayed(
-        {"method": "tools/call", "params": {**params, "requestState": "{}"}, "version": MODERN},
+        {
+            "method": "tools/call",
+            "params": {**params, "requestState": "{}"},
+            "version": MODERN,
+            "caller": Caller.local().as_dict(),
+        },
         handlers,
     )
     assert all(r["error"]["code"] == types.INVALID_PARAMS for r in refused), refused

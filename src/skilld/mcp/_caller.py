@@ -18,6 +18,10 @@ def caller_of(ctx: Any) -> Caller:
     The transport's authentication has already run; :func:`skilld.mcp._auth.caller_of`
     says what its verified credential makes the request (an OAuth principal, a named
     token, the anonymous client of a server that authenticates no one, or the local
-    user on stdio), never from how a header was spelled.
+    user on stdio), never from how a header was spelled. A round's retry another entry
+    node forwarded is its entry node's caller (carried in the relay message).
     """
+    forwarded = getattr(ctx.session, "caller", None)  # a retry another entry node relayed
+    if isinstance(forwarded, Caller):
+        return forwarded
     return _auth.caller_of(ctx.request)

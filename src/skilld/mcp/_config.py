@@ -89,6 +89,10 @@ class ServeConfig:
             empty: a random key held by this process only.
         round_ttl_s: how long a ``requestState`` stays valid (its call ends at its own
             deadline either way).
+        max_rounds_per_caller: how many calls that may ask the client (input-required
+            rounds) one caller (``Caller.key``) may have open on this node; a parked call
+            keeps its skill slot, so keep it below a skill's slots. The next is refused
+            (-32603, scope ``caller-rounds``).
         round_peers: the cluster's other entry nodes (``skilld.cluster``): a retry whose
             ``requestState`` names one of them is forwarded there, and retries they
             forward here continue this node's calls. None: a node on its own.
@@ -151,6 +155,7 @@ class ServeConfig:
     node_id: str = ""
     request_state_keys: tuple[bytes, ...] = ()
     round_ttl_s: float = 600.0
+    max_rounds_per_caller: int = 4
     round_peers: RoundPeers | None = None
     task_tools: tuple[tuple[str, Literal["optional", "required"]], ...] = ()
     task_ttl_ms: int = 600_000
@@ -186,11 +191,12 @@ class ServeConfig:
             self.max_tasks,
             self.max_task_results_per_client,
             self.max_task_result_bytes_per_client,
+            self.max_rounds_per_caller,
         )
         if min(task_caps) <= 0:
             raise UsageError(
                 "max_tasks_per_client, max_tasks, max_task_results_per_client and "
-                "max_task_result_bytes_per_client must be positive",
+                "max_task_result_bytes_per_client and max_rounds_per_caller must be positive",
                 location="serve config",
             )
         self._check_auth()

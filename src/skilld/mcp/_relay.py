@@ -27,6 +27,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ValidationError
 
 from skilld.mcp._rounds import Forward, RoundPeers
+from skilld.types import Caller
 
 _PARAMS: dict[str, type[BaseModel]] = {
     "tools/call": types.CallToolRequestParams,
@@ -48,7 +49,8 @@ class ForwardedSession:
 
     forwarded = True
 
-    def __init__(self, version: str, meta: Mapping[str, Any]) -> None:
+    def __init__(self, version: str, meta: Mapping[str, Any], caller: Caller) -> None:
+        self.caller = caller  # the entry node's verified caller (mcp._caller reads it)
         self._connection = Connection.from_envelope(
             version, meta.get(CLIENT_INFO_META_KEY), meta.get(CLIENT_CAPABILITIES_META_KEY)
         )
@@ -88,8 +90,13 @@ async def run_relayed(
         or version not in MODERN_PROTOCOL_VERSIONS
     ):
         return _error(types.INVALID_PARAMS, "only a 2026-07-28 round's retry can be forwarded")
+    try:
+        caller = Caller.from_dict(request["caller"])
+    except (KeyError, TypeError, ValueError):
+        # An entry node always sends its caller: a retry without one continues no call.
+        return _error(types.INVALID_PARAMS, "a forwarded retry must carry its caller")
     meta = params.get("_meta")
-    session = ForwardedSession(str(version), meta if isinstance(meta, Mapping) else {})
+    session = ForwardedSession(str(version), meta if isinstance(meta, Mapping) else {}, caller)
     ctx: ServerRequestContext[Any, Any] = ServerRequestContext(
         session=cast(Any, session),
         lifespan_context={},
@@ -117,10 +124,11 @@ def forwarder(peers: RoundPeers) -> Forward:
     ``SkilldError`` when that node could not be reached.
     """
 
-    async def forward(node: str, method: str, params: Mapping[str, Any], version: str) -> Any:
-        doc = await peers.forward(
-            node, {"method": method, "params": dict(params), "version": version}
-        )
+    async def forward(
+        node: str, method: str, params: Mapping[str, Any], version: str, caller: Mapping[str, Any]
+    ) -> Any:
+        request = {"method": method, "params": dict(params), "version": version}
+        doc = await peers.forward(node, {**request, "caller": dict(caller)})
         error = doc.get("error")
         if isinstance(error, Mapping):
             raise MCPError(

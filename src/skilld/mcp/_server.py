@@ -295,7 +295,9 @@ class McpService:
         self._notifying: set[asyncio.Task[None]] = set()
         self._bus = InMemorySubscriptionBus()
         self.parked = ParkedCalls(
-            config.node_id or f"node-{secrets.token_hex(6)}", config.round_ttl_s
+            config.node_id or f"node-{secrets.token_hex(6)}",
+            config.round_ttl_s,
+            max_per_caller=config.max_rounds_per_caller,
         )
         if config.round_peers is not None:
             # A cluster's entry nodes: retries of rounds parked elsewhere go there (_relay).
@@ -493,10 +495,14 @@ class McpService:
                 # Another entry node holds the call: the cluster routes the retry there.
                 answer: types.CallToolResult | types.InputRequiredResult | dict[str, Any]
                 answer = await self.parked.forward(
-                    node, ctx.method, dict(ctx.params or {}), ctx.protocol_version
+                    node,
+                    ctx.method,
+                    dict(ctx.params or {}),
+                    ctx.protocol_version,
+                    caller_of(ctx).as_dict(),
                 )
                 return answer
-            call = self.parked.resume(params.request_state, name, digest)
+            call = self.parked.resume(params.request_state, name, digest, caller_of(ctx).key)
             call.channel.rebind(ctx.session, ctx.request_id, self._min_level(ctx))
             self.parked.answer(call, params.request_state, _plain(params.input_responses))
         else:
@@ -508,7 +514,7 @@ class McpService:
                     ctx, skill, name, run, arguments=arguments, channel=channel
                 )
 
-            call = self.parked.start(name, digest, channel, start)
+            call = self.parked.start(name, digest, channel, start, caller_of(ctx).key, capped=False)
             if required:
                 with anyio.move_on_after(_GATHER_S):
                     while not call.channel.pending and not call.task.done():
@@ -697,10 +703,14 @@ class McpService:
             if node is not None and self.parked.forward is not None and not is_forwarded(ctx):
                 # Another entry node holds the call: the cluster routes the retry there.
                 answer: T | types.InputRequiredResult = await self.parked.forward(
-                    node, ctx.method, dict(ctx.params or {}), ctx.protocol_version
+                    node,
+                    ctx.method,
+                    dict(ctx.params or {}),
+                    ctx.protocol_version,
+                    caller_of(ctx).as_dict(),
                 )
                 return answer
-            call = self.parked.resume(params.request_state, target, digest)
+            call = self.parked.resume(params.request_state, target, digest, caller_of(ctx).key)
             call.channel.rebind(ctx.session, ctx.request_id, self._min_level(ctx))
             self.parked.answer(call, params.request_state, _plain(params.input_responses))
             rounds.append(call.channel)
@@ -713,7 +723,7 @@ class McpService:
                     ctx, skill, label, run, inline=inline, arguments=arguments, channel=channel
                 )
 
-            call = self.parked.start(target, digest, channel, start)
+            call = self.parked.start(target, digest, channel, start, caller_of(ctx).key)
         return await self.parked.step(call)
 
     def _result(self, tool: Tool, output: CallOutput) -> types.CallToolResult:
