@@ -23,7 +23,8 @@ def caller_of(ctx: Any) -> Caller:
     The transport's authentication has already run; :func:`skilld.mcp._auth.caller_of`
     says what its verified credential makes the request (an OAuth principal, a named
     token, the anonymous client of a server that authenticates no one, or the local
-    user on stdio), never from how a header was spelled.
+    user on stdio), never from how a header was spelled. A round's retry another entry
+    node forwarded is its entry node's caller (carried in the relay message).
     """
     if isinstance(ctx.session, ForwardedSession):
         # A retry another entry node forwarded: the caller that node verified.

@@ -89,6 +89,10 @@ class ServeConfig:
             empty: a random key held by this process only.
         round_ttl_s: how long a ``requestState`` stays valid (its call ends at its own
             deadline either way).
+        max_rounds_per_caller: how many calls that may ask the client (input-required
+            rounds) one caller (``Caller.key``) may have open on this node; a parked call
+            keeps its skill slot, so keep it below a skill's slots. The next is refused
+            (-32603, scope ``caller-rounds``).
         task_tools: tools that may run as tasks besides those the policy's ``mcp.tasks``
             names (``io.modelcontextprotocol/tasks``), each
             ``optional`` (a task when the client declared the extension) or ``required``
@@ -145,6 +149,7 @@ class ServeConfig:
     node_id: str = ""
     request_state_keys: tuple[bytes, ...] = ()
     round_ttl_s: float = 600.0
+    max_rounds_per_caller: int = 4
     task_tools: tuple[tuple[str, Literal["optional", "required"]], ...] = ()
     task_ttl_ms: int = 600_000
     max_tasks_per_client: int = 16
@@ -178,11 +183,12 @@ class ServeConfig:
             self.max_tasks,
             self.max_task_results_per_client,
             self.max_task_result_bytes_per_client,
+            self.max_rounds_per_caller,
         )
         if min(task_caps) <= 0:
             raise UsageError(
                 "max_tasks_per_client, max_tasks, max_task_results_per_client and "
-                "max_task_result_bytes_per_client must be positive",
+                "max_task_result_bytes_per_client and max_rounds_per_caller must be positive",
                 location="serve config",
             )
         self._check_auth()

@@ -255,6 +255,8 @@ class ParkedCall(Generic[T]):
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     # The trace context of the request that started it: each retry's span links to it.
     trace: dict[str, str] = field(default_factory=telemetry.carrier)
+    caller: str = ""  # its caller's Caller.key: only its retries continue the call
+    capped: bool = True  # counted against the caller's rounds (a task's call is not)
 
 
 def skill_digest(tool: str, skill: str, definition: Mapping[str, Any]) -> str:
@@ -265,9 +267,10 @@ def skill_digest(tool: str, skill: str, definition: Mapping[str, Any]) -> str:
 
 # (node, method, params, protocol version, the retry's verified caller) -> the answer there
 Forward = Callable[[str, str, Mapping[str, Any], str, Caller], Awaitable[Any]]
-"""The cluster's hook: ``forward(node, method, params, version)`` sends a retry whose call
+"""The cluster's hook: ``forward(node, method, params, version, caller)`` sends a retry whose call
 is parked on ``node`` there (params as received, ``requestState`` already verified and
-opened) and returns that node's result."""
+opened, ``caller`` the entry node's verified caller, which the holding node checks against
+the call's) and returns that node's result."""
 
 Relayed = Callable[[Mapping[str, Any]], Coroutine[Any, Any, dict[str, Any]]]
 """What an entry node runs for a retry another one forwarded to it: ``{"method", "params",
@@ -294,10 +297,15 @@ class RoundPeers(Protocol):
 class ParkedCalls:
     """The calls of this node that wait for an input-required retry."""
 
-    def __init__(self, node: str, ttl_s: float, forward: Forward | None = None) -> None:
+    def __init__(
+        self, node: str, ttl_s: float, forward: Forward | None = None, max_per_caller: int = 4
+    ) -> None:
         self.node = node
         self.ttl_s = ttl_s
         self.forward = forward
+        # A parked call keeps its skill slot while the client thinks: one caller's
+        # unanswered rounds must not take all of a skill's slots (issue #28).
+        self.max_per_caller = max_per_caller
         self._calls: dict[str, ParkedCall[Any]] = {}
 
     def __len__(self) -> int:
@@ -309,12 +317,36 @@ class ParkedCalls:
         digest: str,
         channel: RoundChannel,
         run: Callable[[], Coroutine[Any, Any, T]],
+        caller: str = "",
+        capped: bool = True,
     ) -> ParkedCall[T]:
-        """Run a call in the background, ready to park when its guest asks."""
+        """Run a call of ``caller`` (its ``Caller.key``) in the background, ready to park
+        when its guest asks. ``capped``: counted against ``max_per_caller`` (a task's call
+        is not: the task caps bound it).
+
+        Raises:
+            MCPError: ``-32603`` when ``caller`` already has ``max_per_caller`` calls that
+                may park here (``data``: the limit, scope ``caller-rounds``); nothing ran.
+        """
+        mine = sum(1 for c in self._calls.values() if c.caller == caller and c.capped)
+        if capped and mine >= self.max_per_caller:
+            raise MCPError(
+                types.INTERNAL_ERROR,
+                f"too many input rounds: this client has {self.max_per_caller} calls open "
+                "(max_rounds_per_caller); answer or abandon one, or wait for it to end",
+                data={"limit": self.max_per_caller, "scope": "caller-rounds"},
+            )
         call_id = secrets.token_urlsafe(18)
         task: asyncio.Task[T] = asyncio.get_running_loop().create_task(run())
         call: ParkedCall[T] = ParkedCall(
-            call_id, target, digest, channel, task, time.monotonic() + self.ttl_s
+            call_id,
+            target,
+            digest,
+            channel,
+            task,
+            time.monotonic() + self.ttl_s,
+            caller=caller,
+            capped=capped,
         )
         self._calls[call_id] = call
         channel.asked = call.changed.set
@@ -341,12 +373,13 @@ class ParkedCalls:
             return None
         return node if node != self.node else None
 
-    def resume(self, state: str, target: str, digest: str) -> ParkedCall[Any]:
-        """The parked call a (verified) ``requestState`` names.
+    def resume(self, state: str, target: str, digest: str, caller: str = "") -> ParkedCall[Any]:
+        """The parked call of ``caller`` a (verified) ``requestState`` names.
 
         Raises:
             MCPError: ``-32602`` when it names another node's call (and there is no
-                forwarding), a call that is over, or another tool or skill build.
+                forwarding), a call that is over, or another tool or skill build; another
+                caller's call answers as one that is over (its state is no proof of whose).
         """
         try:
             claims = json.loads(state)
@@ -359,7 +392,7 @@ class ParkedCalls:
                 "answered the previous round"
             )
         call = self._calls.get(call_id)
-        if call is None or call.task.done():
+        if call is None or call.task.done() or call.caller != caller:
             raise _invalid("the call this requestState names is over (answered, expired or ended)")
         if call.target != target or call.digest != bound or bound != digest:
             raise _invalid("the requestState belongs to another tool or another build of it")

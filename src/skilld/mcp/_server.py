@@ -313,7 +313,9 @@ class McpService:
         self._notifying: set[asyncio.Task[None]] = set()
         self._bus = InMemorySubscriptionBus()
         self.parked = ParkedCalls(
-            config.node_id or f"node-{secrets.token_hex(6)}", config.round_ttl_s
+            config.node_id or f"node-{secrets.token_hex(6)}",
+            config.round_ttl_s,
+            max_per_caller=config.max_rounds_per_caller,
         )
         peers = wiring.round_peers if wiring is not None else None
         if peers is not None:
@@ -517,7 +519,7 @@ class McpService:
                     node, ctx.method, dict(ctx.params or {}), ctx.protocol_version, caller_of(ctx)
                 )
                 return answer
-            call = self.parked.resume(params.request_state, name, digest)
+            call = self.parked.resume(params.request_state, name, digest, caller_of(ctx).key)
             call.channel.rebind(ctx.session, ctx.request_id, self._min_level(ctx))
             self.parked.answer(call, params.request_state, _plain(params.input_responses))
         else:
@@ -529,7 +531,7 @@ class McpService:
                     ctx, skill, name, run, arguments=arguments, channel=channel
                 )
 
-            call = self.parked.start(name, digest, channel, start)
+            call = self.parked.start(name, digest, channel, start, caller_of(ctx).key, capped=False)
             if required:
                 with anyio.move_on_after(_GATHER_S):
                     while not call.channel.pending and not call.task.done():
@@ -753,7 +755,7 @@ class McpService:
                     node, ctx.method, dict(ctx.params or {}), ctx.protocol_version, caller_of(ctx)
                 )
                 return answer
-            call = self.parked.resume(params.request_state, target, digest)
+            call = self.parked.resume(params.request_state, target, digest, caller_of(ctx).key)
             call.channel.rebind(ctx.session, ctx.request_id, self._min_level(ctx))
             self.parked.answer(call, params.request_state, _plain(params.input_responses))
             rounds.append(call.channel)
@@ -766,7 +768,7 @@ class McpService:
                     ctx, skill, label, run, inline=inline, arguments=arguments, channel=channel
                 )
 
-            call = self.parked.start(target, digest, channel, start)
+            call = self.parked.start(target, digest, channel, start, caller_of(ctx).key)
         return await self.parked.step(call)
 
     def _result(self, tool: Tool, output: CallOutput) -> types.CallToolResult:

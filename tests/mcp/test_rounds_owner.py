@@ -1,0 +1,155 @@
+"""Input-required rounds are their caller's (issue #28 items 4 and 5), over real HTTP with
+two named tokens: mallory's retry with alice's ``requestState`` gets exactly what a state
+whose call is over gets, and mallory at her cap of open rounds leaves alice answered."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, cast
+
+import anyio
+import httpx2 as httpx
+import pytest
+from mcp.shared.exceptions import MCPError
+from test_mcp_rounds import META_CAPS, META_VERSION, MODERN, tool
+
+from skilld.audit import MemorySink
+from skilld.mcp import HttpServer, ServeConfig
+from skilld.mcp._rounds import ParkedCalls
+from skilld.registry import Registry
+from support.callers import open_to_authenticated
+from support.mcp_fakes import running_http
+
+pytestmark = pytest.mark.anyio
+
+ALICE = "alice-0123456789abcdefghijklmnopqrstuvwxyz"  # the bearer tokens: who calls
+MALLORY = "mallory-0123456789abcdefghijklmnopqrstuvw"
+ANSWER = {"confirm": {"action": "accept", "content": {"ok": True}}}
+
+
+@pytest.fixture
+async def server(
+    conformance: tuple[Registry, MemorySink], tmp_path: Path
+) -> AsyncIterator[HttpServer]:
+    """The conformance skill; two open rounds per caller; callers alice and mallory."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"alice {ALICE}\nmallory {MALLORY}\n")
+    tokens.chmod(0o600)
+    config = ServeConfig(transport="http", port=0, max_rounds_per_caller=2, token_file=tokens)
+    async with running_http(open_to_authenticated(conformance[0]), config) as srv:
+        yield srv
+
+
+async def as_caller(
+    http: httpx.AsyncClient, url: str, who: str, name: str, state: str | None = None
+) -> dict[str, Any]:
+    """A 2026-07-28 ``tools/call`` of ``name`` as ``who`` (a retry when ``state``): its
+    JSON-RPC message."""
+    params: dict[str, Any] = {"name": name, "arguments": {}}
+    if state is not None:
+        params.update(inputResponses=ANSWER, requestState=state)
+    meta = {META_VERSION: MODERN, META_CAPS: {"elicitation": {}}}
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {**params, "_meta": meta}}
+    headers = {
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": MODERN,
+        "Mcp-Method": "tools/call",
+        "Mcp-Name": name,
+        "Authorization": f"Bearer {who}",
+    }
+    response = await http.post(url, json=body, headers=headers)
+    if response.headers.get("content-type", "").startswith("application/json"):
+        message: dict[str, Any] = response.json()
+        return message
+    data = [line[5:].strip() for line in response.text.splitlines() if line.startswith("data:")]
+    last: dict[str, Any] = json.loads(data[-1])
+    return last
+
+
+async def test_a_retry_with_another_callers_request_state_is_one_never_minted(
+    server: HttpServer, conformance: tuple[Registry, MemorySink]
+) -> None:
+    """mallory's retry with alice's requestState gets what a state never minted gets (same
+    code and text: the SDK's boundary binds a state to its principal); alice's call is
+    untouched and completes. Control: mallory's own round completes."""
+    registry, sink = conformance
+    name = tool(registry, "ir_request_state")
+    async with httpx.AsyncClient(timeout=30) as http:
+        url = server.url
+        state = (await as_caller(http, url, ALICE, name))["result"]["requestState"]
+        stolen = await as_caller(http, url, MALLORY, name, state)
+        forged = state[:-2] + ("A" if state[-2] != "A" else "B") + state[-1]
+        never = await as_caller(http, url, MALLORY, name, forged)
+        assert stolen["error"] == never["error"], (stolen, never)
+        with anyio.fail_after(10):
+            done = await as_caller(http, url, ALICE, name, state)
+        assert "state-ok" in done["result"]["content"][0]["text"], done
+        own = (await as_caller(http, url, MALLORY, name))["result"]["requestState"]
+        mine = await as_caller(http, url, MALLORY, name, own)
+        assert "state-ok" in mine["result"]["content"][0]["text"], mine
+    # the guest ran once for each of the two calls answered
+    assert [r.get("outcome") for r in sink.records if r.get("skill") == "conformance"] == [
+        "ok",
+        "ok",
+    ]
+
+
+async def test_mallory_at_her_rounds_cap_leaves_alice_answered(
+    server: HttpServer, conformance: tuple[Registry, MemorySink]
+) -> None:
+    """mallory's two unanswered rounds are her cap: her third call is refused (-32603,
+    scope caller-rounds) and never runs; alice's call meanwhile goes through both its
+    requests within its deadline. Control: once mallory answers one, she may start again."""
+    registry, _sink = conformance
+    name = tool(registry, "ir_request_state")
+    async with httpx.AsyncClient(timeout=30) as http:
+        url = server.url
+        held = [(await as_caller(http, url, MALLORY, name))["result"] for _ in range(2)]
+        assert all(h["resultType"] == "input_required" for h in held), held
+        refused = await as_caller(http, url, MALLORY, name)
+        assert refused["error"]["code"] == -32603, refused
+        assert refused["error"]["data"] == {"limit": 2, "scope": "caller-rounds"}, refused
+        assert "max_rounds_per_caller" in refused["error"]["message"]
+        with anyio.fail_after(10):
+            state = (await as_caller(http, url, ALICE, name))["result"]["requestState"]
+            done = await as_caller(http, url, ALICE, name, state)
+        assert "state-ok" in done["result"]["content"][0]["text"], done
+        answered = await as_caller(http, url, MALLORY, name, held[0]["requestState"])
+        assert "state-ok" in answered["result"]["content"][0]["text"], answered
+        with anyio.fail_after(10):
+            while "error" in (again := await as_caller(http, url, MALLORY, name)):
+                await anyio.sleep(0.05)
+        assert again["result"]["resultType"] == "input_required", again
+
+
+async def test_a_parked_call_answers_only_its_caller() -> None:
+    """Behind the boundary (a retry another entry node forwarded carries its caller, not
+    a bound state): another caller's resume is refused exactly as a call that is over."""
+    parked = ParkedCalls("node-a", 60.0)
+    gate = asyncio.Event()
+
+    async def run() -> str:
+        await gate.wait()
+        return "done"
+
+    call = parked.start("t", "d", cast(Any, _Channel()), run, "token:alice")
+    state = parked.state(call)
+    with pytest.raises(MCPError) as theirs:
+        parked.resume(state, "t", "d", "token:mallory")
+    gone = json.dumps({"c": "no-such-call", "n": "node-a", "d": "d", "r": 0})
+    with pytest.raises(MCPError) as never:
+        parked.resume(gone, "t", "d", "token:mallory")
+    assert theirs.value.error == never.value.error
+    assert parked.resume(state, "t", "d", "token:alice") is call
+    gate.set()
+    assert await call.task == "done"
+
+
+class _Channel:
+    """What ParkedCalls reads of a round channel."""
+
+    round = 0
+    asked: Any = None
