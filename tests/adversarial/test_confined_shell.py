@@ -39,7 +39,7 @@ def test_command_ends_with_the_calls_deadline(tmp_path: Path) -> None:
         shell.run(ctx, {"argv": ["/bin/sleep", "30"], "timeout_ms": 30_000})
     assert caught.value.code == "timeout"
     assert "deadline" in caught.value.message
-    assert time.monotonic() - started < 0.5 + 0.1
+    assert time.monotonic() - started < 0.5 + 2.0  # not the 30 s asked for
 
 
 class CancelledChannel(NullChannel):

@@ -357,14 +357,18 @@ def test_slow_upstream_ends_at_the_deadline(tmp_path: Path, web: int) -> None:
     closed by then."""
     ctx = context(tmp_path, policy(f"  - url: http://127.0.0.1:{web}/\n"), seconds=1.0)
     started, before = time.monotonic(), len(Upstream.closed_at)
-    with pytest.raises(HostCallError) as caught:
-        curl(ctx, f"http://127.0.0.1:{web}/slow")
-    assert caught.value.code == "timeout"
+    # The proxy's cut and the command's kill fall due at the same instant: whichever the
+    # machine runs first, the command ends there, never with the whole answer.
+    try:
+        answered: dict[str, Any] | str = curl(ctx, f"http://127.0.0.1:{web}/slow")
+    except HostCallError as caught:
+        answered = caught.code
+    assert answered == "timeout" or answered["exit_code"] != 0, answered  # never whole
     # The upstream's handler thread notes the close when it reads EOF: wait for it.
     with Upstream.closed:
         Upstream.closed.wait_for(lambda: len(Upstream.closed_at) > before, timeout=5)
     assert len(Upstream.closed_at) == before + 1
-    assert Upstream.closed_at[-1] - started < 1.0 + 0.3
+    assert Upstream.closed_at[-1] - started < 1.0 + 2.0  # the upstream holds it for ever
 
 
 # -- the proxy alone, with a raw socket as the client ---------------------------------
@@ -401,7 +405,7 @@ def test_proxy_deadline_ends_a_held_connection(tmp_path: Path, web: int) -> None
         answer = exchange(
             running.port, f"GET http://127.0.0.1:{web}/slow HTTP/1.1\r\n\r\n".encode()
         )
-        assert time.monotonic() - started < 0.5 + 0.3
+        assert time.monotonic() - started < 0.5 + 2.0  # the upstream holds it for ever
     assert answer.startswith(b"HTTP/1.1 200")
     assert len(answer.partition(b"\r\n\r\n")[2]) < 100  # cut, never completed
 
@@ -748,4 +752,4 @@ def test_cancelled_call_ends_the_proxys_connections(tmp_path: Path, web: int) ->
         started = time.monotonic()
         while sock.recv(1000):
             pass
-        assert time.monotonic() - started < 1.0
+        assert time.monotonic() - started < 3.0  # the upstream holds it for ever

@@ -67,7 +67,7 @@ async def test_a_call_past_the_drain_grace_is_answered_server_shutdown() -> None
             took = anyio.current_time() - started
     assert drained == [False]
     assert backend.saw_cancel.is_set()
-    assert took < 1.2, took
+    assert took < 5, took  # the call itself would wait for ever
     (result,) = results
     assert result.is_error
     text = text_of(result)
