@@ -483,10 +483,17 @@ class SkillServer:
             return output_to_json(out)
         if inline_s is not None:
             raise RunOnThread  # resource reads and prompts always run on a thread
+        # As the entry node's verified caller, like a call: a kept output is its owner's
+        # alone, and the audit names who read it (read as the node's local user, alice
+        # could not read her own output back, and a local user's was anyone's).
+        caller = _routed_caller(meta.get("caller"), call.entry)
         if kind == "resource":
-            return [output_to_json(o) for o in self._registry.read_resource(name, call.channel)]
+            outputs = self._registry.read_resource(name, call.channel, caller=caller)
+            return [output_to_json(o) for o in outputs]
         if kind == "prompt":
-            return [dict(m) for m in self._registry.get_prompt(name, args, call.channel)]
+            return [
+                dict(m) for m in self._registry.get_prompt(name, args, call.channel, caller=caller)
+            ]
         raise UsageError(f"unknown routed request kind {kind!r}")
 
     def _exposed(self, call: _Call, method: str) -> None:

@@ -1,0 +1,153 @@
+"""A kept output read through an entry node is read as its caller on the worker.
+
+A native Agent Skill (``reporter``) runs on worker node-w1; two entry-only nodes serve
+HTTP with named tokens (alice, mallory). alice's run through node-a keeps her report on
+the worker, owned by her principal (``token:alice``, carried in the sealed envelope).
+Reading it back routes ``resources/read`` to the worker, which must read it as the
+envelope's caller: alice gets her bytes; mallory gets what a never-kept URI gets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+from skilld.agentskills._kept import digest_uri
+from skilld.bundle import build_bundle
+from skilld.sandbox import Sandbox
+from support.callers import ALL_AUTHENTICATED
+from support.cluster import Keys, NatsServer, NodeProc, start_node
+from support.env import cache_dir
+
+pytestmark = [pytest.mark.slow]
+
+REPORT = """\
+import sys
+with open("report.txt", "w") as f:
+    f.write(sys.argv[1] + "\\n" + "x" * (600 << 10))
+print("done")
+"""
+TOKENS = {"alice": "alice-" + "a" * 40, "mallory": "mallory-" + "m" * 40}
+
+
+@pytest.fixture
+def reporter_bundle(sandbox: Sandbox, keys: Keys, tmp_path: Path) -> Path:
+    """The reporter Agent Skill (native executor), usable by every authenticated caller."""
+    src = tmp_path / "src"
+    skill = src / "skills" / "reporter"
+    (skill / "scripts").mkdir(parents=True)
+    (skill / "SKILL.md").write_text(
+        "---\nname: reporter\ndescription: Writes reports. Test use only.\n---\nRun it.\n"
+    )
+    (skill / "scripts" / "report.py").write_text(REPORT)
+    (src / "policies" / "trust").mkdir(parents=True)
+    (src / "policies" / "callers").mkdir()
+    (src / "policies" / "callers" / "all.yaml").write_text(ALL_AUTHENTICATED)
+    (src / "policies" / "reporter.yaml").write_text(
+        "skill: reporter\nscripts:\n  executor: native\nlimits:\n  wall_time: 60s\n"
+    )
+    for trust_file in sorted(keys.trust.glob("*.pub.json")):
+        shutil.copy(trust_file, src / "policies" / "trust" / trust_file.name)
+    out = tmp_path / "bundle"
+    build_bundle(
+        src / "skills", src / "policies", out, sandbox=sandbox, cache_dir=cache_dir(), strict=False
+    )
+    return out
+
+
+@pytest.fixture
+def cluster(
+    nats: NatsServer, keys: Keys, reporter_bundle: Path, gateway_bundle: Path, tmp_path: Path
+) -> Iterator[tuple[NodeProc, NodeProc]]:
+    """node-a (entry-only, named tokens) and node-w1 (runs reporter)."""
+    tokens = tmp_path / "tokens"
+    fd = os.open(tokens, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.write(fd, "\n".join(f"{n} {t}" for n, t in TOKENS.items()).encode())
+    os.close(fd)
+    worker = start_node(
+        "node-w1", reporter_bundle, nats.url, keys.member, tmp_path / "w1", http=False
+    )
+    entry = start_node(
+        "node-a",
+        gateway_bundle,
+        nats.url,
+        keys.member,
+        tmp_path / "node-a",
+        extra=["--entry-only", "--token-file", str(tokens)],
+    )
+    try:
+        entry.seen(r"node node-w1 joined")
+        yield entry, worker
+    finally:
+        for node in (entry, worker):
+            node.stop()
+
+
+async def _as(url: str, who: str, fn: Any) -> Any:
+    headers = {"Authorization": f"Bearer {TOKENS[who]}"}
+    async with (
+        httpx2.AsyncClient(timeout=120, headers=headers) as http,
+        streamable_http_client(url, http_client=http) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        return await fn(session)
+
+
+async def _read_error(url: str, who: str, uri: str) -> tuple[int, str]:
+    async def read(s: ClientSession) -> tuple[int, str]:
+        with pytest.raises(MCPError) as err:
+            await s.read_resource(uri)  # type: ignore[arg-type]
+        return err.value.error.code, err.value.error.message.replace(digest_uri(uri), "URI")
+
+    result: tuple[int, str] = await _as(url, who, read)
+    return result
+
+
+def test_a_routed_read_of_a_kept_output_is_its_callers(
+    cluster: tuple[NodeProc, NodeProc],
+) -> None:
+    """alice reads her kept report back through the entry node (the worker reads it as
+    her, the envelope's caller); mallory's read answers as a never-kept URI's."""
+    entry, _worker = cluster
+    url = entry.url
+    assert url is not None
+
+    async def go() -> None:
+        async def run(s: ClientSession) -> Any:
+            return await s.call_tool(
+                "reporter/run_script", {"script": "scripts/report.py", "args": ["alice-s3cret"]}
+            )
+
+        result = await _as(url, "alice", run)
+        assert not result.is_error, result.content[0].text
+        [kept] = json.loads(result.content[0].text)["resources"]
+        uri = kept["uri"]
+
+        async def read(s: ClientSession) -> str:
+            got = await s.read_resource(uri)  # type: ignore[arg-type]
+            return str(got.contents[0].text)  # type: ignore[union-attr]
+
+        assert (await _as(url, "alice", read)).startswith("alice-s3cret")
+        base, _run, name = uri.rsplit("/", 2)
+        never = f"{base}/{secrets.token_hex(8)}/{name}"
+        assert await _read_error(url, "mallory", uri) == await _read_error(url, "mallory", never)
+
+    anyio.run(_with_deadline, go)
+
+
+async def _with_deadline(fn: Any) -> None:
+    with anyio.fail_after(240):
+        await fn()
