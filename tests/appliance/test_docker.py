@@ -27,8 +27,10 @@ the skill's memory limit) run in both, each with a control from a plain process.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -197,6 +199,21 @@ class Running:
                 ):
                     await session.initialize()
                     return await session.call_tool(tool, args)
+
+        return anyio.run(go)
+
+    def list_tools(self, timeout: float = 60) -> list[str]:
+        """The tool names tools/list shows this caller (a real MCP client over HTTP)."""
+
+        async def go() -> list[str]:
+            with anyio.fail_after(timeout):
+                async with (
+                    httpx2.AsyncClient(timeout=timeout, headers=self.auth) as http,
+                    streamable_http_client(self.url, http_client=http) as (read, write),
+                    ClientSession(read, write) as session,
+                ):
+                    await session.initialize()
+                    return [t.name for t in (await session.list_tools()).tools]
 
         return anyio.run(go)
 
@@ -490,6 +507,28 @@ def test_nothing_answers_without_a_credential(running: Running) -> None:
     assert httpx2.get(f"{base}/metrics", headers=running.auth).status_code == 200
     mode = running.exec("stat", "-c", "%a %u", "/var/lib/skilld/tokens").split()
     assert mode == ["600", str(UID)]
+
+
+def test_a_caller_added_at_run_time_gets_what_its_scope_gives(running: Running) -> None:
+    """As the README adds a caller: a token-file line with the scope `skilld:use`, then
+    SIGHUP. alice (with the scope) lists and calls the skills; bob (without it) lists
+    nothing and is refused; neither needed a new image."""
+    alice, bob = secrets.token_urlsafe(32), secrets.token_urlsafe(32)
+    lines = f"alice {alice} skilld:use\nbob {bob}\n"
+    running.exec("sh", "-c", f"printf '{lines}' >> /var/lib/skilld/tokens")
+    docker("kill", "-s", "HUP", running.name)
+    as_alice, as_bob = (dataclasses.replace(running, token=t) for t in (alice, bob))
+    deadline = time.monotonic() + 30
+    while True:  # the reload is asynchronous: wait until alice is known
+        if httpx2.post(running.url, json={}, headers=as_alice.auth).status_code != 401:
+            break
+        assert time.monotonic() < deadline, docker("logs", running.name).stderr[-2000:]
+        time.sleep(0.2)
+    tools = as_alice.list_tools()
+    assert tools, "alice's scope names every skill"
+    assert as_bob.list_tools() == []
+    refused = as_bob.call(tools[0], {})
+    assert refused.is_error and "not-permitted" in text_of(refused), text_of(refused)
 
 
 # -- shutdown -------------------------------------------------------------------------

@@ -620,6 +620,9 @@ def _banner(args: argparse.Namespace, config: Any, node: Any, node_config: Any) 
     lines = [f"skilld {__version__}: serving {what} ({skills} skills, {tools} tools)"]
     if config.transport == "http":
         url = advertised_url(config.host, config.port)
+        if config.host in ("0.0.0.0", "", "::"):  # noqa: S104 - says where it listens
+            # The URL above is for a client on this machine; say the server answers more.
+            lines.append(f"  listening on:          every interface, port {config.port}")
         lines += [
             f"  MCP (Streamable HTTP): {url}",
             f"  MCP (SSE):             {url.removesuffix('/mcp')}/sse",

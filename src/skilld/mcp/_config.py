@@ -89,10 +89,11 @@ class ServeConfig:
             empty: a random key held by this process only.
         round_ttl_s: how long a ``requestState`` stays valid (its call ends at its own
             deadline either way).
-        max_rounds_per_caller: how many calls that may ask the client (input-required
-            rounds) one caller (``Caller.key``) may have open on this node; a parked call
-            keeps its skill slot, so keep it below a skill's slots. The next is refused
-            (-32603, scope ``caller-rounds``).
+        max_rounds_per_caller: how many calls waiting for the client's answer
+            (input-required rounds) one caller (``Caller.key``) may have on this node; a
+            parked call keeps its skill slot. Past it, the caller's oldest waiting round
+            ends as cancelled (clients may abandon rounds without a word), so one
+            caller's unanswered rounds never hold more than this many slots.
         task_tools: tools that may run as tasks besides those the policy's ``mcp.tasks``
             names (``io.modelcontextprotocol/tasks``), each
             ``optional`` (a task when the client declared the extension) or ``required``

@@ -142,9 +142,10 @@ class RoundChannel(SessionChannel):
             self._replies.put(got)
 
     def cancel(self, reason: str = "client") -> None:
+        """Cancel the call; ``reason``: ``client``, ``shutdown``, or the words saying why."""
         super().cancel(reason)
-        why = "the server shut down" if reason == "shutdown" else "the client cancelled this call"
-        self._replies.put(_Abandoned("cancelled", why))
+        why = {"shutdown": "the server shut down", "client": "the client cancelled this call"}
+        self._replies.put(_Abandoned("cancelled", why.get(reason, reason)))
 
     # -- the guest's side --------------------------------------------------------
 
@@ -257,6 +258,7 @@ class ParkedCall(Generic[T]):
     trace: dict[str, str] = field(default_factory=telemetry.carrier)
     caller: str = ""  # its caller's Caller.key: only its retries continue the call
     capped: bool = True  # counted against the caller's rounds (a task's call is not)
+    parked_at: float = 0.0  # when it last asked the client (monotonic); 0: never
 
 
 def skill_digest(tool: str, skill: str, definition: Mapping[str, Any]) -> str:
@@ -304,7 +306,10 @@ class ParkedCalls:
         self.ttl_s = ttl_s
         self.forward = forward
         # A parked call keeps its skill slot while the client thinks: one caller's
-        # unanswered rounds must not take all of a skill's slots (issue #28).
+        # unanswered rounds must not take all of a skill's slots (issue #28). Clients may
+        # abandon a round without a word, so past the cap the caller's oldest waiting
+        # round ends (never a new call refused: that would lock out a client whose
+        # abandoned rounds have not expired yet).
         self.max_per_caller = max_per_caller
         self._calls: dict[str, ParkedCall[Any]] = {}
 
@@ -321,21 +326,8 @@ class ParkedCalls:
         capped: bool = True,
     ) -> ParkedCall[T]:
         """Run a call of ``caller`` (its ``Caller.key``) in the background, ready to park
-        when its guest asks. ``capped``: counted against ``max_per_caller`` (a task's call
-        is not: the task caps bound it).
-
-        Raises:
-            MCPError: ``-32603`` when ``caller`` already has ``max_per_caller`` calls that
-                may park here (``data``: the limit, scope ``caller-rounds``); nothing ran.
-        """
-        mine = sum(1 for c in self._calls.values() if c.caller == caller and c.capped)
-        if capped and mine >= self.max_per_caller:
-            raise MCPError(
-                types.INTERNAL_ERROR,
-                f"too many input rounds: this client has {self.max_per_caller} calls open "
-                "(max_rounds_per_caller); answer or abandon one, or wait for it to end",
-                data={"limit": self.max_per_caller, "scope": "caller-rounds"},
-            )
+        when its guest asks. ``capped``: counted against ``max_per_caller`` when it waits
+        for the client (a task's call is not: the task caps bound it)."""
         call_id = secrets.token_urlsafe(18)
         task: asyncio.Task[T] = asyncio.get_running_loop().create_task(run())
         call: ParkedCall[T] = ParkedCall(
@@ -432,6 +424,7 @@ class ParkedCalls:
                 return call.task.result()
             questions = call.channel.pending
             if questions:
+                self._park(call)
                 requests = {key: q.request() for key, q in questions.items()}
                 return types.InputRequiredResult(
                     input_requests=requests,  # type: ignore[arg-type]
@@ -445,6 +438,31 @@ class ParkedCalls:
                     with contextlib.suppress(BaseException):
                         await asyncio.shield(call.task)
                 raise
+
+    def _park(self, call: ParkedCall[Any]) -> None:
+        """``call`` now waits for its client: past ``max_per_caller`` waiting rounds of
+        its caller, end the oldest others (each audited as cancelled; its retry then
+        finds a call that is over)."""
+        call.parked_at = time.monotonic()
+        if not call.capped:
+            return
+        waiting = sorted(
+            (
+                c
+                for c in self._calls.values()
+                if c is not call
+                and c.capped
+                and c.caller == call.caller
+                and c.channel.pending
+                and not c.task.done()
+            ),
+            key=lambda c: c.parked_at,
+        )
+        for old in waiting[: max(0, len(waiting) + 1 - self.max_per_caller)]:
+            old.channel.cancel(
+                f"the round was abandoned: its client opened more than {self.max_per_caller} "
+                "(max_rounds_per_caller), and the oldest ends"
+            )
 
     def cancel_all(self, reason: str = "shutdown") -> None:
         """Cancel every call still running here (shutdown, after the grace)."""
