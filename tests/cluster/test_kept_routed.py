@@ -1,10 +1,12 @@
-"""A kept output read through an entry node is read as its caller on the worker.
+"""A routed call, resource read or prompt acts on the worker for the entry node's caller.
 
 A native Agent Skill (``reporter``) runs on worker node-w1; two entry-only nodes serve
 HTTP with named tokens (alice, mallory). alice's run through node-a keeps her report on
 the worker, owned by her principal (``token:alice``, carried in the sealed envelope).
 Reading it back routes ``resources/read`` to the worker, which must read it as the
-envelope's caller: alice gets her bytes; mallory gets what a never-kept URI gets.
+envelope's caller: alice gets her bytes; mallory gets what a never-kept URI gets. And
+the worker asks its own caller rules (issue 28 item 6): an entry node whose bundle lets
+every authenticated caller through does not widen what the worker lets mallory do.
 """
 
 from __future__ import annotations
@@ -42,9 +44,16 @@ print("done")
 TOKENS = {"alice": "alice-" + "a" * 40, "mallory": "mallory-" + "m" * 40}
 
 
+ALICE_ONLY = "rules:\n  - id: alice\n    who: [{token: alice}]\n    skills: [reporter]\n"
+
+
 @pytest.fixture
-def reporter_bundle(sandbox: Sandbox, keys: Keys, tmp_path: Path) -> Path:
-    """The reporter Agent Skill (native executor), usable by every authenticated caller."""
+def reporter_bundle(
+    sandbox: Sandbox, keys: Keys, tmp_path: Path, request: pytest.FixtureRequest
+) -> Path:
+    """The reporter Agent Skill (native executor), usable by every authenticated caller
+    (or the caller rules a test gives it as its parameter)."""
+    rules = getattr(request, "param", ALL_AUTHENTICATED)
     src = tmp_path / "src"
     skill = src / "skills" / "reporter"
     (skill / "scripts").mkdir(parents=True)
@@ -54,7 +63,7 @@ def reporter_bundle(sandbox: Sandbox, keys: Keys, tmp_path: Path) -> Path:
     (skill / "scripts" / "report.py").write_text(REPORT)
     (src / "policies" / "trust").mkdir(parents=True)
     (src / "policies" / "callers").mkdir()
-    (src / "policies" / "callers" / "all.yaml").write_text(ALL_AUTHENTICATED)
+    (src / "policies" / "callers" / "rules.yaml").write_text(rules)
     (src / "policies" / "reporter.yaml").write_text(
         "skill: reporter\nscripts:\n  executor: native\nlimits:\n  wall_time: 60s\n"
     )
@@ -151,3 +160,41 @@ def test_a_routed_read_of_a_kept_output_is_its_callers(
 async def _with_deadline(fn: Any) -> None:
     with anyio.fail_after(240):
         await fn()
+
+
+@pytest.mark.parametrize("reporter_bundle", [ALICE_ONLY], indirect=True)
+def test_the_worker_asks_its_own_caller_rules(cluster: tuple[NodeProc, NodeProc]) -> None:
+    """The entry node lets every authenticated caller through; the worker's rules name
+    alice alone: mallory's call of reporter and her read of its SKILL.md are refused
+    (not-permitted, the worker's default-deny) and audited there under her name; alice's
+    pass (the control)."""
+    entry, worker = cluster
+    url = entry.url
+    assert url is not None
+    arguments = {"script": "scripts/report.py", "args": ["x"]}
+
+    async def go() -> None:
+        async def run(s: ClientSession) -> Any:
+            return await s.call_tool("reporter/run_script", arguments)
+
+        async def read(s: ClientSession) -> Any:
+            return await s.read_resource("skill://reporter/SKILL.md")  # type: ignore[arg-type]
+
+        mine = await _as(url, "alice", run)
+        assert not mine.is_error, mine.content[0].text
+        assert (await _as(url, "alice", read)).contents
+        theirs = await _as(url, "mallory", run)
+        assert theirs.is_error
+        assert "not-permitted" in theirs.content[0].text, theirs.content[0].text
+        code, message = await _read_error(url, "mallory", "skill://reporter/SKILL.md")
+        assert "not-permitted" in message, (code, message)
+
+    anyio.run(_with_deadline, go)
+    records = worker.audit_until(
+        lambda rs: len([r for r in rs if r.get("principal") == "token:mallory"]) >= 2
+    )
+    theirs = [r for r in records if r.get("principal") == "token:mallory"]
+    assert [(r["method"], r["outcome"], r.get("refused")) for r in theirs] == [
+        ("run_script", "not-permitted", True),
+        ("read-resource", "not-permitted", True),
+    ], theirs

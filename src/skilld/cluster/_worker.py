@@ -465,6 +465,8 @@ class SkillServer:
             # The audit names the verified sender and, sealed with it, the entry node's
             # caller (a skill of that node for a routed invoke).
             caller = _routed_caller(meta.get("caller"), call.entry, chain)
+            if not chain:
+                self._permit(call, caller, "tool", name, args)
             # A skill on another node invoked this one: that node checked its own grant
             # (remote_calls); consent is this node's, from its own tables, for the
             # verified sender.
@@ -487,6 +489,8 @@ class SkillServer:
         # alone, and the audit names who read it (read as the node's local user, alice
         # could not read her own output back, and a local user's was anyone's).
         caller = _routed_caller(meta.get("caller"), call.entry)
+        if kind in ("resource", "prompt"):
+            self._permit(call, caller, kind, name, args if isinstance(args, dict) else {})
         if kind == "resource":
             outputs = self._registry.read_resource(name, call.channel, caller=caller)
             return [output_to_json(o) for o in outputs]
@@ -495,6 +499,41 @@ class SkillServer:
                 dict(m) for m in self._registry.get_prompt(name, args, call.channel, caller=caller)
             ]
         raise UsageError(f"unknown routed request kind {kind!r}")
+
+    def _permit(
+        self, call: _Call, caller: Caller, kind: str, name: str, args: Mapping[str, Any]
+    ) -> None:
+        """Refuse what this node's own caller rules do not let the entry node's caller do
+        (issue 28 item 6): the entry node asked its rules, but its bundle may let more
+        callers through than this one does (an entry-only gateway open to every
+        authenticated caller, say). Audited here, under the caller's name.
+
+        Raises:
+            GuestError: ``not-permitted``, naming this node's deciding rule.
+        """
+        sid = call.skill_id
+        if kind == "tool":
+            tools = [t for t in self._registry.tools() if t.skill_id == sid]
+            exact = [t.name for t in tools if t.method == name]
+            whole = [t.name for t in tools if t.method is None]
+            target, label = (exact or whole or [f"{sid}/{name}"])[0], name
+            arguments: Mapping[str, Any] = args
+        else:
+            # A resource's URI may be a kept output's: never written to the audit as is.
+            target, label = name, "read-resource" if kind == "resource" else "get-prompt"
+            arguments = {"uri": name} if kind == "resource" else args
+        view = self._registry.view(caller)
+        try:
+            if kind == "tool":
+                view.permit("tool", target, sid)
+            elif kind == "resource":
+                view.permit("resource", target, sid)
+            else:
+                view.permit("prompt", target, sid)
+        except GuestError as exc:
+            # Outcome and text as the MCP layer audits its own refusals (its code).
+            self._registry.refused(sid, label, arguments, exc.code, str(exc), caller=caller)
+            raise
 
     def _exposed(self, call: _Call, method: str) -> None:
         """Refuse a method this node's policy does not expose (``mcp.hidden``).
