@@ -133,3 +133,30 @@ def test_any_sequence_keeps_the_count_true(limit: int, ops: list[str]) -> None:
                 gate.take(1, lambda: True)
         assert gate.running == len(held) <= limit
         assert gate.waiting == 0
+
+
+def test_one_caller_holds_at_most_its_share() -> None:
+    """Of four slots one caller holds three; the fourth is kept for other callers. A call
+    of a caller at its share waits for a slot of its own caller's, never another's; a
+    nested call (no key) runs within its caller's share."""
+    gate = CallGate("s", 4)
+    assert gate.share == 3
+    mine = [gate.take(0, key="a") for _ in range(3)]
+    with pytest.raises(SkillBusy, match="busy for this caller: its calls hold 3"):
+        gate.take(0, key="a")
+    theirs = gate.take(0, key="b")  # the quarter kept for others
+    got: list[Slot] = []
+    waiting = threading.Thread(target=lambda: got.append(gate.take(10, key="a")))
+    waiting.start()
+    while gate.waiting < 1:
+        threading.Event().wait(0.001)
+    theirs.release()  # b's slot: a is over its share, so it stays free
+    assert (gate.running, gate.waiting, got) == (3, 1, [])
+    mine[0].release()  # a's own: its waiter takes it
+    waiting.join(10)
+    assert len(got) == 1 and (gate.running, gate.waiting) == (3, 0)
+    nested = gate.take(0)  # no key: counted once, by its outer call
+    assert gate.running == 4
+    for slot in [*mine[1:], *got, nested]:
+        slot.release()
+    assert (gate.running, gate.waiting) == (0, 0)

@@ -119,6 +119,12 @@ class NullChannel:
         return False
 
 
+def caller_share(limit: int) -> int:
+    """How many of a skill's ``limit`` slots one caller may hold: all but a quarter, and
+    at least one left for other callers (a skill of one slot: that slot)."""
+    return max(1, limit - max(1, limit // 4))
+
+
 class CallGate:
     """At most ``limit`` calls of one skill at once: the one concurrency gate.
 
@@ -129,6 +135,14 @@ class CallGate:
     (:meth:`take`, which gives up as soon as the client cancels). Waiters on either
     side are served in the order they came. A call that gets no slot in time is
     refused with :class:`~skilld.errors.SkillBusy`, whichever side it waited on.
+
+    Slots are shared out per caller (``key``: ``Caller.key``; empty for a nested call,
+    which its outer call's slot already counts): one caller holds at most
+    :func:`caller_share` of them (all but a quarter, at least one left for others), so
+    one caller's long calls, tasks or unanswered rounds never make another caller of
+    the skill wait or fail busy. Its further calls wait, behind other callers' waiters,
+    until one of its own slots frees up. A skill of one slot stays first come, first
+    served.
 
     A slot is taken once per call: the MCP layer takes it before it hands the call to
     a thread and lends it to the call it runs (:meth:`Slot.lend`); the registry's
@@ -141,6 +155,8 @@ class CallGate:
         self.limit = max(1, limit)
         self._lock = threading.Lock()
         self._free = self.limit
+        self.share = caller_share(self.limit)
+        self._held: collections.Counter[str] = collections.Counter()  # slots per caller key
         self._waiters: collections.deque[_Waiter] = collections.deque()
 
     @property
@@ -153,9 +169,12 @@ class CallGate:
         """How many calls wait for a slot now."""
         return len(self._waiters)
 
-    def take(self, wait_s: float, cancelled: Callable[[], bool] = lambda: False) -> Slot:
-        """A slot for a call on this thread: the one lent here, a free one, or one that
-        frees up within ``wait_s`` (0: no waiting), given up as soon as ``cancelled()``.
+    def take(
+        self, wait_s: float, cancelled: Callable[[], bool] = lambda: False, key: str = ""
+    ) -> Slot:
+        """A slot for a call of caller ``key`` on this thread: the one lent here, a free
+        one within the caller's share, or one that frees up within ``wait_s`` (0: no
+        waiting), given up as soon as ``cancelled()``.
 
         Raises:
             SkillBusy: no slot freed up in time.
@@ -163,66 +182,90 @@ class CallGate:
         """
         lent = _lent.get()
         if lent is not None and lent.gate is self and lent.lendable():
-            return Slot(self, lender=lent)
-        waiter = self._join(wait_s, _OnThread)
+            return Slot(self, lent.key, lender=lent)
+        waiter = self._join(wait_s, _OnThread, key)
         if waiter is None:
-            return Slot(self)
+            return Slot(self, key)
         end = time.monotonic() + wait_s
         while not cancelled():
             left = end - time.monotonic()
             if left <= 0:
                 break
             if waiter.event.wait(min(left, WAIT_SLICE_S)):
-                return Slot(self)
+                return Slot(self, key)
         if self._abandon(waiter):
             if not cancelled():
-                return Slot(self)  # it came as the time ran out
-            self._give_back()
+                return Slot(self, key)  # it came as the time ran out
+            self._give_back(key)
         if cancelled():
             raise CallCancelled(
                 f"{self.skill}: the client cancelled the call while it waited for a slot"
             )
-        raise SkillBusy(self.skill, self.limit)
+        raise self._busy(key)
 
-    async def take_async(self, wait_s: float) -> Slot:
-        """A slot for a call, awaited on the running event loop for up to ``wait_s``.
+    async def take_async(self, wait_s: float, key: str = "") -> Slot:
+        """A slot for a call of caller ``key``, awaited on the running event loop for up
+        to ``wait_s``.
 
         A cancelled await takes no slot (one handed over meanwhile is given back).
 
         Raises:
             SkillBusy: no slot freed up in time.
         """
-        waiter = self._join(wait_s, _OnLoop)
+        waiter = self._join(wait_s, _OnLoop, key)
         if waiter is None:
-            return Slot(self)
+            return Slot(self, key)
         try:
             await asyncio.wait_for(waiter.event.wait(), wait_s)
         except TimeoutError:
             if not self._abandon(waiter):
-                raise SkillBusy(self.skill, self.limit) from None
+                raise self._busy(key) from None
         except BaseException:
             if self._abandon(waiter):
-                self._give_back()
+                self._give_back(key)
             raise
-        return Slot(self)
+        return Slot(self, key)
 
-    def _join(self, wait_s: float, waiter: Callable[[], W]) -> W | None:
+    def _within(self, key: str) -> bool:
+        """Whether caller ``key`` may take one more slot (under the lock). ``""``: a call
+        not counted per caller (a nested call, which runs inside its caller's slot)."""
+        return not key or self._held[key] < self.share
+
+    def _busy(self, key: str) -> SkillBusy:
+        """The refusal for caller ``key``: its own share, or the skill's slots, are taken."""
+        with self._lock:
+            mine = self._held[key]
+        if key and mine >= self.share and self.share < self.limit:
+            return SkillBusy(
+                self.skill,
+                self.limit,
+                message=f"skill {self.skill} is busy for this caller: its calls hold "
+                f"{mine} of the skill's {self.limit} slots, its share (the rest are kept "
+                "for other callers); retry when one of them has ended",
+            )
+        return SkillBusy(self.skill, self.limit)
+
+    def _join(self, wait_s: float, waiter: Callable[[], W], key: str) -> W | None:
         """Take a free slot (None), or queue a new ``waiter()`` for one.
 
-        Never ahead of a waiter: the queue is first come, first served.
+        Never ahead of a waiter that could take it: the queue is first come, first
+        served among callers within their share.
 
         Raises:
             SkillBusy: no slot is free and ``wait_s`` allows no waiting.
         """
         with self._lock:
-            if self._free > 0 and not self._waiters:
+            ahead = any(self._within(w.key) for w in self._waiters)
+            if self._free > 0 and self._within(key) and not ahead:
                 self._free -= 1
+                self._held[key] += 1
                 return None
-            if wait_s <= 0:
-                raise SkillBusy(self.skill, self.limit)
-            queued = waiter()
-            self._waiters.append(queued)
-            return queued
+            if wait_s > 0:
+                queued = waiter()
+                queued.key = key
+                self._waiters.append(queued)
+                return queued
+        raise self._busy(key)  # no waiting allowed (outside the lock: _busy takes it)
 
     def _abandon(self, waiter: _Waiter) -> bool:
         """A waiter stops waiting; True when a slot was handed to it meanwhile (it holds it)."""
@@ -232,16 +275,23 @@ class CallGate:
             self._waiters.remove(waiter)
             return False
 
-    def _give_back(self) -> None:
-        """A slot is free: hand it to the first waiter, else count it free."""
+    def _give_back(self, key: str) -> None:
+        """Caller ``key``'s slot is free: hand it to the first waiter within its caller's
+        share, else count it free."""
         with self._lock:
-            while self._waiters:
-                waiter = self._waiters.popleft()
+            self._held[key] -= 1
+            if self._held[key] <= 0:
+                del self._held[key]
+            for waiter in list(self._waiters):
+                if not self._within(waiter.key):
+                    continue  # over its share: it waits for a slot of its own caller's
+                self._waiters.remove(waiter)
                 try:
                     waiter.wake()
                 except RuntimeError:  # its event loop closed: nobody waits there any more
                     continue
                 waiter.granted = True
+                self._held[waiter.key] += 1
                 return
             self._free += 1
 
@@ -249,10 +299,11 @@ class CallGate:
 class _Waiter:
     """A call waiting for a slot; ``granted`` once one was handed to it (under the gate's lock)."""
 
-    __slots__ = ("granted",)
+    __slots__ = ("granted", "key")
 
     def __init__(self) -> None:
         self.granted = False
+        self.key = ""  # its caller's Caller.key
 
     def wake(self) -> None:
         """Tell the waiting call its slot came (from any thread).
@@ -292,10 +343,11 @@ class Slot:
     Also a context manager that releases it on exit.
     """
 
-    __slots__ = ("_held", "_lender", "_out", "gate")
+    __slots__ = ("_held", "_lender", "_out", "gate", "key")
 
-    def __init__(self, gate: CallGate, *, lender: Slot | None = None) -> None:
+    def __init__(self, gate: CallGate, key: str = "", *, lender: Slot | None = None) -> None:
         self.gate = gate
+        self.key = key  # the caller holding it (CallGate shares slots out per caller)
         self._held = True
         self._lender = lender  # the lent slot this one borrows (releasing returns it)
         self._out = False  # lent out to a call running now
@@ -308,7 +360,7 @@ class Slot:
         if self._lender is not None:
             self._lender._out = False
         else:
-            self.gate._give_back()
+            self.gate._give_back(self.key)
 
     def lendable(self) -> bool:
         """True while held and not lent out to a call running now; marks it lent out."""

@@ -3,8 +3,9 @@ another wait or fail"), over real HTTP with two named tokens.
 
 mallory starts as many long tasks of one skill as the skill has slots (each is within her
 task caps); alice's one call of the same skill must still be answered. The skill's gate
-(``skilld.call.CallGate``) is first come, first served for everyone together, so today
-alice's call waits ``queue_timeout_s`` and fails ``busy``.
+(``skilld.call.CallGate``) keeps a quarter of its slots for other callers; first come,
+first served for everyone together, alice's call waited ``queue_timeout_s`` and failed
+``busy``.
 """
 
 from __future__ import annotations
@@ -38,11 +39,6 @@ async def server(
         yield srv
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="CallGate (src/skilld/call.py) is one FIFO queue per skill: one caller's calls "
-    "hold every slot (see /work/wt/review.w6.notes.md)",
-)
 async def test_mallory_holding_a_skills_slots_leaves_alice_answered(
     server: HttpServer, conformance_exposed: tuple[Registry, MemorySink]
 ) -> None:

@@ -827,7 +827,7 @@ class McpService:
         waited_until = time.monotonic() + self.config.queue_timeout_s
         try:
             with telemetry.stage("skilld.gate.wait", {"skilld.skill": skill}):
-                slot = await gate.take_async(self.config.queue_timeout_s)
+                slot = await gate.take_async(self.config.queue_timeout_s, caller.key)
         except SkillBusy as busy:
             self._log.warning("busy", tool=label, skill=skill, limit=gate.limit)
             self._refused(skill, label, busy.outcome, error_text(busy)[2], arguments, caller)

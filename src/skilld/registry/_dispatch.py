@@ -245,9 +245,11 @@ class Registry(Catalogue):
         # inline attempt: waiting is for a thread, not the event loop. A call the MCP
         # layer runs takes the slot it was lent (skilld.call.CallGate).
         wait = entry.limits.timeout_ms / 1000 if depth == 0 and inline is None else 0
+        # Slots are shared out per caller; a nested call runs inside its caller's share.
+        share = caller.key if depth == 0 else ""
         try:
             with telemetry.stage("skilld.gate.wait", {"skilld.skill": skill_id}):
-                slot = entry.gate.take(wait, ctx.channel.cancelled)
+                slot = entry.gate.take(wait, ctx.channel.cancelled, share)
         except SkilldError as exc:  # SkillBusy, or CallCancelled while it waited
             if inline is not None:
                 inline.give_up()
