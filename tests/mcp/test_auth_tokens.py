@@ -60,6 +60,22 @@ def test_bad_token_files_are_refused(tmp_path: Path, text: str, mode: int, messa
     assert str(path) in str(info.value)
 
 
+@pytest.mark.parametrize("line", ["SKILLD_TOKEN {other}\n", "bob {env}\n"])
+def test_the_environment_token_is_never_a_file_tokens_twin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, line: str
+) -> None:
+    """--token-env VAR names its token VAR: a file line with that name (two tokens, one
+    principal) or with that token (one token, two principals) is refused, naming both."""
+    env, other = "e" * 40, "o" * 40
+    monkeypatch.setenv("SKILLD_TOKEN", env)
+    path = _file(tmp_path / "tokens", line.format(env=env, other=other), 0o600)
+    with pytest.raises(UsageError, match="SKILLD_TOKEN and the token file's") as info:
+        NamedTokens(path, "SKILLD_TOKEN").load()
+    assert str(path) in str(info.value)
+    monkeypatch.setenv("SKILLD_TOKEN", "x" * 40)
+    assert NamedTokens(_file(tmp_path / "ok", f"bob {other}\n", 0o600), "SKILLD_TOKEN").load() == 2
+
+
 @pytest.mark.anyio
 async def test_named_tokens_are_callers(tmp_path: Path) -> None:
     """Each token is its name's caller, with its scopes."""

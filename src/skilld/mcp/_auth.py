@@ -242,7 +242,17 @@ class NamedTokens:
                     f"{MIN_TOKEN_CHARS} characters",
                     hint="set it to the bearer token clients must send",
                 )
-            tokens += (NamedToken(self._env, _sha256(value), frozenset()),)
+            digest = _sha256(value)
+            for named in tokens:
+                if named.name == self._env or named.digest == digest:
+                    # Two credentials must never be one principal, nor one token two.
+                    raise UsageError(
+                        f"the token of {self._env} and the token file's {named.name!r} "
+                        "share a name or a token",
+                        location=str(self._file),
+                        hint=f"rename or remove that line, or give {self._env} its own token",
+                    )
+            tokens += (NamedToken(self._env, digest, frozenset()),)
         self._tokens = tokens
         return len(tokens)
 
