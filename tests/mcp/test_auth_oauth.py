@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -17,7 +18,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 
 from skilld.mcp import HttpServer
-from skilld.mcp._auth import JwksKeys, JwtVerifier
+from skilld.mcp._auth import IntrospectionVerifier, JwksKeys, JwtVerifier
 from skilld.types import Caller
 from support.mcp_fakes import fake_dispatcher, text_of
 from support.oauth import Authority, authority, resource_server
@@ -290,3 +291,53 @@ async def test_required_scope_is_named(auth_server: Authority) -> None:
             assert "resource_metadata=" in challenge
             scoped = auth_server.token("alice", server.url, scope="mcp:use")
             assert (await _status(server.url, scoped)).status_code == 200
+
+
+async def test_a_flood_of_made_up_opaque_tokens_costs_the_issuer_little(
+    auth_server: Authority,
+) -> None:
+    """mallory sends made-up opaque tokens at once to a slow issuer (0.2 s an answer)
+    and each again: at most max_in_flight questions are in flight at once, a repeated
+    token is not asked again, the same token sent 20 times at once is asked once, and
+    alice's grant (asked first) survives a flood larger than the cache. Control: without
+    the bounds every token is one request at once."""
+    resource = "http://127.0.0.1:9/mcp"
+    verifier = IntrospectionVerifier(
+        f"{auth_server.issuer}/introspect",
+        ("skilld", "skilld-secret"),
+        auth_server.issuer,
+        resource,
+        cache_size=50,
+        cache_s=600,  # the whole test: alice's grant is still fresh at its end
+        max_in_flight=4,
+        timeout_s=30,
+    )
+    alice = auth_server.token("alice", resource, token_format="opaque")
+    assert (await verifier.verify_token(alice)) is not None
+    auth_server.introspect_delay(0.2)
+    try:
+        before = auth_server.stats()["introspections"]
+        made_up = [secrets.token_urlsafe(32) for _ in range(120)]
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                for token in made_up[:40]:
+                    tg.start_soon(verifier.verify_token, token)
+                for _ in range(20):
+                    tg.start_soon(verifier.verify_token, made_up[0])
+        stats = auth_server.stats()
+        assert stats["introspecting_most"] <= 4, stats
+        assert stats["introspections"] - before == 40, stats  # made_up[0] once
+        with anyio.fail_after(60):
+            for token in made_up[:40]:  # refused ones are remembered: not asked again
+                assert await verifier.verify_token(token) is None
+        assert auth_server.stats()["introspections"] - before == 40
+        auth_server.introspect_delay(0)
+        with anyio.fail_after(120):
+            for token in made_up[40:]:  # more refusals than the cache holds
+                assert await verifier.verify_token(token) is None
+        asked = auth_server.stats()["introspections"]
+        grant = await verifier.verify_token(alice)  # still known: not asked again
+        assert grant is not None and grant.caller.name == "alice"
+        assert auth_server.stats()["introspections"] == asked
+    finally:
+        auth_server.introspect_delay(0)

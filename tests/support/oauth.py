@@ -52,7 +52,16 @@ class Authority:
 
     def jwks_fetches(self) -> int:
         """How many times the key set was fetched."""
-        return int(httpx2.get(f"{self.issuer}/test/stats", timeout=30).json()["jwks_fetches"])
+        return int(self.stats()["jwks_fetches"])
+
+    def stats(self) -> dict[str, int]:
+        """Counts: ``jwks_fetches``, ``introspections``, ``introspecting_most`` (at once)."""
+        stats: dict[str, int] = httpx2.get(f"{self.issuer}/test/stats", timeout=30).json()
+        return stats
+
+    def introspect_delay(self, seconds: float) -> None:
+        """Make each introspection answer take ``seconds`` (a slow issuer)."""
+        self._post("/test/introspect-delay", {"seconds": seconds})
 
 
 @contextmanager

@@ -55,6 +55,12 @@ class Authority:
         self.key = self._new_key()
         self.opaque: dict[str, dict[str, Any]] = {}
         self.jwks_fetches = 0
+        # Introspection: how many questions, how many at once at most, and how long
+        # each answer takes (set by /test/introspect-delay: a slow issuer).
+        self.introspections = 0
+        self.introspecting = 0
+        self.introspecting_most = 0
+        self.introspect_delay_s = 0.0
 
     @staticmethod
     def _new_key() -> RSAKey:
@@ -170,7 +176,14 @@ class Handler(BaseHTTPRequestHandler):
                 keys = [a.key.as_dict(private=False)]
             self._send(200, {"keys": keys})
         elif self.path == "/test/stats":
-            self._send(200, {"jwks_fetches": a.jwks_fetches})
+            self._send(
+                200,
+                {
+                    "jwks_fetches": a.jwks_fetches,
+                    "introspections": a.introspections,
+                    "introspecting_most": a.introspecting_most,
+                },
+            )
         else:
             self._send(404, {"error": "not_found"})
 
@@ -211,10 +224,21 @@ class Handler(BaseHTTPRequestHandler):
                 return
             with a.lock:
                 claims = a.opaque.get(form.get("token", ""))
+                a.introspections += 1
+                a.introspecting += 1
+                a.introspecting_most = max(a.introspecting_most, a.introspecting)
+                delay = a.introspect_delay_s
+            time.sleep(delay)  # a slow issuer (the test asked for it)
+            with a.lock:
+                a.introspecting -= 1
             if claims is None or claims["exp"] < time.time():
                 self._send(200, {"active": False})
             else:
                 self._send(200, {"active": True, "token_type": "Bearer", **claims})
+        elif self.path == "/test/introspect-delay":
+            with a.lock:
+                a.introspect_delay_s = float(form["seconds"])
+            self._send(200, {})
         elif self.path == "/test/rotate":
             self._send(200, {"kid": a.rotate()})
         elif self.path == "/test/mint":

@@ -642,6 +642,13 @@ class IntrospectionVerifier:
     ``audience`` (``aud`` must name it: a token for another resource is refused), with a
     subject. Answers are kept for at most ``cache_s`` (and never past ``exp``), up to
     ``cache_size`` tokens, by the digest of the token.
+
+    Anyone can send a made-up token, and each unknown one costs a request to the issuer,
+    so that cost is bounded: refusals are kept apart from grants (a flood of made-up
+    tokens never pushes a caller's grant out), one question per token is in flight at a
+    time (the same token sent twice waits for the first answer), and at most
+    ``max_in_flight`` questions at once; a token that finds them all busy for
+    ``timeout_s`` is refused for now (401; the client may retry), never queued without end.
     """
 
     def __init__(
@@ -654,6 +661,7 @@ class IntrospectionVerifier:
         timeout_s: float = 5.0,
         cache_s: float = 30.0,
         cache_size: int = 10_000,
+        max_in_flight: int = 8,
         log: Logger | None = None,
     ):
         self._endpoint = endpoint
@@ -663,25 +671,66 @@ class IntrospectionVerifier:
         self._timeout_s = timeout_s
         self._cache_s = cache_s
         self._cache_size = cache_size
-        self._cache: OrderedDict[bytes, tuple[float, CallerToken | None]] = OrderedDict()
+        self._granted: OrderedDict[bytes, tuple[float, CallerToken]] = OrderedDict()
+        self._refused: OrderedDict[bytes, float] = OrderedDict()
+        self._asking: dict[bytes, asyncio.Task[CallerToken | None]] = {}
+        self._max_in_flight = max(1, max_in_flight)
+        self._slots: asyncio.Semaphore | None = None  # made on the serving loop
+        self._busy_logged = 0.0
         self._log = log
 
     async def verify_token(self, token: str) -> CallerToken | None:
         """The grant the issuer says ``token`` carries, or None."""
         digest = _sha256(token)
         now = time.time()
-        held = self._cache.get(digest)
+        held = self._granted.get(digest)
         if held is not None and held[0] > now:
             return held[1]
-        grant = await self._ask(token)
-        until = now + self._cache_s
-        if grant is not None and grant.expires_at is not None:
-            until = min(until, grant.expires_at)
-        self._cache[digest] = (until, grant)
-        self._cache.move_to_end(digest)
-        while len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
+        refused_until = self._refused.get(digest)
+        if refused_until is not None and refused_until > now:
+            return None
+        asking = self._asking.get(digest)
+        if asking is None:
+            # Its own task: one client going away never cancels another's answer.
+            asking = asyncio.get_running_loop().create_task(self._bounded_ask(token))
+            self._asking[digest] = asking
+            asking.add_done_callback(lambda _: self._asking.pop(digest, None))
+        return await asyncio.shield(asking)
+
+    async def _bounded_ask(self, token: str) -> CallerToken | None:
+        """Ask the issuer, at most ``max_in_flight`` at once; None when none is free in
+        time (not remembered: the token is only refused for now)."""
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self._max_in_flight)
+        try:
+            await asyncio.wait_for(self._slots.acquire(), self._timeout_s)
+        except TimeoutError:
+            now = time.monotonic()
+            if self._log is not None and now - self._busy_logged > 10:
+                self._busy_logged = now  # once per 10 s: a flood must not flood the log
+                self._log.warning("introspection_busy", in_flight=self._max_in_flight)
+            return None
+        try:
+            grant = await self._ask(token)
+        finally:
+            self._slots.release()
+        self._remember(_sha256(token), grant)
         return grant
+
+    def _remember(self, digest: bytes, grant: CallerToken | None) -> None:
+        until = time.time() + self._cache_s
+        if grant is None:
+            self._refused[digest] = until
+            self._refused.move_to_end(digest)
+            while len(self._refused) > self._cache_size:
+                self._refused.popitem(last=False)
+            return
+        if grant.expires_at is not None:
+            until = min(until, grant.expires_at)
+        self._granted[digest] = (until, grant)
+        self._granted.move_to_end(digest)
+        while len(self._granted) > self._cache_size:
+            self._granted.popitem(last=False)
 
     async def _ask(self, token: str) -> CallerToken | None:
         try:
