@@ -51,7 +51,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, NoReturn, TypeVar
 
 from skilld import telemetry
@@ -370,6 +370,44 @@ class Inline:
             RunOnThread: always.
         """
         raise RunOnThread
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteInvoker:
+    """The skill of another cluster node whose ``invoke`` a routed call is: the verified
+    sending node and the calling skill's id there (the callee's own policy must consent,
+    ``called_by`` in its ``invoke`` grant)."""
+
+    node: str
+    skill: str
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One call of one skill's method, as every entry hands it to the registry
+    (``Registry.call_method``): an MCP ``tools/call`` (after the tool name is resolved), a
+    call routed from another node (``cluster/_worker.py``), ``invoke``, a delegate program's
+    runner, ``skilld call``/``skilld delegate``.
+
+    ``caller`` is who the call acts for (:attr:`CallContext.caller`); ``deadline``
+    (monotonic; a nested call's caller's) ends it sooner than its own wall time would;
+    ``depth`` and ``chain`` place a nested call (``invoke``) in its chain of skills,
+    outermost first; ``inline_s`` makes it an inline attempt of about that long
+    (:class:`Inline`); ``remote`` makes it an ``invoke`` routed from a skill of another
+    cluster node.
+    """
+
+    skill: str
+    method: str
+    arguments: Mapping[str, Any]
+    channel: ClientChannel | None = None
+    _: KW_ONLY
+    caller: Caller = field(default_factory=Caller.local)
+    deadline: float | None = None
+    depth: int = 0
+    chain: tuple[str, ...] = ()
+    inline_s: float | None = None
+    remote: RemoteInvoker | None = None
 
 
 @dataclass

@@ -14,7 +14,7 @@ from skilld.audit import MemorySink
 from skilld.call import CallContext
 from skilld.errors import CallCancelled, SkillBusy
 from skilld.mcp import ServeConfig
-from skilld.registry import NullChannel, Registry, SkillEntry
+from skilld.registry import Call, NullChannel, Registry, SkillEntry
 from skilld.types import Caller, CallOutput, Decision, Limits, MethodSpec, SkillSpec
 from support.checkers import TextQuestions
 from support.mcp_fakes import memory_service, memory_session, text_of
@@ -99,7 +99,7 @@ async def test_an_mcp_call_and_a_routed_call_wait_on_the_same_gate() -> None:
             assert (gate.running, gate.waiting) == (1, 0)
             with pytest.raises(SkillBusy) as routed:
                 await anyio.to_thread.run_sync(
-                    lambda: reg.call_method("held", "hold", {}, NullChannel(), caller=N2)
+                    lambda: reg.call_method(Call("held", "hold", {}, NullChannel(), caller=N2))
                 )
             backend.release.set()
         assert gate.running == 0
@@ -107,7 +107,7 @@ async def test_an_mcp_call_and_a_routed_call_wait_on_the_same_gate() -> None:
         backend.started.clear()
 
         def routed_call() -> Any:
-            return reg.call_method("held", "hold", {}, NullChannel(), caller=N2).value
+            return reg.call_method(Call("held", "hold", {}, NullChannel(), caller=N2)).value
 
         async with memory_session(service) as session, anyio.create_task_group() as tg:
             tg.start_soon(anyio.to_thread.run_sync, routed_call)

@@ -52,7 +52,7 @@ from skilld.errors import (
     SkilldError,
     UsageError,
 )
-from skilld.registry import Registry
+from skilld.registry import Call, Registry, RemoteInvoker
 from skilld.types import Caller
 
 log = logging.getLogger("skilld.cluster")
@@ -468,17 +468,18 @@ class SkillServer:
             # A skill on another node invoked this one: that node checked its own grant
             # (remote_calls); consent is this node's, from its own tables, for the
             # verified sender.
-            remote_caller = (call.entry, chain[-1]) if chain else None
             out = self._registry.call_method(
-                call.skill_id,
-                name,
-                args,
-                call.channel,
-                caller=caller,
-                depth=_int(meta.get("depth"), 0),
-                chain=chain,
-                inline_s=inline_s,
-                remote_caller=remote_caller,
+                Call(
+                    call.skill_id,
+                    name,
+                    args,
+                    call.channel,
+                    caller=caller,
+                    depth=_int(meta.get("depth"), 0),
+                    chain=chain,
+                    inline_s=inline_s,
+                    remote=RemoteInvoker(call.entry, chain[-1]) if chain else None,
+                )
             )
             return output_to_json(out)
         if inline_s is not None:
