@@ -93,7 +93,7 @@ class Registry(Catalogue):
             GuestError, GuestFault: the guest's failure, audited.
         """
         sid, method, args = self.resolve(tool, arguments)
-        return self.call_method(Call(sid, method, args, channel, caller=caller))
+        return self.call_method(Call(sid, method, args, channel, tool=tool, caller=caller))
 
     def call_inline(
         self,
@@ -144,6 +144,8 @@ class Registry(Catalogue):
         ):
             # It would give up before its guest runs: give up before the call is set up.
             raise RunOnThread
+        if call.under_caller_rules:
+            self._permit(entry, call)
         args_json = json.dumps(call.arguments, separators=(",", ":"), sort_keys=True)
         remote, method = call.remote, call.method
 
@@ -164,6 +166,35 @@ class Registry(Catalogue):
             inline=None if call.inline_s is None else Inline.for_s(call.inline_s),
             deadline=call.deadline,
         )
+
+    def _permit(self, entry: SkillEntry, call: Call) -> None:
+        """Refuse ``call`` unless this node's caller rules let its caller call the tool.
+
+        Every entry comes through here: a call routed from another node of a cluster is
+        checked against this node's own rules for the caller its entry node verified (its
+        principal), whatever the entry node decided. A method no tool exposes is named by
+        no caller rule (only nested calls and ``skilld delegate`` reach it) and passes.
+
+        Raises:
+            GuestError: ``not-permitted``, naming the rule that refused (``default-deny``
+                when none allows) and the caller; audited as refused with the caller.
+        """
+        tool = call.tool or self.tool_of(call.skill, call.method)
+        if tool is None:
+            return
+        try:
+            self.view(call.caller).permit("tool", tool, call.skill)
+        except GuestError as exc:
+            self._trail.refused(
+                call.skill,
+                entry.spec.version,
+                call.method,
+                call.arguments,
+                exc.code,
+                str(exc),
+                call.caller,
+            )
+            raise
 
     def _run(
         self,
