@@ -37,7 +37,7 @@ from _util import row, timings
 from skilld import agentskills
 from skilld.bundle import build_bundle, open_bundle
 from skilld.paths import cache_dir
-from skilld.registry import Registry, SkillEntry
+from skilld.registry import Call, Registry, SkillEntry
 from skilld.sandbox import Sandbox
 from skilld.types import Limits, SkillSpec
 
@@ -150,7 +150,7 @@ def main() -> None:
             assert done.stdout
 
         def via(executor: str) -> None:
-            out = registry.call_method(f"csv-{executor}", "run_script", args_)
+            out = registry.call_method(Call(f"csv-{executor}", "run_script", args_))
             assert out.value["exit_status"] == 0, out.value["stderr"]
 
         activation_tokens(bundle, sandbox)

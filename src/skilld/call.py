@@ -15,7 +15,11 @@ One ``tools/call``, in five hops (each stage in one place):
    message), ``invoke`` (the caller's skill) and ``skilld call`` (``local:cli``) enter
    at hop 2 on their own thread.
 2. **Registry** (``registry/_dispatch.py``, ``Registry.call``, ``call_method``, ``_run``):
-   the tool name to (skill, method); an inline attempt (:class:`Inline`); a
+   the tool name to (skill, method), made a :class:`Call` (every other entry builds its
+   own); the bundle's caller rules for the call's caller (``Registry._permit``; every
+   call a client or another node sent, :attr:`Call.under_caller_rules`: a routed call
+   is checked here against this node's rules, and the MCP adapter refused early what
+   the same rules refuse, before a task or a round exists); an inline attempt (:class:`Inline`); a
    :class:`CallContext` with its :class:`~skilld.audit.CallRecorder`; the slot
    (:meth:`CallGate.take`: the lent one, or one waited for here).
 3. **Backend** (``SkillBackend.call``, ``registry/_contract.py``): a wasm component
@@ -51,7 +55,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, NoReturn, TypeVar
 
 from skilld import telemetry
@@ -422,6 +426,57 @@ class Inline:
             RunOnThread: always.
         """
         raise RunOnThread
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteInvoker:
+    """The skill of another cluster node whose ``invoke`` a routed call is: the verified
+    sending node and the calling skill's id there (the callee's own policy must consent,
+    ``called_by`` in its ``invoke`` grant)."""
+
+    node: str
+    skill: str
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One call of one skill's method, as every entry hands it to the registry
+    (``Registry.call_method``): an MCP ``tools/call`` (after the tool name is resolved), a
+    call routed from another node (``cluster/_worker.py``), ``invoke``, a delegate program's
+    runner, ``skilld call``/``skilld delegate``.
+
+    ``tool`` is the tool name the client called, when it came as one (else the registry
+    finds the tool exposing ``method``, for the caller rules). ``caller`` is who the call
+    acts for (:attr:`CallContext.caller`); ``deadline``
+    (monotonic; a nested call's caller's) ends it sooner than its own wall time would;
+    ``depth`` and ``chain`` place a nested call (``invoke``) in its chain of skills,
+    outermost first; ``inline_s`` makes it an inline attempt of about that long
+    (:class:`Inline`); ``remote`` makes it an ``invoke`` routed from a skill of another
+    cluster node.
+    """
+
+    skill: str
+    method: str
+    arguments: Mapping[str, Any]
+    channel: ClientChannel | None = None
+    _: KW_ONLY
+    tool: str | None = None
+    caller: Caller = field(default_factory=Caller.local)
+    deadline: float | None = None
+    depth: int = 0
+    chain: tuple[str, ...] = ()
+    inline_s: float | None = None
+    remote: RemoteInvoker | None = None
+
+    @property
+    def under_caller_rules(self) -> bool:
+        """Whether the bundle's caller rules decide this call: every call a client or
+        another node sent. Not a nested call (``invoke``, a delegate program's runner),
+        whose caller is a skill acting for the outer call's caller: the calling skill's
+        ``invoke`` grant decides it (checked when it invoked), and the callee need not be
+        a tool the client may call. Nor a routed ``invoke`` (``remote``), to which the
+        callee's own ``called_by`` consents."""
+        return self.remote is None and self.caller.kind != "skill"
 
 
 @dataclass

@@ -24,7 +24,7 @@ import pytest
 from skilld.errors import CallCancelled, DeadlineExceeded
 from skilld.permissions import SkillPermissions
 from skilld.policy import Tables
-from skilld.registry import NullChannel, Registry, SkillEntry
+from skilld.registry import Call, NullChannel, Registry, SkillEntry
 from skilld.sandbox import CallContext, Component
 from skilld.state import SqliteState
 from support.adversarial import Probe, compile_dir
@@ -504,9 +504,11 @@ def test_nested_call_ends_by_its_callers_deadline(
         started = time.monotonic()
         try:
             out: Any = registry.call_method(
-                "prober",
-                "invoke_call",
-                {"skill_id": "callee", "method": "tcp_hold", "args": inner},
+                Call(
+                    "prober",
+                    "invoke_call",
+                    {"skill_id": "callee", "method": "tcp_hold", "args": inner},
+                )
             ).value
         except DeadlineExceeded:
             out = "deadline"

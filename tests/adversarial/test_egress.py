@@ -33,7 +33,7 @@ from skilld import agentskills
 from skilld.errors import HostCallError
 from skilld.permissions import SkillPermissions
 from skilld.policy import compile_policies
-from skilld.registry import NullChannel, Registry, SkillEntry
+from skilld.registry import Call, NullChannel, Registry, SkillEntry
 from skilld.sandbox import CallContext
 from skilld.sandbox._egress import BAD_REQUEST, TUNNEL_SLACK, EgressProxy
 from skilld.sandbox.abi import shell
@@ -543,9 +543,11 @@ def test_native_script_with_webfetch_reaches_its_urls_only(
         f"https://127.0.0.1:{tls_port}/b",
     ]
     out = registry.call_method(
-        "fetcher",
-        "run_script",
-        {"script": "scripts/fetch.py", "args": [str(ca), str(web), *urls]},
+        Call(
+            "fetcher",
+            "run_script",
+            {"script": "scripts/fetch.py", "args": [str(ca), str(web), *urls]},
+        )
     ).value
     lines = out["stdout"].splitlines()
     assert lines[0] == f"200 GET /pub/a 127.0.0.1:{web}", out

@@ -14,7 +14,7 @@ import pytest
 from skilld.audit import JsonLinesSink
 from skilld.permissions import SkillPermissions
 from skilld.policy import Tables
-from skilld.registry import NullChannel, Registry, SkillEntry
+from skilld.registry import Call, NullChannel, Registry, SkillEntry
 from skilld.sandbox import CallContext, Component
 from skilld.state import SqliteState
 from skilld.types import KeyValueStore
@@ -131,7 +131,7 @@ def test_invoke_case(
     invoke_registry: Registry, name: str, hops: tuple[str, ...], expected: tuple[Any, ...]
 ) -> None:
     """Each call graph trick ends in exactly the outcome in the table, at the deepest hop."""
-    out = invoke_registry.call_method(hops[0], "invoke_call", chain(*hops))
+    out = invoke_registry.call_method(Call(hops[0], "invoke_call", chain(*hops)))
     report = innermost(out.value)
     assert_outcome(Outcome(report), expected)
 
@@ -152,7 +152,7 @@ def test_policy_depth_denial_is_audited(
         for skill_id in ("ch4", "dp5", "dp6"):
             register(registry, prober, invoke_tables, skill_id)
         registry.mark_ready()
-        registry.call_method("ch4", "invoke_call", chain("ch4", "dp5", "dp6"), depth=3)
+        registry.call_method(Call("ch4", "invoke_call", chain("ch4", "dp5", "dp6"), depth=3))
     records = {r["skill"]: r for r in map(json.loads, log.read_text().splitlines())}
     assert [(d["allowed"], d["rule"], d["reason"]) for d in records["dp5"]["decisions"]] == [
         (False, "dp5.invoke", "depth 5 exceeds max_depth 4")
@@ -321,9 +321,9 @@ def test_audit_has_one_line_per_call_with_rule_ids(
     with JsonLinesSink(log) as sink:
         registry = Registry(audit=sink)
         register(registry, prober, tables, "prober")
-        registry.call_method("prober", "fs_read", {"path": f"{tmp_path}/data/a.txt"})
-        registry.call_method("prober", "fs_read", {"path": f"{tmp_path}/data/../secret"})
-        registry.call_method("prober", "env_get", {"name": "SKILLD_AUDIT_OK"})
+        registry.call_method(Call("prober", "fs_read", {"path": f"{tmp_path}/data/a.txt"}))
+        registry.call_method(Call("prober", "fs_read", {"path": f"{tmp_path}/data/../secret"}))
+        registry.call_method(Call("prober", "env_get", {"name": "SKILLD_AUDIT_OK"}))
     lines = [json.loads(line) for line in log.read_text().splitlines()]
     assert [r["method"] for r in lines] == ["fs_read", "fs_read", "env_get"]
     assert [[(d["allowed"], d["rule"]) for d in r["decisions"]] for r in lines] == [

@@ -15,6 +15,7 @@ from skilld.bundle import BuildResult, build_bundle, open_bundle
 from skilld.cli import main
 from skilld.errors import AgentSkillError, BundleError, PolicyError
 from skilld.node import Node, NodeConfig
+from skilld.registry import Call
 from skilld.sandbox import Sandbox
 from support.agentskills import FIXTURES, wheelhouse
 from support.env import cache_dir
@@ -313,7 +314,7 @@ def test_one_runner_serves_kits_and_wasm_scripts(
     monkeypatch.setenv("SKILLD_CACHE", str(cache_dir()))
     with Node.open(NodeConfig(bundle=result.out, state_dir=tmp_path / "state")) as node:
         out = node.registry.call_method(
-            "csv-summary", "run_script", {"script": "scripts/summarize.py", "stdin": "a\n1\n"}
+            Call("csv-summary", "run_script", {"script": "scripts/summarize.py", "stdin": "a\n1\n"})
         )
     assert out.value["exit_status"] == 0, out.value["stderr"]
     assert '"rows": 1' in out.value["stdout"]

@@ -35,7 +35,7 @@ from skilld.errors import (
     DeadlineExceeded,
     MemoryExhausted,
 )
-from skilld.registry import Registry, SkillEntry
+from skilld.registry import Call, Registry, SkillEntry
 from skilld.types import Limits
 from support.env import cache_dir
 
@@ -139,9 +139,11 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 def _probe(world: dict[str, Any], case: str) -> dict[str, Any]:
     registry: Registry = world["registry"]
     out = registry.call_method(
-        "hostile",
-        "run_script",
-        {"script": "scripts/probe.py", "args": [case, json.dumps(world["ctx"])]},
+        Call(
+            "hostile",
+            "run_script",
+            {"script": "scripts/probe.py", "args": [case, json.dumps(world["ctx"])]},
+        )
     )
     value: dict[str, Any] = out.value
     return value
@@ -277,10 +279,12 @@ def test_cancelling_kills_the_script_tree(world: dict[str, Any]) -> None:
     registry: Registry = world["registry"]
     with pytest.raises(CallCancelled, match="whole process tree was killed"):
         registry.call_method(
-            "hostile",
-            "run_script",
-            {"script": "scripts/probe.py", "args": ["cpu-spin", json.dumps(world["ctx"])]},
-            CancelAfter(event),
+            Call(
+                "hostile",
+                "run_script",
+                {"script": "scripts/probe.py", "args": ["cpu-spin", json.dumps(world["ctx"])]},
+                CancelAfter(event),
+            )
         )
     assert world["audit"].records[-1]["outcome"] == "cancelled"
     assert "pong" in _probe(world, "ping")["stdout"]

@@ -12,7 +12,7 @@ import pytest
 from skilld import agentskills
 from skilld.agentskills._executors import NativeExecutor
 from skilld.errors import GuestError
-from skilld.registry import Registry, SkillEntry
+from skilld.registry import Call, Registry, SkillEntry
 from skilld.types import Limits
 
 SKILL_MD = "---\nname: shelly\ndescription: Runs a shell script and a Python one.\n---\nRun them.\n"
@@ -58,7 +58,7 @@ def registry_for(tmp_path: Path, interpreters: tuple[str, ...]) -> Registry:
 def run(registry: Registry, script: str, *args: str) -> dict[str, Any]:
     """The value of one run_script call."""
     value: dict[str, Any] = registry.call_method(
-        "shelly", "run_script", {"script": script, "args": list(args)}
+        Call("shelly", "run_script", {"script": script, "args": list(args)})
     ).value
     return value
 

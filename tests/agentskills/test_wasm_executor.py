@@ -10,7 +10,7 @@ import pytest
 from skilld import agentskills
 from skilld.bundle import BuildResult
 from skilld.errors import DeadlineExceeded
-from skilld.registry import Registry, SkillEntry
+from skilld.registry import Call, Registry, SkillEntry
 from skilld.sandbox import Sandbox
 from skilld.types import Limits
 
@@ -67,7 +67,7 @@ def world(
 def probe(world: dict[str, Any], case: str, arg: str) -> str:
     """The probe's verdict for one case."""
     out = world["registry"].call_method(
-        "probe", "run_script", {"script": "scripts/probe.py", "args": [case, arg]}
+        Call("probe", "run_script", {"script": "scripts/probe.py", "args": [case, arg]})
     )
     return str(out.value["stdout"])
 
@@ -102,7 +102,7 @@ def test_the_skill_dir_and_grants_are_reachable_as_granted(world: dict[str, Any]
     assert probe(world, "write", f"{world['rw']}/out.txt").startswith("GOT")
     assert (world["rw"] / "out.txt").read_text() == "x"
     out = world["registry"].call_method(
-        "probe", "run_script", {"script": "scripts/probe.py", "args": ["write", "made.txt"]}
+        Call("probe", "run_script", {"script": "scripts/probe.py", "args": ["write", "made.txt"]})
     )
     assert out.value["files"] == ["workspace://probe/made.txt"]
 

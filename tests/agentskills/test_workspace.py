@@ -18,7 +18,7 @@ from skilld import agentskills, paths
 from skilld.agentskills import _quota
 from skilld.bundle import BuildResult
 from skilld.errors import GuestError
-from skilld.registry import Registry, SkillEntry
+from skilld.registry import Call, Registry, SkillEntry
 from skilld.sandbox import Sandbox
 from skilld.types import Limits
 from support.grants import give_grant
@@ -113,9 +113,11 @@ def fill(world: dict[str, Any], target: str, mib: int, files: int = 0) -> Any:
     return (
         world["registry"]
         .call_method(
-            "filler",
-            "run_script",
-            {"script": "scripts/fill.py", "args": [target, str(mib), str(files)]},
+            Call(
+                "filler",
+                "run_script",
+                {"script": "scripts/fill.py", "args": [target, str(mib), str(files)]},
+            )
         )
         .value
     )

@@ -24,8 +24,9 @@ def demo_cluster_bundle(
     sandbox: Sandbox, keys: Keys, tmp_path_factory: pytest.TempPathFactory
 ) -> Path:
     """The whole demo bundle (echo, echo-wat, notes, delegate's kits kit.notes and kit.text)
-    and the conformance skill, with the repo's policies; every authenticated caller may
-    use everything."""
+    and the conformance skill, with the repo's policies and caller rules letting every
+    authenticated caller use everything (a worker checks the caller an entry node
+    verified against its own rules)."""
     policies = {
         p.name: p.read_text()
         for p in [
@@ -36,9 +37,7 @@ def demo_cluster_bundle(
     policies |= {
         f"kits/{p.name}": p.read_text() for p in (ROOT / "policies" / "kits").glob("*.yaml")
     }
-    # A worker asks its own caller rules too: entry nodes authenticating callers need it to
-    # name them (every authenticated caller may use everything here).
-    policies |= {"callers/all.yaml": ALL_AUTHENTICATED}
+    policies["callers/all.yaml"] = ALL_AUTHENTICATED
     return make_bundle(
         sandbox,
         tmp_path_factory.mktemp("demo-cluster"),

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from skilld.delegate import DelegateService, validate
 from skilld.policy import RUNNER_METHOD
-from skilld.registry import Registry
+from skilld.registry import Call, Registry
 from support.delegate import AuditFile
 
 NOTES = ("add", "get", "titles", "echo")
@@ -190,20 +190,22 @@ def _unvalidated(registry: Registry, service: DelegateService, kit: str, program
     """Run ``program`` in ``kit``'s runner entry as the service would, skipping the validator."""
     found = service.kit(kit)
     out = registry.call_method(
-        found.runner,
-        RUNNER_METHOD,
-        {
-            "program": program,
-            "tools": {
-                t.name: {"skill": t.skill, "method": t.method, "params": list(t.params)}
-                for t in found.tools.values()
+        Call(
+            found.runner,
+            RUNNER_METHOD,
+            {
+                "program": program,
+                "tools": {
+                    t.name: {"skill": t.skill, "method": t.method, "params": list(t.params)}
+                    for t in found.tools.values()
+                },
+                "params": {},
+                "max_calls": found.max_calls,
+                "max_output": found.max_output,
             },
-            "params": {},
-            "max_calls": found.max_calls,
-            "max_output": found.max_output,
-        },
-        depth=1,
-        chain=("delegate",),
+            depth=1,
+            chain=("delegate",),
+        )
     )
     return out.value
 

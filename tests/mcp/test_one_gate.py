@@ -14,13 +14,13 @@ from skilld.audit import MemorySink
 from skilld.call import CallContext
 from skilld.errors import CallCancelled, SkillBusy
 from skilld.mcp import ServeConfig
-from skilld.registry import NullChannel, Registry, SkillEntry
+from skilld.registry import Call, NullChannel, Registry, SkillEntry
 from skilld.types import Caller, CallOutput, Decision, Limits, MethodSpec, SkillSpec
 from support.checkers import TextQuestions
 from support.mcp_fakes import memory_service, memory_session, text_of
 
-# A routed call from cluster node n2.
-N2 = Caller("node", "n2")
+# A routed call as a worker sees it: the entry node n2 and the caller it verified.
+N2 = Caller.anonymous().routed_from("n2")
 
 pytestmark = pytest.mark.anyio
 
@@ -99,7 +99,7 @@ async def test_an_mcp_call_and_a_routed_call_wait_on_the_same_gate() -> None:
             assert (gate.running, gate.waiting) == (1, 0)
             with pytest.raises(SkillBusy) as routed:
                 await anyio.to_thread.run_sync(
-                    lambda: reg.call_method("held", "hold", {}, NullChannel(), caller=N2)
+                    lambda: reg.call_method(Call("held", "hold", {}, NullChannel(), caller=N2))
                 )
             backend.release.set()
         assert gate.running == 0
@@ -107,7 +107,7 @@ async def test_an_mcp_call_and_a_routed_call_wait_on_the_same_gate() -> None:
         backend.started.clear()
 
         def routed_call() -> Any:
-            return reg.call_method("held", "hold", {}, NullChannel(), caller=N2).value
+            return reg.call_method(Call("held", "hold", {}, NullChannel(), caller=N2)).value
 
         async with memory_session(service) as session, anyio.create_task_group() as tg:
             tg.start_soon(anyio.to_thread.run_sync, routed_call)
@@ -119,10 +119,10 @@ async def test_an_mcp_call_and_a_routed_call_wait_on_the_same_gate() -> None:
     assert routed.value.message == "skill held is busy (1 calls running); retry later"
     assert backend.most == 1
     assert [(r["caller"], r["outcome"]) for r in sink.records if r["event"] == "call"] == [
-        ("node:n2", "busy"),  # refused while the MCP call ran
+        ("node:n2<anonymous", "busy"),  # refused while the MCP call ran
         ("local:stdio", "ok"),
         ("local:stdio", "busy"),  # refused by the MCP layer while the routed call ran
-        ("node:n2", "ok"),
+        ("node:n2<anonymous", "ok"),
     ]
     assert [r.get("refused", False) for r in sink.records if r["outcome"] == "busy"] == [
         False,  # the registry's: a call record of a call that never got a slot

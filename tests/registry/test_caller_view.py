@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from skilld.errors import GuestError
-from skilld.registry import Registry
+from skilld.registry import Call, NullChannel, Registry
 from skilld.types import Caller
 from support.callers import IDP, caller_registry
 
@@ -166,3 +166,26 @@ def test_a_stranger_lists_nothing_and_calls_nothing(registry: Registry, stranger
     for tool in registry.tools():
         with pytest.raises(GuestError):
             view.permit("tool", tool.name, tool.skill_id)
+
+
+def test_the_ring_checks_every_entry_but_a_nested_call(tmp_path: Path) -> None:
+    """``call_method`` refuses a caller the rules refuse, whichever entry built the Call (a
+    routed call's principal is the entry node's caller) and audits it with the caller; a
+    nested call, acting for the same caller through a skill, is left to the skill's grant."""
+    registry, sink = caller_registry(tmp_path, RULES)
+    routed = MALLORY.routed_from("node-a")
+    with pytest.raises(GuestError) as refused:
+        registry.call_method(Call("notes", "add", {"text": "x"}, caller=routed))
+    assert (refused.value.code, refused.value.rule) == ("not-permitted", "callers.no-mallory")
+    record = sink.records[-1]
+    assert record["refused"] is True and record["method"] == "add", record
+    assert record["caller"] == f"node:node-a<oauth:{IDP}#mallory", record
+    assert record["principal"] == f"oauth:{IDP}#mallory", record
+    # By the tool's name, as the MCP adapter's Registry.call gives it: the same rules.
+    with pytest.raises(GuestError, match=r"callers\.no-mallory"):
+        registry.call("notes/add", {"text": "x"}, NullChannel(), caller=MALLORY)
+    nested = registry.call_method(
+        Call("notes", "add", {"text": "x"}, caller=MALLORY.as_skill("echo"), depth=1)
+    )
+    assert nested.value == 'notes/add {"text":"x"}'
+    assert registry.call_method(Call("notes", "add", {}, caller=ALICE)).value.startswith("notes/")

@@ -15,6 +15,7 @@ from skilld.errors import CallCancelled, DeadlineExceeded, GuestTrap, MemoryExha
 from skilld.registry import NullChannel, Registry, SkillEntry
 from skilld.sandbox import Component, Sandbox
 from skilld.types import Caller, Limits
+from support.callers import open_to_authenticated
 
 Loader = Callable[[str], Path]
 WARM = Limits(memory_bytes=64 << 20)
@@ -215,7 +216,8 @@ def test_through_the_registry_each_caller_gets_its_own_warm_instance(
     """
     comp = sandbox.load(component_path("hostile").read_bytes(), name="hostile")
     spec = comp.describe(CallContext("hostile", WARM, NullChannel()))
-    registry = Registry()
+    # Token callers call only what caller rules give them (the registry checks every call).
+    registry = open_to_authenticated(Registry())
     registry.add(SkillEntry(spec=spec, component=comp, limits=WARM))
     registry.mark_ready()
     alice, bob = Caller.token("alice"), Caller.token("bob")

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from skilld import paths
+from skilld.call import Call
 from skilld.errors import UsageError
 from skilld.types import Caller
 
@@ -104,7 +105,9 @@ def run(args: argparse.Namespace) -> int:
     with Node.open(node_config) as node:
         if SKILL_ID not in {s.spec.id for s in node.registry.skills()}:
             raise UsageError("this bundle has no kits", hint="declare kits in policies/kits/")
-        out = node.registry.call_method(SKILL_ID, method, call_args, caller=Caller.local("cli"))
+        out = node.registry.call_method(
+            Call(SKILL_ID, method, call_args, caller=Caller.local("cli"))
+        )
     print(json.dumps(out.value, indent=2, ensure_ascii=False))
     if method == "validate_program":
         return 0 if out.value["valid"] else 1

@@ -52,7 +52,7 @@ from skilld.errors import (
     SkilldError,
     UsageError,
 )
-from skilld.registry import Registry
+from skilld.registry import Call, Registry, RemoteInvoker
 from skilld.types import Caller
 
 log = logging.getLogger("skilld.cluster")
@@ -465,22 +465,23 @@ class SkillServer:
             # The audit names the verified sender and, sealed with it, the entry node's
             # caller (a skill of that node for a routed invoke).
             caller = _routed_caller(meta.get("caller"), call.entry, chain)
-            if not chain:
-                self._permit(call, caller, "tool", name, args)
+            # This node's own caller rules decide the call (Registry.call_method asks
+            # them for every call a client or another node makes: issue 28 item 6).
             # A skill on another node invoked this one: that node checked its own grant
             # (remote_calls); consent is this node's, from its own tables, for the
             # verified sender.
-            remote_caller = (call.entry, chain[-1]) if chain else None
             out = self._registry.call_method(
-                call.skill_id,
-                name,
-                args,
-                call.channel,
-                caller=caller,
-                depth=_int(meta.get("depth"), 0),
-                chain=chain,
-                inline_s=inline_s,
-                remote_caller=remote_caller,
+                Call(
+                    call.skill_id,
+                    name,
+                    args,
+                    call.channel,
+                    caller=caller,
+                    depth=_int(meta.get("depth"), 0),
+                    chain=chain,
+                    inline_s=inline_s,
+                    remote=RemoteInvoker(call.entry, chain[-1]) if chain else None,
+                )
             )
             return output_to_json(out)
         if inline_s is not None:
@@ -503,8 +504,9 @@ class SkillServer:
     def _permit(
         self, call: _Call, caller: Caller, kind: str, name: str, args: Mapping[str, Any]
     ) -> None:
-        """Refuse what this node's own caller rules do not let the entry node's caller do
-        (issue 28 item 6): the entry node asked its rules, but its bundle may let more
+        """Refuse a routed resource read or prompt this node's own caller rules do not let
+        the entry node's caller have (issue 28 item 6; a routed call is asked in
+        ``Registry.call_method``): the entry node asked its rules, but its bundle may let more
         callers through than this one does (an entry-only gateway open to every
         authenticated caller, say). Audited here, under the caller's name.
 
@@ -512,24 +514,15 @@ class SkillServer:
             GuestError: ``not-permitted``, naming this node's deciding rule.
         """
         sid = call.skill_id
-        if kind == "tool":
-            tools = [t for t in self._registry.tools() if t.skill_id == sid]
-            exact = [t.name for t in tools if t.method == name]
-            whole = [t.name for t in tools if t.method is None]
-            target, label = (exact or whole or [f"{sid}/{name}"])[0], name
-            arguments: Mapping[str, Any] = args
-        else:
-            # A resource's URI may be a kept output's: never written to the audit as is.
-            target, label = name, "read-resource" if kind == "resource" else "get-prompt"
-            arguments = {"uri": name} if kind == "resource" else args
+        # A resource's URI may be a kept output's: never written to the audit as is.
+        label = "read-resource" if kind == "resource" else "get-prompt"
+        arguments: Mapping[str, Any] = {"uri": name} if kind == "resource" else args
         view = self._registry.view(caller)
         try:
-            if kind == "tool":
-                view.permit("tool", target, sid)
-            elif kind == "resource":
-                view.permit("resource", target, sid)
+            if kind == "resource":
+                view.permit("resource", name, sid)
             else:
-                view.permit("prompt", target, sid)
+                view.permit("prompt", name, sid)
         except GuestError as exc:
             # Outcome and text as the MCP layer audits its own refusals (its code).
             self._registry.refused(sid, label, arguments, exc.code, str(exc), caller=caller)

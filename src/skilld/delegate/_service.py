@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from skilld import telemetry
-from skilld.call import CallContext
+from skilld.call import Call, CallContext
 from skilld.delegate._infer import InferenceConfig, infer, monotonic_budget, no_program
 from skilld.delegate._kits import Kit, load_kits
 from skilld.delegate._validate import check_program, validate
@@ -349,22 +349,24 @@ class DelegateService:
         t1 = time.perf_counter()
         try:
             out = self.registry.call_method(
-                kit.runner,
-                RUNNER_METHOD,
-                {
-                    "program": program,
-                    "tools": {
-                        t.name: {"skill": t.skill, "method": t.method, "params": list(t.params)}
-                        for t in kit.tools.values()
+                Call(
+                    kit.runner,
+                    RUNNER_METHOD,
+                    {
+                        "program": program,
+                        "tools": {
+                            t.name: {"skill": t.skill, "method": t.method, "params": list(t.params)}
+                            for t in kit.tools.values()
+                        },
+                        "params": params,
+                        "max_calls": kit.max_calls,
+                        "max_output": kit.max_output,
                     },
-                    "params": params,
-                    "max_calls": kit.max_calls,
-                    "max_output": kit.max_output,
-                },
-                channel,
-                caller=caller.as_skill(SKILL_ID),
-                depth=depth + _NESTED,
-                chain=(SKILL_ID,),
+                    channel,
+                    caller=caller.as_skill(SKILL_ID),
+                    depth=depth + _NESTED,
+                    chain=(SKILL_ID,),
+                )
             )
             value = out.value
             result["success"] = bool(value.get("success"))

@@ -48,6 +48,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import anyio.from_thread
 from mcp import types
+from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ValidationError
 
@@ -57,6 +58,11 @@ from skilld.mcp._channel import KEY_META, SessionChannel, without_key
 from skilld.types import Caller
 
 T = TypeVar("T")
+Ctx = ServerRequestContext[Any, Any]
+# The requests whose guest may ask the client things in rounds.
+Rounds = (
+    types.CallToolRequestParams | types.GetPromptRequestParams | types.ReadResourceRequestParams
+)
 
 
 MISSING_REQUIRED_CLIENT_CAPABILITY = -32021
@@ -490,3 +496,89 @@ def missing_capability(missing: Mapping[str, Any]) -> MCPError:
         f"this call needs the client capabilities it did not declare: {names}",
         data={"requiredCapabilities": dict(missing)},
     )
+
+
+def plain(responses: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``inputResponses`` as JSON values (the SDK parsed them into its result models)."""
+    return {
+        key: value.model_dump(by_alias=True, mode="json", exclude_none=True)
+        if isinstance(value, BaseModel)
+        else value
+        for key, value in (responses or {}).items()
+    }
+
+
+async def forward_elsewhere(
+    parked: ParkedCalls, ctx: Ctx, state: str, caller: Caller, forwarded: bool
+) -> Any | None:
+    """The answer of the entry node holding the call ``state`` names, when another node
+    holds it and this request was not forwarded here already; None when this node holds it
+    (or should: :meth:`ParkedCalls.resume` then says what is wrong)."""
+    node = parked.elsewhere(state)
+    if node is None or parked.forward is None or forwarded:
+        return None
+    # Another entry node holds the call: the cluster routes the retry there.
+    return await parked.forward(
+        node, ctx.method, dict(ctx.params or {}), ctx.protocol_version, caller
+    )
+
+
+def resume(
+    parked: ParkedCalls,
+    ctx: Ctx,
+    params: Rounds,
+    target: str,
+    digest: str,
+    caller: Caller,
+    min_level: Callable[[], types.LoggingLevel | None],
+) -> ParkedCall[Any]:
+    """The parked call a retry names, rebound to this request and given its answers.
+
+    Raises:
+        MCPError: ``-32602`` for a ``requestState`` naming no call of ``target`` here.
+    """
+    assert params.request_state is not None
+    call = parked.resume(params.request_state, target, digest, caller.key)
+    call.channel.rebind(ctx.session, ctx.request_id, min_level)
+    parked.answer(call, params.request_state, plain(params.input_responses))
+    return call
+
+
+async def in_rounds(
+    parked: ParkedCalls,
+    ctx: Ctx,
+    params: Rounds,
+    target: str,
+    digest: str,
+    *,
+    caller: Caller,
+    forwarded: bool,
+    min_level: Callable[[], types.LoggingLevel | None],
+    new_channel: Callable[[Mapping[str, Any]], RoundChannel],
+    start: Callable[[RoundChannel], Coroutine[Any, Any, T]],
+    rounds: list[RoundChannel],
+) -> T | types.InputRequiredResult:
+    """Run (or resume) a 2026-07-28 request whose guest may ask the client things.
+
+    A first request starts the call in the background (``start`` on a channel from
+    ``new_channel``, given the request's answers); a retry (its ``requestState`` already
+    verified by the SDK's boundary) answers the question its call waits on. Either way
+    the request ends with the call's result or with the next ``input_required`` round.
+    The round's channel is appended to ``rounds``.
+
+    Raises:
+        MCPError: ``-32602`` for a ``requestState`` naming no call of this tool here.
+        SkilldError: as ``start``.
+    """
+    if params.request_state is not None:
+        answer = await forward_elsewhere(parked, ctx, params.request_state, caller, forwarded)
+        if answer is not None:
+            forwarded_answer: T | types.InputRequiredResult = answer
+            return forwarded_answer
+        call = resume(parked, ctx, params, target, digest, caller, min_level)
+        rounds.append(call.channel)
+    else:
+        channel = new_channel(plain(params.input_responses))
+        rounds.append(channel)
+        call = parked.start(target, digest, channel, lambda: start(channel), caller.key)
+    return await parked.step(call)

@@ -39,7 +39,7 @@ from mcp.server.subscriptions import (
 from mcp.shared.exceptions import MCPError
 from mcp.shared.uri_template import InvalidUriTemplate, UriTemplate
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from skilld import telemetry
 from skilld.errors import (
@@ -57,11 +57,20 @@ from skilld.mcp._channel import LOG_LEVELS, SessionChannel
 from skilld.mcp._config import ServeConfig
 from skilld.mcp._metrics import Metrics
 from skilld.mcp._relay import forwarder, is_forwarded, run_relayed
-from skilld.mcp._rounds import ParkedCalls, RoundChannel, missing_capability, skill_digest
+from skilld.mcp._rounds import (
+    ParkedCalls,
+    RoundChannel,
+    Rounds,
+    in_rounds,
+    missing_capability,
+    plain,
+    skill_digest,
+)
 from skilld.mcp._schema import ArgumentValidator
 from skilld.mcp._tasks import (
     TASKS,
     TaskListen,
+    as_task,
     client_capabilities,
     declares_tasks,
     tasks_of,
@@ -74,9 +83,6 @@ from skilld.types import Caller, CallOutput, ContentBlock, PromptSpec, ResourceS
 
 T = TypeVar("T")
 Ctx = ServerRequestContext[Any, Any]
-Rounds = (
-    types.CallToolRequestParams | types.GetPromptRequestParams | types.ReadResourceRequestParams
-)
 Logger = structlog.typing.FilteringBoundLogger
 
 RESOURCE_NOT_FOUND = -32002  # the MCP spec's code for an unknown resource URI
@@ -105,20 +111,9 @@ def _modern(ctx: Ctx) -> bool:
     return ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
 
 
-def _plain(responses: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``inputResponses`` as JSON values (the SDK parsed them into its result models)."""
-    return {
-        key: value.model_dump(by_alias=True, mode="json", exclude_none=True)
-        if isinstance(value, BaseModel)
-        else value
-        for key, value in (responses or {}).items()
-    }
-
-
 HEADER_MISMATCH = -32020  # SEP-2243: a routing header disagrees with the body
 # How long tasks/cancel waits for another entry node to apply it (the ack goes out anyway).
 _CANCEL_WAIT_S = 3.0
-_GATHER_S = 0.2  # how long a required-task tool's first request waits for a question
 
 
 class _TaskParams(types.RequestParams):
@@ -479,7 +474,7 @@ class McpService:
 
     async def _task_update(self, ctx: Ctx, params: _TaskParams) -> dict[str, Any]:
         self._gate_tasks(ctx, params)
-        responses = _plain(params.input_responses)
+        responses = plain(params.input_responses)
         return self.tasks.update(params.task_id, responses, client=caller_of(ctx).key)
 
     async def _task_cancel(self, ctx: Ctx, params: _TaskParams) -> dict[str, Any]:
@@ -503,44 +498,28 @@ class McpService:
         arguments: Mapping[str, Any],
         required: bool,
     ) -> types.CallToolResult | types.InputRequiredResult | dict[str, Any]:
-        """Start (or, after input rounds, escalate) a call as a task; ``CreateTaskResult``.
+        """The call as a task (``_tasks.as_task``), its guest run by :meth:`_guest_call`."""
 
-        A ``required`` tool first gathers the input its guest asks for right away in
-        input-required rounds, and becomes a task on the round that brings the last
-        answer (SEP-2663's composition of the two); an ``optional`` one is a task at
-        once, its questions surfacing on ``tasks/get``.
-        """
-        if params.request_state is not None:
-            node = self.parked.elsewhere(params.request_state)
-            if node is not None and self.parked.forward is not None and not is_forwarded(ctx):
-                # Another entry node holds the call: the cluster routes the retry there.
-                answer: types.CallToolResult | types.InputRequiredResult | dict[str, Any]
-                answer = await self.parked.forward(
-                    node, ctx.method, dict(ctx.params or {}), ctx.protocol_version, caller_of(ctx)
-                )
-                return answer
-            call = self.parked.resume(params.request_state, name, digest, caller_of(ctx).key)
-            call.channel.rebind(ctx.session, ctx.request_id, self._min_level(ctx))
-            self.parked.answer(call, params.request_state, _plain(params.input_responses))
-        else:
-            self.tasks.admit(caller_of(ctx).key)  # refused before the call starts
-            channel = self._round_channel(ctx, skill, _plain(params.input_responses))
+        async def start(channel: RoundChannel) -> types.CallToolResult:
+            return await self._guest_call(
+                ctx, skill, name, run, arguments=arguments, channel=channel
+            )
 
-            async def start() -> types.CallToolResult:
-                return await self._guest_call(
-                    ctx, skill, name, run, arguments=arguments, channel=channel
-                )
-
-            call = self.parked.start(name, digest, channel, start, caller_of(ctx).key, capped=False)
-            if required:
-                with anyio.move_on_after(_GATHER_S):
-                    while not call.channel.pending and not call.task.done():
-                        call.changed.clear()
-                        await call.changed.wait()
-                if call.channel.pending:
-                    return await self.parked.step(call)
-        record = self.tasks.create(name, call, _task_outcome, client=caller_of(ctx).key)
-        return {"resultType": "task", **record.wire()}
+        return await as_task(
+            self.parked,
+            self.tasks,
+            ctx,
+            params,
+            name,
+            digest,
+            caller=caller_of(ctx),
+            forwarded=is_forwarded(ctx),
+            min_level=self._min_level(ctx),
+            new_channel=partial(self._round_channel, ctx, skill),
+            start=start,
+            outcome=_task_outcome,
+            required=required,
+        )
 
     # -- who may list and call what ------------------------------------------------
 
@@ -736,40 +715,32 @@ class McpService:
         arguments: Mapping[str, Any],
         rounds: list[RoundChannel],
     ) -> T | types.InputRequiredResult:
-        """Run (or resume) a 2026-07-28 request whose guest may ask the client things.
-
-        A first request starts the call in the background; a retry (its
-        ``requestState`` already verified by the SDK's boundary) answers the question
-        its call waits on. Either way the request ends with the call's result or with
-        the next ``input_required`` round.
+        """The request in input-required rounds (``_rounds.in_rounds``), its guest run by
+        :meth:`_guest_call`.
 
         Raises:
             MCPError: ``-32602`` for a ``requestState`` naming no call of this tool here.
             SkilldError: as :meth:`_guest_call`.
         """
-        if params.request_state is not None:
-            node = self.parked.elsewhere(params.request_state)
-            if node is not None and self.parked.forward is not None and not is_forwarded(ctx):
-                # Another entry node holds the call: the cluster routes the retry there.
-                answer: T | types.InputRequiredResult = await self.parked.forward(
-                    node, ctx.method, dict(ctx.params or {}), ctx.protocol_version, caller_of(ctx)
-                )
-                return answer
-            call = self.parked.resume(params.request_state, target, digest, caller_of(ctx).key)
-            call.channel.rebind(ctx.session, ctx.request_id, self._min_level(ctx))
-            self.parked.answer(call, params.request_state, _plain(params.input_responses))
-            rounds.append(call.channel)
-        else:
-            channel = self._round_channel(ctx, skill, _plain(params.input_responses))
-            rounds.append(channel)
 
-            async def start() -> T:
-                return await self._guest_call(
-                    ctx, skill, label, run, inline=inline, arguments=arguments, channel=channel
-                )
+        async def start(channel: RoundChannel) -> T:
+            return await self._guest_call(
+                ctx, skill, label, run, inline=inline, arguments=arguments, channel=channel
+            )
 
-            call = self.parked.start(target, digest, channel, start, caller_of(ctx).key)
-        return await self.parked.step(call)
+        return await in_rounds(
+            self.parked,
+            ctx,
+            params,
+            target,
+            digest,
+            caller=caller_of(ctx),
+            forwarded=is_forwarded(ctx),
+            min_level=self._min_level(ctx),
+            new_channel=partial(self._round_channel, ctx, skill),
+            start=start,
+            rounds=rounds,
+        )
 
     def _result(self, tool: Tool, output: CallOutput) -> types.CallToolResult:
         value = output.value

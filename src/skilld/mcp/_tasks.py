@@ -33,7 +33,7 @@ import json
 import logging
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol, cast, runtime_checkable
@@ -49,8 +49,17 @@ from skilld import telemetry
 from skilld.errors import SkilldError
 from skilld.mcp._caller import caller_of
 from skilld.mcp._config import ServeConfig
-from skilld.mcp._rounds import MISSING_REQUIRED_CLIENT_CAPABILITY, ParkedCall
+from skilld.mcp._rounds import (
+    MISSING_REQUIRED_CLIENT_CAPABILITY,
+    ParkedCall,
+    ParkedCalls,
+    RoundChannel,
+    forward_elsewhere,
+    plain,
+    resume,
+)
 from skilld.registry import Dispatcher
+from skilld.types import Caller
 
 Ctx = ServerRequestContext[Any, Any]
 
@@ -768,3 +777,55 @@ class TaskListen:
             stop()
             send.close()
         return result
+
+
+_GATHER_S = 0.2  # how long a required-task tool's first request waits for a question
+
+
+async def as_task(
+    parked: ParkedCalls,
+    tasks: Tasks,
+    ctx: Ctx,
+    params: types.CallToolRequestParams,
+    name: str,
+    digest: str,
+    *,
+    caller: Caller,
+    forwarded: bool,
+    min_level: Callable[[], types.LoggingLevel | None],
+    new_channel: Callable[[Mapping[str, Any]], RoundChannel],
+    start: Callable[[RoundChannel], Coroutine[Any, Any, types.CallToolResult]],
+    outcome: Outcome,
+    required: bool,
+) -> types.CallToolResult | types.InputRequiredResult | dict[str, Any]:
+    """Start (or, after input rounds, escalate) a call as a task; ``CreateTaskResult``.
+
+    A ``required`` tool first gathers the input its guest asks for right away in
+    input-required rounds, and becomes a task on the round that brings the last
+    answer (SEP-2663's composition of the two); an ``optional`` one is a task at
+    once, its questions surfacing on ``tasks/get``.
+
+    Raises:
+        MCPError: the caller's task caps refuse it (nothing ran); ``-32602`` for a
+            ``requestState`` naming no call of this tool here.
+    """
+    if params.request_state is not None:
+        answer = await forward_elsewhere(parked, ctx, params.request_state, caller, forwarded)
+        if answer is not None:
+            forwarded_answer: types.CallToolResult | types.InputRequiredResult | dict[str, Any]
+            forwarded_answer = answer
+            return forwarded_answer
+        call = resume(parked, ctx, params, name, digest, caller, min_level)
+    else:
+        tasks.admit(caller.key)  # refused before the call starts
+        channel = new_channel(plain(params.input_responses))
+        call = parked.start(name, digest, channel, lambda: start(channel), caller.key, capped=False)
+        if required:
+            with anyio.move_on_after(_GATHER_S):
+                while not call.channel.pending and not call.task.done():
+                    call.changed.clear()
+                    await call.changed.wait()
+            if call.channel.pending:
+                return await parked.step(call)
+    record = tasks.create(name, call, outcome, client=caller.key)
+    return {"resultType": "task", **record.wire()}

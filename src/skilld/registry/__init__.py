@@ -13,7 +13,7 @@
 
 # A backend's methods take the call's context: part of this package's contract, so that
 # backends outside the sandbox (a cluster's remote skills) need not reach into it.
-from skilld.call import CallContext, CallGate, NullChannel, Slot
+from skilld.call import Call, CallContext, CallGate, NullChannel, RemoteInvoker, Slot
 from skilld.permissions import CallerPolicy, Target, TargetKind
 from skilld.policy import Exposure
 from skilld.registry._access import CallerView
@@ -28,6 +28,7 @@ from skilld.registry._dispatch import Registry
 from skilld.types import ClientChannel
 
 __all__ = [
+    "Call",
     "CallContext",
     "CallGate",
     "CallerPolicy",
@@ -38,6 +39,7 @@ __all__ = [
     "Exposure",
     "NullChannel",
     "Registry",
+    "RemoteInvoker",
     "SkillBackend",
     "SkillEntry",
     "Slot",

@@ -228,6 +228,20 @@ class Catalogue:
         """True once every skill is loaded."""
         return self._ready
 
+    def tool_of(self, skill_id: str, method: str) -> str | None:
+        """The name of the tool exposing ``method`` of ``skill_id`` (its per-method tool,
+        else its skill's per-skill tool); None when no tool exposes it."""
+        per_skill = None
+        for name, (_tool, sid, m) in self._tools.items():
+            if sid != skill_id:
+                continue
+            if m == method:
+                return name
+            entry = self._skills.get(sid)
+            if m is None and entry is not None and method not in entry.exposure.hidden:
+                per_skill = name
+        return per_skill
+
     def resolve(
         self, tool: str, arguments: Mapping[str, Any]
     ) -> tuple[str, str, Mapping[str, Any]]:

@@ -12,7 +12,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from skilld import telemetry
 from skilld.audit import CallRecorder
-from skilld.call import CallContext, Inline, NullChannel
+from skilld.call import Call, CallContext, Inline, NullChannel, RemoteInvoker
 from skilld.errors import (
     CallCancelled,
     DeadlineExceeded,
@@ -93,7 +93,7 @@ class Registry(Catalogue):
             GuestError, GuestFault: the guest's failure, audited.
         """
         sid, method, args = self.resolve(tool, arguments)
-        return self.call_method(sid, method, args, channel, caller=caller)
+        return self.call_method(Call(sid, method, args, channel, tool=tool, caller=caller))
 
     def call_inline(
         self,
@@ -118,67 +118,83 @@ class Registry(Catalogue):
             RegistryError, UsageError, GuestError, GuestFault: as for :meth:`call`.
         """
         sid, method, args = self.resolve(tool, arguments)
-        return self.call_method(sid, method, args, channel, caller=caller, inline_s=budget_s)
+        return self.call_method(Call(sid, method, args, channel, caller=caller, inline_s=budget_s))
 
-    def call_method(
-        self,
-        skill_id: str,
-        method: str,
-        arguments: Mapping[str, Any],
-        channel: ClientChannel | None = None,
-        *,
-        caller: Caller = LOCAL,
-        depth: int = 0,
-        chain: tuple[str, ...] = (),
-        inline_s: float | None = None,
-        deadline: float | None = None,
-        remote_caller: tuple[str, str] | None = None,
-    ) -> CallOutput:
-        """Call ``method`` of ``skill_id`` directly (tools, ``invoke``, ``skilld call``).
+    def call_method(self, call: Call) -> CallOutput:
+        """Run ``call`` (a method of a skill, named directly: tools, ``invoke``, a routed
+        call, ``skilld call``) to the end.
 
-        ``caller`` is who the call acts for (``CallContext.caller``): what it keeps is its own.
-
-        ``inline_s`` makes it an inline attempt of about that long (see :meth:`call_inline`;
-        a routed call from another node of a cluster is tried inline the same way).
-        ``deadline`` (monotonic; a nested call's caller's) ends the call sooner than its
-        own wall time would. ``remote_caller`` (node, skill) makes it an ``invoke``
-        routed from another node of a cluster: the callee's own policy must consent.
+        ``call.inline_s`` makes it an inline attempt (see :meth:`call_inline`; a routed
+        call from another node of a cluster is tried inline the same way);
+        ``call.remote`` makes it an ``invoke`` routed from another node of a cluster, to
+        which the callee's own policy must consent.
 
         Raises:
             RegistryError: no such skill.
             GuestError, GuestFault: the guest's failure, audited; ``not-permitted``
-                (audited) when ``remote_caller`` has no consent.
+                (audited) when ``call.remote`` has no consent.
             RunOnThread: an inline attempt gave up (nothing audited).
         """
-        entry = self._skills.get(skill_id)
+        entry = self._skills.get(call.skill)
         if entry is None:
-            raise RegistryError(f"no skill named '{skill_id}'")
+            raise RegistryError(f"no skill named '{call.skill}'")
         component = entry.component
-        if inline_s is not None and not (
+        if call.inline_s is not None and not (
             isinstance(component, AnswersInline) and component.answers_inline
         ):
             # It would give up before its guest runs: give up before the call is set up.
             raise RunOnThread
-        args_json = json.dumps(arguments, separators=(",", ":"), sort_keys=True)
-        inline = None if inline_s is None else Inline.for_s(inline_s)
+        if call.under_caller_rules:
+            self._permit(entry, call)
+        args_json = json.dumps(call.arguments, separators=(",", ":"), sort_keys=True)
+        remote, method = call.remote, call.method
 
         def guest(ctx: CallContext) -> CallOutput:
-            if remote_caller is not None:
-                _consent(entry, *remote_caller, ctx)
+            if remote is not None:
+                _consent(entry, remote, ctx)
             return entry.component.call(method, args_json, ctx)
 
         return self._run(
             entry,
             method,
             args_json,
-            channel,
+            call.channel,
             guest,
-            caller=caller,
-            depth=depth,
-            chain=chain,
-            inline=inline,
-            deadline=deadline,
+            caller=call.caller,
+            depth=call.depth,
+            chain=call.chain,
+            inline=None if call.inline_s is None else Inline.for_s(call.inline_s),
+            deadline=call.deadline,
         )
+
+    def _permit(self, entry: SkillEntry, call: Call) -> None:
+        """Refuse ``call`` unless this node's caller rules let its caller call the tool.
+
+        Every entry comes through here: a call routed from another node of a cluster is
+        checked against this node's own rules for the caller its entry node verified (its
+        principal), whatever the entry node decided. A method no tool exposes is named by
+        no caller rule (only nested calls and ``skilld delegate`` reach it) and passes.
+
+        Raises:
+            GuestError: ``not-permitted``, naming the rule that refused (``default-deny``
+                when none allows) and the caller; audited as refused with the caller.
+        """
+        tool = call.tool or self.tool_of(call.skill, call.method)
+        if tool is None:
+            return
+        try:
+            self.view(call.caller).permit("tool", tool, call.skill)
+        except GuestError as exc:
+            self._trail.refused(
+                call.skill,
+                entry.spec.version,
+                call.method,
+                call.arguments,
+                exc.code,
+                str(exc),
+                call.caller,
+            )
+            raise
 
     def _run(
         self,
@@ -320,14 +336,16 @@ class Registry(Catalogue):
             ) from exc
         try:
             out = self.call_method(
-                callee,
-                method,
-                args,
-                ctx.channel,
-                caller=ctx.caller.as_skill(caller),
-                depth=depth,
-                chain=(*ctx.chain, caller),
-                deadline=ctx.deadline,
+                Call(
+                    callee,
+                    method,
+                    args,
+                    ctx.channel,
+                    caller=ctx.caller.as_skill(caller),
+                    depth=depth,
+                    chain=(*ctx.chain, caller),
+                    deadline=ctx.deadline,
+                )
             )
         except RegistryError as exc:
             raise HostCallError("not-found", exc.message) from exc
@@ -420,12 +438,13 @@ class Registry(Catalogue):
         )
 
 
-def _consent(entry: SkillEntry, node: str, caller: str, ctx: CallContext) -> None:
-    """This node's consent to an ``invoke`` of ``entry`` by ``caller`` of cluster ``node``.
+def _consent(entry: SkillEntry, remote: RemoteInvoker, ctx: CallContext) -> None:
+    """This node's consent to an ``invoke`` of ``entry`` by a skill of another cluster node.
 
     Raises:
         GuestError: ``not-permitted`` (the decision is recorded for the audit).
     """
+    node, caller = remote.node, remote.skill
     checker = entry.checker
     decision = None
     if isinstance(checker, InvokeChecks):
