@@ -31,9 +31,9 @@ One trace, from the client to the script::
                 └─ skilld.process python3   invoke nests a call; a native process gets
                                             TRACEPARENT in its environment
 
-Arguments and results are never recorded, unless the operator names the skill in
-``SKILLD_OTEL_RECORD_ARGUMENTS`` (comma-separated skill ids, or ``*``): its calls then
-carry ``gen_ai.tool.call.arguments`` and ``gen_ai.tool.call.result`` (each cut to 4 KiB).
+Arguments and results are never recorded, unless the operator opted in for the skill in
+its policy (``telemetry: {record_arguments: true}``): its calls then carry
+``gen_ai.tool.call.arguments`` and ``gen_ai.tool.call.result`` (each cut to 4 KiB).
 """
 
 from __future__ import annotations
@@ -63,7 +63,6 @@ TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
 # W3C caps tracestate at 32 members of at most 256 characters; a longer one is dropped.
 _MAX_TRACESTATE = 512
-RECORD_ARGUMENTS_ENV = "SKILLD_OTEL_RECORD_ARGUMENTS"
 _MAX_RECORDED = 4096
 _MAX_SESSION_ID = 128  # the header is the client's to send; the server's ids are shorter
 STAGE_MIN_NS = 1_000_000  # a stage shorter than this (1 ms) is no span of its own
@@ -96,7 +95,6 @@ class _State:
     meters: Any | None  # opentelemetry.sdk.metrics.MeterProvider, when metrics are on
     operation: Any | None  # histogram mcp.server.operation.duration
     calls: Any | None  # histogram skilld.call.duration
-    record_arguments: frozenset[str]
     trace: Any  # the opentelemetry.trace and .context modules, imported once
     context: Any
     # Where skilld's own spans go when they end: a _Handoff (skilld serve), else straight
@@ -213,7 +211,6 @@ def configure(node: str | None = None, environ: Mapping[str, str] | None = None)
             calls = meter.create_histogram(
                 "skilld.call.duration", unit="s", description="One call of a skill's method"
             )
-    opted = frozenset(s.strip() for s in env.get(RECORD_ARGUMENTS_ENV, "").split(",") if s.strip())
     tracer = provider.get_tracer("skilld")
     limit = int(os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE") or 2048)
     with _lock:
@@ -223,7 +220,6 @@ def configure(node: str | None = None, environ: Mapping[str, str] | None = None)
             meters,
             operation,
             calls,
-            opted,
             trace,
             context,
             _Handoff(cast(Any, tracer).span_processor, limit),
@@ -611,10 +607,12 @@ def decision(decision: Any) -> None:
 class _CallSpan(_Span):
     __slots__ = ("_record", "_skill")
 
-    def __init__(self, state: _State, skill: str, method: str, attributes: dict[str, Any]):
+    def __init__(
+        self, state: _State, skill: str, method: str, attributes: dict[str, Any], record: bool
+    ):
         super().__init__(state, f"execute_tool {skill}.{method}", attributes, "internal")
         self._skill = skill
-        self._record = skill in state.record_arguments or "*" in state.record_arguments
+        self._record = record
 
     def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
         outcome = "ok"
@@ -643,13 +641,16 @@ class _CallSpan(_Span):
         self.span.set_attribute("gen_ai.tool.call.result", text[:_MAX_RECORDED])
 
 
-def call_span(skill: str, method: str, *, caller: Caller, depth: int, arguments: str) -> Any:
+def call_span(
+    skill: str, method: str, *, caller: Caller, depth: int, arguments: str, record: bool = False
+) -> Any:
     """The span of one call of ``skill``'s ``method`` (``execute_tool SKILL.METHOD``).
 
     Carries the GenAI tool attributes, skilld's own (skill, method, caller kind, depth)
     and, leaving, ``skilld.outcome``; the call's duration goes to ``skilld.call.duration``.
-    ``arguments`` (and, through ``.result(value)``, the result) are recorded only for the
-    skills named in ``SKILLD_OTEL_RECORD_ARGUMENTS``. While tracing is off: a no-op.
+    ``arguments`` (and, through ``.result(value)``, the result) are recorded only when
+    ``record`` (the skill's policy ``telemetry.record_arguments``, which the registry
+    holds). While tracing is off: a no-op.
     """
     state = _state
     if state is None:
@@ -663,9 +664,9 @@ def call_span(skill: str, method: str, *, caller: Caller, depth: int, arguments:
         "skilld.caller": caller.kind,
         "skilld.depth": depth,
     }
-    if skill in state.record_arguments or "*" in state.record_arguments:
+    if record:
         attributes["gen_ai.tool.call.arguments"] = arguments[:_MAX_RECORDED]
-    return _CallSpan(state, skill, method, attributes)
+    return _CallSpan(state, skill, method, attributes, record)
 
 
 # -- context across threads, nodes and processes --------------------------------------

@@ -123,7 +123,6 @@ def traced_cluster(
         monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
         monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "300")
         monkeypatch.delenv("OTEL_SERVICE_NAME", raising=False)
-        monkeypatch.delenv("SKILLD_OTEL_RECORD_ARGUMENTS", raising=False)
         gateway = make_bundle(sandbox, tmp_path / "gateway", ["echo-wat"], keys, {})
         nats = NatsServer(tmp_path / "jetstream")
         nats.start()
