@@ -469,19 +469,25 @@ def _recorded_type() -> type[Any]:
         def is_recording(self) -> bool:
             return self._end_time is None and bool(self._ids.trace_flags.sampled)
 
+        # Once ended it belongs to the exporter's thread, which may be encoding it: later
+        # writes are dropped, as the SDK's span drops them.
         def set_attribute(self, key: str, value: Any) -> None:
-            self._facts[key] = value
+            if self._end_time is None:
+                self._facts[key] = value
 
         def set_attributes(self, attributes: Mapping[str, Any]) -> None:
-            self._facts.update(attributes)
+            if self._end_time is None:
+                self._facts.update(attributes)
 
         def add_event(
             self, name: str, attributes: Any = None, timestamp: int | None = None
         ) -> None:
-            self._events.append(Event(name, attributes, timestamp or time.time_ns()))
+            if self._end_time is None:
+                self._events.append(Event(name, attributes, timestamp or time.time_ns()))
 
         def add_link(self, context: Any, attributes: Any = None) -> None:
-            self._links.append(trace.Link(context, attributes))
+            if self._end_time is None:
+                self._links.append(trace.Link(context, attributes))
 
         def update_name(self, name: str) -> None:
             self._name = name
