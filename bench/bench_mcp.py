@@ -248,18 +248,21 @@ async def measure(
 
 def _spawn(args: Sequence[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **(env or {})}
-    return subprocess.Popen(
-        [sys.executable, __file__, *args],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        # kept, not shown (info logs each call): it says why a server did not start
-        stderr=tempfile.TemporaryFile(),
+    # kept, not shown (info logs each call): it says why a server did not start
+    log = tempfile.TemporaryFile()  # noqa: SIM115  # lives as long as the server
+    proc = subprocess.Popen(
+        [sys.executable, __file__, *args], env=env, stdout=subprocess.DEVNULL, stderr=log
     )
+    _LOGS[proc.pid] = log  # Popen keeps no handle on a file it was given (stderr is None)
+    return proc
+
+
+_LOGS: dict[int, IO[bytes]] = {}
 
 
 def _log_tail(proc: subprocess.Popen[bytes], size: int = 4000) -> str:
     """The end of what a server spawned by :func:`_spawn` wrote to stderr."""
-    log: IO[bytes] = proc.stderr  # type: ignore[assignment]
+    log = _LOGS[proc.pid]
     log.seek(0)
     return log.read().decode(errors="replace")[-size:]
 

@@ -154,8 +154,11 @@ def pin(runtime: list[str], build: list[str], arch: str) -> dict[str, list[dict[
 def main() -> int:
     """Resolve every system and write nix/wheels.json."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    runtime = project["dependencies"]
-    build = project["optional-dependencies"]["build"]
+    extras = project["optional-dependencies"]
+    # The otel extra is part of the Nix package as of the image: tracing is then a matter
+    # of OTEL_* variables, never of a rebuild (docs/tracing.md).
+    runtime = [*project["dependencies"], *extras["otel"]]
+    build = extras["build"]
     try:
         systems = {system: pin(runtime, build, arch) for system, arch in SYSTEMS.items()}
     except WheelsError as exc:

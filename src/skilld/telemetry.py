@@ -31,18 +31,20 @@ One trace, from the client to the script::
                 └─ skilld.process python3   invoke nests a call; a native process gets
                                             TRACEPARENT in its environment
 
-Arguments and results are never recorded, unless the operator names the skill in
-``SKILLD_OTEL_RECORD_ARGUMENTS`` (comma-separated skill ids, or ``*``): its calls then
-carry ``gen_ai.tool.call.arguments`` and ``gen_ai.tool.call.result`` (each cut to 4 KiB).
+Arguments and results are never recorded, unless the operator opted in for the skill in
+its policy (``telemetry: {record_arguments: true}``): its calls then carry
+``gen_ai.tool.call.arguments`` and ``gen_ai.tool.call.result`` (each cut to 4 KiB).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableSequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -61,11 +63,11 @@ TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
 # W3C caps tracestate at 32 members of at most 256 characters; a longer one is dropped.
 _MAX_TRACESTATE = 512
-RECORD_ARGUMENTS_ENV = "SKILLD_OTEL_RECORD_ARGUMENTS"
 _MAX_RECORDED = 4096
 _MAX_SESSION_ID = 128  # the header is the client's to send; the server's ids are shorter
 STAGE_MIN_NS = 1_000_000  # a stage shorter than this (1 ms) is no span of its own
 _SHUTDOWN_S = 2.0
+_HANDOFF_S = 0.2  # how often finished spans move to the batch processor
 
 
 class _Noop:
@@ -93,9 +95,48 @@ class _State:
     meters: Any | None  # opentelemetry.sdk.metrics.MeterProvider, when metrics are on
     operation: Any | None  # histogram mcp.server.operation.duration
     calls: Any | None  # histogram skilld.call.duration
-    record_arguments: frozenset[str]
     trace: Any  # the opentelemetry.trace and .context modules, imported once
     context: Any
+    # Where skilld's own spans go when they end: a _Handoff (skilld serve), else straight
+    # to the tracer's span processor (tests reading spans as soon as they end).
+    handoff: _Handoff | None = None
+
+
+class _Handoff:
+    """Hands skilld's finished spans to the span processor from a thread of its own.
+
+    A call's thread only appends to a deque (no lock, no system call): the batch
+    processor's ``on_end`` asks the process id of every span (fork safety), which on this
+    kind of sandboxed host is a system call of several microseconds, and takes its lock.
+    Every ``_HANDOFF_S`` the thread moves what ended to the processor, whose own thread
+    encodes and sends it. At most ``limit`` spans wait; beyond that the oldest are
+    dropped, as the batch processor drops what overflows its queue.
+    """
+
+    def __init__(self, processor: Any, limit: int):
+        self._processor = processor
+        self._spans: deque[Any] = deque(maxlen=limit)
+        self.put = self._spans.append
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="skilld-otel-handoff", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(_HANDOFF_S):
+            self.drain()
+        self.drain()
+
+    def drain(self) -> None:
+        """Hand every span that ended so far to the processor."""
+        spans = self._spans
+        on_end = self._processor.on_end
+        while spans:
+            on_end(spans.popleft())
+
+    def close(self) -> None:
+        """Hand over what is left and stop the thread."""
+        self._stop.set()
+        self._thread.join()
 
 
 _state: _State | None = None
@@ -170,19 +211,31 @@ def configure(node: str | None = None, environ: Mapping[str, str] | None = None)
             calls = meter.create_histogram(
                 "skilld.call.duration", unit="s", description="One call of a skill's method"
             )
-    opted = frozenset(s.strip() for s in env.get(RECORD_ARGUMENTS_ENV, "").split(",") if s.strip())
+    tracer = provider.get_tracer("skilld")
+    limit = int(os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE") or 2048)
     with _lock:
         _state = _State(
-            provider.get_tracer("skilld"),
+            tracer,
             provider,
             meters,
             operation,
             calls,
-            opted,
             trace,
             context,
+            _Handoff(cast(Any, tracer).span_processor, limit),
         )
     return True
+
+
+def flush(timeout_s: float = _SHUTDOWN_S) -> bool:
+    """Send every span that ended so far, waiting at most ``timeout_s``; True when all
+    went (or tracing is off)."""
+    state = _state
+    if state is None:
+        return True
+    if state.handoff is not None:
+        state.handoff.drain()
+    return bool(state.provider.force_flush(int(timeout_s * 1000)))
 
 
 def shutdown() -> None:
@@ -194,6 +247,8 @@ def shutdown() -> None:
         return
 
     def flush() -> None:
+        if state.handoff is not None:
+            state.handoff.close()
         state.provider.shutdown()
         if state.meters is not None:
             state.meters.shutdown(timeout_millis=int(_SHUTDOWN_S * 1000))
@@ -298,11 +353,7 @@ class _Span:
 
     def __enter__(self) -> _Span:
         state = self._state
-        self.span = state.tracer.start_span(
-            self._name,
-            kind=getattr(state.trace.SpanKind, self._kind.upper()),
-            attributes=self._attributes,
-        )
+        self.span = _begin(state, self._name, self._attributes, self._kind)
         self._token = state.context.attach(state.trace.set_span_in_context(self.span))
         self._started = time.perf_counter()
         return self
@@ -312,6 +363,159 @@ class _Span:
             _failed(self.span, exc)
         self.span.end()
         self._state.context.detach(self._token)
+
+
+def _begin(
+    state: _State,
+    name: str,
+    attributes: Mapping[str, Any] | None,
+    kind: str = "internal",
+    start: int | None = None,
+) -> Any:
+    """One of skilld's spans, started now (or at ``start``) beneath the current span.
+
+    What the SDK's tracer does, less what costs a call its time: the sampler decides and
+    the ids come from the provider's generator as they would, but the span is a
+    :func:`_recorded_type` (a ReadableSpan filled in place, no locks, no limits pass, no
+    ``on_start``), and it reaches the batch processor only when it ends; the exporter's
+    thread encodes it. Raises nothing.
+    """
+    made = _recorded_type()
+    tracer = state.tracer
+    trace = state.trace
+    ctx = state.context.get_current()
+    parent = trace.get_current_span(ctx).get_span_context()
+    if parent.is_valid:
+        trace_id = parent.trace_id
+        flags = int(parent.trace_flags) & trace.TraceFlags.RANDOM_TRACE_ID
+    else:
+        parent = None
+        trace_id = tracer.id_generator.generate_trace_id()
+        flags = trace.TraceFlags.RANDOM_TRACE_ID if tracer.id_generator.is_trace_id_random() else 0
+    span_kind = _KINDS[kind]
+    sampling = tracer.sampler.should_sample(ctx, trace_id, name, span_kind, attributes)
+    if sampling.decision.is_sampled():
+        flags |= trace.TraceFlags.SAMPLED
+    recorded: dict[str, Any] = dict(attributes) if attributes else {}
+    if sampling.attributes:
+        recorded.update(sampling.attributes)
+    context = trace.SpanContext(
+        trace_id,
+        tracer.id_generator.generate_span_id(),
+        is_remote=False,
+        trace_flags=trace.TraceFlags(flags),
+        trace_state=sampling.trace_state,
+    )
+    sink = state.handoff.put if state.handoff is not None else tracer.span_processor.on_end
+    return made(name, context, parent, span_kind, recorded, start or time.time_ns(), tracer, sink)
+
+
+_KINDS: dict[str, Any] = {}
+
+
+@functools.cache
+def _recorded_type() -> type[Any]:
+    """The class of skilld's own spans (built once, on first use: OpenTelemetry is only
+    imported once tracing is on).
+
+    A span of the API (current in a context, seen by propagators, ``annotate`` and
+    ``decision``) that is also the SDK's ReadableSpan the processor queues and the
+    exporter encodes, as the SDK's own span is; unlike it, it is filled in place without
+    locks, attribute limits or span-processor hooks at start. Its writers are the one
+    thread running its ``with`` block, so nothing needs a lock; it is handed to the
+    processor once, at its end. The SDK's request span (OpenTelemetryMiddleware) stays
+    the SDK's: these are only its children.
+    """
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import Event, ReadableSpan
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    scope = InstrumentationScope("skilld")
+    unset = trace.Status(trace.StatusCode.UNSET)
+    _KINDS.update({k.name.lower(): k for k in trace.SpanKind})
+
+    class Recorded(trace.Span, ReadableSpan):  # the bases of the SDK's own span
+        def __init__(  # ReadableSpan's fields, set directly
+            self,
+            name: str,
+            context: Any,
+            parent: Any,
+            kind: Any,
+            attributes: dict[str, Any],
+            start: int,
+            tracer: Any,
+            sink: Callable[[Any], None],
+        ) -> None:
+            self._name = name
+            self._context = context
+            self._parent = parent
+            self._kind = kind
+            self._attributes = attributes
+            self._facts = attributes  # the same dict, typed as it is (ReadableSpan: Optional)
+            self._ids = context
+            self._events: list[Any] = []
+            self._links: list[Any] = []
+            self._status = unset
+            self._start_time = start
+            self._end_time: int | None = None
+            self._resource = tracer.resource
+            self._instrumentation_info = None
+            self._instrumentation_scope = scope
+            self._sink = sink
+
+        def get_span_context(self) -> Any:
+            return self._context
+
+        def is_recording(self) -> bool:
+            return self._end_time is None and bool(self._ids.trace_flags.sampled)
+
+        # Once ended it belongs to the exporter's thread, which may be encoding it: later
+        # writes are dropped, as the SDK's span drops them.
+        def set_attribute(self, key: str, value: Any) -> None:
+            if self._end_time is None:
+                self._facts[key] = value
+
+        def set_attributes(self, attributes: Mapping[str, Any]) -> None:
+            if self._end_time is None:
+                self._facts.update(attributes)
+
+        def add_event(
+            self, name: str, attributes: Any = None, timestamp: int | None = None
+        ) -> None:
+            if self._end_time is None:
+                self._events.append(Event(name, attributes, timestamp or time.time_ns()))
+
+        def add_link(self, context: Any, attributes: Any = None) -> None:
+            if self._end_time is None:
+                self._links.append(trace.Link(context, attributes))
+
+        def update_name(self, name: str) -> None:
+            self._name = name
+
+        def set_status(self, status: Any, description: str | None = None) -> None:
+            self._status = (
+                status if isinstance(status, trace.Status) else trace.Status(status, description)
+            )
+
+        def record_exception(
+            self,
+            exception: BaseException,
+            attributes: Any = None,
+            timestamp: int | None = None,
+            escaped: bool = False,
+        ) -> None:
+            # Only the type: a message may quote what the guest was given.
+            facts = {"exception.type": type(exception).__qualname__, **dict(attributes or {})}
+            self.add_event("exception", facts, timestamp)
+
+        def end(self, end_time: int | None = None) -> None:
+            if self._end_time is not None:
+                return
+            self._end_time = end_time or time.time_ns()
+            if self._ids.trace_flags.sampled:
+                self._sink(self)
+
+    return Recorded
 
 
 def _failed(span: Any, exc: BaseException) -> None:
@@ -360,9 +564,7 @@ class _Stage:
         if exc is None and end - self._start < STAGE_MIN_NS:
             return
         # Made afterwards, with its real times, in the context the block ran in.
-        span = self._state.tracer.start_span(
-            self._name, attributes=self._attributes, start_time=self._start
-        )
+        span = _begin(self._state, self._name, self._attributes, start=self._start)
         if exc is not None:
             _failed(span, exc)
         span.end(end_time=end)
@@ -381,11 +583,10 @@ def stage(name: str, attributes: Mapping[str, Any] | None = None) -> Any:
 
 def annotate(attributes: Mapping[str, Any]) -> None:
     """Set ``attributes`` on the current span (nothing while tracing is off)."""
-    if _state is None:
+    state = _state
+    if state is None:
         return
-    from opentelemetry import trace
-
-    trace.get_current_span().set_attributes(dict(attributes))
+    state.trace.get_current_span().set_attributes(dict(attributes))
 
 
 def decision(decision: Any) -> None:
@@ -395,11 +596,10 @@ def decision(decision: Any) -> None:
     ``skilld.permission.rule`` and one ``skilld.permission`` event per decision
     (capability, action, allowed, rule). The target (a path, a URL) is never recorded.
     """
-    if _state is None:
+    state = _state
+    if state is None:
         return
-    from opentelemetry import trace
-
-    current = trace.get_current_span()
+    current = state.trace.get_current_span()
     facts: dict[str, str | bool] = {
         "skilld.permission.capability": str(decision.capability),
         "skilld.permission.action": str(decision.action),
@@ -413,10 +613,12 @@ def decision(decision: Any) -> None:
 class _CallSpan(_Span):
     __slots__ = ("_record", "_skill")
 
-    def __init__(self, state: _State, skill: str, method: str, attributes: dict[str, Any]):
+    def __init__(
+        self, state: _State, skill: str, method: str, attributes: dict[str, Any], record: bool
+    ):
         super().__init__(state, f"execute_tool {skill}.{method}", attributes, "internal")
         self._skill = skill
-        self._record = skill in state.record_arguments or "*" in state.record_arguments
+        self._record = record
 
     def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
         outcome = "ok"
@@ -445,13 +647,16 @@ class _CallSpan(_Span):
         self.span.set_attribute("gen_ai.tool.call.result", text[:_MAX_RECORDED])
 
 
-def call_span(skill: str, method: str, *, caller: Caller, depth: int, arguments: str) -> Any:
+def call_span(
+    skill: str, method: str, *, caller: Caller, depth: int, arguments: str, record: bool = False
+) -> Any:
     """The span of one call of ``skill``'s ``method`` (``execute_tool SKILL.METHOD``).
 
     Carries the GenAI tool attributes, skilld's own (skill, method, caller kind, depth)
     and, leaving, ``skilld.outcome``; the call's duration goes to ``skilld.call.duration``.
-    ``arguments`` (and, through ``.result(value)``, the result) are recorded only for the
-    skills named in ``SKILLD_OTEL_RECORD_ARGUMENTS``. While tracing is off: a no-op.
+    ``arguments`` (and, through ``.result(value)``, the result) are recorded only when
+    ``record`` (the skill's policy ``telemetry.record_arguments``, which the registry
+    holds). While tracing is off: a no-op.
     """
     state = _state
     if state is None:
@@ -465,9 +670,9 @@ def call_span(skill: str, method: str, *, caller: Caller, depth: int, arguments:
         "skilld.caller": caller.kind,
         "skilld.depth": depth,
     }
-    if skill in state.record_arguments or "*" in state.record_arguments:
+    if record:
         attributes["gen_ai.tool.call.arguments"] = arguments[:_MAX_RECORDED]
-    return _CallSpan(state, skill, method, attributes)
+    return _CallSpan(state, skill, method, attributes, record)
 
 
 # -- context across threads, nodes and processes --------------------------------------
@@ -476,10 +681,10 @@ def call_span(skill: str, method: str, *, caller: Caller, depth: int, arguments:
 def carry(fn: Callable[[], T]) -> Callable[[], T]:
     """``fn``, made to run in this thread's trace context on whichever thread runs it
     (a worker pool's); ``fn`` itself while tracing is off."""
-    if _state is None:
+    state = _state
+    if state is None:
         return fn
-    from opentelemetry import context
-
+    context = state.context
     here = context.get_current()
 
     def run() -> T:

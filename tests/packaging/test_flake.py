@@ -65,9 +65,11 @@ def test_flake_lock_pins_nixpkgs() -> None:
 
 
 def test_wheels_json_covers_runtime_dependencies() -> None:
-    """nix/wheels.json pins every runtime and build dependency, per system, by tags and sha256."""
+    """nix/wheels.json pins every runtime and build dependency, per system, by tags and sha256;
+    the runtime set includes the otel extra (the Nix package traces when OTEL_* says so)."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    runtime = {_project_name(r) for r in project["dependencies"]}
+    otel = project["optional-dependencies"]["otel"]
+    runtime = {_project_name(r) for r in [*project["dependencies"], *otel]}
     build = {_project_name(r) for r in project["optional-dependencies"]["build"]}
     systems = json.loads((ROOT / "nix" / "wheels.json").read_text())["systems"]
     assert "x86_64-linux" in systems

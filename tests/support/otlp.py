@@ -170,3 +170,36 @@ def otlp_receiver() -> Iterator[Receiver]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@contextmanager
+def otlp_grpc_receiver() -> Iterator[Receiver]:
+    """An OTLP/gRPC trace receiver on 127.0.0.1 and a free port, for the block (insecure:
+    the exporter needs ``OTEL_EXPORTER_OTLP_INSECURE=true``)."""
+    from concurrent import futures
+
+    import grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+
+    holder: list[Receiver] = []
+
+    class Service(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignore[misc]
+        def Export(  # the gRPC service's method name
+            self, request: trace_service_pb2.ExportTraceServiceRequest, context: Any
+        ) -> trace_service_pb2.ExportTraceServiceResponse:
+            body = request.SerializeToString()
+            receiver = holder[0]
+            with receiver.lock:
+                receiver.spans.extend(_decode_traces(body))
+                receiver.bodies.append(body)
+            return trace_service_pb2.ExportTraceServiceResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Service(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    holder.append(Receiver(f"http://127.0.0.1:{port}"))
+    server.start()
+    try:
+        yield holder[0]
+    finally:
+        server.stop(grace=None)

@@ -27,7 +27,7 @@ def on(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Tracing on in this process, on a provider of its own (the global one untouched)."""
     provider = TracerProvider()
     state = telemetry._State(
-        provider.get_tracer("test"), provider, None, None, None, frozenset(), trace, context
+        provider.get_tracer("test"), provider, None, None, None, trace, context
     )
     monkeypatch.setattr(telemetry, "_state", state)
     yield
@@ -126,7 +126,7 @@ def test_a_stage_is_a_span_only_when_it_took_long_enough_or_failed(
     spans = InMemorySpanExporter()
     provider.add_span_processor(SimpleSpanProcessor(spans))
     state = telemetry._State(
-        provider.get_tracer("test"), provider, None, None, None, frozenset(), trace, context
+        provider.get_tracer("test"), provider, None, None, None, trace, context
     )
     monkeypatch.setattr(telemetry, "_state", state)
     monkeypatch.setattr(telemetry, "STAGE_MIN_NS", 10**12)
@@ -159,8 +159,8 @@ def test_a_malformed_tracestate_writes_no_log_line(caplog: pytest.LogCaptureFixt
 def test_arguments_and_results_are_recorded_only_for_the_skills_opted_in(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """SKILLD_OTEL_RECORD_ARGUMENTS names the skills whose calls carry their arguments and
-    result (cut to 4 KiB); every other call's span has neither."""
+    """A call span told to record (the skill's policy telemetry.record_arguments) carries
+    its arguments and result (cut to 4 KiB); every other call's span has neither."""
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -169,15 +169,16 @@ def test_arguments_and_results_are_recorded_only_for_the_skills_opted_in(
     provider = TracerProvider()
     spans = InMemorySpanExporter()
     provider.add_span_processor(SimpleSpanProcessor(spans))
-    opted = frozenset({"notes"})
     state = telemetry._State(
-        provider.get_tracer("test"), provider, None, None, None, opted, trace, context
+        provider.get_tracer("test"), provider, None, None, None, trace, context
     )
     monkeypatch.setattr(telemetry, "_state", state)
     for skill in ("notes", "secrets"):
         arguments = json.dumps({"text": "x" * 5000})
         local = Caller.local()
-        with telemetry.call_span(skill, "add", caller=local, depth=0, arguments=arguments) as span:
+        with telemetry.call_span(
+            skill, "add", caller=local, depth=0, arguments=arguments, record=skill == "notes"
+        ) as span:
             span.result(CallOutput({"id": 7}))
     done = {s.attributes["skilld.skill"]: s.attributes for s in spans.get_finished_spans()}
     assert len(done["notes"]["gen_ai.tool.call.arguments"]) == 4096
@@ -185,3 +186,44 @@ def test_arguments_and_results_are_recorded_only_for_the_skills_opted_in(
     assert "gen_ai.tool.call.arguments" not in done["secrets"]
     assert "gen_ai.tool.call.result" not in done["secrets"]
     assert done["secrets"]["skilld.outcome"] == "ok"
+
+
+def test_skillds_spans_follow_the_parents_sampling_and_reach_the_exporter_through_the_handoff(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """skilld's spans (filled in place, handed over by their own thread) keep the parent's
+    trace and sampled flag: under a sampled client context they reach the exporter once
+    flushed, with their parent links; under an unsampled one none is exported, yet the
+    context passed on (a script's TRACEPARENT) still names the client's trace; a write
+    after a span ended is dropped."""
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    provider = TracerProvider()
+    spans = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    tracer = provider.get_tracer("test")
+    handoff = telemetry._Handoff(tracer.span_processor, 100)  # type: ignore[attr-defined]
+    state = telemetry._State(tracer, provider, None, None, None, trace, context, handoff)
+    monkeypatch.setattr(telemetry, "_state", state)
+    unsampled = VALID[:-2] + "00"
+    try:
+        for parent in (VALID, unsampled):
+            with telemetry.joined({"traceparent": parent}):
+                with telemetry.span("outer") as outer, telemetry.span("inner"):
+                    env = telemetry.environ({})
+                outer.span.set_attribute("late", True)
+            assert env["TRACEPARENT"].split("-")[1] == VALID.split("-")[1]
+            assert env["TRACEPARENT"].endswith(parent[-3:])
+        assert telemetry.flush(10)
+    finally:
+        handoff.close()
+    done = {s.name: s for s in spans.get_finished_spans()}
+    assert sorted(done) == ["inner", "outer"]  # the unsampled pair was never exported
+    outer_span, inner_span = done["outer"], done["inner"]
+    assert f"{outer_span.context.trace_id:032x}" == VALID.split("-")[1]
+    assert outer_span.parent is not None
+    assert f"{outer_span.parent.span_id:016x}" == VALID.split("-")[2]
+    assert inner_span.parent is not None
+    assert inner_span.parent.span_id == outer_span.context.span_id
+    assert "late" not in outer_span.attributes

@@ -22,7 +22,7 @@ from skilld.bundle import build_bundle
 from skilld.sandbox import Sandbox
 from skilld.types import Caller
 from support.env import SKILLS, cache_dir
-from support.otlp import Receiver, otlp_receiver
+from support.otlp import Receiver, otlp_grpc_receiver, otlp_receiver
 from support.serve_process import ServeProcess
 
 pytestmark = pytest.mark.anyio
@@ -163,6 +163,81 @@ def echo_bundle(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> P
         strict=False,
     )
     return out
+
+
+@pytest.fixture(scope="module")
+def opted_in_bundle(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """echo opted in to recording its arguments (policy), echo-wat not."""
+    root = tmp_path_factory.mktemp("opted")
+    for skill in ("echo", "echo-wat"):
+        shutil.copytree(SKILLS[skill], root / "skills" / skill)
+    (root / "policies").mkdir()
+    (root / "policies" / "echo.yaml").write_text(
+        "skill: echo\ntelemetry:\n  record_arguments: true\n"
+    )
+    (root / "policies" / "echo-wat.yaml").write_text("skill: echo-wat\n")
+    out = root / "bundle"
+    build_bundle(
+        root / "skills",
+        root / "policies",
+        out,
+        sandbox=sandbox,
+        cache_dir=cache_dir(),
+        strict=False,
+    )
+    return out
+
+
+async def test_arguments_are_recorded_only_for_the_skill_whose_policy_opts_in(
+    opted_in_bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A skill whose policy says telemetry.record_arguments has its call's arguments and
+    result on its span; the other skill's call, with the same text, has neither."""
+    with otlp_receiver() as receiver:
+        monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+        node = ServeProcess(opted_in_bundle, tmp_path / "state")
+        try:
+            for tool in ("echo/echo", "echo-wat/echo"):
+                params = {"name": tool, "arguments": {"text": "opt-in-7f3a"}}
+                answer = await _rpc(node.url, "tools/call", params, {})
+                assert "error" not in answer, answer
+            names = {"execute_tool echo.echo", "execute_tool echo-wat.echo"}
+            spans = receiver.wait(lambda s: names <= {x.name for x in s})
+        finally:
+            node.stop()
+    calls = {s.name: s.attributes for s in spans if s.name in names}
+    opted = calls["execute_tool echo.echo"]
+    assert "opt-in-7f3a" in opted["gen_ai.tool.call.arguments"]
+    assert "opt-in-7f3a" in opted["gen_ai.tool.call.result"]
+    for s in spans:
+        if s.name != "execute_tool echo.echo":
+            assert "opt-in-7f3a" not in json.dumps([s.attributes, s.events], default=str), s.name
+
+
+async def test_spans_go_over_otlp_grpc_when_the_protocol_says_so(
+    echo_bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OTEL_EXPORTER_OTLP_PROTOCOL=grpc sends the request's and the call's spans over
+    OTLP/gRPC to a gRPC receiver, in the client's trace."""
+    with otlp_grpc_receiver() as receiver:
+        monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+        node = ServeProcess(echo_bundle, tmp_path / "state")
+        try:
+            answer = await _call(node.url, "g", {"traceparent": IN_META}, {})
+            assert "error" not in answer, answer
+            names = {"tools/call echo/echo", "execute_tool echo.echo"}
+            spans = receiver.wait(lambda s: names <= {x.name for x in s})
+        finally:
+            node.stop()
+    ours = {s.name: s for s in spans if s.name in names}
+    assert {s.trace_id for s in ours.values()} == {"3" * 32}
+    assert ours["execute_tool echo.echo"].parent_id == ours["tools/call echo/echo"].span_id
 
 
 @pytest.fixture

@@ -203,6 +203,8 @@ def _explain(args: argparse.Namespace) -> int:
     print(f"  rule: {decision.rule}{source}")
     print(f"  why:  {decision.reason}")
     print(f"  instances: {instances_text(tables.limits(args.skill))}")
+    recorded = "recorded on its spans" if tables.records_arguments(args.skill) else "never recorded"
+    print(f"  arguments and results: {recorded} (telemetry.record_arguments)")
     return 0 if decision.allowed else 1
 
 

@@ -95,6 +95,7 @@ class WasmComponents:
                     exposure=tables.exposure(locked.id),
                     annotations=annotations_for(grants),
                     description=locked.description,
+                    record_arguments=tables.records_arguments(locked.id),
                 )
             )
 
@@ -182,6 +183,7 @@ class AgentSkills:
                     exposure=replace(exposure, names=names),
                     annotations=annotations_for(grants),
                     description=locked.description,
+                    record_arguments=tables.records_arguments(locked.id),
                 )
             )
         if many:

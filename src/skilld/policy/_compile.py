@@ -345,6 +345,10 @@ def compile_documents(
         table["mcp"] = exposure.table()
         if own.scripts or defaults.scripts:
             table["scripts"] = {**defaults.scripts, **own.scripts}
+        # Only when written, so that the tables (and bundle digests) of a policy without
+        # it are what they were.
+        if own.telemetry or defaults.telemetry:
+            table["telemetry"] = {**defaults.telemetry, **own.telemetry}
         table["needs_checked"] = needs is not None
         out[skill] = table
     for rid, source in sorted((unused_defaults or {}).items()):

@@ -47,7 +47,8 @@ TASK_MODES = ("optional", "required")
 
 CAPABILITY_SECTIONS = ("fs", "http", "tcp", "shell", "env", "invoke", "transfer", "kv")
 POLICY_KEYS = (
-    "skill", "description", *CAPABILITY_SECTIONS, "limits", "instances", "mcp", "scripts"
+    "skill", "description", *CAPABILITY_SECTIONS, "limits", "instances", "mcp", "scripts",
+    "telemetry",
 )  # fmt: skip
 # How an Agent Skill's scripts run (docs/agent-skills.md): the executor, the programs a
 # native script may be started with, and packages baked into its environment at build.
@@ -518,6 +519,7 @@ class Grants:
     mcp: Mapping[str, Any] = field(default_factory=dict)
     lines: Mapping[str, int] = field(default_factory=dict)
     scripts: Mapping[str, Any] = field(default_factory=dict)
+    telemetry: Mapping[str, Any] = field(default_factory=dict)
 
 
 # -- section parsers ---------------------------------------------------------
@@ -870,6 +872,18 @@ def _mcp(m: Mapping[str, Any], where: Where, *, needs: bool = False) -> dict[str
     return out
 
 
+def _telemetry(m: Mapping[str, Any], where: Where) -> dict[str, Any]:
+    """The ``telemetry`` section: ``record_arguments`` (true: the spans of this skill's
+    calls carry their arguments and result when tracing is on; never otherwise)."""
+    _check_keys(m, ("record_arguments",), where, "telemetry")
+    out: dict[str, Any] = {}
+    if "record_arguments" in m:
+        out["record_arguments"] = _bool(
+            m["record_arguments"], _line(m, "record_arguments", where), "telemetry.record_arguments"
+        )
+    return out
+
+
 def _scripts(m: Mapping[str, Any], where: Where) -> dict[str, Any]:
     """The ``scripts`` section: ``executor``, ``interpreters``, ``requirements``,
     ``programs`` (system programs the scripts need; the build refuses when missing),
@@ -1025,5 +1039,9 @@ def parse_grants(
     if "scripts" in m and m["scripts"] is not None:
         sw = _line(m, "scripts", top)
         scripts = _scripts(_mapping(m["scripts"], sw, "scripts"), sw)
+    telemetry: dict[str, Any] = {}
+    if "telemetry" in m and m["telemetry"] is not None:
+        tw = _line(m, "telemetry", top)
+        telemetry = _telemetry(_mapping(m["telemetry"], tw, "telemetry"), tw)
     lines = {k: _line(m, k, top).line for k in m}
-    return Grants(source, rules, limits, mcp, lines, scripts)
+    return Grants(source, rules, limits, mcp, lines, scripts, telemetry)

@@ -139,6 +139,15 @@ class Tables:
         raw = self.skill(skill_id).get("limits", {})
         return Limits(**{k: int(raw[k]) for k in LIMIT_FIELDS if k in raw})
 
+    def records_arguments(self, skill_id: str) -> bool:
+        """Whether the operator opted in to record this skill's call arguments and results
+        on its spans (policy ``telemetry.record_arguments``; never by default).
+
+        Raises:
+            PolicyError: the tables have no entry for ``skill_id``.
+        """
+        return bool(self.skill(skill_id).get("telemetry", {}).get("record_arguments", False))
+
     def exposure(self, skill_id: str) -> Exposure:
         """How the skill's methods become MCP tools.
 

@@ -81,6 +81,8 @@ class SkillEntry:
     )
     description: str | None = None  # from the signed manifest, when there is one
     services: dict[str, Any] = field(default_factory=dict)
+    # policy telemetry.record_arguments: its calls' spans carry arguments and results
+    record_arguments: bool = False
 
     def __post_init__(self) -> None:
         # The skill's one concurrency gate (policy ``max_concurrency``), whoever calls.

@@ -273,7 +273,12 @@ class Registry(Catalogue):
         else:
             try:
                 with telemetry.call_span(
-                    skill_id, method, caller=caller, depth=depth, arguments=input_text
+                    skill_id,
+                    method,
+                    caller=caller,
+                    depth=depth,
+                    arguments=input_text,
+                    record=entry.record_arguments,
                 ) as span:
                     out = guest(ctx)
                     span.result(out)
