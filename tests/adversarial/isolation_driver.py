@@ -303,6 +303,68 @@ def ipc() -> dict[str, Any]:
     }
 
 
+# Whether each pid of argv exists, asked as a script would: its group, its session.
+# Then the script's own children: a shell pipeline and a Python subprocess it waits for
+# and signals must still work.
+EXISTS = (
+    PRELUDE
+    + """\
+import signal, subprocess
+for i, pid in enumerate(int(p) for p in sys.argv[1:]):
+    attempt(f"getpgid{i}", os.getpgid, pid)
+    attempt(f"getsid{i}", os.getsid, pid)
+attempt("own-group", os.getpgid, 0)
+pipe = subprocess.run(["/bin/sh", "-c", "echo one two | wc -w"], capture_output=True)
+print("pipeline", pipe.stdout.decode().strip() or pipe.returncode, flush=True)
+child = subprocess.Popen(["/bin/sleep", "60"])
+child.send_signal(signal.SIGTERM)
+print("child", child.wait(), flush=True)
+"""
+)
+
+
+def exists() -> dict[str, Any]:
+    """A call asks whether another call's process, skilld, the launcher and a pid that
+    is no process exist; the control asks the same unconfined."""
+    marker = f"victim-{os.getpid()}"
+    stop = threading.Event()
+
+    def run_victim() -> None:
+        confined(
+            "import time\ntime.sleep(120)", marker, skill="s", seconds=60, cancelled=stop.is_set
+        )
+
+    thread = threading.Thread(target=run_victim)
+    thread.start()
+    try:
+        pid = find(marker, time.monotonic() + 20)
+        launcher = confine.start().proc.pid
+        # Above the largest pid_max (2^22): never a process.
+        targets = [str(pid), str(os.getpid()), str(launcher), "4000000"]
+        probe = confine.run(
+            [PYTHON, "-I", "-S", "-c", EXISTS, *targets],
+            confinement=Confinement(
+                read_only=(PREFIX,),
+                skill="s",
+                executables=tuple(
+                    os.path.realpath(p) for p in ("/bin/sh", "/usr/bin/wc", "/bin/sleep")
+                ),
+            ),
+            deadline=time.monotonic() + 30,
+            env={"PATH": "/usr/bin:/bin"},
+        )
+        control = unconfined(EXISTS, *targets)
+    finally:
+        stop.set()
+        thread.join()
+    return {
+        "probe": answers(probe.stdout),
+        "stderr": probe.stderr.decode(errors="replace")[-2000:],
+        "control": control,
+        "profile": confine.profile().describe(),
+    }
+
+
 def memory() -> dict[str, Any]:
     """A tree of 8 x 200 MiB under a 256 MiB limit for the tree; and with none."""
     start = time.monotonic()
@@ -327,7 +389,7 @@ def main() -> None:
     """Start as ``skilld serve`` does, run the scenario, print its JSON."""
     confine.start_from_env()
     limits = resource.getrlimit(resource.RLIMIT_CPU)
-    out = {"reach": reach, "proc": proc, "ipc": ipc, "memory": memory}[SCENARIO]()
+    out = {"reach": reach, "proc": proc, "ipc": ipc, "memory": memory, "exists": exists}[SCENARIO]()
     out["skilld_limits_unchanged"] = resource.getrlimit(resource.RLIMIT_CPU) == limits
     print(json.dumps(out))
     confine.shutdown()

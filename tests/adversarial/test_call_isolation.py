@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -132,3 +133,21 @@ def test_a_tree_of_processes_is_held_to_the_memory_limit(mode: str) -> None:
     assert limited["memory"] > 256 << 20, out
     assert limited["signal"] == 9 and not limited["timed_out"], out
     assert out["unlimited"] == {"exit": 0, "held": "8"}, out
+
+
+@pytest.mark.parametrize("mode", ["root", "run-as", "shared"])
+def test_group_and_session_do_not_tell_which_pids_exist(mode: str) -> None:
+    """getpgid and getsid of another call's process, of skilld, of the launcher answer
+    exactly as for a pid that is no process (ESRCH); the script's own group, a shell
+    pipeline and a child it signals and waits for still work. Control: unconfined, the
+    live pids answer and the free one says ESRCH."""
+    out = drive(mode, "exists")
+    probe, control = out["probe"], out["control"]
+    for i in range(4):
+        assert probe[f"getpgid{i}"] == probe[f"getsid{i}"] == "ESRCH", out
+    assert probe["own-group"] == "ok", out
+    assert probe["pipeline"] == "2", out
+    assert probe["child"] == str(-signal.SIGTERM), out
+    for i in range(3):
+        assert control[f"getpgid{i}"] == control[f"getsid{i}"] == "ok", out
+    assert control["getpgid3"] == control["getsid3"] == "ESRCH", out

@@ -1122,3 +1122,32 @@ call("ioprio", 252, 1, {0})
         other.kill()
         other.wait()
     assert mine == theirs == dict.fromkeys(("prlimit", "affinity", "priority", "ioprio"), "ok")
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="x86_64 system call numbers")
+def test_group_and_session_by_pid_no_longer_tell_which_pids_exist() -> None:
+    """``getpgid``/``getsid`` of another process's pid answer ESRCH under the filter,
+    exactly as for a pid that does not exist; the caller's own (pid 0) still answer.
+    The control: unconfined, the live pid answers and the free one says ESRCH."""
+    other = subprocess.Popen(["sleep", "60"])
+    free = 4_000_000  # above pid_max's limit (2^22): never a process
+    code = """
+call("pgid-live", 121, {0})
+call("sid-live", 124, {0})
+call("pgid-free", 121, {1})
+call("sid-free", 124, {1})
+call("pgid-self", 121, 0)
+call("sid-self", 124, 0)
+"""
+    try:
+        mine = filtered(code.format(other.pid, free))
+        theirs = answers(unconfined(code.format(other.pid, free)).stdout)
+    finally:
+        other.kill()
+        other.wait()
+    assert theirs["pgid-live"] == theirs["sid-live"] == "ok", theirs
+    assert theirs["pgid-free"] == theirs["sid-free"] == "ESRCH", theirs
+    assert mine == {
+        "pgid-live": "ESRCH", "sid-live": "ESRCH", "pgid-free": "ESRCH", "sid-free": "ESRCH",
+        "pgid-self": "ok", "sid-self": "ok",
+    }, mine  # fmt: skip

@@ -600,6 +600,8 @@ for name, fn in (
     ("prlimit", lambda: resource.prlimit(child.pid, resource.RLIMIT_CPU, (0, 0))),
     ("setpriority", lambda: os.setpriority(os.PRIO_PROCESS, child.pid, 19)),
     ("affinity", lambda: os.sched_setaffinity(child.pid, {0})),
+    ("getpgid", lambda: os.getpgid(child.pid)),
+    ("getsid", lambda: os.getsid(child.pid)),
 ):
     fn()
     print("ok", name)
@@ -663,9 +665,9 @@ def _pid(running: Running, needle: str) -> tuple[int, int]:
 def test_a_call_reaches_neither_another_call_nor_skilld(running: Running) -> None:
     """While a call of the hostile skill waits, another call of it tries prlimit(RLIMIT_CPU,
     0), setpriority and sched_setaffinity on that call's process, on skilld and on the
-    launcher: all refused; the waiting call finds itself unchanged and ends normally; the
-    server answers. Control: a plain process of the server's uid does all three to its
-    own child."""
+    launcher, and asks their process group and session: all refused; the waiting call
+    finds itself unchanged and ends normally; the server answers. Control: a plain
+    process of the server's uid does all five to its own child."""
     flag = f"flag-{uuid.uuid4().hex[:8]}"
     results: list[Any] = []
     waiting = threading.Thread(
@@ -697,6 +699,10 @@ def test_a_call_reaches_neither_another_call_nor_skilld(running: Running) -> Non
         "setpriority",
         "ok",
         "affinity",
+        "ok",
+        "getpgid",
+        "ok",
+        "getsid",
     ]
 
 

@@ -40,6 +40,8 @@ flags a filter can read):
   The filter cannot know which pids are the caller's own children, so a pid other than
   ``0`` is refused whoever it names: no call of a script reaches another call's
   processes, nor skilld's, in any identity mode (signals: Landlock's scoping);
+- ``getpgid`` and ``getsid`` with a pid other than ``0``: ``ESRCH`` for every pid, as if
+  none existed, so they no longer tell which pids exist (``getpgrp`` asks for pid ``0``);
 - with ``ipc`` (where the command gets no IPC namespace of its own): every System V
   and POSIX message-queue call (``shmget``, ``msgget``, ``semget``, ``mq_open`` and the
   calls on what they return): their objects are the host's and outlive the call
@@ -103,7 +105,7 @@ FS_IOC_SETFLAGS = 0x40086602
 FS_IOC32_SETFLAGS = 0x40046602
 FS_IOC_FSSETXATTR = 0x401C5820
 _U32 = 0xFFFFFFFF
-_EPERM, _ENOSYS = 1, 38
+_EPERM, _ESRCH, _ENOSYS = 1, 3, 38
 
 ALWAYS = (
     # keyrings
@@ -137,6 +139,9 @@ BY_WHICH_WHO = {
     "setpriority": 0, "getpriority": 0,  # PRIO_PROCESS
     "ioprio_set": 1, "ioprio_get": 1,  # IOPRIO_WHO_PROCESS
 }  # fmt: skip
+# Calls that tell a process's group or session by pid: every pid but 0 (the caller)
+# answers ESRCH, "no such process", so they no longer tell which pids exist.
+AS_IF_NONE = ("getpgid", "getsid")
 PIDFD = ("pidfd_open", "pidfd_send_signal", "process_mrelease")
 # System V IPC and POSIX message queues: objects of the host's IPC namespace.
 IPC = (
@@ -265,6 +270,8 @@ def _compile(
         for name, which in BY_WHICH_WHO.items():
             refuse(name, arg(0, sc.NE, which))
             refuse(name, arg(1, sc.NE, 0))
+        for name in AS_IF_NONE:
+            refuse(name, arg(0, sc.NE, 0), action=sc.ERRNO(_ESRCH))
         for name in PIDFD:
             refuse(name, action=sc.ERRNO(_ENOSYS))
         if ipc:

@@ -90,7 +90,8 @@ def memtree(_target):
 
 def reach(target):
     """Another call's process, skilld, the launcher: lower its CPU limit to 0 (the
-    kernel then kills it), its priority, its CPUs."""
+    kernel then kills it), its priority, its CPUs; learn that it exists from its process
+    group or session."""
     import resource
 
     pid = int(target)
@@ -99,6 +100,8 @@ def reach(target):
         ("prlimit", lambda: resource.prlimit(pid, resource.RLIMIT_CPU, (0, 0))),
         ("setpriority", lambda: os.setpriority(os.PRIO_PROCESS, pid, 19)),
         ("affinity", lambda: os.sched_setaffinity(pid, {0})),
+        ("getpgid", lambda: os.getpgid(pid)),
+        ("getsid", lambda: os.getsid(pid)),
     ):
         try:
             fn()
@@ -106,7 +109,7 @@ def reach(target):
             errors.append(f"{name}:{exc.errno}")
         else:
             print("LEAK", "reach", name, target)
-    if len(errors) == 3:
+    if len(errors) == 5:
         raise OSError(1, " ".join(errors))
 
 
