@@ -39,8 +39,10 @@ def four_slots(sandbox: Sandbox, component_path: Callable[[str], Path], tmp_path
     """The conformance skill with four slots and a wall time longer than the test."""
     policy = (ROOT / "tests" / "policies" / "conformance.yaml").read_text()
     assert "wall_time: 120s" in policy
-    limits = f"wall_time: 60s\n  concurrency: {SLOTS}"
-    (tmp_path / "conformance.yaml").write_text(policy.replace("wall_time: 120s", limits))
+    limits = policy.replace("wall_time: 120s", "wall_time: 60s")
+    (tmp_path / "conformance.yaml").write_text(
+        limits.replace("concurrency: 16", f"concurrency: {SLOTS}")
+    )
     compiled = compile_policies(tmp_path, {"conformance": None})
     assert not compiled.problems, compiled.problems
     checker = SkillPermissions.from_tables(compiled.tables, "conformance")
