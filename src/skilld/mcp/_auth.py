@@ -692,12 +692,12 @@ class IntrospectionVerifier:
         asking = self._asking.get(digest)
         if asking is None:
             # Its own task: one client going away never cancels another's answer.
-            asking = asyncio.get_running_loop().create_task(self._bounded_ask(token))
+            asking = asyncio.get_running_loop().create_task(self._bounded_ask(token, digest))
             self._asking[digest] = asking
             asking.add_done_callback(lambda _: self._asking.pop(digest, None))
         return await asyncio.shield(asking)
 
-    async def _bounded_ask(self, token: str) -> CallerToken | None:
+    async def _bounded_ask(self, token: str, digest: bytes) -> CallerToken | None:
         """Ask the issuer, at most ``max_in_flight`` at once; None when none is free in
         time (not remembered: the token is only refused for now)."""
         if self._slots is None:
@@ -714,7 +714,7 @@ class IntrospectionVerifier:
             grant = await self._ask(token)
         finally:
             self._slots.release()
-        self._remember(_sha256(token), grant)
+        self._remember(digest, grant)
         return grant
 
     def _remember(self, digest: bytes, grant: CallerToken | None) -> None:
