@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from functools import partial
 from typing import Any, Protocol, TypeVar, cast, runtime_checkable
 
@@ -84,6 +84,7 @@ from skilld.mcp._tasks import (
 )
 from skilld.mcp._wiring import Wiring
 from skilld.registry import Dispatcher, Tool
+from skilld.types import Caller
 
 T = TypeVar("T")
 Ctx = ServerRequestContext[Any, Any]
@@ -302,16 +303,7 @@ class McpService:
         """
         caller = caller_of(ctx)
         timeout = self.config.client_request_timeout_s
-        start = partial(
-            self.ring.call,
-            skill=skill,
-            label=label,
-            run=run,
-            inline=inline,
-            arguments=arguments,
-            caller=caller,
-            request_id=ctx.request_id,
-        )
+        start = self._start(ctx, caller, skill, label, run, inline, arguments)
         if not modern(ctx):
             return await start(request_channel(ctx, skill, timeout))
         return await in_rounds(
@@ -326,6 +318,28 @@ class McpService:
             new_channel=partial(round_channel, ctx, skill, timeout),
             start=start,
             rounds=rounds,
+        )
+
+    def _start(
+        self,
+        ctx: Ctx,
+        caller: Caller,
+        skill: str,
+        label: str,
+        run: Callable[[SessionChannel], T],
+        inline: Callable[[SessionChannel], T] | None,
+        arguments: Mapping[str, Any],
+    ) -> Callable[[SessionChannel], Coroutine[Any, Any, T]]:
+        """What starts the request's guest call on a channel: :meth:`Ring.call`, bound."""
+        return partial(
+            self.ring.call,
+            skill=skill,
+            label=label,
+            run=run,
+            inline=inline,
+            arguments=arguments,
+            caller=caller,
+            request_id=ctx.request_id,
         )
 
     # -- tools ------------------------------------------------------------------
@@ -437,15 +451,7 @@ class McpService:
                     new_channel=partial(
                         round_channel, ctx, tool.skill_id, self.config.client_request_timeout_s
                     ),
-                    start=partial(
-                        self.ring.call,
-                        skill=tool.skill_id,
-                        label=name,
-                        run=run,
-                        arguments=arguments,
-                        caller=caller,
-                        request_id=ctx.request_id,
-                    ),
+                    start=self._start(ctx, caller, tool.skill_id, name, run, None, arguments),
                     required=task_mode == "required",
                 )
             result = await self.answer(
