@@ -24,21 +24,17 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from skilld.audit import MemorySink
 from skilld.mcp import HttpServer, ServeConfig
-from skilld.permissions import SkillPermissions
-from skilld.policy import compile_policies
-from skilld.registry import NullChannel, Registry, SkillEntry
-from skilld.sandbox import CallContext, Sandbox
-from support.env import ROOT
+from skilld.registry import Registry
+from skilld.sandbox import Sandbox
+from support.conformance import conformance_registry
 from support.mcp_fakes import running_http, text_of
+from support.modern_http import META_CAPS, META_VERSION, MODERN
 
 # The static test dispatcher, served as a script (it is no part of the package).
 STATIC = Path(__file__).resolve().parents[1] / "support" / "static_dispatcher.py"
 
 pytestmark = pytest.mark.anyio
 
-MODERN = "2026-07-28"
-META_VERSION = "io.modelcontextprotocol/protocolVersion"
-META_CAPS = "io.modelcontextprotocol/clientCapabilities"
 
 
 @pytest.fixture
@@ -314,25 +310,12 @@ async def test_ask_is_refused_whole_when_one_question_is_not_granted(
 ) -> None:
     """Under a policy without ``roots``, a guest asking three questions at once gets
     not-permitted and the client is asked nothing (no question goes out before the check)."""
-    policy = (ROOT / "tests" / "policies" / "conformance.yaml").read_text()
-    (tmp_path / "conformance.yaml").write_text(
-        policy.replace("client: [sample, elicit, roots]", "client: [sample, elicit]")
+    registry, _sink = conformance_registry(
+        sandbox,
+        component_path("conformance"),
+        tmp_path,
+        replacing={"client: [sample, elicit, roots]": "client: [sample, elicit]"},
     )
-    compiled = compile_policies(tmp_path, {"conformance": None})
-    assert not compiled.problems, compiled.problems
-    checker = SkillPermissions.from_tables(compiled.tables, "conformance")
-    comp = sandbox.load(component_path("conformance").read_bytes(), name="conformance")
-    spec = comp.describe(CallContext("conformance", checker.limits, NullChannel()))
-    registry = Registry(audit=MemorySink())
-    registry.add(
-        SkillEntry(
-            spec=dataclasses.replace(spec, id="conformance"),
-            component=comp,
-            limits=checker.limits,
-            checker=checker,
-        )
-    )
-    registry.mark_ready()
     asked: list[str] = []
 
     async def note(context: Any, params: Any) -> types.ElicitResult:
