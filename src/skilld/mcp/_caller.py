@@ -49,6 +49,7 @@ def refused_error(refusal: GuestError) -> MCPError:
 def not_permitted(
     ring: Ring,
     ctx: Any,
+    caller: Caller,
     kind: TargetKind,
     name: str,
     skill: str,
@@ -56,8 +57,8 @@ def not_permitted(
     arguments: Mapping[str, Any],
 ) -> GuestError | None:
     """The refusal (counted and audited under ``label``, :meth:`Ring.denied`) when the
-    request's caller may not call the ``kind`` (tool, resource, prompt) named ``name``;
-    else None.
+    request ``ctx``'s ``caller`` (:func:`caller_of`) may not call the ``kind`` (tool,
+    resource, prompt) named ``name``; else None.
 
     Asked before a request is validated and before a task or a round exists; the ring's
     dispatcher asks the same rules again for a tool call (``Registry._permit``). A retry
@@ -65,7 +66,6 @@ def not_permitted(
     """
     if is_forwarded(ctx):
         return None
-    caller = caller_of(ctx)
     try:
         ring.dispatcher.view(caller).permit(kind, name, skill)
     except GuestError as exc:

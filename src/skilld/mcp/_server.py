@@ -285,6 +285,7 @@ class McpService:
         target: str,
         definition: Mapping[str, Any],
         *,
+        caller: Caller,
         skill: str,
         label: str,
         run: Callable[[SessionChannel], T],
@@ -301,7 +302,6 @@ class McpService:
             MCPError: ``-32602`` for a ``requestState`` naming no call of this target here.
             SkilldError: as :meth:`Ring.call`.
         """
-        caller = caller_of(ctx)
         timeout = self.config.client_request_timeout_s
         start = self._start(ctx, caller, skill, label, run, inline, arguments)
         if not modern(ctx):
@@ -407,10 +407,12 @@ class McpService:
         if tool is None:
             raise MCPError(types.INVALID_PARAMS, f"Unknown tool: {name}")
         arguments = dict(params.arguments or {})
-        refusal = not_permitted(self.ring, ctx, "tool", name, tool.skill_id, name, arguments)
+        caller = caller_of(ctx)
+        refusal = not_permitted(
+            self.ring, ctx, caller, "tool", name, tool.skill_id, name, arguments
+        )
         if refusal is not None:
             return error_result(error_text(refusal)[2])
-        caller = caller_of(ctx)
         try:
             self._validator(tool).check(arguments)
         except UsageError as exc:
@@ -459,6 +461,7 @@ class McpService:
                 params,
                 name,
                 definition,
+                caller=caller,
                 skill=tool.skill_id,
                 label=name,
                 run=run,

@@ -26,7 +26,7 @@ from skilld.mcp._ring import Ring
 from skilld.mcp._rounds import RoundChannel, Rounds, raise_missing
 from skilld.mcp._schema import ArgumentValidator
 from skilld.registry import Dispatcher
-from skilld.types import PromptSpec, ResourceSpec
+from skilld.types import Caller, PromptSpec, ResourceSpec
 
 T = TypeVar("T")
 Ctx = ServerRequestContext[Any, Any]
@@ -46,6 +46,7 @@ class Answer(Protocol):
         target: str,
         definition: Mapping[str, Any],
         *,
+        caller: Caller,
         skill: str,
         label: str,
         run: Callable[[SessionChannel], T],
@@ -134,23 +135,28 @@ class Surfaces:
         spec = self._resource_spec(uri)
         if spec is None:
             raise MCPError(RESOURCE_NOT_FOUND, f"Resource not found: {uri}", data={"uri": uri})
+        caller = caller_of(ctx)
         rounds: list[RoundChannel] = []
         try:
             skill = self.dispatcher.resource_skill(uri)
             label = f"resource:{spec.uri}"
-            refusal = not_permitted(self._ring, ctx, "resource", uri, skill, label, {"uri": uri})
+            arguments = {"uri": uri}
+            refusal = not_permitted(
+                self._ring, ctx, caller, "resource", uri, skill, label, arguments
+            )
             if refusal is not None:
                 raise refused_error(refusal)
-            read = partial(read_resource, self.dispatcher, uri, spec.mime_type, caller_of(ctx))
+            read = partial(read_resource, self.dispatcher, uri, spec.mime_type, caller)
             answer = await self._answer(
                 ctx,
                 params,
                 uri,
                 {"template": spec.uri},
+                caller=caller,
                 skill=skill,
                 label=label,
                 run=read,
-                arguments={"uri": uri},
+                arguments=arguments,
                 rounds=rounds,
             )
         except RegistryError as exc:
@@ -175,7 +181,8 @@ class Surfaces:
             raise MCPError(RESOURCE_NOT_FOUND, f"Resource not found: {uri}", data={"uri": uri})
         # Hearing of a resource's changes is reading it: the same rules decide.
         skill = self.dispatcher.resource_skill(uri)
-        refusal = not_permitted(self._ring, ctx, "resource", uri, skill, f"resource:{spec.uri}", {})
+        label = f"resource:{spec.uri}"
+        refusal = not_permitted(self._ring, ctx, caller_of(ctx), "resource", uri, skill, label, {})
         if refusal is not None:
             raise refused_error(refusal)
         session_state(ctx).setdefault(SUBS_KEY, set()).add(uri)
@@ -235,19 +242,23 @@ class Surfaces:
             ArgumentValidator(spec.arguments_schema, where=f"prompt {spec.name}").check(arguments)
         except UsageError as exc:
             raise MCPError(types.INVALID_PARAMS, str(exc)) from exc
+        caller = caller_of(ctx)
         rounds: list[RoundChannel] = []
         try:
             skill = self.dispatcher.prompt_skill(spec.name)
             label = f"prompt:{spec.name}"
-            refusal = not_permitted(self._ring, ctx, "prompt", spec.name, skill, label, arguments)
+            refusal = not_permitted(
+                self._ring, ctx, caller, "prompt", spec.name, skill, label, arguments
+            )
             if refusal is not None:
                 raise refused_error(refusal)
-            render = partial(render_prompt, self.dispatcher, spec, arguments, caller_of(ctx))
+            render = partial(render_prompt, self.dispatcher, spec, arguments, caller)
             return await self._answer(
                 ctx,
                 params,
                 spec.name,
                 {"args": spec.arguments_schema},
+                caller=caller,
                 skill=skill,
                 label=label,
                 run=render,
