@@ -8,10 +8,11 @@ rounds or as a task), the server's handlers and notifications of changed lists. 
 a call goes through below it is one module each, called downward and never calling
 back in here:
 
-- ``_ring``: drain, the skill's gate, the worker thread, metrics and the call log;
+- ``_surfaces``: resources and prompts (handlers beside these);
+- ``_requests``: the call at once, in rounds or as a task, started by the ring;
 - ``_rounds`` (input-required rounds) and ``_tasks`` (tasks, and ``tasks/*``);
-- ``_content``: a guest's output as MCP content, run on the call's thread;
-- ``_surfaces``: resources and prompts.
+- ``_ring``: drain, the skill's gate, the worker thread, metrics and the call log;
+- ``_content``: a guest's output as MCP content, made on the call's thread.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from __future__ import annotations
 import asyncio
 import secrets
 import weakref
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
-from typing import Any, Protocol, TypeVar, cast, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 from mcp import types
 from mcp.server.context import ServerRequestContext
@@ -43,10 +44,7 @@ from skilld.mcp import _skills_ext as skills_extension
 from skilld.mcp._caller import caller_of, not_permitted
 from skilld.mcp._channel import (
     LEVEL_KEY,
-    SessionChannel,
-    min_level_of,
     modern,
-    request_channel,
     session_state,
 )
 from skilld.mcp._config import ServeConfig
@@ -59,16 +57,13 @@ from skilld.mcp._content import (
 )
 from skilld.mcp._logging import Logger
 from skilld.mcp._metrics import Metrics
-from skilld.mcp._relay import forwarder, is_forwarded, run_relayed
+from skilld.mcp._relay import forwarder, run_relayed
+from skilld.mcp._requests import Requests
 from skilld.mcp._ring import Ring
 from skilld.mcp._rounds import (
     ParkedCalls,
     RoundChannel,
-    Rounds,
-    in_rounds,
     raise_missing,
-    round_channel,
-    skill_digest,
 )
 from skilld.mcp._schema import ArgumentValidator
 from skilld.mcp._surfaces import Surfaces
@@ -76,7 +71,6 @@ from skilld.mcp._tasks import (
     TASKS,
     TaskListen,
     TaskRequests,
-    as_task,
     client_capabilities,
     declares_tasks,
     tasks_of,
@@ -84,9 +78,7 @@ from skilld.mcp._tasks import (
 )
 from skilld.mcp._wiring import Wiring
 from skilld.registry import Dispatcher, Tool
-from skilld.types import Caller
 
-T = TypeVar("T")
 Ctx = ServerRequestContext[Any, Any]
 
 
@@ -170,7 +162,10 @@ class McpService:
         board = wiring.task_board if wiring is not None else None
         self.tasks = tasks_of(dispatcher, config, self.parked.node, board)
         self._task_tools = dict(config.task_tools)
-        self._surfaces = Surfaces(dispatcher, self.ring, self.answer)
+        self.requests = Requests(
+            self.ring, self.parked, self.tasks, config.client_request_timeout_s
+        )
+        self._surfaces = Surfaces(dispatcher, self.ring, self.requests)
         changing = isinstance(dispatcher, Watched)
         self.server = self._build(changing=changing)
         if isinstance(dispatcher, Watched):
@@ -278,70 +273,6 @@ class McpService:
         }
         return await run_relayed(request, handlers)
 
-    async def answer(
-        self,
-        ctx: Ctx,
-        params: Rounds,
-        target: str,
-        definition: Mapping[str, Any],
-        *,
-        caller: Caller,
-        skill: str,
-        label: str,
-        run: Callable[[SessionChannel], T],
-        inline: Callable[[SessionChannel], T] | None = None,
-        arguments: Mapping[str, Any],
-        rounds: list[RoundChannel],
-    ) -> T | types.InputRequiredResult:
-        """Run a request's guest call (``run``, ``inline`` first if given) in the ring:
-        at once in the handshake era; in input-required rounds (``_rounds.in_rounds``)
-        in 2026-07-28, ``definition`` (the target's schemas) bound into the round's
-        ``requestState``. A round's channel is appended to ``rounds``.
-
-        Raises:
-            MCPError: ``-32602`` for a ``requestState`` naming no call of this target here.
-            SkilldError: as :meth:`Ring.call`.
-        """
-        timeout = self.config.client_request_timeout_s
-        start = self._start(ctx, caller, skill, label, run, inline, arguments)
-        if not modern(ctx):
-            return await start(request_channel(ctx, skill, timeout))
-        return await in_rounds(
-            self.parked,
-            ctx,
-            params,
-            target,
-            skill_digest(target, skill, dict(definition)),
-            caller=caller,
-            forwarded=is_forwarded(ctx),
-            min_level=min_level_of(ctx),
-            new_channel=partial(round_channel, ctx, skill, timeout),
-            start=start,
-            rounds=rounds,
-        )
-
-    def _start(
-        self,
-        ctx: Ctx,
-        caller: Caller,
-        skill: str,
-        label: str,
-        run: Callable[[SessionChannel], T],
-        inline: Callable[[SessionChannel], T] | None,
-        arguments: Mapping[str, Any],
-    ) -> Callable[[SessionChannel], Coroutine[Any, Any, T]]:
-        """What starts the request's guest call on a channel: :meth:`Ring.call`, bound."""
-        return partial(
-            self.ring.call,
-            skill=skill,
-            label=label,
-            run=run,
-            inline=inline,
-            arguments=arguments,
-            caller=caller,
-            request_id=ctx.request_id,
-        )
-
     # -- tools ------------------------------------------------------------------
 
     def _task_mode(self, tool: Tool) -> str | None:
@@ -440,23 +371,17 @@ class McpService:
         definition = {"in": tool.input_schema, "out": tool.output_schema}
         try:
             if tasked:
-                return await as_task(
-                    self.parked,
-                    self.tasks,
+                return await self.requests.as_task(
                     ctx,
                     params,
-                    name,
-                    skill_digest(name, tool.skill_id, definition),
+                    definition,
                     caller=caller,
-                    forwarded=is_forwarded(ctx),
-                    min_level=min_level_of(ctx),
-                    new_channel=partial(
-                        round_channel, ctx, tool.skill_id, self.config.client_request_timeout_s
-                    ),
-                    start=self._start(ctx, caller, tool.skill_id, name, run, None, arguments),
+                    skill=tool.skill_id,
+                    run=run,
+                    arguments=arguments,
                     required=task_mode == "required",
                 )
-            result = await self.answer(
+            result = await self.requests.answer(
                 ctx,
                 params,
                 name,

@@ -4,14 +4,14 @@
 ``resources/subscribe`` and ``unsubscribe``, ``prompts/list``, ``prompts/get`` and
 ``completion/complete``. Each list is the caller's view (the bundle's caller rules);
 a read or a render is refused early by the same rules, then answered as a tool call is
-(:class:`Answer`: at once, or in input-required rounds), its guest run by the ring.
+(``_requests``: at once, or in input-required rounds), its guest run by the ring.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from functools import partial
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from mcp import types
 from mcp.server.context import ServerRequestContext
@@ -20,13 +20,14 @@ from mcp.shared.uri_template import InvalidUriTemplate, UriTemplate
 
 from skilld.errors import RegistryError, SkilldError, UsageError
 from skilld.mcp._caller import caller_of, not_permitted, refused_error
-from skilld.mcp._channel import SessionChannel, session_state
+from skilld.mcp._channel import session_state
 from skilld.mcp._content import error_text, read_resource, render_prompt
+from skilld.mcp._requests import Requests
 from skilld.mcp._ring import Ring
-from skilld.mcp._rounds import RoundChannel, Rounds, raise_missing
+from skilld.mcp._rounds import RoundChannel, raise_missing
 from skilld.mcp._schema import ArgumentValidator
 from skilld.registry import Dispatcher
-from skilld.types import Caller, PromptSpec, ResourceSpec
+from skilld.types import PromptSpec, ResourceSpec
 
 T = TypeVar("T")
 Ctx = ServerRequestContext[Any, Any]
@@ -35,45 +36,19 @@ RESOURCE_NOT_FOUND = -32002  # the MCP spec's code for an unknown resource URI
 SUBS_KEY = "skilld.subscriptions"
 
 
-class Answer(Protocol):
-    """How a request's guest call is answered (``McpService.answer``): at once in the
-    handshake era, in input-required rounds in 2026-07-28; either way run by the ring."""
-
-    async def __call__(
-        self,
-        ctx: Ctx,
-        params: Rounds,
-        target: str,
-        definition: Mapping[str, Any],
-        *,
-        caller: Caller,
-        skill: str,
-        label: str,
-        run: Callable[[SessionChannel], T],
-        arguments: Mapping[str, Any],
-        rounds: list[RoundChannel],
-    ) -> T | types.InputRequiredResult:
-        """The call's result, or the next round's ``InputRequiredResult``.
-
-        Raises:
-            SkilldError: as ``Ring.call``.
-        """
-        ...
-
-
 class Surfaces:
     """The resource and prompt handlers of one server.
 
     Args:
         dispatcher: whose resources and prompts are served.
         ring: what counts and audits a refusal.
-        answer: runs a read or a render (``McpService.answer``).
+        requests: runs a read or a render (at once, or in rounds).
     """
 
-    def __init__(self, dispatcher: Dispatcher, ring: Ring, answer: Answer) -> None:
+    def __init__(self, dispatcher: Dispatcher, ring: Ring, requests: Requests) -> None:
         self.dispatcher = dispatcher
         self._ring = ring
-        self._answer = answer
+        self._requests = requests
 
     # -- resources ----------------------------------------------------------------
 
@@ -147,7 +122,7 @@ class Surfaces:
             if refusal is not None:
                 raise refused_error(refusal)
             read = partial(read_resource, self.dispatcher, uri, spec.mime_type, caller)
-            answer = await self._answer(
+            answer = await self._requests.answer(
                 ctx,
                 params,
                 uri,
@@ -253,7 +228,7 @@ class Surfaces:
             if refusal is not None:
                 raise refused_error(refusal)
             render = partial(render_prompt, self.dispatcher, spec, arguments, caller)
-            return await self._answer(
+            return await self._requests.answer(
                 ctx,
                 params,
                 spec.name,
