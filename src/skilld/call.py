@@ -6,9 +6,9 @@ One ``tools/call``, in five hops (each stage in one place):
    ``_server.McpService._call_tool`` finds the tool, takes the request's typed
    :class:`~skilld.types.Caller` (``_caller.caller_of``), refuses early what the caller
    rules refuse (``_caller.not_permitted``) and checks the arguments against the tool's
-   input schema (``_schema``); the call then runs at once (handshake era), in
-   input-required rounds (``_rounds.in_rounds``, 2026-07-28) or as a task
-   (``_tasks.as_task``), each handed ``Ring.call`` as what starts it. **The ring**
+   input schema (``_schema``); ``_requests`` then runs the call at once (handshake
+   era), in input-required rounds (``_rounds.in_rounds``, 2026-07-28) or as a task
+   (``_tasks.as_task``), handing them ``Ring.call`` as what starts it. **The ring**
    (``_ring.Ring.call``) refuses while draining, awaits a slot of the skill's one
    :class:`CallGate` on the event loop (``dispatcher.gate(skill).take_async``; none in
    time: :class:`~skilld.errors.SkillBusy`) and lends it (:meth:`Slot.lend`) to the call,
