@@ -1,12 +1,13 @@
 """The ring around every guest call an MCP request makes: drain, gate, thread, outcome.
 
-The adapter (``_server``, ``_surfaces``), input-required rounds (``_rounds``) and tasks
-(``_tasks``) all run their guest code through :meth:`Ring.call`, which they call downward
-and which calls nothing back in them: refused while draining, a slot of the skill's one
-gate (``dispatcher.gate``) awaited on the event loop, an inline try or a worker thread
-(``_workers``), and one outcome word (the error class's) for ``/metrics`` and the
-``tool_call`` log line, as the audit record says it. The ring also counts the calls in
-flight, which is what :meth:`Ring.drain` waits for.
+Every request's guest code runs through :meth:`Ring.call`: at once from ``_requests``, or
+started by input-required rounds (``_rounds``) and tasks (``_tasks``), which are handed it
+bound; each calls it downward, and it calls nothing back in them. The ring refuses while
+draining, awaits a slot of the skill's one gate (``dispatcher.gate``) on the event loop,
+tries the call inline or runs it on a worker thread (``_workers``), and gives one outcome
+word (the error class's) to ``/metrics`` and the ``tool_call`` log line, as the audit
+record says it. It also counts the calls in flight, which is what :meth:`Ring.drain`
+waits for.
 """
 
 from __future__ import annotations

@@ -41,6 +41,7 @@ from typing import Any, Protocol, cast, runtime_checkable
 import anyio
 from mcp import types
 from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel.server import Server
 from mcp.server.subscriptions import SUBSCRIPTION_ID_META_KEY, ListenHandler
 from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel
@@ -895,7 +896,7 @@ class TaskRequests:
     def __init__(self, tasks: Tasks) -> None:
         self._tasks = tasks
 
-    def register(self, server: Any) -> None:
+    def register(self, server: Server[Any]) -> None:
         """Add the three handlers to the SDK's ``server``."""
         server.add_request_handler("tasks/get", TaskParams, self.get)
         server.add_request_handler("tasks/update", TaskParams, self.update)
