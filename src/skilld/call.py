@@ -2,18 +2,25 @@
 
 One ``tools/call``, in five hops (each stage in one place):
 
-1. **MCP layer** (``mcp/_server.py``, ``McpService._call_tool`` then ``_guest_call``):
-   the request's typed :class:`~skilld.types.Caller` (``mcp/_caller.py``), the
-   arguments against the tool's input schema, refused while draining, then a
-   slot of the skill's one :class:`CallGate` awaited on the event loop
-   (``dispatcher.gate(skill).take_async``; none in time: :class:`~skilld.errors.SkillBusy`).
-   The slot is lent (:meth:`Slot.lend`) to the call, which runs on a worker thread
-   (``_inline_or_blocking``; a tool call is first tried inline on the loop) taken from
-   ``mcp/_workers.py``'s pool, shared fairly between callers and skills and waited for
-   within what is left of ``queue_timeout_s`` (else ``SkillBusy`` too). A routed call
-   from another node (``cluster/_worker.py``, its entry node's caller sealed in the
-   message), ``invoke`` (the caller's skill) and ``skilld call`` (``local:cli``) enter
-   at hop 2 on their own thread.
+1. **MCP adapter and ring** (``mcp/``; each module entered once, going down):
+   ``_server.McpService._call_tool`` finds the tool, takes the request's typed
+   :class:`~skilld.types.Caller` (``_caller.caller_of``), refuses early what the caller
+   rules refuse (``_caller.not_permitted``) and checks the arguments against the tool's
+   input schema (``_schema``); ``_requests`` then runs the call at once (handshake
+   era), in input-required rounds (``_rounds.in_rounds``, 2026-07-28) or as a task
+   (``_tasks.as_task``), handing them ``Ring.call`` as what starts it. **The ring**
+   (``_ring.Ring.call``) refuses while draining, awaits a slot of the skill's one
+   :class:`CallGate` on the event loop (``dispatcher.gate(skill).take_async``; none in
+   time: :class:`~skilld.errors.SkillBusy`) and lends it (:meth:`Slot.lend`) to the call,
+   tried inline on the loop first for a tool, else run on a thread of ``_workers``' pool
+   (shared fairly between callers and skills, waited for within what is left of
+   ``queue_timeout_s``, else ``SkillBusy`` too). On that thread ``_content.call_tool``
+   calls the dispatcher and maps its output to MCP content; the ring then counts the
+   outcome for ``/metrics`` and writes the ``tool_call`` log line. A routed call from
+   another node (``cluster/_worker.py``, its entry node's caller sealed in the message),
+   ``invoke`` (the caller's skill), delegate's runner and ``skilld delegate``
+   (``local:cli``) enter at hop 2 on their own thread; ``skilld call`` runs one component
+   at hop 3, without a registry.
 2. **Registry** (``registry/_dispatch.py``, ``Registry.call``, ``call_method``, ``_run``):
    the tool name to (skill, method), made a :class:`Call` (every other entry builds its
    own); the bundle's caller rules for the call's caller (``Registry._permit``; every
@@ -34,7 +41,9 @@ One ``tools/call``, in five hops (each stage in one place):
    ``tool_call`` log line all say; a cancel from the server's drain becomes
    ``ServerShutdown`` here, once; the slot goes back; the recorder's one
    ``call`` record goes to the sink (``registry/_audit.py``; a ``started`` record went
-   before the call's first state write); the result or the error goes to the caller.
+   before the call's first state write); the result or the error goes back up the way
+   it came: mapped to content on the call's thread (``mcp/_content.py``), counted and
+   logged by the ring, answered by the adapter (or kept for the task or the round).
 
 :class:`CallContext` is everything one call of one skill acts in: its limits, its
 key-value namespace, its permission checker, the client channel, the orchestrator

@@ -8,7 +8,6 @@ raw HTTP requests play a hostile client against the ``requestState``.
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -24,21 +23,16 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from skilld.audit import MemorySink
 from skilld.mcp import HttpServer, ServeConfig
-from skilld.permissions import SkillPermissions
-from skilld.policy import compile_policies
-from skilld.registry import NullChannel, Registry, SkillEntry
-from skilld.sandbox import CallContext, Sandbox
-from support.env import ROOT
+from skilld.registry import Registry
+from skilld.sandbox import Sandbox
+from support.conformance import conformance_registry
 from support.mcp_fakes import running_http, text_of
+from support.modern_http import MODERN, modern, payload
 
 # The static test dispatcher, served as a script (it is no part of the package).
 STATIC = Path(__file__).resolve().parents[1] / "support" / "static_dispatcher.py"
 
 pytestmark = pytest.mark.anyio
-
-MODERN = "2026-07-28"
-META_VERSION = "io.modelcontextprotocol/protocolVersion"
-META_CAPS = "io.modelcontextprotocol/clientCapabilities"
 
 
 @pytest.fixture
@@ -95,36 +89,6 @@ async def test_sdk_client_completes_a_guest_that_elicits_and_samples(
     assert text_of(three) == "Paris Ada (1 roots)"
     records = [r for r in sink.records if r.get("skill") == "conformance"]
     assert [r.get("outcome") for r in records] == ["ok", "ok", "ok"], records
-
-
-async def modern(
-    http: httpx.AsyncClient,
-    url: str,
-    method: str,
-    params: dict[str, Any],
-    caps: dict[str, Any] | None = None,
-) -> httpx.Response:
-    """One 2026-07-28 request, with the headers and ``_meta`` the revision asks for."""
-    meta = {META_VERSION: MODERN, META_CAPS: {"elicitation": {}} if caps is None else caps}
-    body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": {**params, "_meta": meta}}
-    headers = {
-        "Accept": "application/json, text/event-stream",
-        "MCP-Protocol-Version": MODERN,
-        "Mcp-Method": method,
-    }
-    if "name" in params:
-        headers["Mcp-Name"] = params["name"]
-    return await http.post(url, json=body, headers=headers)
-
-
-def payload(response: httpx.Response) -> dict[str, Any]:
-    """The JSON-RPC message of a response (plain JSON or the last SSE data line)."""
-    if response.headers.get("content-type", "").startswith("application/json"):
-        message: dict[str, Any] = response.json()
-        return message
-    data = [line[5:].strip() for line in response.text.splitlines() if line.startswith("data:")]
-    last: dict[str, Any] = json.loads(data[-1])
-    return last
 
 
 async def first_round(http: httpx.AsyncClient, url: str, name: str) -> dict[str, Any]:
@@ -314,25 +278,12 @@ async def test_ask_is_refused_whole_when_one_question_is_not_granted(
 ) -> None:
     """Under a policy without ``roots``, a guest asking three questions at once gets
     not-permitted and the client is asked nothing (no question goes out before the check)."""
-    policy = (ROOT / "tests" / "policies" / "conformance.yaml").read_text()
-    (tmp_path / "conformance.yaml").write_text(
-        policy.replace("client: [sample, elicit, roots]", "client: [sample, elicit]")
+    registry, _sink = conformance_registry(
+        sandbox,
+        component_path("conformance"),
+        tmp_path,
+        replacing={"client: [sample, elicit, roots]": "client: [sample, elicit]"},
     )
-    compiled = compile_policies(tmp_path, {"conformance": None})
-    assert not compiled.problems, compiled.problems
-    checker = SkillPermissions.from_tables(compiled.tables, "conformance")
-    comp = sandbox.load(component_path("conformance").read_bytes(), name="conformance")
-    spec = comp.describe(CallContext("conformance", checker.limits, NullChannel()))
-    registry = Registry(audit=MemorySink())
-    registry.add(
-        SkillEntry(
-            spec=dataclasses.replace(spec, id="conformance"),
-            component=comp,
-            limits=checker.limits,
-            checker=checker,
-        )
-    )
-    registry.mark_ready()
     asked: list[str] = []
 
     async def note(context: Any, params: Any) -> types.ElicitResult:
@@ -358,9 +309,7 @@ async def test_stdio_serves_both_eras(mode: str) -> None:
     async def answer(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
         return types.ElicitResult(action="accept", content={"username": "ada", "email": "a@b"})
 
-    server = StdioServerParameters(
-        command=sys.executable, args=[str(STATIC), "conformance"]
-    )
+    server = StdioServerParameters(command=sys.executable, args=[str(STATIC), "conformance"])
     with anyio.fail_after(60):
         async with Client(stdio_client(server), mode=mode, elicitation_callback=answer) as client:
             result = await client.call_tool("test_elicitation", {"message": "hi"})

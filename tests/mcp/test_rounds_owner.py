@@ -14,7 +14,7 @@ import anyio
 import httpx2 as httpx
 import pytest
 from mcp.shared.exceptions import MCPError
-from test_mcp_rounds import META_CAPS, META_VERSION, MODERN, tool
+from test_mcp_rounds import tool
 
 from skilld.audit import MemorySink
 from skilld.mcp import HttpServer, ServeConfig
@@ -22,11 +22,13 @@ from skilld.mcp._rounds import ParkedCalls
 from skilld.registry import Registry
 from support.callers import open_to_authenticated
 from support.mcp_fakes import running_http
+from support.modern_http import call_as
 
 pytestmark = pytest.mark.anyio
 
 ALICE = "alice-0123456789abcdefghijklmnopqrstuvwxyz"  # the bearer tokens: who calls
 MALLORY = "mallory-0123456789abcdefghijklmnopqrstuvw"
+ELICIT = {"elicitation": {}}  # a client that may be asked: its call may park a round
 ANSWER = {"confirm": {"action": "accept", "content": {"ok": True}}}
 
 
@@ -43,32 +45,6 @@ async def server(
         yield srv
 
 
-async def as_caller(
-    http: httpx.AsyncClient, url: str, who: str, name: str, state: str | None = None
-) -> dict[str, Any]:
-    """A 2026-07-28 ``tools/call`` of ``name`` as ``who`` (a retry when ``state``): its
-    JSON-RPC message."""
-    params: dict[str, Any] = {"name": name, "arguments": {}}
-    if state is not None:
-        params.update(inputResponses=ANSWER, requestState=state)
-    meta = {META_VERSION: MODERN, META_CAPS: {"elicitation": {}}}
-    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {**params, "_meta": meta}}
-    headers = {
-        "Accept": "application/json, text/event-stream",
-        "MCP-Protocol-Version": MODERN,
-        "Mcp-Method": "tools/call",
-        "Mcp-Name": name,
-        "Authorization": f"Bearer {who}",
-    }
-    response = await http.post(url, json=body, headers=headers)
-    if response.headers.get("content-type", "").startswith("application/json"):
-        message: dict[str, Any] = response.json()
-        return message
-    data = [line[5:].strip() for line in response.text.splitlines() if line.startswith("data:")]
-    last: dict[str, Any] = json.loads(data[-1])
-    return last
-
-
 async def test_a_retry_with_another_callers_request_state_is_one_never_minted(
     server: HttpServer, conformance: tuple[Registry, MemorySink]
 ) -> None:
@@ -79,16 +55,16 @@ async def test_a_retry_with_another_callers_request_state_is_one_never_minted(
     name = tool(registry, "ir_request_state")
     async with httpx.AsyncClient(timeout=30) as http:
         url = server.url
-        state = (await as_caller(http, url, ALICE, name))["result"]["requestState"]
-        stolen = await as_caller(http, url, MALLORY, name, state)
+        state = (await call_as(http, url, ALICE, name, caps=ELICIT))["result"]["requestState"]
+        stolen = await call_as(http, url, MALLORY, name, caps=ELICIT, state=state, responses=ANSWER)
         forged = state[:-2] + ("A" if state[-2] != "A" else "B") + state[-1]
-        never = await as_caller(http, url, MALLORY, name, forged)
+        never = await call_as(http, url, MALLORY, name, caps=ELICIT, state=forged, responses=ANSWER)
         assert stolen["error"] == never["error"], (stolen, never)
         with anyio.fail_after(10):
-            done = await as_caller(http, url, ALICE, name, state)
+            done = await call_as(http, url, ALICE, name, caps=ELICIT, state=state, responses=ANSWER)
         assert "state-ok" in done["result"]["content"][0]["text"], done
-        own = (await as_caller(http, url, MALLORY, name))["result"]["requestState"]
-        mine = await as_caller(http, url, MALLORY, name, own)
+        own = (await call_as(http, url, MALLORY, name, caps=ELICIT))["result"]["requestState"]
+        mine = await call_as(http, url, MALLORY, name, caps=ELICIT, state=own, responses=ANSWER)
         assert "state-ok" in mine["result"]["content"][0]["text"], mine
     # the guest ran once for each of the two calls answered
     assert [r.get("outcome") for r in sink.records if r.get("skill") == "conformance"] == [
@@ -108,17 +84,21 @@ async def test_mallory_at_her_rounds_cap_leaves_alice_answered(
     name = tool(registry, "ir_request_state")
     async with httpx.AsyncClient(timeout=30) as http:
         url = server.url
-        held = [(await as_caller(http, url, MALLORY, name))["result"] for _ in range(3)]
+        held = [(await call_as(http, url, MALLORY, name, caps=ELICIT))["result"] for _ in range(3)]
         assert all(h["resultType"] == "input_required" for h in held), held
         with anyio.fail_after(10):
-            state = (await as_caller(http, url, ALICE, name))["result"]["requestState"]
-            done = await as_caller(http, url, ALICE, name, state)
+            state = (await call_as(http, url, ALICE, name, caps=ELICIT))["result"]["requestState"]
+            done = await call_as(http, url, ALICE, name, caps=ELICIT, state=state, responses=ANSWER)
         assert "state-ok" in done["result"]["content"][0]["text"], done
-        oldest = await as_caller(http, url, MALLORY, name, held[0]["requestState"])
+        oldest = await call_as(
+            http, url, MALLORY, name, caps=ELICIT, state=held[0]["requestState"], responses=ANSWER
+        )
         assert oldest["error"]["code"] == -32602, oldest
         assert "is over" in oldest["error"]["message"], oldest
         for newer in held[1:]:
-            answered = await as_caller(http, url, MALLORY, name, newer["requestState"])
+            answered = await call_as(
+                http, url, MALLORY, name, caps=ELICIT, state=newer["requestState"], responses=ANSWER
+            )
             assert "state-ok" in answered["result"]["content"][0]["text"], answered
     with anyio.fail_after(10):
         while not (

@@ -4,7 +4,6 @@ round leaves alice's call of that skill answered within its deadline."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -13,18 +12,16 @@ from typing import Any
 import anyio
 import httpx2 as httpx
 import pytest
-from test_mcp_rounds import META_CAPS, META_VERSION, MODERN, tool
+from test_mcp_rounds import tool
 
-from skilld.audit import MemorySink
 from skilld.call import caller_share
 from skilld.mcp import HttpServer, ServeConfig
-from skilld.permissions import SkillPermissions
-from skilld.policy import compile_policies
-from skilld.registry import NullChannel, Registry, SkillEntry
-from skilld.sandbox import CallContext, Sandbox
+from skilld.registry import Registry
+from skilld.sandbox import Sandbox
 from support.callers import open_to_authenticated
-from support.env import ROOT
+from support.conformance import conformance_registry
 from support.mcp_fakes import running_http
+from support.modern_http import call_as
 
 pytestmark = pytest.mark.anyio
 
@@ -37,27 +34,12 @@ ELICIT = {"elicitation": {}}  # a client that may be asked: its call may park a 
 @pytest.fixture
 def four_slots(sandbox: Sandbox, component_path: Callable[[str], Path], tmp_path: Path) -> Registry:
     """The conformance skill with four slots and a wall time longer than the test."""
-    policy = (ROOT / "tests" / "policies" / "conformance.yaml").read_text()
-    assert "wall_time: 120s" in policy
-    limits = policy.replace("wall_time: 120s", "wall_time: 60s")
-    (tmp_path / "conformance.yaml").write_text(
-        limits.replace("concurrency: 16", f"concurrency: {SLOTS}")
+    registry, _sink = conformance_registry(
+        sandbox,
+        component_path("conformance"),
+        tmp_path,
+        replacing={"wall_time: 120s": "wall_time: 60s", "concurrency: 16": f"concurrency: {SLOTS}"},
     )
-    compiled = compile_policies(tmp_path, {"conformance": None})
-    assert not compiled.problems, compiled.problems
-    checker = SkillPermissions.from_tables(compiled.tables, "conformance")
-    comp = sandbox.load(component_path("conformance").read_bytes(), name="conformance")
-    spec = comp.describe(CallContext("conformance", checker.limits, NullChannel()))
-    registry = Registry(audit=MemorySink())
-    registry.add(
-        SkillEntry(
-            spec=dataclasses.replace(spec, id="conformance"),
-            component=comp,
-            limits=checker.limits,
-            checker=checker,
-        )
-    )
-    registry.mark_ready()
     return registry
 
 
@@ -81,35 +63,6 @@ async def server(four_slots: Registry, tmp_path: Path) -> AsyncIterator[HttpServ
         yield srv
 
 
-async def as_caller(
-    http: httpx.AsyncClient,
-    url: str,
-    who: str,
-    name: str,
-    arguments: dict[str, Any],
-    caps: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """A 2026-07-28 ``tools/call`` of ``name`` as ``who`` (a client of ``caps``, none by
-    default: the call can park no round): its JSON-RPC message."""
-    meta = {META_VERSION: MODERN, META_CAPS: caps or {}}
-    params = {"name": name, "arguments": arguments, "_meta": meta}
-    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}
-    headers = {
-        "Accept": "application/json, text/event-stream",
-        "MCP-Protocol-Version": MODERN,
-        "Mcp-Method": "tools/call",
-        "Mcp-Name": name,
-        "Authorization": f"Bearer {who}",
-    }
-    response = await http.post(url, json=body, headers=headers)
-    if response.headers.get("content-type", "").startswith("application/json"):
-        message: dict[str, Any] = response.json()
-        return message
-    data = [line[5:].strip() for line in response.text.splitlines() if line.startswith("data:")]
-    last: dict[str, Any] = json.loads(data[-1])
-    return last
-
-
 async def test_mallory_at_her_share_of_a_skills_slots_leaves_alice_answered(
     server: HttpServer, four_slots: Registry
 ) -> None:
@@ -124,11 +77,11 @@ async def test_mallory_at_her_share_of_a_skills_slots_leaves_alice_answered(
     async with httpx.AsyncClient(timeout=60) as http, anyio.create_task_group() as tg:
         url = server.url
         rounds = tool(four_slots, "ir_request_state")
-        parked = await as_caller(http, url, MALLORY, rounds, {}, ELICIT)
+        parked = await call_as(http, url, MALLORY, rounds, caps=ELICIT)
         assert parked["result"]["resultType"] == "input_required", parked
 
         async def long_call() -> None:
-            answer = await as_caller(http, url, MALLORY, slow, {"seconds": 30})
+            answer = await call_as(http, url, MALLORY, slow, {"seconds": 30})
             if "error" in answer or answer["result"].get("isError"):
                 refused.append(answer)
 
@@ -139,7 +92,7 @@ async def test_mallory_at_her_share_of_a_skills_slots_leaves_alice_answered(
                 await anyio.sleep(0.05)
         assert gate.running == 3, refused  # all mallory's: alice has not called yet
         with anyio.fail_after(30):
-            answer = await as_caller(http, url, ALICE, simple, {})
+            answer = await call_as(http, url, ALICE, simple, {})
         assert not answer["result"].get("isError"), answer
         text = json.dumps(refused)
         assert "busy for this caller: its calls hold 3" in text and "its share" in text, refused

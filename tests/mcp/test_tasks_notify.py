@@ -19,6 +19,7 @@ from skilld.mcp import HttpServer, ServeConfig
 from skilld.registry import Registry
 from support.callers import open_to_authenticated
 from support.mcp_fakes import client_tokens, running_http, token_of
+from support.modern_http import payload
 
 pytestmark = pytest.mark.anyio
 
@@ -58,13 +59,7 @@ async def call(
     """One request as ``who``; its JSON-RPC message."""
     body = {"jsonrpc": "2.0", "id": 7, "method": method, "params": {**params, "_meta": META}}
     named = params.get("name") or params.get("taskId")
-    response = await http.post(url, json=body, headers=headers(method, who, named))
-    if response.headers.get("content-type", "").startswith("application/json"):
-        message: dict[str, Any] = response.json()
-        return message
-    data = [line[5:] for line in response.text.splitlines() if line.startswith("data:")]
-    last: dict[str, Any] = json.loads(data[-1])
-    return last
+    return payload(await http.post(url, json=body, headers=headers(method, who, named)))
 
 
 async def listen(

@@ -6,6 +6,7 @@ share) reads the caller this returns and never looks at a header again.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from mcp import types
@@ -13,7 +14,9 @@ from mcp.shared.exceptions import MCPError
 
 from skilld.errors import GuestError
 from skilld.mcp import _auth
-from skilld.mcp._relay import ForwardedSession
+from skilld.mcp._relay import ForwardedSession, is_forwarded
+from skilld.mcp._ring import Ring
+from skilld.registry import TargetKind
 from skilld.types import Caller
 
 
@@ -41,3 +44,31 @@ def refused_error(refusal: GuestError) -> MCPError:
         f"[{refusal.code}, rule {refusal.rule}] {refusal.message}",
         data={"code": refusal.code, "rule": refusal.rule},
     )
+
+
+def not_permitted(
+    ring: Ring,
+    ctx: Any,
+    caller: Caller,
+    kind: TargetKind,
+    name: str,
+    skill: str,
+    label: str,
+    arguments: Mapping[str, Any],
+) -> GuestError | None:
+    """The refusal (counted and audited under ``label``, :meth:`Ring.denied`) when the
+    request ``ctx``'s ``caller`` (:func:`caller_of`) may not call the ``kind`` (tool,
+    resource, prompt) named ``name``; else None.
+
+    Asked before a request is validated and before a task or a round exists; the ring's
+    dispatcher asks the same rules again for a tool call (``Registry._permit``). A retry
+    another entry node forwarded was checked there, against its own caller.
+    """
+    if is_forwarded(ctx):
+        return None
+    try:
+        ring.dispatcher.view(caller).permit(kind, name, skill)
+    except GuestError as exc:
+        ring.denied(exc, skill, label, arguments, caller)
+        return exc
+    return None

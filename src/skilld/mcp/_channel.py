@@ -19,9 +19,12 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 from mcp import types
+from mcp.server.connection import allowed_log_levels
+from mcp.server.context import ServerRequestContext
 from mcp.server.session import ServerSession
 from mcp.shared.exceptions import MCPError
 from mcp.shared.message import ServerMessageMetadata
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ValidationError
 
 from skilld.errors import GuestError
@@ -34,6 +37,10 @@ _ALIASES = cast(Mapping[str, types.LoggingLevel], LOG_LEVEL_ALIASES)
 
 T = TypeVar("T")
 R = TypeVar("R", bound=BaseModel)
+Ctx = ServerRequestContext[Any, Any]
+
+LEVEL_KEY = "skilld.log_level"
+DEFAULT_LEVEL: types.LoggingLevel = "info"
 
 
 def normalize_level(level: str) -> types.LoggingLevel:
@@ -61,6 +68,47 @@ def without_key(params: Mapping[str, Any]) -> dict[str, Any]:
     elif meta is not None:
         body["_meta"] = meta
     return body
+
+
+def session_state(ctx: Ctx) -> dict[str, Any]:
+    """Per-session scratch state, kept on the SDK's connection object.
+
+    ``ServerRequestContext`` does not expose the connection yet (the SDK's own
+    ``Context`` does, and replaces it in a later 2.x); this is the one place that
+    reaches for it.
+    """
+    state: dict[str, Any] = ctx.session._connection.state
+    return state
+
+
+def modern(ctx: Ctx) -> bool:
+    """True for a 2026-07-28 request (stateless; questions to the client go in rounds)."""
+    return ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+
+
+def min_level_of(ctx: Ctx) -> Callable[[], types.LoggingLevel | None]:
+    """The lowest level of guest logs this request's client hears (None: no logs).
+
+    Handshake-era sessions set it with ``logging/setLevel``; a 2026-07-28 request
+    asks for logs in its own ``_meta``, and hears none without asking.
+    """
+    if modern(ctx):
+        allowed = allowed_log_levels(ctx.protocol_version, ctx.meta)
+        floor = next((lvl for lvl in LOG_LEVELS if lvl in allowed), None)
+        return lambda: floor
+    state = session_state(ctx)
+    return lambda: state.get(LEVEL_KEY, DEFAULT_LEVEL)
+
+
+def request_channel(ctx: Ctx, skill: str, request_timeout_s: float) -> SessionChannel:
+    """The channel of the request ``ctx`` to its client, for a call of ``skill``."""
+    return SessionChannel(
+        ctx.session,
+        ctx.request_id,
+        skill=skill,
+        min_level=min_level_of(ctx),
+        request_timeout_s=request_timeout_s,
+    )
 
 
 class SessionChannel:

@@ -14,10 +14,10 @@ import structlog
 
 from skilld.mcp._config import ServeConfig
 
+Logger = structlog.typing.FilteringBoundLogger
 
-def make_logger(
-    config: ServeConfig, stream: TextIO | None = None
-) -> structlog.typing.FilteringBoundLogger:
+
+def make_logger(config: ServeConfig, stream: TextIO | None = None) -> Logger:
     """A structlog logger writing ``config.log_format`` lines at ``config.log_level`` and above.
 
     Built without touching structlog's global configuration, so that other
@@ -30,7 +30,7 @@ def make_logger(
         # Kept open for the life of the process: the log outlives any one server run.
         stream = open(config.log_file, "a", buffering=1) if config.log_file else sys.stderr  # noqa: SIM115
     level = logging.getLevelNamesMapping()[config.log_level.upper()]
-    logger: structlog.typing.FilteringBoundLogger = structlog.wrap_logger(
+    logger: Logger = structlog.wrap_logger(
         structlog.PrintLogger(stream),
         wrapper_class=structlog.make_filtering_bound_logger(level),
         processors=[

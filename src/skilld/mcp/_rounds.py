@@ -54,7 +54,7 @@ from pydantic import BaseModel, ValidationError
 
 from skilld import telemetry
 from skilld.errors import GuestError
-from skilld.mcp._channel import KEY_META, SessionChannel, without_key
+from skilld.mcp._channel import KEY_META, SessionChannel, min_level_of, without_key
 from skilld.types import Caller
 
 T = TypeVar("T")
@@ -247,6 +247,32 @@ class RoundChannel(SessionChannel):
         self.pending = {q.key: q for q in questions}
         self._got = {}
         self.asked()
+
+
+def round_channel(
+    ctx: Ctx, skill: str, request_timeout_s: float, prefilled: Mapping[str, Any]
+) -> RoundChannel:
+    """The channel of a call the request ``ctx`` starts, whose questions go in rounds;
+    ``prefilled``: the answers the request brought along."""
+    return RoundChannel(
+        ctx.session,
+        ctx.request_id,
+        skill=skill,
+        min_level=min_level_of(ctx),
+        request_timeout_s=request_timeout_s,
+        prefilled=prefilled,
+        capabilities=ctx.session.check_client_capability,
+    )
+
+
+def raise_missing(rounds: list[RoundChannel]) -> None:
+    """Refuse a failed call that needed a client capability its request did not declare.
+
+    Raises:
+        MCPError: ``-32021`` naming the capability (``missing_capability``).
+    """
+    if rounds and rounds[0].missing:
+        raise missing_capability(rounds[0].missing)
 
 
 @dataclass

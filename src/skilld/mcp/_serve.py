@@ -13,9 +13,9 @@ import anyio
 from mcp.server.stdio import stdio_server
 
 from skilld.mcp._config import ServeConfig
-from skilld.mcp._logging import make_logger
+from skilld.mcp._logging import Logger, make_logger
 from skilld.mcp._metrics import Metrics
-from skilld.mcp._server import Logger, McpService
+from skilld.mcp._server import McpService
 from skilld.mcp._stdin import claimed_stdin
 from skilld.mcp._wiring import Wiring
 from skilld.registry import Dispatcher

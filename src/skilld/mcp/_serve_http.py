@@ -25,9 +25,9 @@ from skilld.mcp._auth import Credentials, check_exposure, credentials_for
 from skilld.mcp._config import ServeConfig
 from skilld.mcp._connections import ACCEPT_BATCH, ConnectionGuard, connection_cap
 from skilld.mcp._http import build_app
-from skilld.mcp._logging import make_logger
+from skilld.mcp._logging import Logger, make_logger
 from skilld.mcp._metrics import Metrics
-from skilld.mcp._server import Logger, McpService
+from skilld.mcp._server import McpService
 from skilld.mcp._wiring import Wiring
 from skilld.registry import Dispatcher
 

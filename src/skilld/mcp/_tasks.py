@@ -41,6 +41,7 @@ from typing import Any, Protocol, cast, runtime_checkable
 import anyio
 from mcp import types
 from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel.server import Server
 from mcp.server.subscriptions import SUBSCRIPTION_ID_META_KEY, ListenHandler
 from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel
@@ -49,6 +50,7 @@ from skilld import telemetry
 from skilld.errors import SkilldError
 from skilld.mcp._caller import caller_of
 from skilld.mcp._config import ServeConfig
+from skilld.mcp._content import error_result, error_text
 from skilld.mcp._rounds import (
     MISSING_REQUIRED_CLIENT_CAPABILITY,
     ParkedCall,
@@ -277,6 +279,29 @@ def tasks_required() -> MCPError:
 
 Outcome = Callable[[BaseException | None, Any], tuple[str, Mapping[str, Any] | None, Any]]
 """Maps a finished call (exception, result) to (status, error, result)."""
+
+
+def task_outcome(
+    exc: BaseException | None, value: Any
+) -> tuple[str, Mapping[str, Any] | None, Any]:
+    """A finished task call: (status, error, result) as ``tasks/get`` reports them.
+
+    A guest that reported an error ran: ``completed`` with ``isError``; a guest that
+    crashed, or a failure below the seam, is ``failed`` with a JSON-RPC error.
+    """
+    dump: Callable[[types.CallToolResult], Any] = lambda r: r.model_dump(  # noqa: E731
+        by_alias=True, mode="json", exclude_none=True
+    )
+    if exc is None:
+        return "completed", None, dump(value)
+    if isinstance(exc, SkilldError):
+        code, _rule, text = error_text(exc)
+        if code == "cancelled":
+            return "cancelled", None, None
+        if code not in ("internal", "fault"):
+            return "completed", None, dump(error_result(text))
+        return "failed", {"code": types.INTERNAL_ERROR, "message": text}, None
+    return "failed", {"code": types.INTERNAL_ERROR, "message": "the call failed unexpectedly"}, None
 
 
 Audit = Callable[[dict[str, Any]], None]
@@ -795,7 +820,6 @@ async def as_task(
     min_level: Callable[[], types.LoggingLevel | None],
     new_channel: Callable[[Mapping[str, Any]], RoundChannel],
     start: Callable[[RoundChannel], Coroutine[Any, Any, types.CallToolResult]],
-    outcome: Outcome,
     required: bool,
 ) -> types.CallToolResult | types.InputRequiredResult | dict[str, Any]:
     """Start (or, after input rounds, escalate) a call as a task; ``CreateTaskResult``.
@@ -827,5 +851,88 @@ async def as_task(
                     await call.changed.wait()
             if call.channel.pending:
                 return await parked.step(call)
-    record = tasks.create(name, call, outcome, client=caller.key)
+    record = tasks.create(name, call, task_outcome, client=caller.key)
     return {"resultType": "task", **record.wire()}
+
+
+HEADER_MISMATCH = -32020  # SEP-2243: a routing header disagrees with the body
+# How long tasks/cancel waits for another entry node to apply it (the ack goes out anyway).
+_CANCEL_WAIT_S = 3.0
+
+
+class TaskParams(types.RequestParams):
+    """``tasks/get``, ``tasks/update`` and ``tasks/cancel`` params."""
+
+    task_id: str
+    input_responses: dict[str, Any] | None = None
+
+
+def _gate(ctx: Ctx, params: TaskParams) -> None:
+    """Refuse a tasks/* request of a client without the extension, or misrouted.
+
+    Raises:
+        MCPError: -32021 without the extension; -32020 (HTTP 400) when the
+            ``Mcp-Name`` header names another task than the body (SEP-2663 routes
+            tasks/* by it, so a mismatch could reach the wrong node).
+    """
+    if not declares_tasks(ctx.params, client_capabilities(ctx)):
+        raise tasks_required()
+    headers = getattr(ctx.request, "headers", None)
+    named = headers.get("mcp-name") if headers is not None else None
+    if named is not None and named.strip() != params.task_id:
+        raise MCPError(
+            HEADER_MISMATCH,
+            "the Mcp-Name header does not match params.taskId",
+            data={"header": "Mcp-Name"},
+        )
+
+
+class TaskRequests:
+    """The ``tasks/get``, ``tasks/update`` and ``tasks/cancel`` handlers over ``tasks``.
+
+    Each answers only the caller that made the task (its ``Caller.key``).
+    """
+
+    def __init__(self, tasks: Tasks) -> None:
+        self._tasks = tasks
+
+    def register(self, server: Server[Any]) -> None:
+        """Add the three handlers to the SDK's ``server``."""
+        server.add_request_handler("tasks/get", TaskParams, self.get)
+        server.add_request_handler("tasks/update", TaskParams, self.update)
+        server.add_request_handler("tasks/cancel", TaskParams, self.cancel)
+
+    async def get(self, ctx: Ctx, params: TaskParams) -> dict[str, Any]:
+        """``tasks/get``: the task's status (and, once terminal, its result).
+
+        Raises:
+            MCPError: as :func:`_gate`; ``-32602`` for a task unknown to this caller.
+        """
+        _gate(ctx, params)
+        return self._tasks.get(params.task_id, client=caller_of(ctx).key)
+
+    async def update(self, ctx: Ctx, params: TaskParams) -> dict[str, Any]:
+        """``tasks/update``: answers to the questions the task's guest asked.
+
+        Raises:
+            MCPError: as :func:`_gate`; ``-32602`` for a task unknown to this caller.
+        """
+        _gate(ctx, params)
+        responses = plain(params.input_responses)
+        return self._tasks.update(params.task_id, responses, client=caller_of(ctx).key)
+
+    async def cancel(self, ctx: Ctx, params: TaskParams) -> dict[str, Any]:
+        """``tasks/cancel``: end the task's call; waits a bounded while for another
+        entry node that runs it.
+
+        Raises:
+            MCPError: as :func:`_gate`; ``-32602`` for a task unknown to this caller.
+        """
+        _gate(ctx, params)
+        ack = self._tasks.cancel(params.task_id, client=caller_of(ctx).key)
+        # Another entry node runs it: let its owner end it before the client's next
+        # tasks/get (which then reads cancelled), within a bound.
+        with anyio.move_on_after(_CANCEL_WAIT_S):
+            while self._tasks.pending_elsewhere(params.task_id):
+                await anyio.sleep(0.05)
+        return ack

@@ -1,0 +1,68 @@
+"""2026-07-28 (stateless) MCP requests over plain HTTP, as a client sends them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import httpx2 as httpx
+
+MODERN = "2026-07-28"
+META_VERSION = "io.modelcontextprotocol/protocolVersion"
+META_CAPS = "io.modelcontextprotocol/clientCapabilities"
+
+
+async def modern(
+    http: httpx.AsyncClient,
+    url: str,
+    method: str,
+    params: Mapping[str, Any],
+    caps: Mapping[str, Any] | None = None,
+    *,
+    token: str | None = None,
+) -> httpx.Response:
+    """One 2026-07-28 request, with the headers and ``_meta`` the revision asks for: from a
+    client of ``caps`` (elicitation by default), as the bearer ``token`` when given."""
+    meta = {META_VERSION: MODERN, META_CAPS: {"elicitation": {}} if caps is None else dict(caps)}
+    body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": {**params, "_meta": meta}}
+    headers = {
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": MODERN,
+        "Mcp-Method": method,
+    }
+    if "name" in params:
+        headers["Mcp-Name"] = params["name"]
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    return await http.post(url, json=body, headers=headers)
+
+
+def payload(response: httpx.Response) -> dict[str, Any]:
+    """The JSON-RPC message of a response (plain JSON or the last SSE data line)."""
+    if response.headers.get("content-type", "").startswith("application/json"):
+        message: dict[str, Any] = response.json()
+        return message
+    data = [line[5:].strip() for line in response.text.splitlines() if line.startswith("data:")]
+    last: dict[str, Any] = json.loads(data[-1])
+    return last
+
+
+async def call_as(
+    http: httpx.AsyncClient,
+    url: str,
+    who: str,
+    name: str,
+    arguments: Mapping[str, Any] | None = None,
+    *,
+    caps: Mapping[str, Any] | None = None,
+    state: str | None = None,
+    responses: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A ``tools/call`` of ``name`` as the bearer token ``who``, from a client of ``caps``
+    (none by default: its call can park no round); a retry of the round ``state`` names
+    when given, bringing ``responses``. Its JSON-RPC message (the last one of a stream)."""
+    params: dict[str, Any] = {"name": name, "arguments": dict(arguments or {})}
+    if state is not None:
+        params.update(inputResponses=dict(responses or {}), requestState=state)
+    return payload(await modern(http, url, "tools/call", params, caps or {}, token=who))
