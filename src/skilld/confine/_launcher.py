@@ -19,7 +19,7 @@ Three kinds of processes::
            │         ``tree_memory``); then SIGKILLs every descendant until ``wait`` says ECHILD
            │         (``setsid`` does not leave a subreaper), gives the workspace back,
            │         writes the status line and exits
-           └─ G      the command's own process: a new session and keyring, net and IPC
+           └─ G      the command's own process: a new process group and keyring, net and IPC
                      namespaces where they can be made, the call's uid and the skill's gid (no
                      supplementary groups), no capabilities, rlimits, no_new_privs,
                      Landlock, the seccomp filter, then ``execve``
@@ -51,7 +51,7 @@ import time
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import signal
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
     from typing import Any
 else:
     import _signal as signal
@@ -134,6 +134,10 @@ FDS_PER_CALL = 4
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
+# prctl is variadic and reads unsigned longs: declared once, its calls pass plain ints.
+_libc.prctl.argtypes = (ctypes.c_int, *(ctypes.c_ulong,) * 4)
+_libc.prctl.restype = ctypes.c_int
+_MACHINE = os.uname().machine
 
 
 class _RulesetAttr(ctypes.Structure):
@@ -179,8 +183,7 @@ class Unavailable(Exception):
 
 
 def _prctl(option: int, arg: int = 0) -> int:
-    # prctl is variadic and reads unsigned longs: pass them as such, not as C ints.
-    return int(_libc.prctl(option, *(ctypes.c_ulong(a) for a in (arg, 0, 0, 0))))
+    return int(_libc.prctl(option, arg, 0, 0, 0))
 
 
 def _check(result: int, feature: str, what: str) -> int:
@@ -205,9 +208,13 @@ def fs_rights(abi: int) -> int:
 
 def effective_caps() -> int:
     """This process's effective capability set, as a bit mask."""
+    return _cap_line(b"CapEff:")
+
+
+def _cap_line(key: bytes) -> int:
     with open("/proc/self/status", "rb") as f:
         for line in f:
-            if line.startswith(b"CapEff:"):
+            if line.startswith(key):
                 return int(line.split()[1], 16)
     return 0
 
@@ -262,14 +269,16 @@ def _add_path(ruleset: int, path: str, access: int, follow: bool) -> None:
         os.close(fd)
 
 
-def landlock_ruleset(spec: Mapping[str, Any]) -> int:
-    """A Landlock ruleset fd for the spec's precomputed rules (``landlock``: handled
-    fs, handled net, scoped, struct size, path rules, connect ports, bind ports).
+def landlock_ruleset(rules: Sequence[Any]) -> int:
+    """A Landlock ruleset fd for precomputed ``rules``: handled fs, handled net, scoped,
+    struct size, path rules, connect ports, bind ports. The host builds it for each
+    command and hands it over with the spec; rules on paths the call's process makes
+    itself (declared temporary paths) are added there (:func:`add_paths`).
 
     Raises:
         Unavailable: Landlock is missing or refused a rule.
     """
-    fs, net, scoped, size, paths, connect, bind = spec["landlock"]
+    fs, net, scoped, size, paths, connect, bind = rules
     attr = _RulesetAttr(fs, net, scoped)
     ruleset = _check(
         int(
@@ -299,6 +308,16 @@ def landlock_ruleset(spec: Mapping[str, Any]) -> int:
     return ruleset
 
 
+def add_paths(ruleset: int, paths: Sequence[Any]) -> None:
+    """Add ``(path, rights, follow links)`` rules to the open ``ruleset``.
+
+    Raises:
+        Unavailable: Landlock refused a rule.
+    """
+    for path, access, follow in paths:
+        _add_path(ruleset, path, access, follow)
+
+
 _last_cap: list[int] = []
 
 
@@ -311,6 +330,17 @@ def drop_bounding_set(keep: int = 0) -> None:
     for cap in range(_last_cap[0] + 1):
         if not keep & (1 << cap):
             _prctl(PR_CAPBSET_DROP, cap)
+
+
+def bounding_set() -> int:
+    """This process's capability bounding set, as a bit mask."""
+    return _cap_line(b"CapBnd:")
+
+
+# Whether L emptied its own bounding set at start-up (it never execs, and needs none):
+# every C and G, its forks, inherit the empty set and need not drop 41 capabilities
+# one ``prctl`` each per command.
+_bounding_empty: list[bool] = [False]
 
 
 def set_capabilities(keep: int = 0) -> None:
@@ -367,7 +397,7 @@ def _new_keyring() -> None:
     Docker's default seccomp profile refuses ``keyctl``; then there is no keyring to
     reach either, and the seccomp layer refuses it for the command too.
     """
-    number = _SYS_KEYCTL.get(os.uname().machine)
+    number = _SYS_KEYCTL.get(_MACHINE)
     if number is not None:
         _libc.syscall(number, KEYCTL_JOIN_SESSION_KEYRING, None)
 
@@ -386,6 +416,7 @@ def _load_seccomp() -> bool:
         return False
     finally:
         del sys.path[0]
+    _seccomp._libc()  # looked up here, once, not in every command's process
     _install_filter.append(_seccomp.install)
     return True
 
@@ -404,7 +435,7 @@ def _seccomp(bpf: bytes) -> None:
         raise Unavailable("seccomp", f"installing the filter failed: {exc}") from exc
 
 
-def _command(spec: Mapping[str, Any], call: int, stdio: tuple[int, int, int]) -> None:
+def _command(spec: Mapping[str, Any], call: int, stdio: tuple[int, int, int], ruleset: int) -> None:
     """G: the last steps in the command's own process, then ``execve``. Never returns."""
     try:
         for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
@@ -414,14 +445,20 @@ def _command(spec: Mapping[str, Any], call: int, stdio: tuple[int, int, int]) ->
         signal.pthread_sigmask(signal.SIG_SETMASK, ())
         for target, fd in enumerate(stdio):
             os.dup2(fd, target)
-        os.setsid()
+        # A process group of its own, in L's session (which has no terminal): not
+        # ``setsid``, which also makes a scheduler autogroup per command where autogroups
+        # are on (about 0.25 ms of the command's few). So every command shares L's
+        # autogroup: under contention all of them together get the CPU share of one
+        # session beside skilld's, however many run.
+        os.setpgid(0, 0)
         if spec["unshare"]:
             _check(_libc.unshare(spec["unshare"]), "namespaces", "unshare")
-        ruleset = landlock_ruleset(spec)
+        add_paths(ruleset, spec["late_paths"])
         _new_keyring()
         identity = spec["identity"]
         if identity is not None:
-            drop_bounding_set()
+            if not _bounding_empty[0]:
+                drop_bounding_set()
             switch_identity(*identity)
             # The call's own uid, the skill's group: what it makes in the skill's grants
             # stays writable by the skill's later calls, which run as other uids.
@@ -459,10 +496,15 @@ def _command(spec: Mapping[str, Any], call: int, stdio: tuple[int, int, int]) ->
 def _children() -> list[int]:
     me = os.getpid()
     try:
-        with open(f"/proc/{me}/task/{me}/children", "rb") as f:
-            return [int(p) for p in f.read().split()]
+        fd = os.open(f"/proc/{me}/task/{me}/children", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return []
+    try:
+        return [int(p) for p in os.read(fd, 1 << 20).split()]
+    except OSError:
+        return []
+    finally:
+        os.close(fd)
 
 
 def kill_descendants(reaped: dict[int, int] | None = None) -> None:
@@ -472,6 +514,14 @@ def kill_descendants(reaped: dict[int, int] | None = None) -> None:
     child of this one, ``setsid`` or not, so the loop ends only when the whole tree
     is gone. ``reaped`` collects the wait statuses by pid.
     """
+    try:
+        # No child at all (the usual end: the program exited, leaving nothing): an
+        # orphan is this process's child before its parent is reaped, so none is left.
+        pid, status = os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        return
+    if pid and reaped is not None:
+        reaped[pid] = status
     while True:
         for pid in _children():
             with contextlib.suppress(OSError):
@@ -846,8 +896,44 @@ def remove_temp_paths(made: list[tuple[str, int, int, int]]) -> None:
 # -- C: one command --------------------------------------------------------------
 
 
-def _read_spec(call: int) -> Any:
-    head = b""
+def _descriptors(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
+    """The descriptors of ``SCM_RIGHTS`` messages in ``ancillary`` (from ``recvmsg``)."""
+    fds: list[int] = []
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds += [
+                int.from_bytes(data[i : i + 4], sys.byteorder) for i in range(0, len(data) - 3, 4)
+            ]
+    return fds
+
+
+def _read_spec(call: int) -> tuple[Any, int]:
+    """The spec from the call socket, and the Landlock ruleset the host sent with it.
+
+    Raises:
+        EOFError: the host closed the call before the whole spec came.
+        Unavailable: no single ruleset came with it (nothing may run).
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fileno=call)
+    try:
+        head, ancillary, _, _ = sock.recvmsg(
+            4, socket.CMSG_SPACE(4), socket.MSG_CMSG_CLOEXEC | socket.MSG_WAITALL
+        )
+    finally:
+        sock.detach()
+    fds = _descriptors(ancillary)
+    if len(fds) != 1:
+        for fd in fds:
+            os.close(fd)
+        raise Unavailable("landlock", f"{len(fds)} rulesets came with the command, not 1")
+    try:
+        return _read_body(call, head), fds[0]
+    except BaseException:
+        os.close(fds[0])
+        raise
+
+
+def _read_body(call: int, head: bytes) -> Any:
     while len(head) < 4:
         chunk = os.read(call, 4 - len(head))
         if not chunk:
@@ -883,7 +969,7 @@ def _call(call: int, stdio: tuple[int, int, int]) -> None:
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         _prctl(PR_SET_CHILD_SUBREAPER, 1)
-        spec = _read_spec(call)
+        spec, ruleset = _read_spec(call)
         identity, owner, workspace = spec["identity"], spec["owner"], spec["workspace"]
         uid, gid = (os.geteuid(), os.getegid()) if identity is None else identity
         temps = make_temp_paths(spec.get("temp_paths"), uid, gid, spec.get("slot"))
@@ -894,8 +980,8 @@ def _call(call: int, stdio: tuple[int, int, int]) -> None:
         started = int(time.time()) - 1
         child = os.fork()
         if child == 0:
-            _command(spec, call, stdio)
-        for fd in stdio:
+            _command(spec, call, stdio, ruleset)
+        for fd in (*stdio, ruleset):
             os.close(fd)
         pidfd = os.pidfd_open(child)
         poller = select.poll()
@@ -973,13 +1059,12 @@ def _can_unshare() -> bool:
 
 
 def _run_as(uid: int, gid: int) -> None:
-    """Become ``uid``/``gid`` keeping only :data:`LAUNCHER_CAPS` (permitted, effective
-    and bounding).
+    """Become ``uid``/``gid`` keeping only :data:`LAUNCHER_CAPS` (permitted and
+    effective; the bounding set is emptied first, by :func:`main`).
 
     Raises:
         Unavailable: not root, or the kernel refused.
     """
-    drop_bounding_set(LAUNCHER_CAPS)
     _check(_prctl(PR_SET_KEEPCAPS, 1), "capabilities", "PR_SET_KEEPCAPS")
     switch_identity(uid, gid)
     _prctl(PR_SET_KEEPCAPS, 0)
@@ -1011,6 +1096,11 @@ def main(ctl_fd: int, run_as: str | None) -> None:
     hello: dict[str, Any] = {}
     try:
         _check(_prctl(PR_SET_PDEATHSIG, signal.SIGKILL), "prctl", "PDEATHSIG")
+        # L never execs, and what it does needs its permitted and effective sets only:
+        # the bounding set goes once here, so no command's process has any to drop
+        # (without CAP_SETPCAP it stays as it is, and each G drops what it can).
+        drop_bounding_set()
+        _bounding_empty[0] = bounding_set() == 0
         if run_as:
             uid, _, gid = run_as.partition(":")
             _run_as(int(uid), int(gid or uid))
@@ -1037,7 +1127,6 @@ def main(ctl_fd: int, run_as: str | None) -> None:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    drop_bounding_set(~0)  # reads cap_last_cap once, here, for every G
     # Every C and G is a fork of this process: with the collector off and what exists
     # now frozen, they do not touch (and so copy) pages of objects they never use.
     gc.disable()
@@ -1057,13 +1146,7 @@ def main(ctl_fd: int, run_as: str | None) -> None:
                 msg, ancillary, _, _ = ctl.recvmsg(1, room, socket.MSG_CMSG_CLOEXEC)
             except InterruptedError:
                 continue
-            fds: list[int] = []
-            for level, kind, data in ancillary:
-                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                    fds += [
-                        int.from_bytes(data[i : i + 4], sys.byteorder)
-                        for i in range(0, len(data) - 3, 4)
-                    ]
+            fds = _descriptors(ancillary)
             if not msg:
                 os._exit(0)  # the host is gone: every C sees its call socket close
             if len(fds) == FDS_PER_CALL:
