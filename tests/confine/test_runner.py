@@ -596,6 +596,37 @@ def test_a_fifo_where_a_program_was_expected_never_blocks_the_host(tmp_path: Pat
     assert time.monotonic() - started < 5
 
 
+def test_the_programs_files_are_read_again_when_a_file_or_link_on_the_way_changes(
+    tmp_path: Path,
+) -> None:
+    """``program_files`` is kept per program, but a script replaced or rewritten with
+    another ``#!`` line, or a link moved to another program, gives the new program's
+    files at once."""
+    from skilld.confine._runner import program_files
+
+    sh, python = os.path.realpath("/bin/sh"), os.path.realpath(sys.executable)
+    script = tmp_path / "tool"
+    script.write_text("#!/bin/sh\necho\n")
+    assert sh in program_files(str(script))
+    assert program_files(str(script)) == program_files(str(script))
+    replacement = tmp_path / "new"
+    replacement.write_text(f"#!{python}\necho\n")
+    replacement.replace(script)
+    files = program_files(str(script))
+    assert python in files, files
+    assert sh not in files, files
+    script.write_text("#!/bin/sh\n")  # in place: the same inode, another size
+    assert sh in program_files(str(script))
+    link = tmp_path / "link"
+    link.symlink_to("/bin/sh")
+    assert sh in program_files(str(link))
+    link.unlink()
+    link.symlink_to(sys.executable)
+    files = program_files(str(link))
+    assert python in files, files
+    assert sh not in files, files
+
+
 # -- the launcher ----------------------------------------------------------------
 
 

@@ -33,7 +33,8 @@ CAP_CHOWN, so that the server itself can run with no capability at all.
 
 from __future__ import annotations
 
-import contextlib
+# ``_socket``, not ``socket``: that one imports ``enum`` and ``selectors``.
+import _socket as socket
 import ctypes
 import fcntl
 import gc
@@ -41,7 +42,6 @@ import marshal
 import os
 import resource
 import select
-import socket
 import stat
 import sys
 import time
@@ -376,8 +376,10 @@ def switch_identity(uid: int, gid: int) -> None:
 def _status(fd: int, kind: str, value: int, text: str = "") -> None:
     """One status line, ``KIND VALUE TEXT``, on the call socket."""
     line = f"{kind} {value} {text}".replace("\n", " ")[:3500]
-    with contextlib.suppress(OSError):  # the host is gone: nobody to tell
+    try:  # the host is gone: nobody to tell
         os.write(fd, (line + "\n").encode(errors="replace"))
+    except OSError:
+        pass
 
 
 def _limits(rlimits: Mapping[str, int | None]) -> None:
@@ -524,8 +526,10 @@ def kill_descendants(reaped: dict[int, int] | None = None) -> None:
         reaped[pid] = status
     while True:
         for pid in _children():
-            with contextlib.suppress(OSError):
+            try:
                 os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
@@ -597,10 +601,12 @@ def hand_over(path: str, frm: int, to: int, *, owner_view: bool) -> None:
     if owner_view:
         # The script may have closed its workspace itself (mode 0); it cannot have
         # replaced it (Landlock gives it nothing of the parent).
-        with contextlib.suppress(OSError):
+        try:
             st = os.lstat(path)
             if stat.S_ISDIR(st.st_mode) and st.st_uid == frm:
                 os.chmod(path, stat.S_IMODE(st.st_mode) | 0o700)  # noqa: PTH101 - no pathlib here
+        except OSError:
+            pass
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
@@ -643,8 +649,10 @@ def _hand_over_dir(top: int, frm: int, to: int, owner_view: bool) -> None:
                     if up != top:
                         os.close(up)
                     return  # moved while handed over: the rest stays as it is
-                with contextlib.suppress(OSError):
+                try:
                     os.fchown(fd, to, to)
+                except OSError:
+                    pass
                 os.close(fd)
                 fd = up
                 continue
@@ -657,14 +665,18 @@ def _hand_over_dir(top: int, frm: int, to: int, owner_view: bool) -> None:
                 continue
             if not stat.S_ISDIR(st.st_mode):
                 if st.st_nlink == 1 or stat.S_ISLNK(st.st_mode):
-                    with contextlib.suppress(OSError):
+                    try:
                         os.chown(entry, to, to, dir_fd=fd, follow_symlinks=False)
+                    except OSError:
+                        pass
                 continue
             if owner_view:
                 # A directory the script closed (mode 0): its owner may open it again.
                 # Without CAP_FOWNER this can only ever change a file ``frm`` owns.
-                with contextlib.suppress(OSError):
+                try:
                     os.chmod(entry, stat.S_IMODE(st.st_mode) | 0o700, dir_fd=fd)
+                except OSError:
+                    pass
             try:
                 sub = os.open(entry, flags, dir_fd=fd)
             except OSError:
@@ -706,10 +718,12 @@ def sweep_sockets(dirs: Any, uid: int, since: float) -> None:
             with os.scandir(fd) as entries:
                 names = [e.name for e in entries]
             for name in names:
-                with contextlib.suppress(OSError):
+                try:
                     st = os.lstat(name, dir_fd=fd)
                     if stat.S_ISSOCK(st.st_mode) and st.st_uid == uid and st.st_ctime >= since:
                         os.unlink(name, dir_fd=fd)
+                except OSError:
+                    pass
         finally:
             os.close(fd)
 
@@ -778,10 +792,12 @@ def _make_temp_path(
         fd = os.open(name, _DIR_FLAGS, dir_fd=tmp)
     except OSError as exc:
         what = os.strerror(exc.errno or 0)
-        with contextlib.suppress(OSError):
+        try:
             st = os.lstat(name, dir_fd=tmp)
             what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory"
             what += f" of uid {st.st_uid}"
+        except OSError:
+            pass
         raise TempPathRefused(
             f"{path} already exists and is {what}; it was left alone (remove it, or find "
             "who made it)"
@@ -850,13 +866,15 @@ def _empty_level(fd: int, top: int, depth: int) -> bool:
     with os.scandir(fd) as entries:
         names = [e.name for e in entries]
     for name in names:
-        with contextlib.suppress(OSError):
+        try:
             st = os.lstat(name, dir_fd=fd)
             if not stat.S_ISDIR(st.st_mode):
                 os.unlink(name, dir_fd=fd)
                 continue
-            with contextlib.suppress(OSError):
+            try:
                 os.chmod(name, 0o700, dir_fd=fd)
+            except OSError:
+                pass
             if depth >= _DEEP:
                 _moves[0] += 1
                 os.rename(name, f".deep-{os.getpid()}-{_moves[0]}", src_dir_fd=fd, dst_dir_fd=top)
@@ -870,6 +888,8 @@ def _empty_level(fd: int, top: int, depth: int) -> bool:
             finally:
                 os.close(sub)
             os.rmdir(name, dir_fd=fd)
+        except OSError:
+            pass
     return moved
 
 
@@ -883,11 +903,13 @@ def remove_temp_paths(made: list[tuple[str, int, int, int]]) -> None:
     except OSError:
         tmp = -1
     for name, fd, dev, ino in made:
-        with contextlib.suppress(OSError):
+        try:
             _empty(fd)
             st = os.lstat(name, dir_fd=tmp)
             if (st.st_dev, st.st_ino) == (dev, ino):
                 os.rmdir(name, dir_fd=tmp)
+        except OSError:
+            pass
         os.close(fd)
     if tmp >= 0:
         os.close(tmp)
@@ -914,7 +936,7 @@ def _read_spec(call: int) -> tuple[Any, int]:
         EOFError: the host closed the call before the whole spec came.
         Unavailable: no single ruleset came with it (nothing may run).
     """
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, fileno=call)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, call)
     try:
         head, ancillary, _, _ = sock.recvmsg(
             4, socket.CMSG_SPACE(4), socket.MSG_CMSG_CLOEXEC | socket.MSG_WAITALL
@@ -1087,8 +1109,10 @@ def _reap(calls: set[int]) -> None:
     if ended:
         for pid in _children():
             if pid not in calls:
-                with contextlib.suppress(OSError):
+                try:
                     os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
 
 
 def main(ctl_fd: int, run_as: str | None) -> None:
@@ -1118,7 +1142,7 @@ def main(ctl_fd: int, run_as: str | None) -> None:
         }
     except Unavailable as exc:
         hello = {"error": f"{exc.feature}: {exc.detail}"}
-    ctl = socket.socket(fileno=ctl_fd)
+    ctl = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, 0, ctl_fd)
     ctl.sendall(marshal.dumps(hello))
     if "error" in hello:
         os._exit(1)

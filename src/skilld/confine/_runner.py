@@ -363,14 +363,15 @@ def _shebang(path: str, search: str) -> tuple[list[str], bool]:
 # A file as :func:`program_files` read it: replaced, rewritten or changed in any way, it
 # has another key (inode, modification and change times, size).
 _FileKey = tuple[int, int, int, int, int]
-# (program, search) -> (the answer, each path it followed with its real path and key).
-_programs: dict[tuple[str, str], tuple[tuple[str, ...], tuple[tuple[str, str, _FileKey], ...]]] = {}
+# (program, search) -> (the answer, each path it followed with the key of its file).
+_programs: dict[tuple[str, str], tuple[tuple[str, ...], tuple[tuple[str, _FileKey], ...]]] = {}
 _PROGRAMS_KEPT = 256
 
 
 def _file_key(path: str) -> _FileKey | None:
+    """The key of the file ``path`` names, through its links."""
     try:
-        st = Path(path).stat()
+        st = os.stat(path)  # noqa: PTH116 - per command: pathlib's parsing costs more
     except OSError:
         return None
     return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size
@@ -382,30 +383,29 @@ def program_files(program: str, search: str = os.defpath) -> tuple[str, ...]:
     paths (Landlock rules apply where files really are).
 
     Kept per ``(program, search)`` and used again only while every path followed
-    resolves to the same real path and that file has the same key (:data:`_FileKey`):
-    a link moved or a file replaced or rewritten reads the files again. An answer that
+    still names a file of the same key (:data:`_FileKey`, through links: Landlock's
+    rules hold inodes, so the same inode by another real path is the same rule): a link
+    moved or a file replaced or rewritten reads the files again. An answer that
     looked ``#!/usr/bin/env NAME`` up in ``search`` is not kept (a new NAME earlier in
     ``search`` changes it)."""
     kept = _programs.get((program, search))
-    if kept is not None and all(
-        _real(name) == real and _file_key(real) == key for name, real, key in kept[1]
-    ):
+    if kept is not None and all(_file_key(name) == key for name, key in kept[1]):
         return kept[0]
     out: list[str] = []
-    followed: list[tuple[str, str, _FileKey | None]] = []
+    followed: list[tuple[str, _FileKey | None]] = []
     searched = False
     todo: list[str] = [program]
     while todo and len(out) < 8:
         name = todo.pop()
         path = _real(name)
-        followed.append((name, path, _file_key(path)))
+        followed.append((name, _file_key(path)))
         if path in out:
             continue
         out.append(path)
         interpreters, looked = _shebang(path, search)
         searched = searched or looked
         todo += [f for f in (elf_interpreter(path), *interpreters) if f and f.startswith("/")]
-    steps = tuple((n, p, k) for n, p, k in followed if k is not None)
+    steps = tuple((n, k) for n, k in followed if k is not None)
     if not searched and len(steps) == len(followed):
         if len(_programs) >= _PROGRAMS_KEPT:
             _programs.clear()
