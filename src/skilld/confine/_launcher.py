@@ -11,14 +11,16 @@ Three kinds of processes::
 
     L (this script)  started once; a child subreaper; reads one message per command on
       │              CTL_FD (a byte and four descriptors: the call socket, stdin, stdout,
-      │              stderr), forks C, reaps; kills any orphan that reaches it
-      └─ C           one per command: a child subreaper. Reads the spec from the call
-           │         socket, hands the per-call workspace to the call's uid, forks G,
+      │              stderr), hands them to an idle C over its link or forks a new C,
+      │              reaps; kills any orphan that reaches it
+      └─ C           one per running command: a child subreaper. Reads the spec (and
+           │         the host's Landlock ruleset) from the call socket, hands the
+           │         per-call workspace to the call's uid, forks G,
            │         waits for G, a kill request (``K``, or EOF: the host is gone), the
            │         deadline or the tree over its memory limit (measured every 10 ms:
            │         ``tree_memory``); then SIGKILLs every descendant until ``wait`` says ECHILD
            │         (``setsid`` does not leave a subreaper), gives the workspace back,
-           │         writes the status line and exits
+           │         writes the status line, and tells L it is idle (``_serve``)
            └─ G      the command's own process: a new process group and keyring, net and IPC
                      namespaces where they can be made, the call's uid and the skill's gid (no
                      supplementary groups), no capabilities, rlimits, no_new_privs,
@@ -983,14 +985,49 @@ def _as_skill(spec: Mapping[str, Any]) -> bool:
     return True
 
 
-def _call(call: int, stdio: tuple[int, int, int]) -> None:
-    """C: run one command, end its tree, report. Never returns."""
+# How many commands one C runs, one after the other, before it exits (its heap is new
+# again); and how many Cs may wait idle for the next command.
+CALLS_PER_PROCESS = 500
+IDLE_MAX = 4
+
+
+def _serve(link: int, call: int, stdio: tuple[int, int, int]) -> None:
+    """C: run commands one after the other, each to its end and its tree's, until L
+    closes ``link``, a command fails before it ran, or :data:`CALLS_PER_PROCESS`. Never
+    returns.
+
+    Reused, C saves a fork of a Python process per command, with the pages everything
+    it touches after a fork costs; between commands it has no child (``kill_descendants``
+    waited for ECHILD), no descriptor of the last command, and its own uids again.
+    """
+    # L's wake-up pipe is closed here: a SIGCHLD must not write to its fd number.
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, 0, link)
+    room = socket.CMSG_SPACE(FDS_PER_CALL * 4)
+    for served in range(1, CALLS_PER_PROCESS + 1):
+        if _call(call, stdio) != 0 or served == CALLS_PER_PROCESS:
+            break
+        try:
+            sock.send(b"I")
+            msg, ancillary, _, _ = sock.recvmsg(1, room, socket.MSG_CMSG_CLOEXEC)
+        except OSError:
+            break
+        fds = _descriptors(ancillary)
+        if not msg or len(fds) != FDS_PER_CALL:
+            for fd in fds:
+                os.close(fd)
+            break
+        call, stdio = fds[0], (fds[1], fds[2], fds[3])
+    os._exit(0)
+
+
+def _call(call: int, stdio: tuple[int, int, int]) -> int:
+    """C: run one command, end its tree, report; 0, or 1 when it failed (then this
+    process must not run another: it may hold a uid or a descriptor it should not)."""
     code = 0
     try:
-        # L's wake-up pipe is closed here: a SIGCHLD must not write to its fd number.
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        _prctl(PR_SET_CHILD_SUBREAPER, 1)
         spec, ruleset = _read_spec(call)
         identity, owner, workspace = spec["identity"], spec["owner"], spec["workspace"]
         uid, gid = (os.geteuid(), os.getegid()) if identity is None else identity
@@ -1054,6 +1091,7 @@ def _call(call: int, stdio: tuple[int, int, int]) -> None:
             _status(call, "signal", os.WTERMSIG(waited))
         else:
             _status(call, "exit", os.waitstatus_to_exitcode(waited))
+        os.close(pidfd)
     except Unavailable as exc:
         _status(call, "unavailable", 0, f"{exc.feature}: {exc.detail}")
         code = 1
@@ -1065,7 +1103,7 @@ def _call(call: int, stdio: tuple[int, int, int]) -> None:
         code = 1
     # The host reads to EOF: it comes now, not after this process is torn down.
     os.close(call)
-    os._exit(code)
+    return code
 
 
 # -- L: the launcher ---------------------------------------------------------------
@@ -1156,6 +1194,10 @@ def main(ctl_fd: int, run_as: str | None) -> None:
     gc.disable()
     gc.freeze()
     calls: set[int] = set()
+    # Each C's link (L's end of a SOCK_SEQPACKET pair) by fd: its pid and the socket;
+    # ``idle`` the links of the Cs waiting for a command (C sends ``I`` when it is).
+    links: dict[int, tuple[int, Any]] = {}
+    idle: list[int] = []
     poller = select.poll()
     poller.register(ctl_fd, select.POLLIN)
     poller.register(wake_r, select.POLLIN)
@@ -1166,6 +1208,9 @@ def main(ctl_fd: int, run_as: str | None) -> None:
                 os.read(wake_r, 512)
                 _reap(calls)
                 continue
+            if fd in links:
+                _heard(fd, links, idle, poller)
+                continue
             try:
                 msg, ancillary, _, _ = ctl.recvmsg(1, room, socket.MSG_CMSG_CLOEXEC)
             except InterruptedError:
@@ -1173,21 +1218,65 @@ def main(ctl_fd: int, run_as: str | None) -> None:
             fds = _descriptors(ancillary)
             if not msg:
                 os._exit(0)  # the host is gone: every C sees its call socket close
-            if len(fds) == FDS_PER_CALL:
-                try:
-                    pid = os.fork()
-                except OSError as exc:
-                    _status(fds[0], "internal", 0, f"fork failed: {exc}")
-                    pid = -1
-                if pid == 0:
-                    os.close(ctl_fd)
-                    os.close(wake_r)
-                    os.close(wake_w)
-                    _call(fds[0], (fds[1], fds[2], fds[3]))
+            if len(fds) == FDS_PER_CALL and not _hand(fds, links, idle):
+                pid = _fork_call(fds, (ctl_fd, wake_r, wake_w, *links), links, poller)
                 if pid > 0:
                     calls.add(pid)
             for fd in fds:
                 os.close(fd)
+
+
+def _hand(fds: list[int], links: dict[int, tuple[int, Any]], idle: list[int]) -> bool:
+    """Give a command's descriptors to an idle C; whether one took them."""
+    rights = b"".join(fd.to_bytes(4, sys.byteorder) for fd in fds)
+    while idle:
+        link = idle.pop()
+        try:
+            links[link][1].sendmsg([b"R"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)])
+        except OSError:
+            continue  # that C is gone (its link's EOF drops it)
+        return True
+    return False
+
+
+def _fork_call(
+    fds: list[int], close: tuple[int, ...], links: dict[int, tuple[int, Any]], poller: Any
+) -> int:
+    """Fork a C for the command of ``fds`` (its link registered in ``poller``); its pid,
+    or -1 when the fork failed (reported on the call socket)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        _status(fds[0], "internal", 0, f"fork failed: {exc}")
+        ours.close()
+        theirs.close()
+        return -1
+    if pid == 0:
+        # Not another C's link: L closes one to end that C, which must then see EOF.
+        for fd in (*close, ours.fileno()):
+            os.close(fd)
+        _serve(theirs.detach(), fds[0], (fds[1], fds[2], fds[3]))
+    theirs.close()
+    links[ours.fileno()] = (pid, ours)
+    poller.register(ours.fileno(), select.POLLIN)
+    return pid
+
+
+def _heard(fd: int, links: dict[int, tuple[int, Any]], idle: list[int], poller: Any) -> None:
+    """A C's link spoke: ``I`` (idle: it waits for the next command, unless enough do);
+    EOF (it exited). A link that is not kept is closed: its C sees EOF and exits."""
+    try:
+        msg = links[fd][1].recv(1)
+    except OSError:
+        msg = b""
+    if msg == b"I" and len(idle) < IDLE_MAX:
+        idle.append(fd)
+        return
+    if fd in idle:
+        idle.remove(fd)
+    poller.unregister(fd)
+    links.pop(fd)[1].close()
 
 
 if __name__ == "__main__":
