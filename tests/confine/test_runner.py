@@ -630,6 +630,41 @@ def test_the_programs_files_are_read_again_when_a_file_or_link_on_the_way_change
 # -- the launcher ----------------------------------------------------------------
 
 
+REUSE_PROBE = """
+import fcntl, os
+fds = []
+for fd in range(3, 256):
+    try:
+        fcntl.fcntl(fd, fcntl.F_GETFD)
+    except OSError:
+        continue
+    fds.append(fd)
+print(os.getppid(), os.getresuid()[0], os.geteuid(), fds)
+"""
+
+
+def test_a_reused_call_process_hands_the_next_command_nothing_of_the_last() -> None:
+    """The per-call process C runs one command after another: the next command of the
+    same C (the same parent) gets no descriptor beyond stdio and its own call's uid,
+    whatever the one before it left (a command whose tree is still running when it
+    exits, and a daemon)."""
+    confinement = Confinement(read_only=(PREFIX,), executables=tools("sleep"))
+    seen: list[list[str]] = []
+    for _ in range(4):
+        first = go([SH, "-c", "/bin/sleep 30 & exec 7</dev/null; echo left"], confinement)
+        assert first.exit_code == 0, first
+        probe = go([PYTHON, "-I", "-S", "-c", REUSE_PROBE], confinement)
+        assert probe.exit_code == 0, probe
+        parent, real, effective, fds = probe.stdout.decode().split(" ", 3)
+        assert fds.strip() == "[]", probe
+        assert real == effective, probe
+        assert int(real) not in (0, os.getuid()), probe
+        seen.append([parent, real])
+    # One C served them all (it says it is idle before the host sees the end): what the
+    # test claims is about a reused C.
+    assert len({parent for parent, _ in seen}) == 1, seen
+
+
 def test_concurrent_calls_each_get_their_own_output() -> None:
     """Sixteen calls from eight threads at once: each gets its own stdin back, exit code
     and nothing of another call's output (only the hand-over is shared)."""

@@ -1007,10 +1007,19 @@ def _serve(link: int, call: int, stdio: tuple[int, int, int]) -> None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, 0, link)
     room = socket.CMSG_SPACE(FDS_PER_CALL * 4)
     for served in range(1, CALLS_PER_PROCESS + 1):
-        if _call(call, stdio) != 0 or served == CALLS_PER_PROCESS:
+        again = _call(call, stdio) == 0 and served < CALLS_PER_PROCESS
+        if again:
+            # Before the host's EOF: L learns this C is free before the host can send
+            # its next command (which L then hands here rather than to a new fork).
+            try:
+                sock.send(b"I")
+            except OSError:
+                again = False
+        # The host reads to EOF: it comes now, not after this process is torn down.
+        os.close(call)
+        if not again:
             break
         try:
-            sock.send(b"I")
             msg, ancillary, _, _ = sock.recvmsg(1, room, socket.MSG_CMSG_CLOEXEC)
         except OSError:
             break
@@ -1024,8 +1033,9 @@ def _serve(link: int, call: int, stdio: tuple[int, int, int]) -> None:
 
 
 def _call(call: int, stdio: tuple[int, int, int]) -> int:
-    """C: run one command, end its tree, report; 0, or 1 when it failed (then this
-    process must not run another: it may hold a uid or a descriptor it should not)."""
+    """C: run one command, end its tree, report on ``call`` (left open); 0, or 1 when it
+    failed (then this process must not run another: it may hold a uid or a descriptor
+    it should not)."""
     code = 0
     try:
         spec, ruleset = _read_spec(call)
@@ -1101,8 +1111,6 @@ def _call(call: int, stdio: tuple[int, int, int]) -> int:
     except BaseException as exc:  # noqa: BLE001 - reported, then this process ends
         _status(call, "internal", 0, f"{type(exc).__name__}: {exc}")
         code = 1
-    # The host reads to EOF: it comes now, not after this process is torn down.
-    os.close(call)
     return code
 
 
@@ -1203,7 +1211,8 @@ def main(ctl_fd: int, run_as: str | None) -> None:
     poller.register(wake_r, select.POLLIN)
     room = socket.CMSG_SPACE(FDS_PER_CALL * 4)
     while True:
-        for fd, _ in poller.poll():
+        # The links first: a C that said it is idle takes the command that came with it.
+        for fd, _ in sorted(poller.poll(), key=lambda ready: ready[0] == ctl_fd):
             if fd == wake_r:
                 os.read(wake_r, 512)
                 _reap(calls)
