@@ -660,9 +660,10 @@ def test_a_reused_call_process_hands_the_next_command_nothing_of_the_last() -> N
         assert real == effective, probe
         assert int(real) not in (0, os.getuid()), probe
         seen.append([parent, real])
-    # One C served them all (it says it is idle before the host sees the end): what the
-    # test claims is about a reused C.
-    assert len({parent for parent, _ in seen}) == 1, seen
+    # One C served them (it says it is idle before the host sees the end; a C that
+    # reaches its 500th command on the way hands over to one other): what the test
+    # claims is about a reused C. Without reuse, every probe has a parent of its own.
+    assert len({parent for parent, _ in seen}) <= 2, seen
 
 
 def test_concurrent_calls_each_get_their_own_output() -> None:
