@@ -465,7 +465,8 @@ print(json.dumps(out))
 
 def test_run_as_keeps_only_the_launcher_privileged_and_hands_the_workspace_back() -> None:
     """Started as root with SKILLD_RUN_AS=10001 (the image): the server becomes 10001
-    with no capability, the launcher 10001 with CAP_CHOWN/SETGID/SETUID only; a script
+    with no capability, the launcher 10001 with CAP_CHOWN/SETGID/SETUID only and an empty
+    bounding set (it never execs; so no command's process has one to drop); a script
     runs as its skill's uid in a workspace handed to it, and everything it made there
     (even in a directory it closed with mode 0) is the server's again afterwards."""
     paths = ":".join([str(ROOT / "src"), *(p for p in sys.path if p.endswith("site-packages"))])
@@ -482,7 +483,7 @@ def test_run_as_keeps_only_the_launcher_privileged_and_hands_the_workspace_back(
     uid = "10001\t10001\t10001\t10001"
     assert out["server"] == [uid, "0000000000000000", "0000000000000000"], out
     launcher_caps = (1 << 0) | (1 << 6) | (1 << 7)
-    assert out["launcher"] == [uid, f"{launcher_caps:016x}", f"{launcher_caps:016x}"], out
+    assert out["launcher"] == [uid, f"{launcher_caps:016x}", "0000000000000000"], out
     if "refused" in out:
         # No namespace can be made without CAP_SYS_ADMIN: the seccomp layer is needed.
         assert out["refused"] == "seccomp", out

@@ -596,7 +596,74 @@ def test_a_fifo_where_a_program_was_expected_never_blocks_the_host(tmp_path: Pat
     assert time.monotonic() - started < 5
 
 
+def test_the_programs_files_are_read_again_when_a_file_or_link_on_the_way_changes(
+    tmp_path: Path,
+) -> None:
+    """``program_files`` is kept per program, but a script replaced or rewritten with
+    another ``#!`` line, or a link moved to another program, gives the new program's
+    files at once."""
+    from skilld.confine._runner import program_files
+
+    sh, python = os.path.realpath("/bin/sh"), os.path.realpath(sys.executable)
+    script = tmp_path / "tool"
+    script.write_text("#!/bin/sh\necho\n")
+    assert sh in program_files(str(script))
+    assert program_files(str(script)) == program_files(str(script))
+    replacement = tmp_path / "new"
+    replacement.write_text(f"#!{python}\necho\n")
+    replacement.replace(script)
+    files = program_files(str(script))
+    assert python in files, files
+    assert sh not in files, files
+    script.write_text("#!/bin/sh\n")  # in place: the same inode, another size
+    assert sh in program_files(str(script))
+    link = tmp_path / "link"
+    link.symlink_to("/bin/sh")
+    assert sh in program_files(str(link))
+    link.unlink()
+    link.symlink_to(sys.executable)
+    files = program_files(str(link))
+    assert python in files, files
+    assert sh not in files, files
+
+
 # -- the launcher ----------------------------------------------------------------
+
+
+REUSE_PROBE = """
+import fcntl, os
+fds = []
+for fd in range(3, 256):
+    try:
+        fcntl.fcntl(fd, fcntl.F_GETFD)
+    except OSError:
+        continue
+    fds.append(fd)
+print(os.getppid(), os.getresuid()[0], os.geteuid(), fds)
+"""
+
+
+def test_a_reused_call_process_hands_the_next_command_nothing_of_the_last() -> None:
+    """The per-call process C runs one command after another: the next command of the
+    same C (the same parent) gets no descriptor beyond stdio and its own call's uid,
+    whatever the one before it left (a command whose tree is still running when it
+    exits, and a daemon)."""
+    confinement = Confinement(read_only=(PREFIX,), executables=tools("sleep"))
+    seen: list[list[str]] = []
+    for _ in range(4):
+        first = go([SH, "-c", "/bin/sleep 30 & exec 7</dev/null; echo left"], confinement)
+        assert first.exit_code == 0, first
+        probe = go([PYTHON, "-I", "-S", "-c", REUSE_PROBE], confinement)
+        assert probe.exit_code == 0, probe
+        parent, real, effective, fds = probe.stdout.decode().split(" ", 3)
+        assert fds.strip() == "[]", probe
+        assert real == effective, probe
+        assert int(real) not in (0, os.getuid()), probe
+        seen.append([parent, real])
+    # One C served them (it says it is idle before the host sees the end; a C that
+    # reaches its 500th command on the way hands over to one other): what the test
+    # claims is about a reused C. Without reuse, every probe has a parent of its own.
+    assert len({parent for parent, _ in seen}) <= 2, seen
 
 
 def test_concurrent_calls_each_get_their_own_output() -> None:

@@ -11,15 +11,17 @@ Three kinds of processes::
 
     L (this script)  started once; a child subreaper; reads one message per command on
       │              CTL_FD (a byte and four descriptors: the call socket, stdin, stdout,
-      │              stderr), forks C, reaps; kills any orphan that reaches it
-      └─ C           one per command: a child subreaper. Reads the spec from the call
-           │         socket, hands the per-call workspace to the call's uid, forks G,
+      │              stderr), hands them to an idle C over its link or forks a new C,
+      │              reaps; kills any orphan that reaches it
+      └─ C           one per running command: a child subreaper. Reads the spec (and
+           │         the host's Landlock ruleset) from the call socket, hands the
+           │         per-call workspace to the call's uid, forks G,
            │         waits for G, a kill request (``K``, or EOF: the host is gone), the
            │         deadline or the tree over its memory limit (measured every 10 ms:
            │         ``tree_memory``); then SIGKILLs every descendant until ``wait`` says ECHILD
            │         (``setsid`` does not leave a subreaper), gives the workspace back,
-           │         writes the status line and exits
-           └─ G      the command's own process: a new session and keyring, net and IPC
+           │         writes the status line, and tells L it is idle (``_serve``)
+           └─ G      the command's own process: a new process group and keyring, net and IPC
                      namespaces where they can be made, the call's uid and the skill's gid (no
                      supplementary groups), no capabilities, rlimits, no_new_privs,
                      Landlock, the seccomp filter, then ``execve``
@@ -33,7 +35,8 @@ CAP_CHOWN, so that the server itself can run with no capability at all.
 
 from __future__ import annotations
 
-import contextlib
+# ``_socket``, not ``socket``: that one imports ``enum`` and ``selectors``.
+import _socket as socket
 import ctypes
 import fcntl
 import gc
@@ -41,7 +44,6 @@ import marshal
 import os
 import resource
 import select
-import socket
 import stat
 import sys
 import time
@@ -51,7 +53,7 @@ import time
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import signal
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Sequence
     from typing import Any
 else:
     import _signal as signal
@@ -134,6 +136,10 @@ FDS_PER_CALL = 4
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
+# prctl is variadic and reads unsigned longs: declared once, its calls pass plain ints.
+_libc.prctl.argtypes = (ctypes.c_int, *(ctypes.c_ulong,) * 4)
+_libc.prctl.restype = ctypes.c_int
+_MACHINE = os.uname().machine
 
 
 class _RulesetAttr(ctypes.Structure):
@@ -179,8 +185,7 @@ class Unavailable(Exception):
 
 
 def _prctl(option: int, arg: int = 0) -> int:
-    # prctl is variadic and reads unsigned longs: pass them as such, not as C ints.
-    return int(_libc.prctl(option, *(ctypes.c_ulong(a) for a in (arg, 0, 0, 0))))
+    return int(_libc.prctl(option, arg, 0, 0, 0))
 
 
 def _check(result: int, feature: str, what: str) -> int:
@@ -205,9 +210,13 @@ def fs_rights(abi: int) -> int:
 
 def effective_caps() -> int:
     """This process's effective capability set, as a bit mask."""
+    return _cap_line(b"CapEff:")
+
+
+def _cap_line(key: bytes) -> int:
     with open("/proc/self/status", "rb") as f:
         for line in f:
-            if line.startswith(b"CapEff:"):
+            if line.startswith(key):
                 return int(line.split()[1], 16)
     return 0
 
@@ -262,14 +271,16 @@ def _add_path(ruleset: int, path: str, access: int, follow: bool) -> None:
         os.close(fd)
 
 
-def landlock_ruleset(spec: Mapping[str, Any]) -> int:
-    """A Landlock ruleset fd for the spec's precomputed rules (``landlock``: handled
-    fs, handled net, scoped, struct size, path rules, connect ports, bind ports).
+def landlock_ruleset(rules: Sequence[Any]) -> int:
+    """A Landlock ruleset fd for precomputed ``rules``: handled fs, handled net, scoped,
+    struct size, path rules, connect ports, bind ports. The host builds it for each
+    command and hands it over with the spec; rules on paths the call's process makes
+    itself (declared temporary paths) are added there (:func:`add_paths`).
 
     Raises:
         Unavailable: Landlock is missing or refused a rule.
     """
-    fs, net, scoped, size, paths, connect, bind = spec["landlock"]
+    fs, net, scoped, size, paths, connect, bind = rules
     attr = _RulesetAttr(fs, net, scoped)
     ruleset = _check(
         int(
@@ -299,6 +310,16 @@ def landlock_ruleset(spec: Mapping[str, Any]) -> int:
     return ruleset
 
 
+def add_paths(ruleset: int, paths: Sequence[Any]) -> None:
+    """Add ``(path, rights, follow links)`` rules to the open ``ruleset``.
+
+    Raises:
+        Unavailable: Landlock refused a rule.
+    """
+    for path, access, follow in paths:
+        _add_path(ruleset, path, access, follow)
+
+
 _last_cap: list[int] = []
 
 
@@ -311,6 +332,17 @@ def drop_bounding_set(keep: int = 0) -> None:
     for cap in range(_last_cap[0] + 1):
         if not keep & (1 << cap):
             _prctl(PR_CAPBSET_DROP, cap)
+
+
+def bounding_set() -> int:
+    """This process's capability bounding set, as a bit mask."""
+    return _cap_line(b"CapBnd:")
+
+
+# Whether L emptied its own bounding set at start-up (it never execs, and needs none):
+# every C and G, its forks, inherit the empty set and need not drop 41 capabilities
+# one ``prctl`` each per command.
+_bounding_empty: list[bool] = [False]
 
 
 def set_capabilities(keep: int = 0) -> None:
@@ -346,8 +378,10 @@ def switch_identity(uid: int, gid: int) -> None:
 def _status(fd: int, kind: str, value: int, text: str = "") -> None:
     """One status line, ``KIND VALUE TEXT``, on the call socket."""
     line = f"{kind} {value} {text}".replace("\n", " ")[:3500]
-    with contextlib.suppress(OSError):  # the host is gone: nobody to tell
+    try:  # the host is gone: nobody to tell
         os.write(fd, (line + "\n").encode(errors="replace"))
+    except OSError:
+        pass
 
 
 def _limits(rlimits: Mapping[str, int | None]) -> None:
@@ -367,7 +401,7 @@ def _new_keyring() -> None:
     Docker's default seccomp profile refuses ``keyctl``; then there is no keyring to
     reach either, and the seccomp layer refuses it for the command too.
     """
-    number = _SYS_KEYCTL.get(os.uname().machine)
+    number = _SYS_KEYCTL.get(_MACHINE)
     if number is not None:
         _libc.syscall(number, KEYCTL_JOIN_SESSION_KEYRING, None)
 
@@ -386,6 +420,7 @@ def _load_seccomp() -> bool:
         return False
     finally:
         del sys.path[0]
+    _seccomp._libc()  # looked up here, once, not in every command's process
     _install_filter.append(_seccomp.install)
     return True
 
@@ -404,7 +439,7 @@ def _seccomp(bpf: bytes) -> None:
         raise Unavailable("seccomp", f"installing the filter failed: {exc}") from exc
 
 
-def _command(spec: Mapping[str, Any], call: int, stdio: tuple[int, int, int]) -> None:
+def _command(spec: Mapping[str, Any], call: int, stdio: tuple[int, int, int], ruleset: int) -> None:
     """G: the last steps in the command's own process, then ``execve``. Never returns."""
     try:
         for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
@@ -414,14 +449,20 @@ def _command(spec: Mapping[str, Any], call: int, stdio: tuple[int, int, int]) ->
         signal.pthread_sigmask(signal.SIG_SETMASK, ())
         for target, fd in enumerate(stdio):
             os.dup2(fd, target)
-        os.setsid()
+        # A process group of its own, in L's session (which has no terminal): not
+        # ``setsid``, which also makes a scheduler autogroup per command where autogroups
+        # are on (about 0.25 ms of the command's few). So every command shares L's
+        # autogroup: under contention all of them together get the CPU share of one
+        # session beside skilld's, however many run.
+        os.setpgid(0, 0)
         if spec["unshare"]:
             _check(_libc.unshare(spec["unshare"]), "namespaces", "unshare")
-        ruleset = landlock_ruleset(spec)
+        add_paths(ruleset, spec["late_paths"])
         _new_keyring()
         identity = spec["identity"]
         if identity is not None:
-            drop_bounding_set()
+            if not _bounding_empty[0]:
+                drop_bounding_set()
             switch_identity(*identity)
             # The call's own uid, the skill's group: what it makes in the skill's grants
             # stays writable by the skill's later calls, which run as other uids.
@@ -459,10 +500,15 @@ def _command(spec: Mapping[str, Any], call: int, stdio: tuple[int, int, int]) ->
 def _children() -> list[int]:
     me = os.getpid()
     try:
-        with open(f"/proc/{me}/task/{me}/children", "rb") as f:
-            return [int(p) for p in f.read().split()]
+        fd = os.open(f"/proc/{me}/task/{me}/children", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return []
+    try:
+        return [int(p) for p in os.read(fd, 1 << 20).split()]
+    except OSError:
+        return []
+    finally:
+        os.close(fd)
 
 
 def kill_descendants(reaped: dict[int, int] | None = None) -> None:
@@ -472,10 +518,20 @@ def kill_descendants(reaped: dict[int, int] | None = None) -> None:
     child of this one, ``setsid`` or not, so the loop ends only when the whole tree
     is gone. ``reaped`` collects the wait statuses by pid.
     """
+    try:
+        # No child at all (the usual end: the program exited, leaving nothing): an
+        # orphan is this process's child before its parent is reaped, so none is left.
+        pid, status = os.waitpid(-1, os.WNOHANG)
+    except ChildProcessError:
+        return
+    if pid and reaped is not None:
+        reaped[pid] = status
     while True:
         for pid in _children():
-            with contextlib.suppress(OSError):
+            try:
                 os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
@@ -547,10 +603,12 @@ def hand_over(path: str, frm: int, to: int, *, owner_view: bool) -> None:
     if owner_view:
         # The script may have closed its workspace itself (mode 0); it cannot have
         # replaced it (Landlock gives it nothing of the parent).
-        with contextlib.suppress(OSError):
+        try:
             st = os.lstat(path)
             if stat.S_ISDIR(st.st_mode) and st.st_uid == frm:
                 os.chmod(path, stat.S_IMODE(st.st_mode) | 0o700)  # noqa: PTH101 - no pathlib here
+        except OSError:
+            pass
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
@@ -593,8 +651,10 @@ def _hand_over_dir(top: int, frm: int, to: int, owner_view: bool) -> None:
                     if up != top:
                         os.close(up)
                     return  # moved while handed over: the rest stays as it is
-                with contextlib.suppress(OSError):
+                try:
                     os.fchown(fd, to, to)
+                except OSError:
+                    pass
                 os.close(fd)
                 fd = up
                 continue
@@ -607,14 +667,18 @@ def _hand_over_dir(top: int, frm: int, to: int, owner_view: bool) -> None:
                 continue
             if not stat.S_ISDIR(st.st_mode):
                 if st.st_nlink == 1 or stat.S_ISLNK(st.st_mode):
-                    with contextlib.suppress(OSError):
+                    try:
                         os.chown(entry, to, to, dir_fd=fd, follow_symlinks=False)
+                    except OSError:
+                        pass
                 continue
             if owner_view:
                 # A directory the script closed (mode 0): its owner may open it again.
                 # Without CAP_FOWNER this can only ever change a file ``frm`` owns.
-                with contextlib.suppress(OSError):
+                try:
                     os.chmod(entry, stat.S_IMODE(st.st_mode) | 0o700, dir_fd=fd)
+                except OSError:
+                    pass
             try:
                 sub = os.open(entry, flags, dir_fd=fd)
             except OSError:
@@ -656,10 +720,12 @@ def sweep_sockets(dirs: Any, uid: int, since: float) -> None:
             with os.scandir(fd) as entries:
                 names = [e.name for e in entries]
             for name in names:
-                with contextlib.suppress(OSError):
+                try:
                     st = os.lstat(name, dir_fd=fd)
                     if stat.S_ISSOCK(st.st_mode) and st.st_uid == uid and st.st_ctime >= since:
                         os.unlink(name, dir_fd=fd)
+                except OSError:
+                    pass
         finally:
             os.close(fd)
 
@@ -728,10 +794,12 @@ def _make_temp_path(
         fd = os.open(name, _DIR_FLAGS, dir_fd=tmp)
     except OSError as exc:
         what = os.strerror(exc.errno or 0)
-        with contextlib.suppress(OSError):
+        try:
             st = os.lstat(name, dir_fd=tmp)
             what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a directory"
             what += f" of uid {st.st_uid}"
+        except OSError:
+            pass
         raise TempPathRefused(
             f"{path} already exists and is {what}; it was left alone (remove it, or find "
             "who made it)"
@@ -800,13 +868,15 @@ def _empty_level(fd: int, top: int, depth: int) -> bool:
     with os.scandir(fd) as entries:
         names = [e.name for e in entries]
     for name in names:
-        with contextlib.suppress(OSError):
+        try:
             st = os.lstat(name, dir_fd=fd)
             if not stat.S_ISDIR(st.st_mode):
                 os.unlink(name, dir_fd=fd)
                 continue
-            with contextlib.suppress(OSError):
+            try:
                 os.chmod(name, 0o700, dir_fd=fd)
+            except OSError:
+                pass
             if depth >= _DEEP:
                 _moves[0] += 1
                 os.rename(name, f".deep-{os.getpid()}-{_moves[0]}", src_dir_fd=fd, dst_dir_fd=top)
@@ -820,6 +890,8 @@ def _empty_level(fd: int, top: int, depth: int) -> bool:
             finally:
                 os.close(sub)
             os.rmdir(name, dir_fd=fd)
+        except OSError:
+            pass
     return moved
 
 
@@ -833,11 +905,13 @@ def remove_temp_paths(made: list[tuple[str, int, int, int]]) -> None:
     except OSError:
         tmp = -1
     for name, fd, dev, ino in made:
-        with contextlib.suppress(OSError):
+        try:
             _empty(fd)
             st = os.lstat(name, dir_fd=tmp)
             if (st.st_dev, st.st_ino) == (dev, ino):
                 os.rmdir(name, dir_fd=tmp)
+        except OSError:
+            pass
         os.close(fd)
     if tmp >= 0:
         os.close(tmp)
@@ -846,8 +920,44 @@ def remove_temp_paths(made: list[tuple[str, int, int, int]]) -> None:
 # -- C: one command --------------------------------------------------------------
 
 
-def _read_spec(call: int) -> Any:
-    head = b""
+def _descriptors(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
+    """The descriptors of ``SCM_RIGHTS`` messages in ``ancillary`` (from ``recvmsg``)."""
+    fds: list[int] = []
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds += [
+                int.from_bytes(data[i : i + 4], sys.byteorder) for i in range(0, len(data) - 3, 4)
+            ]
+    return fds
+
+
+def _read_spec(call: int) -> tuple[Any, int]:
+    """The spec from the call socket, and the Landlock ruleset the host sent with it.
+
+    Raises:
+        EOFError: the host closed the call before the whole spec came.
+        Unavailable: no single ruleset came with it (nothing may run).
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM, 0, call)
+    try:
+        head, ancillary, _, _ = sock.recvmsg(
+            4, socket.CMSG_SPACE(4), socket.MSG_CMSG_CLOEXEC | socket.MSG_WAITALL
+        )
+    finally:
+        sock.detach()
+    fds = _descriptors(ancillary)
+    if len(fds) != 1:
+        for fd in fds:
+            os.close(fd)
+        raise Unavailable("landlock", f"{len(fds)} rulesets came with the command, not 1")
+    try:
+        return _read_body(call, head), fds[0]
+    except BaseException:
+        os.close(fds[0])
+        raise
+
+
+def _read_body(call: int, head: bytes) -> Any:
     while len(head) < 4:
         chunk = os.read(call, 4 - len(head))
         if not chunk:
@@ -875,15 +985,60 @@ def _as_skill(spec: Mapping[str, Any]) -> bool:
     return True
 
 
-def _call(call: int, stdio: tuple[int, int, int]) -> None:
-    """C: run one command, end its tree, report. Never returns."""
+# How many commands one C runs, one after the other, before it exits (its heap is new
+# again); and how many Cs may wait idle for the next command.
+CALLS_PER_PROCESS = 500
+IDLE_MAX = 4
+
+
+def _serve(link: int, call: int, stdio: tuple[int, int, int]) -> None:
+    """C: run commands one after the other, each to its end and its tree's, until L
+    closes ``link``, a command fails before it ran, or :data:`CALLS_PER_PROCESS`. Never
+    returns.
+
+    Reused, C saves a fork of a Python process per command, with the pages everything
+    it touches after a fork costs; between commands it has no child (``kill_descendants``
+    waited for ECHILD), no descriptor of the last command, and its own uids again.
+    """
+    # L's wake-up pipe is closed here: a SIGCHLD must not write to its fd number.
+    signal.set_wakeup_fd(-1)
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, 0, link)
+    room = socket.CMSG_SPACE(FDS_PER_CALL * 4)
+    for served in range(1, CALLS_PER_PROCESS + 1):
+        again = _call(call, stdio) == 0 and served < CALLS_PER_PROCESS
+        if again:
+            # Before the host's EOF: L learns this C is free before the host can send
+            # its next command (which L then hands here rather than to a new fork).
+            try:
+                sock.send(b"I")
+            except OSError:
+                again = False
+        # The host reads to EOF: it comes now, not after this process is torn down.
+        os.close(call)
+        if not again:
+            break
+        try:
+            msg, ancillary, _, _ = sock.recvmsg(1, room, socket.MSG_CMSG_CLOEXEC)
+        except OSError:
+            break
+        fds = _descriptors(ancillary)
+        if not msg or len(fds) != FDS_PER_CALL:
+            for fd in fds:
+                os.close(fd)
+            break
+        call, stdio = fds[0], (fds[1], fds[2], fds[3])
+    os._exit(0)
+
+
+def _call(call: int, stdio: tuple[int, int, int]) -> int:
+    """C: run one command, end its tree, report on ``call`` (left open); 0, or 1 when it
+    failed (then this process must not run another: it may hold a uid or a descriptor
+    it should not)."""
     code = 0
     try:
-        # L's wake-up pipe is closed here: a SIGCHLD must not write to its fd number.
-        signal.set_wakeup_fd(-1)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        _prctl(PR_SET_CHILD_SUBREAPER, 1)
-        spec = _read_spec(call)
+        spec, ruleset = _read_spec(call)
         identity, owner, workspace = spec["identity"], spec["owner"], spec["workspace"]
         uid, gid = (os.geteuid(), os.getegid()) if identity is None else identity
         temps = make_temp_paths(spec.get("temp_paths"), uid, gid, spec.get("slot"))
@@ -894,8 +1049,8 @@ def _call(call: int, stdio: tuple[int, int, int]) -> None:
         started = int(time.time()) - 1
         child = os.fork()
         if child == 0:
-            _command(spec, call, stdio)
-        for fd in stdio:
+            _command(spec, call, stdio, ruleset)
+        for fd in (*stdio, ruleset):
             os.close(fd)
         pidfd = os.pidfd_open(child)
         poller = select.poll()
@@ -946,6 +1101,7 @@ def _call(call: int, stdio: tuple[int, int, int]) -> None:
             _status(call, "signal", os.WTERMSIG(waited))
         else:
             _status(call, "exit", os.waitstatus_to_exitcode(waited))
+        os.close(pidfd)
     except Unavailable as exc:
         _status(call, "unavailable", 0, f"{exc.feature}: {exc.detail}")
         code = 1
@@ -955,9 +1111,7 @@ def _call(call: int, stdio: tuple[int, int, int]) -> None:
     except BaseException as exc:  # noqa: BLE001 - reported, then this process ends
         _status(call, "internal", 0, f"{type(exc).__name__}: {exc}")
         code = 1
-    # The host reads to EOF: it comes now, not after this process is torn down.
-    os.close(call)
-    os._exit(code)
+    return code
 
 
 # -- L: the launcher ---------------------------------------------------------------
@@ -973,13 +1127,12 @@ def _can_unshare() -> bool:
 
 
 def _run_as(uid: int, gid: int) -> None:
-    """Become ``uid``/``gid`` keeping only :data:`LAUNCHER_CAPS` (permitted, effective
-    and bounding).
+    """Become ``uid``/``gid`` keeping only :data:`LAUNCHER_CAPS` (permitted and
+    effective; the bounding set is emptied first, by :func:`main`).
 
     Raises:
         Unavailable: not root, or the kernel refused.
     """
-    drop_bounding_set(LAUNCHER_CAPS)
     _check(_prctl(PR_SET_KEEPCAPS, 1), "capabilities", "PR_SET_KEEPCAPS")
     switch_identity(uid, gid)
     _prctl(PR_SET_KEEPCAPS, 0)
@@ -1002,8 +1155,10 @@ def _reap(calls: set[int]) -> None:
     if ended:
         for pid in _children():
             if pid not in calls:
-                with contextlib.suppress(OSError):
+                try:
                     os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
 
 
 def main(ctl_fd: int, run_as: str | None) -> None:
@@ -1011,6 +1166,11 @@ def main(ctl_fd: int, run_as: str | None) -> None:
     hello: dict[str, Any] = {}
     try:
         _check(_prctl(PR_SET_PDEATHSIG, signal.SIGKILL), "prctl", "PDEATHSIG")
+        # L never execs, and what it does needs its permitted and effective sets only:
+        # the bounding set goes once here, so no command's process has any to drop
+        # (without CAP_SETPCAP it stays as it is, and each G drops what it can).
+        drop_bounding_set()
+        _bounding_empty[0] = bounding_set() == 0
         if run_as:
             uid, _, gid = run_as.partition(":")
             _run_as(int(uid), int(gid or uid))
@@ -1028,7 +1188,7 @@ def main(ctl_fd: int, run_as: str | None) -> None:
         }
     except Unavailable as exc:
         hello = {"error": f"{exc.feature}: {exc.detail}"}
-    ctl = socket.socket(fileno=ctl_fd)
+    ctl = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, 0, ctl_fd)
     ctl.sendall(marshal.dumps(hello))
     if "error" in hello:
         os._exit(1)
@@ -1037,50 +1197,95 @@ def main(ctl_fd: int, run_as: str | None) -> None:
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    drop_bounding_set(~0)  # reads cap_last_cap once, here, for every G
     # Every C and G is a fork of this process: with the collector off and what exists
     # now frozen, they do not touch (and so copy) pages of objects they never use.
     gc.disable()
     gc.freeze()
     calls: set[int] = set()
+    # Each C's link (L's end of a SOCK_SEQPACKET pair) by fd: its pid and the socket;
+    # ``idle`` the links of the Cs waiting for a command (C sends ``I`` when it is).
+    links: dict[int, tuple[int, Any]] = {}
+    idle: list[int] = []
     poller = select.poll()
     poller.register(ctl_fd, select.POLLIN)
     poller.register(wake_r, select.POLLIN)
     room = socket.CMSG_SPACE(FDS_PER_CALL * 4)
     while True:
-        for fd, _ in poller.poll():
+        # The links first: a C that said it is idle takes the command that came with it.
+        for fd, _ in sorted(poller.poll(), key=lambda ready: ready[0] == ctl_fd):
             if fd == wake_r:
                 os.read(wake_r, 512)
                 _reap(calls)
+                continue
+            if fd in links:
+                _heard(fd, links, idle, poller)
                 continue
             try:
                 msg, ancillary, _, _ = ctl.recvmsg(1, room, socket.MSG_CMSG_CLOEXEC)
             except InterruptedError:
                 continue
-            fds: list[int] = []
-            for level, kind, data in ancillary:
-                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                    fds += [
-                        int.from_bytes(data[i : i + 4], sys.byteorder)
-                        for i in range(0, len(data) - 3, 4)
-                    ]
+            fds = _descriptors(ancillary)
             if not msg:
                 os._exit(0)  # the host is gone: every C sees its call socket close
-            if len(fds) == FDS_PER_CALL:
-                try:
-                    pid = os.fork()
-                except OSError as exc:
-                    _status(fds[0], "internal", 0, f"fork failed: {exc}")
-                    pid = -1
-                if pid == 0:
-                    os.close(ctl_fd)
-                    os.close(wake_r)
-                    os.close(wake_w)
-                    _call(fds[0], (fds[1], fds[2], fds[3]))
+            if len(fds) == FDS_PER_CALL and not _hand(fds, links, idle):
+                pid = _fork_call(fds, (ctl_fd, wake_r, wake_w, *links), links, poller)
                 if pid > 0:
                     calls.add(pid)
             for fd in fds:
                 os.close(fd)
+
+
+def _hand(fds: list[int], links: dict[int, tuple[int, Any]], idle: list[int]) -> bool:
+    """Give a command's descriptors to an idle C; whether one took them."""
+    rights = b"".join(fd.to_bytes(4, sys.byteorder) for fd in fds)
+    while idle:
+        link = idle.pop()
+        try:
+            links[link][1].sendmsg([b"R"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)])
+        except OSError:
+            continue  # that C is gone (its link's EOF drops it)
+        return True
+    return False
+
+
+def _fork_call(
+    fds: list[int], close: tuple[int, ...], links: dict[int, tuple[int, Any]], poller: Any
+) -> int:
+    """Fork a C for the command of ``fds`` (its link registered in ``poller``); its pid,
+    or -1 when the fork failed (reported on the call socket)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        _status(fds[0], "internal", 0, f"fork failed: {exc}")
+        ours.close()
+        theirs.close()
+        return -1
+    if pid == 0:
+        # Not another C's link: L closes one to end that C, which must then see EOF.
+        for fd in (*close, ours.fileno()):
+            os.close(fd)
+        _serve(theirs.detach(), fds[0], (fds[1], fds[2], fds[3]))
+    theirs.close()
+    links[ours.fileno()] = (pid, ours)
+    poller.register(ours.fileno(), select.POLLIN)
+    return pid
+
+
+def _heard(fd: int, links: dict[int, tuple[int, Any]], idle: list[int], poller: Any) -> None:
+    """A C's link spoke: ``I`` (idle: it waits for the next command, unless enough do);
+    EOF (it exited). A link that is not kept is closed: its C sees EOF and exits."""
+    try:
+        msg = links[fd][1].recv(1)
+    except OSError:
+        msg = b""
+    if msg == b"I" and len(idle) < IDLE_MAX:
+        idle.append(fd)
+        return
+    if fd in idle:
+        idle.remove(fd)
+    poller.unregister(fd)
+    links.pop(fd)[1].close()
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ wrote into a :class:`ProcessResult` or an error.
 
 from __future__ import annotations
 
+import array
 import contextlib
 import errno
 import logging
@@ -335,41 +336,80 @@ def elf_interpreter(path: str) -> str | None:
     return None
 
 
-def _shebang(path: str, search: str) -> list[str]:
+def _shebang(path: str, search: str) -> tuple[list[str], bool]:
     """The programs a script's ``#!`` line runs: its interpreter and, for
-    ``#!/usr/bin/env NAME``, NAME as found in ``search``."""
+    ``#!/usr/bin/env NAME``, NAME as found in ``search``; and whether ``search`` was
+    looked in (then the answer depends on more than this file)."""
     try:
         with _open_regular(path) as f:
             line = f.readline(256)
     except OSError:
-        return []
+        return [], False
     if not line.startswith(b"#!"):
-        return []
+        return [], False
     words = line[2:].decode(errors="replace").split()
     if not words:
-        return []
+        return [], False
     out = [words[0]]
     rest = [w for w in words[1:] if not w.startswith("-")]
     if Path(words[0]).name == "env" and rest:
         found = shutil.which(rest[0], path=search)
         if found:
             out.append(found)
-    return out
+        return out, True
+    return out, False
+
+
+# A file as :func:`program_files` read it: replaced, rewritten or changed in any way, it
+# has another key (inode, modification and change times, size).
+_FileKey = tuple[int, int, int, int, int]
+# (program, search) -> (the answer, each path it followed with the key of its file).
+_programs: dict[tuple[str, str], tuple[tuple[str, ...], tuple[tuple[str, _FileKey], ...]]] = {}
+_PROGRAMS_KEPT = 256
+
+
+def _file_key(path: str) -> _FileKey | None:
+    """The key of the file ``path`` names, through its links."""
+    try:
+        st = os.stat(path)  # noqa: PTH116 - per command: pathlib's parsing costs more
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size
 
 
 def program_files(program: str, search: str = os.defpath) -> tuple[str, ...]:
     """What the kernel executes to run ``program``: itself, a script's interpreter (and
     the program ``#!/usr/bin/env`` finds in ``search``) and their ELF loaders, as real
-    paths (Landlock rules apply where files really are)."""
+    paths (Landlock rules apply where files really are).
+
+    Kept per ``(program, search)`` and used again only while every path followed
+    still names a file of the same key (:data:`_FileKey`, through links: Landlock's
+    rules hold inodes, so the same inode by another real path is the same rule): a link
+    moved or a file replaced or rewritten reads the files again. An answer that
+    looked ``#!/usr/bin/env NAME`` up in ``search`` is not kept (a new NAME earlier in
+    ``search`` changes it)."""
+    kept = _programs.get((program, search))
+    if kept is not None and all(_file_key(name) == key for name, key in kept[1]):
+        return kept[0]
     out: list[str] = []
+    followed: list[tuple[str, _FileKey | None]] = []
+    searched = False
     todo: list[str] = [program]
     while todo and len(out) < 8:
-        path = _real(todo.pop())
+        name = todo.pop()
+        path = _real(name)
+        followed.append((name, _file_key(path)))
         if path in out:
             continue
         out.append(path)
-        found = [elf_interpreter(path), *_shebang(path, search)]
-        todo += [f for f in found if f and f.startswith("/")]
+        interpreters, looked = _shebang(path, search)
+        searched = searched or looked
+        todo += [f for f in (elf_interpreter(path), *interpreters) if f and f.startswith("/")]
+    steps = tuple((n, k) for n, k in followed if k is not None)
+    if not searched and len(steps) == len(followed):
+        if len(_programs) >= _PROGRAMS_KEPT:
+            _programs.clear()
+        _programs[(program, search)] = (tuple(out), steps)
     return tuple(out)
 
 
@@ -425,6 +465,8 @@ def _landlock(
     libraries = [*confinement.libraries, *(NETWORK_FILES if confinement.shares_network else ())]
     executables = [*program_files(program, env.get("PATH", os.defpath)), *confinement.executables]
     sockets = la.FS_MAKE_SOCK | la.FS_REMOVE_FILE
+    # Declared temporary paths are not here: the call's process makes them, then adds
+    # their rules (``late_paths`` of the spec).
     for paths, access, follow in (
         (libraries, la.READ, True),
         (executables, la.EXEC, True),
@@ -432,7 +474,6 @@ def _landlock(
         (confinement.read_only, la.READ, False),
         (confinement.read_write, la.WRITE, False),
         (confinement.socket_dirs, sockets, False),
-        (confinement.temp_paths, la.WRITE, False),
     ):
         rules += [(path, access & handled, follow) for path in paths]
     connect = sorted(set(confinement.tcp_connect)) if net else []
@@ -518,6 +559,7 @@ def _spec(
         "env": dict(env),
         "cwd": cwd,
         "landlock": _landlock(abi, confinement, program, env),
+        "late_paths": [(p, la.WRITE & la.fs_rights(abi), False) for p in confinement.temp_paths],
         "unshare": unshare,
         "identity": identity,
         # The uids of the skill's slot: what a leftover temporary path may belong to.
@@ -554,6 +596,26 @@ def _parse_status(data: bytes) -> list[tuple[str, int, str]]:
     return out
 
 
+def _unavailable(argv0: str, feature: str, detail: str) -> ConfinementUnavailable:
+    return ConfinementUnavailable(
+        f"cannot confine {argv0}: {feature} unavailable ({detail}); the command was not run",
+        feature=feature,
+    )
+
+
+def _ruleset(rules: Sequence[Any], argv0: str) -> int:
+    """The command's Landlock ruleset, built here (skilld's uid opens the same paths the
+    launcher's would) while the launcher forks the call's process, and sent with the spec.
+
+    Raises:
+        ConfinementUnavailable: Landlock refused the ruleset or a rule.
+    """
+    try:
+        return la.landlock_ruleset(rules)
+    except la.Unavailable as exc:
+        raise _unavailable(argv0, exc.feature, exc.detail) from exc
+
+
 def _outcome(status: Iterable[tuple[str, int, str]], argv0: str) -> tuple[int | None, int | None]:
     """The command's (exit code, signal) from the launcher's status lines.
 
@@ -564,11 +626,7 @@ def _outcome(status: Iterable[tuple[str, int, str]], argv0: str) -> tuple[int | 
     for kind, value, text in status:
         if kind == "unavailable":
             feature, _, detail = text.partition(": ")
-            raise ConfinementUnavailable(
-                f"cannot confine {argv0}: {feature} unavailable ({detail}); "
-                "the command was not run",
-                feature=feature,
-            )
+            raise _unavailable(argv0, feature, detail)
         if kind == "temp":
             raise ConfinementUnavailable(
                 f"cannot run {argv0}: {text}; the command was not run", feature="temp-paths"
@@ -603,7 +661,7 @@ class _Call:
         self.cap = cap
         self.out, self.err, self.status = bytearray(), bytearray(), bytearray()
         self.dropped = 0
-        # The launcher has the command (it may run), and has reported its end.
+        # The spec went to the launcher (the command may run), and it reported the end.
         self.sent = self.reported = False
 
     def close_child_side(self) -> None:
@@ -625,8 +683,10 @@ class _Call:
             os.close(self.stdin_w)
             self.stdin_w = -1
 
-    def hand_over(self, spec: dict[str, Any]) -> None:
-        """Send the descriptors and the spec to the launcher (restarted once if gone).
+    def launch(self) -> None:
+        """Send the descriptors to the launcher (restarted once if gone): it forks the
+        call's process, which waits for the spec (:meth:`send_spec`) and ends when the
+        call socket closes without one.
 
         Raises:
             ConfinementUnavailable: no launcher could take the command.
@@ -645,10 +705,24 @@ class _Call:
             ) from exc
         finally:
             self.close_child_side()
+
+    def send_spec(self, spec: dict[str, Any], ruleset: int) -> None:
+        """Send the command's spec and its Landlock ``ruleset`` to the call's process
+        (after :meth:`launch`).
+
+        Raises:
+            ConfinementUnavailable: the call's process is gone.
+        """
         self.sent = True
         body = marshal.dumps(spec)
+        data = memoryview(len(body).to_bytes(4, "little") + body)
+        rights = (socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", (ruleset,)))
         try:
-            self.sock.sendall(len(body).to_bytes(4, "little") + body)
+            # The descriptor travels with the first byte; the rest after it if the socket
+            # took only part (never an empty send: the command may have ended by now).
+            sent = self.sock.sendmsg([data], [rights])
+            if sent < len(data):
+                self.sock.sendall(data[sent:])
         except OSError as exc:
             raise ConfinementUnavailable(
                 f"the confinement launcher dropped the command ({exc}); it was not run",
@@ -840,12 +914,19 @@ def _run(
         identity = (uid, group)
     call = _Call(stdin, output_cap)
     try:
-        spec = _spec(
-            program, argv, confinement, abi=abi, cwd=cwd, env=environment,
-            deadline=deadline, identity=identity,
-        )  # fmt: skip
         with telemetry.span("skilld.process.launch"):
-            call.hand_over(spec)
+            # The descriptors first: the launcher forks the call's process while this
+            # thread builds the spec (on two cores, the fork costs the command nothing).
+            call.launch()
+            spec = _spec(
+                program, argv, confinement, abi=abi, cwd=cwd, env=environment,
+                deadline=deadline, identity=identity,
+            )  # fmt: skip
+            ruleset = _ruleset(spec.pop("landlock"), argv[0])
+            try:
+                call.send_spec(spec, ruleset)
+            finally:
+                os.close(ruleset)
         with telemetry.span("skilld.process.run"):
             ended = call.pump(deadline, cancelled)
     finally:

@@ -404,6 +404,22 @@ def _versions() -> str:
     return f"libseccomp {v.major}.{v.minor}.{v.micro} ({binding})"
 
 
+_MACHINE = os.uname().machine
+_loaded: list[ctypes.CDLL] = []
+
+
+def _libc() -> ctypes.CDLL:
+    """The C library with ``prctl`` and ``syscall`` looked up, once per process tree:
+    the launcher calls it at start-up, so a command's process (a fork of it) finds
+    both ready instead of paying ``dlopen`` and two symbol lookups on every command."""
+    if not _loaded:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.syscall.restype = ctypes.c_long
+        libc.prctl.restype = ctypes.c_int
+        _loaded.append(libc)
+    return _loaded[0]
+
+
 def install(bpf: bytes) -> None:
     """Load ``bpf`` as this process's seccomp filter (inherited by what it starts).
 
@@ -416,13 +432,12 @@ def install(bpf: bytes) -> None:
     """
     if not bpf or len(bpf) % 8 or len(bpf) // 8 > BPF_MAXINSNS:
         raise OSError(22, f"not a BPF program ({len(bpf)} bytes)")
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
+    libc = _libc()
     if libc.prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) != 1:
         raise OSError(1, "no_new_privs is not set")
-    number = SYS_SECCOMP.get(os.uname().machine)
+    number = SYS_SECCOMP.get(_MACHINE)
     if number is None:
-        raise OSError(38, f"seccomp(2) of machine {os.uname().machine} is not known")
+        raise OSError(38, f"seccomp(2) of machine {_MACHINE} is not known")
     program = ctypes.create_string_buffer(bpf, len(bpf))
     prog = _SockFprog(len(bpf) // 8, ctypes.addressof(program))
     # TSYNC: every thread of this process, or the call fails (the launcher forks
