@@ -88,6 +88,10 @@ Logger = structlog.typing.FilteringBoundLogger
 RESOURCE_NOT_FOUND = -32002  # the MCP spec's code for an unknown resource URI
 _LEVEL_KEY = "skilld.log_level"
 _SUBS_KEY = "skilld.subscriptions"
+# A session's subscriptions live in memory as long as it does: bounded, so that one
+# caller's sessions (max_sessions_per_caller of them) hold at most a few MiB of URIs.
+MAX_SUBSCRIPTIONS = 128
+MAX_SUBSCRIBED_URI = 4096
 # Past the drain's grace, the calls still running get this long to end and be answered
 # "the server shut down" before the connections close (a guest stops at its next epoch
 # check, a confined process tree is killed at once).
@@ -1040,6 +1044,20 @@ class McpService:
 
     async def _subscribe(self, ctx: Ctx, params: types.SubscribeRequestParams) -> types.EmptyResult:
         uri = str(params.uri)
+        subscribed: set[str] = _session_state(ctx).setdefault(_SUBS_KEY, set())
+        if len(uri) > MAX_SUBSCRIBED_URI:
+            raise MCPError(
+                types.INVALID_PARAMS,
+                f"a URI longer than {MAX_SUBSCRIBED_URI} characters cannot be subscribed to",
+                data={"limit": MAX_SUBSCRIBED_URI},
+            )
+        if uri not in subscribed and len(subscribed) >= MAX_SUBSCRIPTIONS:
+            raise MCPError(
+                types.INVALID_PARAMS,
+                f"this session has {len(subscribed)} subscriptions, at most "
+                f"{MAX_SUBSCRIPTIONS}: unsubscribe one first",
+                data={"limit": MAX_SUBSCRIPTIONS, "scope": "session"},
+            )
         spec = self._resource_spec(uri)
         if spec is None:
             raise MCPError(RESOURCE_NOT_FOUND, f"Resource not found: {uri}", data={"uri": uri})
@@ -1048,7 +1066,7 @@ class McpService:
         refusal = self._not_permitted(ctx, "resource", uri, skill, f"resource:{spec.uri}", {})
         if refusal is not None:
             raise refused_error(refusal)
-        _session_state(ctx).setdefault(_SUBS_KEY, set()).add(uri)
+        subscribed.add(uri)
         return types.EmptyResult()
 
     async def _unsubscribe(
