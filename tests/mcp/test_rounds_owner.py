@@ -160,3 +160,76 @@ class _Channel:
 
     round = 0
     asked: Any = None
+
+
+@pytest.fixture
+async def tasks_server(
+    conformance_exposed: tuple[Registry, MemorySink], tmp_path: Path
+) -> AsyncIterator[HttpServer]:
+    """The conformance skill with its policy's exposure (its task tools); two open rounds
+    per caller; callers alice and mallory."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"alice {ALICE}\nmallory {MALLORY}\n")
+    tokens.chmod(0o600)
+    config = ServeConfig(transport="http", port=0, max_rounds_per_caller=2, token_file=tokens)
+    async with running_http(open_to_authenticated(conformance_exposed[0]), config) as srv:
+        yield srv
+
+
+async def test_a_required_task_tools_rounds_count_against_the_rounds_cap(
+    tasks_server: HttpServer, conformance_exposed: tuple[Registry, MemorySink]
+) -> None:
+    """A tool that must run as a task first gathers its input in rounds: those rounds are
+    rounds like any other, so mallory's third one ends her oldest (its retry finds a call
+    that is over). Control: her newer rounds become tasks."""
+    registry, _ = conformance_exposed
+    server = tasks_server
+    name = tool(registry, "tool_with_task")
+    caps = {"elicitation": {}, "extensions": {"io.modelcontextprotocol/tasks": {}}}
+
+    async def first() -> dict[str, Any]:
+        meta = {META_VERSION: MODERN, META_CAPS: caps}
+        params = {"name": name, "arguments": {}, "_meta": meta}
+        body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}
+        headers = {
+            "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": MODERN,
+            "Mcp-Method": "tools/call",
+            "Mcp-Name": name,
+            "Authorization": f"Bearer {MALLORY}",
+        }
+        response = await http.post(server.url, json=body, headers=headers)
+        message: dict[str, Any] = response.json()
+        return message
+
+    async def retry(state: str) -> dict[str, Any]:
+        meta = {META_VERSION: MODERN, META_CAPS: caps}
+        answer = {"user_name": {"action": "accept", "content": {"name": "m"}}}
+        params = {
+            "name": name,
+            "arguments": {},
+            "inputResponses": answer,
+            "requestState": state,
+            "_meta": meta,
+        }
+        body = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": params}
+        headers = {
+            "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": MODERN,
+            "Mcp-Method": "tools/call",
+            "Mcp-Name": name,
+            "Authorization": f"Bearer {MALLORY}",
+        }
+        response = await http.post(server.url, json=body, headers=headers)
+        message: dict[str, Any] = response.json()
+        return message
+
+    async with httpx.AsyncClient(timeout=30) as http:
+        held = [(await first())["result"] for _ in range(3)]
+        assert all(h["resultType"] == "input_required" for h in held), held
+        oldest = await retry(held[0]["requestState"])
+        assert oldest.get("error", {}).get("code") == -32602, oldest
+        assert "is over" in oldest["error"]["message"], oldest
+        for newer in held[1:]:
+            became = await retry(newer["requestState"])
+            assert became["result"]["resultType"] == "task", became
