@@ -460,8 +460,13 @@ class SkillServer:
                     waiting.cancel()  # a slot handed over meanwhile goes back (take_async)
                     with contextlib.suppress(asyncio.CancelledError):
                         await waiting
-        finally:
-            waiting.cancel()  # this task itself was cancelled (shutdown): stop waiting
+        except BaseException:
+            # This task itself was cancelled (shutdown): stop waiting, and give back a slot
+            # that came just before (a pending wait gives its own back: take_async).
+            waiting.cancel()
+            if waiting.done() and not waiting.cancelled() and waiting.exception() is None:
+                waiting.result().release()
+            raise
         if not waiting.cancelled() and waiting.exception() is None:
             return waiting.result()
         error: SkilldError
