@@ -58,7 +58,7 @@ from skilld.errors import (
     SkilldError,
     UsageError,
 )
-from skilld.registry import Call, Registry, RemoteInvoker
+from skilld.registry import Call, Registry, RemoteInvoker, SkillEntry
 from skilld.types import Caller
 
 log = logging.getLogger("skilld.cluster")
@@ -631,11 +631,11 @@ def _chain(meta: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(str(c) for c in raw)
 
 
-def _gate_wall_s(entries: Mapping[str, Any], skill_id: str) -> float:
+def _gate_wall_s(entries: Mapping[str, SkillEntry], skill_id: str) -> float:
     """How long a routed call of ``skill_id`` may wait for a slot: its wall time (as
     ``Registry._run`` waits for a call made here)."""
     entry = entries.get(skill_id)
-    return 0.0 if entry is None else float(entry.limits.timeout_ms) / 1000
+    return 0.0 if entry is None else entry.limits.timeout_ms / 1000
 
 
 def _audited(kind: str, name: str, data: bytes) -> tuple[str, Mapping[str, Any]]:
