@@ -17,7 +17,7 @@ import json
 import secrets
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
 from typing import Any, Protocol, TypeVar, cast, runtime_checkable
 
@@ -40,6 +40,7 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.uri_template import InvalidUriTemplate, UriTemplate
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
+from starlette.requests import HTTPConnection
 
 from skilld import telemetry
 from skilld.errors import (
@@ -55,6 +56,7 @@ from skilld.mcp import _skills_ext as skills_extension
 from skilld.mcp._caller import caller_of, refused_error
 from skilld.mcp._channel import LOG_LEVELS, SessionChannel
 from skilld.mcp._config import ServeConfig
+from skilld.mcp._connections import CallerShares
 from skilld.mcp._metrics import Metrics
 from skilld.mcp._relay import forwarder, is_forwarded, run_relayed
 from skilld.mcp._rounds import (
@@ -82,6 +84,8 @@ from skilld.registry import CallerView, Dispatcher, Slot, TargetKind, Tool
 from skilld.types import Caller, CallOutput, ContentBlock, PromptSpec, ResourceSpec
 
 T = TypeVar("T")
+P = TypeVar("P")
+R = TypeVar("R")
 Ctx = ServerRequestContext[Any, Any]
 Logger = structlog.typing.FilteringBoundLogger
 
@@ -295,6 +299,8 @@ class McpService:
         self.metrics = metrics
         self._log = log
         self._workers = WorkerPool(config.worker_threads, idle_s=config.worker_idle_s)
+        # An HTTP client's calls, reads and prompts until answered (see _counted).
+        self._requests = CallerShares("requests in progress", config.max_requests_per_caller)
         self._tools: dict[str, Tool] = {}
         self._validators: dict[str, ArgumentValidator] = {}
         self._in_flight = 0
@@ -394,6 +400,38 @@ class McpService:
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
 
+    def _counted(
+        self, handler: Callable[[Ctx, P], Awaitable[R]]
+    ) -> Callable[[Ctx, P], Awaitable[R]]:
+        """``handler``, counting an HTTP client's request against its caller's requests in
+        progress (``max_requests_per_caller``) until it is answered. The transport counts
+        the HTTP request, but over the legacy SSE transport a POST is answered 202 as soon
+        as its message is handed over, while the call it carries goes on: without this,
+        one caller's POSTs had any number of calls in flight.
+
+        Raises:
+            MCPError: ``-32603`` when the caller has its share in progress already.
+        """
+
+        async def counted(ctx: Ctx, params: P) -> R:
+            if not isinstance(ctx.request, HTTPConnection):
+                return await handler(ctx, params)
+            key = caller_of(ctx).key
+            if not self._requests.take(key):
+                cap = self._requests.cap
+                raise MCPError(
+                    types.INTERNAL_ERROR,
+                    f"too many requests in progress for this caller (at most {cap}); "
+                    "wait for one to be answered",
+                    data={"limit": cap, "scope": "caller"},
+                )
+            try:
+                return await handler(ctx, params)
+            finally:
+                self._requests.give(key)
+
+        return counted
+
     def _build(self, *, changing: bool) -> Server[Any]:
         server: Server[Any] = (_ChangingServer if changing else Server)(
             self.config.server_name,
@@ -402,14 +440,14 @@ class McpService:
             on_list_tools=self._list_tools,
             # A task's CreateTaskResult is a plain dict (an extension's result type the
             # SDK passes through on 2026-07-28), outside the handler's declared union.
-            on_call_tool=cast(Any, self._call_tool),
+            on_call_tool=cast(Any, self._counted(self._call_tool)),
             on_list_resources=self._list_resources,
             on_list_resource_templates=self._list_templates,
-            on_read_resource=self._read_resource,
+            on_read_resource=self._counted(self._read_resource),
             on_subscribe_resource=self._subscribe,
             on_unsubscribe_resource=self._unsubscribe,
             on_list_prompts=self._list_prompts,
-            on_get_prompt=self._get_prompt,
+            on_get_prompt=self._counted(self._get_prompt),
             on_completion=self._complete,
             # 2026-07-28 clients hear of changes only on a subscriptions/listen stream
             # they open (handshake-era ones on their standalone stream, see _seen).
