@@ -138,7 +138,7 @@ def test_any_sequence_keeps_the_count_true(limit: int, ops: list[str]) -> None:
 def test_one_caller_holds_at_most_its_share() -> None:
     """Of four slots one caller holds three; the fourth is kept for other callers. A call
     of a caller at its share waits for a slot of its own caller's, never another's; a
-    nested call (no key) runs within its caller's share."""
+    call of no key is not counted per caller."""
     gate = CallGate("s", 4)
     assert gate.share == 3
     mine = [gate.take(0, key="a") for _ in range(3)]
@@ -155,8 +155,8 @@ def test_one_caller_holds_at_most_its_share() -> None:
     mine[0].release()  # a's own: its waiter takes it
     waiting.join(10)
     assert len(got) == 1 and (gate.running, gate.waiting) == (3, 0)
-    nested = gate.take(0)  # no key: counted once, by its outer call
+    uncounted = gate.take(0)  # no key: not counted per caller
     assert gate.running == 4
-    for slot in [*mine[1:], *got, nested]:
+    for slot in [*mine[1:], *got, uncounted]:
         slot.release()
     assert (gate.running, gate.waiting) == (0, 0)

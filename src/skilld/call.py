@@ -149,13 +149,13 @@ class CallGate:
     side are served in the order they came. A call that gets no slot in time is
     refused with :class:`~skilld.errors.SkillBusy`, whichever side it waited on.
 
-    Slots are shared out per caller (``key``: ``Caller.key``; empty for a nested call,
-    which its outer call's slot already counts): one caller holds at most
+    Slots are shared out per caller (``key``: ``Caller.key``, the principal's, for a
+    nested call too; empty: not counted per caller): one caller holds at most
     :func:`caller_share` of them (all but a quarter, at least one left for others), so
-    one caller's long calls, tasks or unanswered rounds never make another caller of
-    the skill wait or fail busy. Its further calls wait, behind other callers' waiters,
-    until one of its own slots frees up. A skill of one slot stays first come, first
-    served.
+    one caller's long calls, tasks, unanswered rounds or calls of skills that invoke
+    this one never make another caller of the skill wait or fail busy. Its further
+    calls wait, behind other callers' waiters, until one of its own slots frees up. A
+    skill of one slot stays first come, first served.
 
     A slot is taken once per call: the MCP layer takes it before it hands the call to
     a thread and lends it to the call it runs (:meth:`Slot.lend`); the registry's
@@ -241,7 +241,7 @@ class CallGate:
 
     def _within(self, key: str) -> bool:
         """Whether caller ``key`` may take one more slot (under the lock). ``""``: a call
-        not counted per caller (a nested call, which runs inside its caller's slot)."""
+        not counted per caller."""
         return not key or self._held[key] < self.share
 
     def _busy(self, key: str) -> SkillBusy:

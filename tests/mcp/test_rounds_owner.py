@@ -140,3 +140,49 @@ class _Channel:
 
     round = 0
     asked: Any = None
+
+
+@pytest.fixture
+async def tasks_server(
+    conformance_exposed: tuple[Registry, MemorySink], tmp_path: Path
+) -> AsyncIterator[HttpServer]:
+    """The conformance skill with its policy's exposure (its task tools); two open rounds
+    per caller; callers alice and mallory."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"alice {ALICE}\nmallory {MALLORY}\n")
+    tokens.chmod(0o600)
+    config = ServeConfig(transport="http", port=0, max_rounds_per_caller=2, token_file=tokens)
+    async with running_http(open_to_authenticated(conformance_exposed[0]), config) as srv:
+        yield srv
+
+
+async def test_a_required_task_tools_rounds_count_against_the_rounds_cap(
+    tasks_server: HttpServer, conformance_exposed: tuple[Registry, MemorySink]
+) -> None:
+    """A tool that must run as a task first gathers its input in rounds: those rounds are
+    rounds like any other, so mallory's third one ends her oldest (its retry finds a call
+    that is over). Control: her newer rounds become tasks."""
+    registry, _ = conformance_exposed
+    server = tasks_server
+    name = tool(registry, "tool_with_task")
+    caps = {"elicitation": {}, "extensions": {"io.modelcontextprotocol/tasks": {}}}
+
+    answer = {"user_name": {"action": "accept", "content": {"name": "m"}}}
+
+    async def first() -> dict[str, Any]:
+        return await call_as(http, server.url, MALLORY, name, caps=caps)
+
+    async def retry(state: str) -> dict[str, Any]:
+        return await call_as(
+            http, server.url, MALLORY, name, caps=caps, state=state, responses=answer
+        )
+
+    async with httpx.AsyncClient(timeout=30) as http:
+        held = [(await first())["result"] for _ in range(3)]
+        assert all(h["resultType"] == "input_required" for h in held), held
+        oldest = await retry(held[0]["requestState"])
+        assert oldest.get("error", {}).get("code") == -32602, oldest
+        assert "is over" in oldest["error"]["message"], oldest
+        for newer in held[1:]:
+            became = await retry(newer["requestState"])
+            assert became["result"]["resultType"] == "task", became

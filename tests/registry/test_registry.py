@@ -181,8 +181,9 @@ def test_invoke_cycle_is_stopped(registry: tuple[Registry, MemorySink]) -> None:
     out = reg.call("hostile/relay", args, NullChannel()).value
     text = json.dumps(out)
     # The plain checker knows no depth and the host's ceiling is far off: a nested
-    # call takes a slot without waiting, so the chain stops when the slots run out.
-    assert "limit-exceeded" in text and "(8 calls running)" in text
+    # call takes a slot without waiting, counted against its principal's share of the
+    # skill's slots, so the chain stops when that share runs out.
+    assert "limit-exceeded" in text and "hold 6 of the skill's 8 slots, its share" in text
 
 
 # -- annotations -------------------------------------------------------------------

@@ -8,7 +8,10 @@ key trusted for the sending node, addressed to this node and to this boot of it,
 this endpoint's skill, its stamp never seen before. Methods the policy hides are never
 run for another node. The audit record names the verified sender. A call
 runs through this node's registry (its policy, its slots, its audit record) on a
-worker thread; what the guest sends back to its client (progress, logs, sampling,
+worker thread, taken only once the call holds its slot: a call waiting for its
+caller's share of a skill's slots holds no thread, and the pool has a thread for
+every local slot, so no caller's waiting calls keep another caller's call from a
+thread. What the guest sends back to its client (progress, logs, sampling,
 elicitation) is relayed to the entry node on the request's reply subject, and a
 cancellation from the entry node stops the guest.
 """
@@ -16,6 +19,7 @@ cancellation from the entry node stops the guest.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
@@ -31,6 +35,7 @@ from nats.micro.request import Request
 from nats.micro.service import Service
 
 from skilld import __version__, telemetry
+from skilld.call import WAIT_SLICE_S, Slot
 from skilld.cluster._announce import LocalSkill
 from skilld.cluster._envelope import Opened, Opener, Sealer, claimed
 from skilld.cluster._link import NatsLink
@@ -48,11 +53,12 @@ from skilld.errors import (
     ClusterError,
     DeadlineExceeded,
     GuestError,
+    RegistryError,
     RunOnThread,
     SkilldError,
     UsageError,
 )
-from skilld.registry import Call, Registry, RemoteInvoker
+from skilld.registry import Call, Registry, RemoteInvoker, SkillEntry
 from skilld.types import Caller
 
 log = logging.getLogger("skilld.cluster")
@@ -216,7 +222,12 @@ class SkillServer:
         self._entries = {s.entry.spec.id: s.entry for s in skills}
         self.clustered_kv = False  # set by the cluster: skills' state is in JetStream KV
         self._refused = refused
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix=f"skilld-remote-{self._node}")
+        # A thread for every slot of the local skills (a call takes one only once it
+        # holds its slot, _threaded): a call never waits for a thread behind others.
+        slots = sum(s.entry.limits.max_concurrency for s in skills)
+        self._pool = ThreadPoolExecutor(
+            max(threads, slots), thread_name_prefix=f"skilld-remote-{self._node}"
+        )
         self._service: Service | None = None
         self._running: set[asyncio.Task[None]] = set()
         # call id -> (the node that started it, its cancel flag)
@@ -408,10 +419,77 @@ class SkillServer:
         )
 
     async def _threaded(self, call: _Call) -> None:
-        payload = await asyncio.get_running_loop().run_in_executor(
-            self._pool, self._payload, call, lambda: self._run_local(call)
-        )
+        slot = await self._slot(call)
+        if isinstance(slot, bytes):  # refused while it waited: its error
+            await self._finish(call, slot)
+            return
+        try:
+            payload = await asyncio.get_running_loop().run_in_executor(
+                self._pool,
+                self._payload,
+                call,
+                lambda: self._run_local(call) if slot is None else slot.lend(self._run_local, call),
+            )
+        finally:
+            if slot is not None:
+                slot.release()
         await self._finish(call, payload)
+
+    async def _slot(self, call: _Call) -> Slot | bytes | None:
+        """A slot of the call's skill for its caller, waited for on the loop before the call
+        takes a thread (as the MCP layer does): a call waiting for its caller's share holds
+        no thread. The error reply (audited as a refusal) when none came in time or the
+        call was cancelled meanwhile; None when the message names no caller or skill this
+        node reads (``_run_local`` says what is wrong, on the thread).
+        """
+        meta = call.meta
+        kind, name = str(meta.get("kind", "call")), str(meta.get("name", ""))
+        try:
+            caller = _routed_caller(meta.get("caller"), call.entry, _chain(meta))
+            gate = self._registry.gate(call.skill_id)
+        except (UsageError, RegistryError):
+            return None
+        # A routed invoke never waits (as a nested call does not: see Registry._run).
+        nested = kind == "call" and _int(meta.get("depth"), 0) > 0
+        wait = 0.0 if nested else min(call.timeout_s, _gate_wall_s(self._entries, call.skill_id))
+        waiting = asyncio.ensure_future(gate.take_async(wait, caller.key))
+        try:
+            while not waiting.done():
+                await asyncio.wait({waiting}, timeout=WAIT_SLICE_S)
+                if not waiting.done() and call.channel.cancelled():
+                    waiting.cancel()  # a slot handed over meanwhile goes back (take_async)
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await waiting
+        except BaseException:
+            # This task itself was cancelled (shutdown): stop waiting, and give back a slot
+            # that came just before (a pending wait gives its own back: take_async).
+            waiting.cancel()
+            if waiting.done() and not waiting.cancelled() and waiting.exception() is None:
+                waiting.result().release()
+            raise
+        if not waiting.cancelled() and waiting.exception() is None:
+            return waiting.result()
+        error: SkilldError
+        if waiting.cancelled():
+            error = CallCancelled(
+                f"{call.skill_id}: the call was cancelled while it waited for a slot"
+            )
+        else:
+            exc = waiting.exception()
+            if exc is not None and not isinstance(exc, SkilldError):
+                raise exc  # a bug: not the gate's refusal
+            assert isinstance(exc, SkilldError)
+            error = exc
+        label, arguments = _audited(kind, name, call.data)
+        with contextlib.suppress(SkilldError):  # the refusal is answered even if unaudited
+            self._registry.refused(
+                call.skill_id, label, arguments, error.outcome, str(error), caller=caller
+            )
+
+        def refuse() -> Any:
+            raise error
+
+        return self._payload(call, refuse)
 
     def _payload(self, call: _Call, run: Callable[[], Any]) -> bytes:
         """The reply to a routed call: its value, or its error (RunOnThread passes through)."""
@@ -457,10 +535,7 @@ class SkillServer:
         if kind == "call":
             if not isinstance(args, dict):
                 raise UsageError("the routed arguments must be a JSON object")
-            raw_chain = meta.get("chain") or []
-            if not isinstance(raw_chain, list):
-                raise UsageError("the routed caller chain must be a list")
-            chain = tuple(str(c) for c in raw_chain)
+            chain = _chain(meta)
             self._exposed(call, name)
             # The audit names the verified sender and, sealed with it, the entry node's
             # caller (a skill of that node for a routed invoke).
@@ -542,6 +617,41 @@ class SkillServer:
                 f"{call.skill_id!r} is hidden on node {self._node}",
             )
             raise GuestError("not-found", f"skill '{call.skill_id}' has no method '{method}'")
+
+
+def _chain(meta: Mapping[str, Any]) -> tuple[str, ...]:
+    """The chain of skills of a routed invoke (outermost first; empty for a client's call).
+
+    Raises:
+        UsageError: it is not a list.
+    """
+    raw = meta.get("chain") or []
+    if not isinstance(raw, list):
+        raise UsageError("the routed caller chain must be a list")
+    return tuple(str(c) for c in raw)
+
+
+def _gate_wall_s(entries: Mapping[str, SkillEntry], skill_id: str) -> float:
+    """How long a routed call of ``skill_id`` may wait for a slot: its wall time (as
+    ``Registry._run`` waits for a call made here)."""
+    entry = entries.get(skill_id)
+    return 0.0 if entry is None else entry.limits.timeout_ms / 1000
+
+
+def _audited(kind: str, name: str, data: bytes) -> tuple[str, Mapping[str, Any]]:
+    """What the audit names a refused routed request by, and its arguments (hashed there):
+    a call's method and arguments; a resource read's URI (it may be a kept output's,
+    never written as is); a prompt's name and arguments."""
+    try:
+        args = json.loads(data) if data else {}
+    except ValueError:
+        args = {}
+    args = args if isinstance(args, dict) else {}
+    if kind == "resource":
+        return "read-resource", {"uri": name}
+    if kind == "prompt":
+        return "get-prompt", args
+    return name, args
 
 
 def _int(value: object, default: int) -> int:

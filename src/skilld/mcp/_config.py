@@ -58,6 +58,11 @@ class ServeConfig:
         write_timeout_s: a connection whose client does not read a response for this
             long is closed (a client that never reads holds no connection for ever).
         max_body_bytes: the largest HTTP request body accepted (larger: 413).
+        max_request_bytes_per_caller: the request bodies one caller's requests in progress
+            may hold together (None: four of ``max_body_bytes``); past it, 429. A parsed
+            body takes many times its size in memory while its request is served (a
+            JSON object of many small values about 18 times), so requests in progress
+            alone do not bound what one caller makes the server hold.
         queue_timeout_s: how long a call waits for a free slot of its skill (the skill's
             one gate, ``max_concurrency`` of its policy) before it fails as busy.
         worker_threads: threads that run blocking guest calls, shared fairly by all
@@ -133,6 +138,7 @@ class ServeConfig:
     max_requests_per_caller: int = 64
     write_timeout_s: float = 30.0
     max_body_bytes: int = 4 * 1024 * 1024
+    max_request_bytes_per_caller: int | None = None
     queue_timeout_s: float = 2.0
     worker_threads: int = 64
     worker_idle_s: float = 10.0
@@ -213,6 +219,14 @@ class ServeConfig:
             self.max_streams_per_caller,
             self.max_requests_per_caller,
         )
+        if self.max_request_bytes_per_caller is not None and (
+            self.max_request_bytes_per_caller < self.max_body_bytes
+        ):
+            raise UsageError(
+                "max_request_bytes_per_caller must be at least max_body_bytes (else a "
+                "request of the largest body is always refused)",
+                location="serve config",
+            )
         if min(caps) <= 0 or self.write_timeout_s <= 0:
             raise UsageError(
                 "the per-caller caps and write_timeout_s must be positive", location="serve config"

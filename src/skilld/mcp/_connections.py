@@ -268,25 +268,25 @@ class GuardedH11(H11Protocol):
 
 
 class CallerShares:
-    """How many of one kind of thing (sessions, streams, requests) each caller holds,
-    against a per-caller cap. Used on the event loop only: a take is atomic there."""
+    """How many of one kind of thing (sessions, streams, requests, request body bytes) each
+    caller holds, against a per-caller cap. Used on the event loop only: a take is atomic there."""
 
     def __init__(self, what: str, cap: int):
         self.what = what
         self.cap = cap
         self._held: dict[str, int] = {}
 
-    def take(self, key: str) -> bool:
-        """One more for ``key``; False (nothing taken) when it holds ``cap`` already."""
+    def take(self, key: str, n: int = 1) -> bool:
+        """``n`` more for ``key``; False (nothing taken) when that would pass ``cap``."""
         held = self._held.get(key, 0)
-        if held >= self.cap:
+        if held + n > self.cap:
             return False
-        self._held[key] = held + 1
+        self._held[key] = held + n
         return True
 
-    def give(self, key: str) -> None:
-        """``key`` holds one less."""
-        held = self._held.get(key, 0) - 1
+    def give(self, key: str, n: int = 1) -> None:
+        """``key`` holds ``n`` less."""
+        held = self._held.get(key, 0) - n
         if held > 0:
             self._held[key] = held
         else:

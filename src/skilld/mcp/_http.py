@@ -192,6 +192,38 @@ class CallerShare:
             self._shares.give(key)
 
 
+class CallerBodyBytes:
+    """Holds the size of a request's body against its caller's ``shares`` while the
+    wrapped app serves it (inside the SDK's body limit, which hands the whole body on
+    in one message): past the caller's share, 429 before the body is parsed."""
+
+    def __init__(self, app: ASGIApp, shares: CallerShares, metrics: Metrics):
+        self._app = app
+        self._shares = shares
+        self._metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("method") != "POST":
+            await self._app(scope, receive, send)
+            return
+        first = await receive()
+        size = len(first.get("body", b"")) if first["type"] == "http.request" else 0
+        key = caller_of(HTTPConnection(scope)).key
+        if not self._shares.take(key, size):
+            self._metrics.http_rejected(429)
+            await too_many(self._shares.what, self._shares.cap, scope, receive, send)
+            return
+        pending: list[Message] = [first]
+
+        async def replay() -> Message:
+            return pending.pop() if pending else await receive()
+
+        try:
+            await self._app(scope, replay, send)
+        finally:
+            self._shares.give(key, size)
+
+
 # The caller whose new session is being admitted, and whether it was (see CallerSessions).
 _opening: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar(
     "skilld_opening_session", default=None
@@ -273,6 +305,10 @@ def build_app(service: McpService, credentials: Credentials) -> Starlette:
         "/messages/", security_settings=security, max_request_body_size=config.max_body_bytes
     )
     requests = CallerShares("requests in progress", config.max_requests_per_caller)
+    body_bytes = CallerShares(
+        "request body bytes in progress",
+        config.max_request_bytes_per_caller or 4 * config.max_body_bytes,
+    )
     streams = CallerShares("open streams", config.max_streams_per_caller)
     resource = (
         AnyHttpUrl(config.auth_audience)
@@ -285,7 +321,9 @@ def build_app(service: McpService, credentials: Credentials) -> Starlette:
         # The credential first, then the caller's share, then the body: an
         # unauthenticated client gets its 401 before the server reads (and buffers up
         # to max_body_bytes of) what it sent.
-        limited = RequestBodyLimitMiddleware(app, config.max_body_bytes)
+        limited = RequestBodyLimitMiddleware(
+            CallerBodyBytes(app, body_bytes, metrics), config.max_body_bytes
+        )
         shared = CallerShare(limited, requests, metrics, get_only=False)
         if not credentials:
             return shared

@@ -20,9 +20,9 @@ from __future__ import annotations
 import asyncio
 import secrets
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
-from typing import Any, Protocol, cast, runtime_checkable
+from typing import Any, Protocol, TypeVar, cast, runtime_checkable
 
 from mcp import types
 from mcp.server.context import ServerRequestContext
@@ -37,6 +37,7 @@ from mcp.server.subscriptions import (
     ToolsListChanged,
 )
 from mcp.shared.exceptions import MCPError
+from starlette.requests import HTTPConnection
 
 from skilld import telemetry
 from skilld.errors import RegistryError, SkilldError, UsageError
@@ -48,6 +49,7 @@ from skilld.mcp._channel import (
     session_state,
 )
 from skilld.mcp._config import ServeConfig
+from skilld.mcp._connections import CallerShares
 from skilld.mcp._content import (
     call_tool,
     call_tool_inline,
@@ -79,6 +81,8 @@ from skilld.mcp._tasks import (
 from skilld.mcp._wiring import Wiring
 from skilld.registry import Dispatcher, Tool
 
+P = TypeVar("P")
+R = TypeVar("R")
 Ctx = ServerRequestContext[Any, Any]
 
 
@@ -138,6 +142,8 @@ class McpService:
         self.config = config
         self.metrics = metrics
         self.ring = Ring(dispatcher, config, log, metrics)
+        # An HTTP client's calls, reads and prompts until answered (see _counted).
+        self._in_progress = CallerShares("requests in progress", config.max_requests_per_caller)
         self._tools: dict[str, Tool] = {}
         self._validators: dict[str, ArgumentValidator] = {}
         # Connections that listed or called something: told when the dispatcher's skills
@@ -218,6 +224,38 @@ class McpService:
         if self._loop is None:
             self._loop = asyncio.get_running_loop()
 
+    def _counted(
+        self, handler: Callable[[Ctx, P], Awaitable[R]]
+    ) -> Callable[[Ctx, P], Awaitable[R]]:
+        """``handler``, counting an HTTP client's request against its caller's requests in
+        progress (``max_requests_per_caller``) until it is answered. The transport counts
+        the HTTP request, but over the legacy SSE transport a POST is answered 202 as soon
+        as its message is handed over, while the call it carries goes on: without this,
+        one caller's POSTs had any number of calls in flight.
+
+        Raises:
+            MCPError: ``-32603`` when the caller has its share in progress already.
+        """
+
+        async def counted(ctx: Ctx, params: P) -> R:
+            if not isinstance(ctx.request, HTTPConnection):
+                return await handler(ctx, params)
+            key = caller_of(ctx).key
+            if not self._in_progress.take(key):
+                cap = self._in_progress.cap
+                raise MCPError(
+                    types.INTERNAL_ERROR,
+                    f"too many requests in progress for this caller (at most {cap}); "
+                    "wait for one to be answered",
+                    data={"limit": cap, "scope": "caller"},
+                )
+            try:
+                return await handler(ctx, params)
+            finally:
+                self._in_progress.give(key)
+
+        return counted
+
     def _build(self, *, changing: bool) -> Server[Any]:
         server: Server[Any] = (_ChangingServer if changing else Server)(
             self.config.server_name,
@@ -226,14 +264,14 @@ class McpService:
             on_list_tools=self._list_tools,
             # A task's CreateTaskResult is a plain dict (an extension's result type the
             # SDK passes through on 2026-07-28), outside the handler's declared union.
-            on_call_tool=cast(Any, self._call_tool),
+            on_call_tool=cast(Any, self._counted(self._call_tool)),
             on_list_resources=self._surfaces.list_resources,
             on_list_resource_templates=self._surfaces.list_templates,
-            on_read_resource=self._surfaces.read_resource,
+            on_read_resource=self._counted(self._surfaces.read_resource),
             on_subscribe_resource=self._surfaces.subscribe,
             on_unsubscribe_resource=self._surfaces.unsubscribe,
             on_list_prompts=self._surfaces.list_prompts,
-            on_get_prompt=self._surfaces.get_prompt,
+            on_get_prompt=self._counted(self._surfaces.get_prompt),
             on_completion=self._surfaces.complete,
             # 2026-07-28 clients hear of changes only on a subscriptions/listen stream
             # they open (handshake-era ones on their standalone stream, see _seen).

@@ -34,6 +34,10 @@ Ctx = ServerRequestContext[Any, Any]
 
 RESOURCE_NOT_FOUND = -32002  # the MCP spec's code for an unknown resource URI
 SUBS_KEY = "skilld.subscriptions"
+# A session's subscriptions live in memory as long as it does: bounded, so that one
+# caller's sessions (max_sessions_per_caller of them) hold at most a few MiB of URIs.
+MAX_SUBSCRIPTIONS = 128
+MAX_SUBSCRIBED_URI = 4096
 
 
 class Surfaces:
@@ -148,9 +152,24 @@ class Surfaces:
 
         Raises:
             MCPError: ``-32002`` for an unknown URI; invalid params when the caller
-                rules refuse reading it.
+                rules refuse reading it, the URI is too long or the session holds its
+                most subscriptions already.
         """
         uri = str(params.uri)
+        subscribed: set[str] = session_state(ctx).setdefault(SUBS_KEY, set())
+        if len(uri) > MAX_SUBSCRIBED_URI:
+            raise MCPError(
+                types.INVALID_PARAMS,
+                f"a URI longer than {MAX_SUBSCRIBED_URI} characters cannot be subscribed to",
+                data={"limit": MAX_SUBSCRIBED_URI},
+            )
+        if uri not in subscribed and len(subscribed) >= MAX_SUBSCRIPTIONS:
+            raise MCPError(
+                types.INVALID_PARAMS,
+                f"this session has {len(subscribed)} subscriptions, at most "
+                f"{MAX_SUBSCRIPTIONS}: unsubscribe one first",
+                data={"limit": MAX_SUBSCRIPTIONS, "scope": "session"},
+            )
         spec = self._resource_spec(uri)
         if spec is None:
             raise MCPError(RESOURCE_NOT_FOUND, f"Resource not found: {uri}", data={"uri": uri})
@@ -160,7 +179,7 @@ class Surfaces:
         refusal = not_permitted(self._ring, ctx, caller_of(ctx), "resource", uri, skill, label, {})
         if refusal is not None:
             raise refused_error(refusal)
-        session_state(ctx).setdefault(SUBS_KEY, set()).add(uri)
+        subscribed.add(uri)
         return types.EmptyResult()
 
     async def unsubscribe(

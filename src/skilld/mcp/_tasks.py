@@ -843,7 +843,12 @@ async def as_task(
     else:
         tasks.admit(caller.key)  # refused before the call starts
         channel = new_channel(plain(params.input_responses))
-        call = parked.start(name, digest, channel, lambda: start(channel), caller.key, capped=False)
+        # Until it is a task, a required tool's call gathers its input in rounds like any
+        # other call: counted against its caller's rounds cap (max_rounds_per_caller), which
+        # its tasks caps do not cover yet. Once a task, the task caps count it instead.
+        call = parked.start(
+            name, digest, channel, lambda: start(channel), caller.key, capped=required
+        )
         if required:
             with anyio.move_on_after(_GATHER_S):
                 while not call.channel.pending and not call.task.done():
@@ -852,6 +857,7 @@ async def as_task(
             if call.channel.pending:
                 return await parked.step(call)
     record = tasks.create(name, call, task_outcome, client=caller.key)
+    call.capped = False  # a task now: its questions are the task's, never a round ended
     return {"resultType": "task", **record.wire()}
 
 

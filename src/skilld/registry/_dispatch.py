@@ -261,11 +261,13 @@ class Registry(Catalogue):
         # inline attempt: waiting is for a thread, not the event loop. A call the MCP
         # layer runs takes the slot it was lent (skilld.call.CallGate).
         wait = entry.limits.timeout_ms / 1000 if depth == 0 and inline is None else 0
-        # Slots are shared out per caller; a nested call runs inside its caller's share.
-        share = caller.key if depth == 0 else ""
+        # Slots are shared out per principal, nested calls included: a nested call holds
+        # a slot of the callee's gate, which its outer call's slot (of another gate, or
+        # of this one and already counted) does not cover. Counted for nobody, one
+        # caller's calls of a skill that invokes this one took all of this one's slots.
         try:
             with telemetry.stage("skilld.gate.wait", {"skilld.skill": skill_id}):
-                slot = entry.gate.take(wait, ctx.channel.cancelled, share)
+                slot = entry.gate.take(wait, ctx.channel.cancelled, caller.key)
         except SkilldError as exc:  # SkillBusy, or CallCancelled while it waited
             if inline is not None:
                 inline.give_up()

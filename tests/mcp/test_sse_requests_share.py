@@ -1,0 +1,141 @@
+"""Over the legacy SSE transport a caller's calls in flight count against its requests in
+progress (``max_requests_per_caller``), as over Streamable HTTP, with two named tokens.
+
+``POST /messages/`` is answered 202 as soon as its message is handed to the session, which
+runs the call in a task of its own: the POST's share of requests in progress was given back
+while its call went on, so one SSE session of mallory had any number of calls in flight
+(30 POSTs with a cap of 4: 12 calls running, 18 waiting for a slot, each holding its parsed
+arguments).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2 as httpx
+import pytest
+from test_mcp_rounds import tool
+
+from skilld.audit import MemorySink
+from skilld.mcp import HttpServer, ServeConfig
+from skilld.registry import Registry
+from support.callers import open_to_authenticated
+from support.mcp_fakes import client_tokens, running_http, token_of
+
+pytestmark = pytest.mark.anyio
+
+CAP = 4  # max_requests_per_caller here
+POSTS = 12
+
+
+@pytest.fixture
+async def server(
+    conformance_exposed: tuple[Registry, MemorySink], tmp_path: Path
+) -> AsyncIterator[HttpServer]:
+    tokens = client_tokens(tmp_path, "alice", "mallory")
+    config = ServeConfig(
+        transport="http",
+        port=0,
+        token_file=tokens,
+        max_requests_per_caller=CAP,
+        queue_timeout_s=30,
+    )
+    async with running_http(open_to_authenticated(conformance_exposed[0]), config) as srv:
+        yield srv
+
+
+class _SseClient:
+    """One legacy SSE session of ``who``: POSTs messages, collects what the stream sends."""
+
+    def __init__(self, http: httpx.AsyncClient, base: str) -> None:
+        self.http = http
+        self.base = base
+        self.endpoint = ""
+        self.messages: list[dict[str, Any]] = []
+        self.opened = anyio.Event()
+
+    async def listen(self) -> None:
+        async with self.http.stream("GET", self.base + "/sse") as stream:
+            event = ""
+            async for line in stream.aiter_lines():
+                if line.startswith("event:"):
+                    event = line[6:].strip()
+                elif line.startswith("data:"):
+                    data = line[5:].strip()
+                    if event == "endpoint":
+                        self.endpoint = data
+                        self.opened.set()
+                    else:
+                        self.messages.append(json.loads(data))
+
+    async def post(self, message: dict[str, Any]) -> int:
+        response = await self.http.post(self.base + self.endpoint, json=message)
+        return response.status_code
+
+    def answer(self, request_id: int) -> dict[str, Any] | None:
+        return next((m for m in self.messages if m.get("id") == request_id), None)
+
+
+async def _session(http: httpx.AsyncClient, base: str, tg: Any) -> _SseClient:
+    client = _SseClient(http, base)
+    tg.start_soon(client.listen)
+    await client.opened.wait()
+    hello = {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"},
+    }
+    await client.post({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": hello})
+    while client.answer(0) is None:
+        await anyio.sleep(0.01)
+    await client.post({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    return client
+
+
+async def test_mallorys_sse_calls_in_flight_are_her_requests_in_progress(
+    server: HttpServer, conformance_exposed: tuple[Registry, MemorySink]
+) -> None:
+    """mallory POSTs 12 long calls on one SSE session: 4 run (her requests in progress), the
+    other 8 are answered at once with the cap's error; alice's call on her own SSE session is
+    answered. Control: mallory's 4 are still running then."""
+    registry = conformance_exposed[0]
+    slow, simple = tool(registry, "slow_compute"), tool(registry, "simple_text")
+    gate = registry.gate("conformance")
+    base = server.url.removesuffix("/mcp")
+    mine = {"Authorization": f"Bearer {token_of('mallory')}"}
+    hers = {"Authorization": f"Bearer {token_of('alice')}"}
+    with anyio.fail_after(60):
+        async with (
+            httpx.AsyncClient(timeout=60, headers=mine) as m_http,
+            httpx.AsyncClient(timeout=60, headers=hers) as a_http,
+            anyio.create_task_group() as tg,
+        ):
+            mallory = await _session(m_http, base, tg)
+            for n in range(1, POSTS + 1):
+                call = {"name": slow, "arguments": {"seconds": 60}}
+                status = await mallory.post(
+                    {"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": call}
+                )
+                assert status == 202
+            while sum(mallory.answer(n) is not None for n in range(1, POSTS + 1)) < POSTS - CAP:
+                await anyio.sleep(0.02)
+            while gate.running < CAP:
+                await anyio.sleep(0.02)
+            refused = [mallory.answer(n) for n in range(1, POSTS + 1)]
+            refused = [r for r in refused if r is not None]
+            alice = await _session(a_http, base, tg)
+            await alice.post(
+                {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": simple}}
+            )
+            while alice.answer(1) is None:
+                await anyio.sleep(0.02)
+            assert gate.running == CAP  # the control: mallory's four still run
+            tg.cancel_scope.cancel()
+    assert len(refused) == POSTS - CAP, refused
+    assert all("too many requests in progress" in r["error"]["message"] for r in refused), refused
+    answer = alice.answer(1)
+    assert answer is not None and "result" in answer, answer
