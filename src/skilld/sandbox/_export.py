@@ -3,7 +3,7 @@
 wasmtime-py's ``component.Func.__call__`` asks the C library for the function's type
 on every call, and converting the answer back asks again for every nested type (a
 record's fields, a variant's cases, a list's element): for a guest's ``call`` that is
-about 20 type objects built and freed per call, and each string crosses through a
+11 value types built and freed per call, and each string crosses through a
 ctypes array type made for its length. In process, on a warm ``echo/echo`` call that
 took 16 µs (type) + 14 µs (arguments) + 57 µs (result) around a 52 µs guest
 (docs/runtime.md, "Wave 7"). :class:`ExportCall` reads the types once, when a
@@ -51,7 +51,7 @@ def _lift_string(c: Any) -> str:
 
 
 def _cleared(val: Any) -> None:
-    """Mark a converted C value as holding nothing, so its container's delete frees no twice."""
+    """Mark a converted C value empty, so its container's delete does not free it again."""
     val.kind = _BOOL
     val.of.boolean = False
 
