@@ -46,6 +46,7 @@ from skilld.errors import (
     StackExhausted,
 )
 from skilld.sandbox._engine import TICK_S, Engine
+from skilld.sandbox._export import ExportCall
 from skilld.sandbox._gil import keep_gil_for_quick_calls
 from skilld.sandbox._host import INTERFACES, PACKAGE, build_linker, import_name, to_py
 from skilld.sandbox._native import NativeCache, load_native
@@ -303,6 +304,8 @@ class Component:
         self._exports = _Exports(
             found["describe"], found["call"], found["read-resource"], found["get-prompt"]
         )
+        # Each export's call with its types read once (keyed by id of its ExportIndex).
+        self._calls: dict[int, ExportCall] = {}
         self._pool: queue.SimpleQueue[_Instance] = queue.SimpleQueue()
         self._pool_limits: Limits | None = None
         self._pool_depth = 0
@@ -431,7 +434,9 @@ class Component:
                     func = inst.instance.get_func(inst.store, self._exports.call)
                     if func is None:  # pragma: no cover - checked at load
                         return False
-                    func(inst.store, *self._warm_call)
+                    self._export_call(self._exports.call, func, inst.store)(
+                        func, inst.store, *self._warm_call
+                    )
                     func.post_return(inst.store)
             finally:
                 engine.ticker.leave()
@@ -592,7 +597,7 @@ class Component:
                 func = inst.instance.get_func(inst.store, export)
                 if func is None:  # pragma: no cover - checked at load
                     raise LinkError(f"{self.name}: export vanished")
-                result = func(inst.store, *args)
+                result = self._export_call(export, func, inst.store)(func, inst.store, *args)
                 func.post_return(inst.store)
             keep = (
                 bound is not None
@@ -630,6 +635,16 @@ class Component:
                     for comp in nested:
                         comp._kick()
         return result
+
+    def _export_call(
+        self, export: component.ExportIndex, func: component.Func, store: wasmtime.Store
+    ) -> ExportCall:
+        """How to call ``export`` (its types read from ``func`` on the first call)."""
+        call = self._calls.get(id(export))
+        if call is None:
+            # Two threads may both build it; either result is the same.
+            call = self._calls[id(export)] = ExportCall(func, store)
+        return call
 
     def _take_warm(self, bound: Binding, memory_bytes: int) -> _Instance | None:
         """The caller's warm instance of this component, if one is idle (and fits)."""
