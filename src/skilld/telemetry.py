@@ -42,10 +42,11 @@ import functools
 import json
 import logging
 import os
+import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableSequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, MutableSequence, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
@@ -281,15 +282,15 @@ def _span_exporter(protocol: str) -> Any:
         ImportError: its package is not installed.
     """
     if protocol == "http/protobuf":
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.exporter.otlp.proto.http import trace_exporter as http
 
-        return OTLPSpanExporter()
+        _encode_with(http)
+        return http.OTLPSpanExporter()
     if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
-            OTLPSpanExporter as GrpcSpanExporter,
-        )
+        from opentelemetry.exporter.otlp.proto.grpc import trace_exporter as grpc
 
-        return GrpcSpanExporter()
+        _encode_with(grpc)
+        return grpc.OTLPSpanExporter()
     log.warning("OTLP protocol %r is not supported (http/protobuf, grpc): tracing is off", protocol)
     return None
 
@@ -332,6 +333,227 @@ class _Dropping:
                 or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "http://localhost:4318"),
             )
         return result
+
+
+# -- OTLP encoding ----------------------------------------------------------------------
+
+
+def _encode_with(module: Any) -> None:
+    """Make the OTLP span exporter of ``module`` (HTTP's or gRPC's) encode its batches with
+    :class:`_Encoder`.
+
+    Both exporters build their request with the ``encode_spans`` of their own module, the
+    only seam they have: the SDK's encoder makes a protobuf object per span, attribute and
+    value (about 35 µs a span here, on the exporter's thread, which a CPU-bound node
+    shares with the calls under one GIL); :class:`_Encoder` writes the same bytes in about
+    7 µs. Where a future exporter has no such function, its own encoder stays.
+    """
+    if callable(getattr(module, "encode_spans", None)):
+        module.encode_spans = _Encoder().message
+
+
+_VARINT1 = [bytes((n,)) for n in range(0x80)]
+_FLAGS_LOCAL = b"\x85\x01" + (0x100).to_bytes(4, "little")  # field 16, fixed32: has is_remote
+_FLAGS_REMOTE = b"\x85\x01" + (0x300).to_bytes(4, "little")  # ... and the parent is remote
+_CACHED_VALUE = 64  # str values at most this long are cached encoded (not a client's blob)
+
+
+def _varint(n: int) -> bytes:
+    if n < 0x80:
+        return _VARINT1[n]
+    out = bytearray()
+    while n >= 0x80:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _field(tag: bytes, data: bytes) -> bytes:
+    """A length-delimited field: ``tag``, the length, ``data``."""
+    return tag + _varint(len(data)) + data
+
+
+class _Encoder:
+    """OTLP ``ExportTraceServiceRequest`` protobuf bytes for a batch of ReadableSpans,
+    written directly: the bytes (and, parsed, the message) the SDK's ``encode_spans``
+    makes, for any span (skilld's and the SDK's request spans alike).
+
+    Spans are grouped by their resource object (the SDK's encoder groups by its hash, a
+    JSON dump of its attributes, per span) and their scope; a resource's and a scope's
+    attributes are written once per batch. The field of a key with a short string
+    or a bool value is cached: most of a span's attributes (skill, method, operation, ...)
+    repeat from call to call. Values of other types than str, bool, int, float, bytes, a
+    sequence or a mapping of them, and ints beyond 64 bits, are left out, as the SDK's
+    encoder leaves them out (it logs them). Field numbers: opentelemetry-proto's
+    ``trace/v1/trace.proto`` and ``common/v1/common.proto``.
+    """
+
+    def __init__(self) -> None:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+        )
+
+        self._parse = ExportTraceServiceRequest.FromString
+        self._fields: dict[tuple[bytes, str, Any, type], bytes] = {}
+
+    def message(self, spans: Sequence[Any]) -> Any:
+        """The request as the exporters take it: the protobuf message (parsed from
+        :meth:`request`'s bytes in C, a fraction of a microsecond a span)."""
+        return self._parse(self.request(spans))
+
+    def request(self, spans: Sequence[Any]) -> bytes:
+        """The serialized ``ExportTraceServiceRequest`` of ``spans``."""
+        # By the resource object (a provider's one; its hash is a JSON dump), then by scope.
+        groups: dict[int, tuple[Any, dict[Any, list[bytes]]]] = {}
+        for span in spans:
+            resource = span.resource
+            scopes = groups.get(id(resource))
+            if scopes is None:
+                scopes = groups[id(resource)] = (resource, {})
+            scopes[1].setdefault(span.instrumentation_scope, []).append(
+                _field(b"\x12", self._span(span))  # ScopeSpans.spans
+            )
+        out = []
+        for resource, by_scope in groups.values():
+            # ResourceSpans: resource (Resource.attributes), scope_spans, schema_url
+            parts = [_field(b"\x0a", b"".join(self._attributes(b"\x0a", resource.attributes)))]
+            for scope, encoded in by_scope.items():
+                described: list[bytes] = []  # InstrumentationScope: name, version, attributes
+                if scope is not None:
+                    if scope.name:
+                        described.append(_field(b"\x0a", scope.name.encode()))
+                    if scope.version:
+                        described.append(_field(b"\x12", scope.version.encode()))
+                    described += self._attributes(b"\x1a", scope.attributes)
+                scoped = [_field(b"\x0a", b"".join(described)), *encoded]
+                if scope is not None and scope.schema_url:
+                    scoped.append(_field(b"\x1a", scope.schema_url.encode()))
+                parts.append(_field(b"\x12", b"".join(scoped)))
+            if resource.schema_url:
+                parts.append(_field(b"\x1a", resource.schema_url.encode()))
+            out.append(_field(b"\x0a", b"".join(parts)))
+        return b"".join(out)
+
+    def _span(self, span: Any) -> bytes:
+        context = span.get_span_context()
+        parts = [
+            b"\x0a\x10",  # trace_id
+            context.trace_id.to_bytes(16, "big"),
+            b"\x12\x08",  # span_id
+            context.span_id.to_bytes(8, "big"),
+        ]
+        state = context.trace_state
+        if state:
+            parts.append(_field(b"\x1a", ",".join(f"{k}={v}" for k, v in state.items()).encode()))
+        parent = span.parent
+        if parent:
+            parts += (b"\x22\x08", parent.span_id.to_bytes(8, "big"))
+        parts.append(_field(b"\x2a", span.name.encode()))
+        parts += (b"\x30", _VARINT1[span.kind.value + 1])  # the proto's kinds start at 1
+        if span.start_time:
+            parts += (b"\x39", span.start_time.to_bytes(8, "little"))
+        if span.end_time:
+            parts += (b"\x41", span.end_time.to_bytes(8, "little"))
+        parts += self._attributes(b"\x4a", span.attributes)
+        if span.dropped_attributes:
+            parts += (b"\x50", _varint(span.dropped_attributes))
+        for event in span.events:
+            facts = [b"\x09", event.timestamp.to_bytes(8, "little")]
+            if event.name:
+                facts.append(_field(b"\x12", event.name.encode()))
+            facts += self._attributes(b"\x1a", event.attributes)
+            if event.dropped_attributes:
+                facts += (b"\x20", _varint(event.dropped_attributes))
+            parts.append(_field(b"\x5a", b"".join(facts)))
+        if span.dropped_events:
+            parts += (b"\x60", _varint(span.dropped_events))
+        for link in span.links:
+            target = link.context
+            facts = [
+                b"\x0a\x10",
+                target.trace_id.to_bytes(16, "big"),
+                b"\x12\x08",
+                target.span_id.to_bytes(8, "big"),
+                *self._attributes(b"\x22", link.attributes),
+            ]
+            if link.dropped_attributes:
+                facts += (b"\x28", _varint(link.dropped_attributes))
+            facts.append(b"\x35" + (0x300 if target.is_remote else 0x100).to_bytes(4, "little"))
+            parts.append(_field(b"\x6a", b"".join(facts)))
+        if span.dropped_links:
+            parts += (b"\x70", _varint(span.dropped_links))
+        status = span.status  # Status: message, code (present even when unset, as the SDK's)
+        told = [_field(b"\x12", status.description.encode())] if status.description else []
+        if status.status_code.value:
+            told += (b"\x18", _varint(status.status_code.value))
+        parts.append(_field(b"\x7a", b"".join(told)))
+        parts.append(_FLAGS_REMOTE if parent is not None and parent.is_remote else _FLAGS_LOCAL)
+        return b"".join(parts)
+
+    def _attributes(self, tag: bytes, attributes: Mapping[str, Any] | None) -> list[bytes]:
+        """Each attribute as a KeyValue field ``tag``."""
+        if not attributes:
+            return []
+        fields = self._fields
+        out = []
+        for key, value in attributes.items():
+            kind = type(value)
+            cache = kind is bool or (kind is str and len(value) <= _CACHED_VALUE)
+            if cache:
+                found = fields.get((tag, key, value, kind))
+                if found is not None:
+                    out.append(found)
+                    continue
+            try:
+                field = _field(tag, _keyvalue(key, value))
+            except (TypeError, ValueError, OverflowError):
+                continue  # the SDK's encoder logs and leaves out what it cannot encode
+            if cache:
+                if len(fields) >= 4096:  # request ids, session ids: a bound, not a leak
+                    fields.clear()
+                fields[(tag, key, value, kind)] = field
+            out.append(field)
+        return out
+
+
+def _keyvalue(key: str, value: Any) -> bytes:
+    """A KeyValue message: key, value (AnyValue).
+
+    Raises:
+        TypeError: a value of no OTLP type.
+        ValueError: an int beyond 64 bits.
+    """
+    return _field(b"\x0a", key.encode()) + _field(b"\x12", _value(value))
+
+
+def _value(value: Any) -> bytes:
+    """An AnyValue message (the SDK encoder's order of types: bool before int).
+
+    Raises:
+        TypeError: a value of no OTLP type.
+        ValueError: an int beyond 64 bits.
+    """
+    if value is None:
+        return b""
+    if isinstance(value, bool):
+        return b"\x10\x01" if value else b"\x10\x00"
+    if isinstance(value, str):
+        return _field(b"\x0a", value.encode())
+    if isinstance(value, int):
+        if not -(1 << 63) <= value < 1 << 63:
+            raise ValueError(f"{value} is beyond int64")
+        return b"\x18" + _varint(value & 0xFFFFFFFFFFFFFFFF)  # two's complement, 10 bytes
+    if isinstance(value, float):
+        return b"\x21" + struct.pack("<d", value)
+    if isinstance(value, bytes):
+        return _field(b"\x3a", value)
+    if isinstance(value, Sequence):
+        return _field(b"\x2a", b"".join(_field(b"\x0a", _value(item)) for item in value))
+    if isinstance(value, Mapping):
+        pairs = (_field(b"\x0a", _keyvalue(str(k), v)) for k, v in value.items())
+        return _field(b"\x32", b"".join(pairs))
+    raise TypeError(f"{type(value).__name__} is no OTLP attribute value")
 
 
 # -- spans ------------------------------------------------------------------------------
