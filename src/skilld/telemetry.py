@@ -175,6 +175,8 @@ def configure(node: str | None = None, environ: Mapping[str, str] | None = None)
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
+        provider_type = _provider_type()
+
         span_exporter = _span_exporter(protocol.strip().lower())
     except ImportError as exc:
         log.warning(
@@ -192,7 +194,7 @@ def configure(node: str | None = None, environ: Mapping[str, str] | None = None)
     if node:
         attributes["skilld.node"] = node
     resource = Resource.create(attributes)
-    provider = TracerProvider(resource=resource)
+    provider = provider_type(resource=resource)
     # _Dropping delegates everything else to the exporter it wraps (duck-typed).
     provider.add_span_processor(BatchSpanProcessor(cast(Any, _Dropping(span_exporter))))
     # The exporter logs each failed batch and each retry; _Dropping says it once instead.
@@ -212,19 +214,12 @@ def configure(node: str | None = None, environ: Mapping[str, str] | None = None)
             calls = meter.create_histogram(
                 "skilld.call.duration", unit="s", description="One call of a skill's method"
             )
-    tracer = provider.get_tracer("skilld")
+    tracer = TracerProvider.get_tracer(provider, "skilld")  # the SDK's: _begin's sampler, ids
     limit = int(os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE") or 2048)
+    handoff = _Handoff(cast(Any, tracer).span_processor, limit)
+    provider.sink = handoff.put
     with _lock:
-        _state = _State(
-            tracer,
-            provider,
-            meters,
-            operation,
-            calls,
-            trace,
-            context,
-            _Handoff(cast(Any, tracer).span_processor, limit),
-        )
+        _state = _State(tracer, provider, meters, operation, calls, trace, context, handoff)
     return True
 
 
@@ -594,18 +589,37 @@ def _begin(
     kind: str = "internal",
     start: int | None = None,
 ) -> Any:
-    """One of skilld's spans, started now (or at ``start``) beneath the current span.
+    """One of skilld's spans, started now (or at ``start``) beneath the current span, of
+    the scope ``skilld``; it reaches the batch processor through the hand-off when it
+    ends. Raises nothing."""
+    tracer = state.tracer
+    sink = state.handoff.put if state.handoff is not None else tracer.span_processor.on_end
+    made = _recorded_type()
+    return _start(tracer, made.skilld, sink, None, name, _KINDS[kind], attributes, None, start)
 
-    What the SDK's tracer does, less what costs a call its time: the sampler decides and
-    the ids come from the provider's generator as they would, but the span is a
-    :func:`_recorded_type` (a ReadableSpan filled in place, no locks, no limits pass, no
-    ``on_start``), and it reaches the batch processor only when it ends; the exporter's
-    thread encodes it. Raises nothing.
+
+def _start(
+    tracer: Any,
+    scope: Any,
+    sink: Callable[[Any], None],
+    ctx: Any,
+    name: str,
+    kind: Any,
+    attributes: Mapping[str, Any] | None,
+    links: Sequence[Any] | None,
+    start: int | None,
+) -> Any:
+    """A span started now (or at ``start``) beneath the span of ``ctx`` (None: the current
+    context's), sampled and named by ``tracer`` (the SDK's: its sampler, id generator and
+    resource), of the instrumentation ``scope``, given to ``sink`` when it ends.
+
+    What the SDK tracer's ``start_span`` does, less what costs a call its time: the
+    sampler decides and the ids come from the provider's generator as they would, but the
+    span is a :func:`_recorded_type` (a ReadableSpan filled in place, no locks, no limits
+    pass, no ``on_start``); the exporter's thread encodes it. Raises nothing.
     """
     made = _recorded_type()
-    tracer = state.tracer
-    trace = state.trace
-    ctx = state.context.get_current()
+    trace = made.api
     parent = trace.get_current_span(ctx).get_span_context()
     if parent.is_valid:
         trace_id = parent.trace_id
@@ -614,8 +628,7 @@ def _begin(
         parent = None
         trace_id = tracer.id_generator.generate_trace_id()
         flags = trace.TraceFlags.RANDOM_TRACE_ID if tracer.id_generator.is_trace_id_random() else 0
-    span_kind = _KINDS[kind]
-    sampling = tracer.sampler.should_sample(ctx, trace_id, name, span_kind, attributes)
+    sampling = tracer.sampler.should_sample(ctx, trace_id, name, kind, attributes, links)
     if sampling.decision.is_sampled():
         flags |= trace.TraceFlags.SAMPLED
     recorded: dict[str, Any] = dict(attributes) if attributes else {}
@@ -628,8 +641,10 @@ def _begin(
         trace_flags=trace.TraceFlags(flags),
         trace_state=sampling.trace_state,
     )
-    sink = state.handoff.put if state.handoff is not None else tracer.span_processor.on_end
-    return made(name, context, parent, span_kind, recorded, start or time.time_ns(), tracer, sink)
+    span = made(name, context, parent, kind, recorded, start or time.time_ns(), tracer, sink, scope)
+    if links:
+        span._links.extend(links)
+    return span
 
 
 _KINDS: dict[str, Any] = {}
@@ -645,14 +660,13 @@ def _recorded_type() -> type[Any]:
     exporter encodes, as the SDK's own span is; unlike it, it is filled in place without
     locks, attribute limits or span-processor hooks at start. Its writers are the one
     thread running its ``with`` block, so nothing needs a lock; it is handed to the
-    processor once, at its end. The SDK's request span (OpenTelemetryMiddleware) stays
-    the SDK's: these are only its children.
+    processor once, at its end. The MCP SDK's request spans are of this class too (its
+    ``OpenTelemetryMiddleware`` makes them with a tracer of :func:`_provider_type`).
     """
     from opentelemetry import trace
     from opentelemetry.sdk.trace import Event, ReadableSpan
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-    scope = InstrumentationScope("skilld")
     unset = trace.Status(trace.StatusCode.UNSET)
     _KINDS.update({k.name.lower(): k for k in trace.SpanKind})
 
@@ -667,6 +681,7 @@ def _recorded_type() -> type[Any]:
             start: int,
             tracer: Any,
             sink: Callable[[Any], None],
+            scope: Any,
         ) -> None:
             self._name = name
             self._context = context
@@ -684,6 +699,9 @@ def _recorded_type() -> type[Any]:
             self._instrumentation_info = None
             self._instrumentation_scope = scope
             self._sink = sink
+
+        api = trace  # the API module, for _start
+        skilld = InstrumentationScope("skilld")  # the scope of skilld's own spans
 
         def get_span_context(self) -> Any:
             return self._context
@@ -738,6 +756,92 @@ def _recorded_type() -> type[Any]:
                 self._sink(self)
 
     return Recorded
+
+
+@functools.cache
+def _provider_type() -> type[Any]:
+    """The tracer provider skilld sets for the process (built once, on first use).
+
+    The SDK's, whose tracers (the MCP SDK's ``OpenTelemetryMiddleware`` asks for one for
+    its request spans) make :func:`_recorded_type` spans too: the SDK's own span costs the
+    event loop about 40 µs a request (locks, an attribute-limits pass per value, the
+    processors' hooks, a copy at its end), one of skilld's about a third of that. The
+    provider's sampler, id generator, resource and span processor decide, name, describe
+    and send them as the SDK's tracer would; ``sink`` (set once the hand-off runs) takes
+    them when they end.
+    """
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    class Tracer(trace.Tracer):
+        def __init__(self, sdk: Any, scope: Any, provider: Any):
+            self._sdk = sdk
+            self._scope = scope
+            self._provider = provider
+
+        def start_span(
+            self,
+            name: str,
+            context: Any = None,
+            kind: Any = trace.SpanKind.INTERNAL,
+            attributes: Any = None,
+            links: Any = None,
+            start_time: int | None = None,
+            record_exception: bool = True,
+            set_status_on_exception: bool = True,
+        ) -> Any:
+            sdk = self._sdk
+            sink = self._provider.sink or sdk.span_processor.on_end
+            return _start(
+                sdk, self._scope, sink, context, name, kind, attributes, links, start_time
+            )
+
+        # A plain contextmanager: the API types its own, a private _agnosticcontextmanager.
+        @contextmanager
+        def start_as_current_span(  # type: ignore[override]
+            self,
+            name: str,
+            context: Any = None,
+            kind: Any = trace.SpanKind.INTERNAL,
+            attributes: Any = None,
+            links: Any = None,
+            start_time: int | None = None,
+            record_exception: bool = True,
+            set_status_on_exception: bool = True,
+            end_on_exit: bool = True,
+        ) -> Iterator[Any]:
+            span = self.start_span(name, context, kind, attributes, links, start_time)
+            with trace.use_span(
+                span,
+                end_on_exit=end_on_exit,
+                record_exception=record_exception,
+                set_status_on_exception=set_status_on_exception,
+            ) as current:
+                yield current
+
+    class Provider(TracerProvider):
+        sink: Callable[[Any], None] | None = None
+
+        def get_tracer(
+            self,
+            instrumenting_module_name: str,
+            instrumenting_library_version: str | None = None,
+            schema_url: str | None = None,
+            attributes: Any = None,
+        ) -> Any:
+            sdk = super().get_tracer(
+                instrumenting_module_name, instrumenting_library_version, schema_url, attributes
+            )
+            scope = InstrumentationScope(
+                instrumenting_module_name,
+                instrumenting_library_version or "",
+                schema_url,
+                attributes,
+            )
+            return Tracer(sdk, scope, self)
+
+    return Provider
 
 
 def _failed(span: Any, exc: BaseException) -> None:

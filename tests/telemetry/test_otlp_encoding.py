@@ -241,3 +241,71 @@ def test_each_otlp_exporter_encodes_with_skillds_encoder(protocol: str) -> None:
         assert isinstance(module.encode_spans.__self__, telemetry._Encoder)
     finally:
         exporter.shutdown()
+
+
+def _request_span(tracer: Any, parent: Any, fail: BaseException | None) -> None:
+    """What the MCP SDK's OpenTelemetryMiddleware does with its tracer for one request."""
+    ctx = trace.set_span_in_context(trace.NonRecordingSpan(parent)) if parent else None
+    attributes = {"mcp.method.name": "tools/call", "jsonrpc.request.id": "7"}
+    try:
+        with tracer.start_as_current_span(
+            "tools/call echo",
+            kind=SpanKind.SERVER,
+            attributes=attributes,
+            context=ctx,
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            assert trace.get_current_span() is span
+            span.set_attributes({"mcp.session.id": "s1"})
+            if fail is not None:
+                span.set_attribute("error.type", type(fail).__qualname__)
+                span.set_status(StatusCode.ERROR, "tool failed")
+                raise fail
+    except RuntimeError:
+        pass
+
+
+@pytest.mark.parametrize("fail", [None, RuntimeError("boom")])
+@pytest.mark.parametrize("sampled", [True, False])
+def test_the_request_spans_tracer_makes_the_span_the_sdks_tracer_makes(
+    fail: BaseException | None, sampled: bool
+) -> None:
+    """The tracer skilld's provider gives the MCP SDK's middleware makes, for a request
+    under a client's remote parent, the span the SDK's tracer makes (name, kind, parent,
+    trace, attributes, status, scope, resource; exported once ended, not at all when the
+    client's parent was not sampled), current while the request runs."""
+    parent = trace.SpanContext(
+        0x4BF92F3577B34DA6A3CE929D0E0E4736,
+        0x00F067AA0BA902B7,
+        is_remote=True,
+        trace_flags=trace.TraceFlags(1 if sampled else 0),
+        trace_state=TraceState([("k", "v")]),
+    )
+    made = []
+    for provider in (TracerProvider(resource=Resource({"skilld.node": "a"})), None):
+        if provider is None:
+            provider = telemetry._provider_type()(resource=Resource({"skilld.node": "a"}))
+        exported = InMemorySpanExporter()
+        provider.add_span_processor(SimpleSpanProcessor(exported))
+        tracer = provider.get_tracer("mcp-python-sdk", "2.0", schema_url="https://x/1")
+        _request_span(tracer, parent, fail)
+        made.append(exported.get_finished_spans())
+    sdk, ours = made
+    assert isinstance(telemetry._provider_type()().get_tracer("x"), trace.Tracer)
+    assert len(ours) == len(sdk) == (1 if sampled else 0)
+    if not sampled:
+        return
+    (theirs,), (mine,) = sdk, ours
+    assert type(mine) is telemetry._recorded_type()
+    for field in ("name", "kind", "parent", "instrumentation_scope", "resource", "events"):
+        assert getattr(mine, field) == getattr(theirs, field), field
+    assert dict(mine.attributes) == dict(theirs.attributes)
+    assert mine.context.trace_id == theirs.context.trace_id == parent.trace_id
+    assert mine.context.trace_flags == theirs.context.trace_flags
+    assert mine.context.trace_state == theirs.context.trace_state == parent.trace_state
+    assert (mine.status.status_code, mine.status.description) == (
+        theirs.status.status_code,
+        theirs.status.description,
+    )
+    assert mine.end_time is not None and mine.start_time <= mine.end_time
