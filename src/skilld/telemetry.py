@@ -217,7 +217,7 @@ def configure(node: str | None = None, environ: Mapping[str, str] | None = None)
     tracer = TracerProvider.get_tracer(provider, "skilld")  # the SDK's: _begin's sampler, ids
     limit = int(os.environ.get("OTEL_BSP_MAX_QUEUE_SIZE") or 2048)
     handoff = _Handoff(cast(Any, tracer).span_processor, limit)
-    provider.sink = handoff.put
+    provider.handoff = handoff
     with _lock:
         _state = _State(tracer, provider, meters, operation, calls, trace, context, handoff)
     return True
@@ -767,8 +767,8 @@ def _provider_type() -> type[Any]:
     event loop about 40 µs a request (locks, an attribute-limits pass per value, the
     processors' hooks, a copy at its end), one of skilld's about a third of that. The
     provider's sampler, id generator, resource and span processor decide, name, describe
-    and send them as the SDK's tracer would; ``sink`` (set once the hand-off runs) takes
-    them when they end.
+    and send them as the SDK's tracer would; the hand-off (once configure set it) takes
+    them when they end, and ``force_flush`` drains it first.
     """
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
@@ -792,7 +792,8 @@ def _provider_type() -> type[Any]:
             set_status_on_exception: bool = True,
         ) -> Any:
             sdk = self._sdk
-            sink = self._provider.sink or sdk.span_processor.on_end
+            handoff = self._provider.handoff
+            sink = handoff.put if handoff is not None else sdk.span_processor.on_end
             return _start(
                 sdk, self._scope, sink, context, name, kind, attributes, links, start_time
             )
@@ -821,7 +822,13 @@ def _provider_type() -> type[Any]:
                 yield current
 
     class Provider(TracerProvider):
-        sink: Callable[[Any], None] | None = None
+        handoff: _Handoff | None = None  # set by configure, once its thread runs
+
+        def force_flush(self, timeout_millis: int = 30000) -> bool:
+            # What ended but waits in the hand-off first: the SDK's flush would miss it.
+            if self.handoff is not None:
+                self.handoff.drain()
+            return bool(super().force_flush(timeout_millis))
 
         def get_tracer(
             self,

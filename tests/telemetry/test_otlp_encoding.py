@@ -309,3 +309,20 @@ def test_the_request_spans_tracer_makes_the_span_the_sdks_tracer_makes(
         theirs.status.description,
     )
     assert mine.end_time is not None and mine.start_time <= mine.end_time
+
+
+def test_the_providers_flush_sends_what_waits_in_the_handoff() -> None:
+    """A request span that ended and waits in the hand-off (its thread stopped here, so
+    only the flush can move it) is exported by the provider's force_flush."""
+    provider = telemetry._provider_type()()
+    exported = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    handoff = telemetry._Handoff(provider._active_span_processor, 16)
+    handoff._stop.set()
+    handoff._thread.join()
+    provider.handoff = handoff
+    with provider.get_tracer("mcp-python-sdk").start_as_current_span("tools/call echo"):
+        pass
+    assert exported.get_finished_spans() == ()
+    assert provider.force_flush()
+    assert [span.name for span in exported.get_finished_spans()] == ["tools/call echo"]
