@@ -29,9 +29,10 @@ With the default dispatcher the sides are bare, skilld and fresh: skilld with ev
 under ``instances: fresh`` (``_bundle:echo_registry_fresh``), a new instance per call.
 
 The machine's speed drifts (a shared VM), so each cell runs ``--rounds`` times,
-alternating bare and skilld: latencies are pooled, throughput and CPU per call are
-the median of the rounds. Throughput counts from the moment every caller has opened
-its session, listed the tools and warmed up, to the moment the last call returns.
+alternating the sides (in order, then backwards): latencies are pooled, throughput and
+CPU per call are the median of the rounds. Throughput counts from the moment every
+caller has opened its session, listed the tools and warmed up, to the moment the last
+call returns.
 
 Run from ``bench/`` (``_bundle`` lives there).
 """
@@ -388,8 +389,11 @@ async def _run(
         for side, port in ports.items():
             await _wait_up(side, port, procs[side])
         for concurrency in (1, 16):
-            for _ in range(rounds):
-                for side in sides:
+            for turn in range(rounds):
+                # Every other round backwards: the side measured right after another
+                # shares the machine with that server's tail of work (its exporter's last
+                # batch, its collector), so no side may always come second.
+                for side in sides if turn % 2 == 0 else sides[::-1]:
                     name = "echo" if side == "bare" else tool
                     before = _cpu_s(procs[side].pid)
                     lat, wall = await measure(
