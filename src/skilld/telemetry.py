@@ -771,6 +771,7 @@ def _provider_type() -> type[Any]:
     them when they end, and ``force_flush`` drains it first.
     """
     from opentelemetry import trace
+    from opentelemetry.sdk.trace import Tracer as SdkTracer
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
@@ -840,6 +841,8 @@ def _provider_type() -> type[Any]:
             sdk = super().get_tracer(
                 instrumenting_module_name, instrumenting_library_version, schema_url, attributes
             )
+            if not isinstance(sdk, SdkTracer):
+                return sdk  # OTEL_SDK_DISABLED: the SDK's no-op tracer
             scope = InstrumentationScope(
                 instrumenting_module_name,
                 instrumenting_library_version or "",

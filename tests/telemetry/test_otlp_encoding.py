@@ -326,3 +326,14 @@ def test_the_providers_flush_sends_what_waits_in_the_handoff() -> None:
     assert exported.get_finished_spans() == ()
     assert provider.force_flush()
     assert [span.name for span in exported.get_finished_spans()] == ["tools/call echo"]
+
+
+def test_with_the_sdk_disabled_the_request_spans_tracer_is_the_sdks_no_op(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """OTEL_SDK_DISABLED=true: skilld's provider hands out the SDK's no-op tracer, whose
+    spans record nothing (no lean span made from a tracer that has no sampler)."""
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    tracer = telemetry._provider_type()().get_tracer("mcp-python-sdk")
+    with tracer.start_as_current_span("tools/call echo") as span:
+        assert not span.is_recording()
