@@ -29,9 +29,10 @@ With the default dispatcher the sides are bare, skilld and fresh: skilld with ev
 under ``instances: fresh`` (``_bundle:echo_registry_fresh``), a new instance per call.
 
 The machine's speed drifts (a shared VM), so each cell runs ``--rounds`` times,
-alternating bare and skilld: latencies are pooled, throughput and CPU per call are
-the median of the rounds. Throughput counts from the moment every caller has opened
-its session, listed the tools and warmed up, to the moment the last call returns.
+alternating the sides (in order, then backwards): latencies are pooled, throughput and
+CPU per call are the median of the rounds. Throughput counts from the moment every
+caller has opened its session, listed the tools and warmed up, to the moment the last
+call returns.
 
 Run from ``bench/`` (``_bundle`` lives there).
 """
@@ -47,18 +48,15 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
 import anyio
 import httpx2
 from _bundle import BENCH_ISSUER, bench_callers
-from _util import pct
+from _util import otlp_sink, pct
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
@@ -291,34 +289,11 @@ def _cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-@contextmanager
-def _otlp_sink() -> Iterator[str]:
-    """A local OTLP/HTTP receiver that takes every batch (200, nothing kept): its URL."""
-
-    class Sink(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers.get("Content-Length", "0")))
-            self.send_response(200)
-            self.send_header("Content-Type", "application/x-protobuf")
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-
-        def log_message(self, *args: object) -> None:
-            return
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 # The sides a run can put against each other (``--sides``), each its own server process:
 #   bare     the SDK's MCPServer with the same tool, no skilld in between
 #   skilld   skilld as served (tracing off: the default)
-#   traced   skilld tracing every request (OTLP/HTTP batches to a receiver in this process)
+#   traced   skilld tracing every request (OTLP/HTTP batches to a receiver in a process of
+#            its own)
 #   baseline skilld from another source tree (``--baseline-src``: say, the commit before a
 #            change), tracing off
 #   fresh    skilld with every skill under ``instances: fresh`` (the default dispatcher's
@@ -343,7 +318,7 @@ async def run(
 ) -> None:
     """Build what skilld serves, start each side's server, measure each cell, print the
     table (ratios against the first side)."""
-    with _otlp_sink() as sink, tempfile.TemporaryDirectory() as keys:
+    with otlp_sink() as sink, tempfile.TemporaryDirectory() as keys:
         traced = {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": sink}
         await _run(
             requests,
@@ -414,8 +389,11 @@ async def _run(
         for side, port in ports.items():
             await _wait_up(side, port, procs[side])
         for concurrency in (1, 16):
-            for _ in range(rounds):
-                for side in sides:
+            for turn in range(rounds):
+                # Every other round backwards: the side measured right after another
+                # shares the machine with that server's tail of work (its exporter's last
+                # batch, its collector), so no side may always come second.
+                for side in sides if turn % 2 == 0 else sides[::-1]:
                     name = "echo" if side == "bare" else tool
                     before = _cpu_s(procs[side].pid)
                     lat, wall = await measure(

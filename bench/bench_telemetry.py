@@ -15,14 +15,12 @@ than wall time.
 from __future__ import annotations
 
 import argparse
-import multiprocessing
-import multiprocessing.queues
 import os
 import statistics
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable
+
+from _util import otlp_sink
 
 from skilld import telemetry
 from skilld.types import Caller, Decision
@@ -61,37 +59,6 @@ def timed(fn: Callable[[], None], calls: int, rounds: int = 5) -> tuple[float, f
     return statistics.median(walls), statistics.median(cpus)
 
 
-class _Sink(BaseHTTPRequestHandler):
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length", "0")))
-        self.send_response(200)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        return
-
-
-def _serve_sink(port: multiprocessing.queues.Queue[int]) -> None:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
-    port.put(server.server_address[1])
-    server.serve_forever()
-
-
-@contextmanager
-def sink() -> Iterator[str]:
-    """A local OTLP/HTTP receiver in a process of its own that takes every batch: its URL
-    (its CPU is not this process's)."""
-    port: multiprocessing.queues.Queue[int] = multiprocessing.Queue()
-    proc = multiprocessing.Process(target=_serve_sink, args=(port,), daemon=True)
-    proc.start()
-    try:
-        yield f"http://127.0.0.1:{port.get(timeout=30)}"
-    finally:
-        proc.terminate()
-        proc.join()
-
-
 def main() -> None:
     """Time nothing, the hooks off, the hooks on; print a table."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -105,7 +72,7 @@ def main() -> None:
         args.calls = 200
     rows = [("nothing", timed(lambda: None, args.calls))]
     rows.append(("tracing off", timed(lambda: one_call(args.host_calls), args.calls)))
-    with sink() as url:
+    with otlp_sink() as url:
         # A queue that takes every span: none dropped, every one encoded and sent.
         os.environ.update(
             OTEL_TRACES_EXPORTER="otlp",
