@@ -4,6 +4,7 @@ the routed call) against its own rules, whatever the entry node allowed, and aud
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,9 @@ from typing import Any
 import anyio
 import httpx2 as httpx
 import pytest
+from test_tasks_cluster import rpc
 
+from skilld.mcp._auth import METRICS_SCOPE
 from skilld.sandbox import Sandbox
 from support.cluster import Keys, NatsServer, NodeProc, make_bundle, start_node
 from support.mcp_fakes import client_tokens, token_of
@@ -160,3 +163,111 @@ async def test_the_worker_refuses_a_caller_its_own_rules_refuse_and_audits_it(
     )
     ok = next(r for r in ran if r.get("skill") == "echo" and r.get("outcome") == "ok")
     assert ok["caller"] == "node:node-a<token:alice", ok
+
+
+# The worker lets alice and bob use the conformance skill (4 slots: a caller's share is
+# 3) and refuses mallory.
+FULL_RULES = """rules:
+  - id: team
+    who: [{token: alice}, {token: bob}]
+    skills: [conformance]
+  - id: no-mallory
+    effect: deny
+    who: [{token: mallory}]
+    skills: ['*']
+"""
+FOUR_SLOTS = (Path(__file__).parents[1] / "policies" / "conformance.yaml").read_text()
+FOUR_SLOTS = FOUR_SLOTS.replace("concurrency: 16", "concurrency: 4")
+
+
+@pytest.fixture
+def full_worker(
+    sandbox: Sandbox, keys: Keys, tmp_path: Path, gateway_bundle: Path
+) -> Iterator[NodeProc]:
+    """node-a, an entry node letting alice, bob and mallory through (and ops read its
+    /metrics); node-b, a worker holding the conformance skill at 4 slots, whose own rules
+    refuse mallory."""
+    worker_bundle = make_bundle(
+        sandbox,
+        tmp_path / "worker",
+        ["conformance"],
+        keys,
+        {"callers/team.yaml": FULL_RULES, "conformance.yaml": FOUR_SLOTS},
+    )
+    server = NatsServer(tmp_path / "jetstream")
+    server.start()
+    started: list[NodeProc] = []
+    try:
+        worker = start_node(
+            "node-b", worker_bundle, server.url, keys.member, tmp_path / "b", http=False
+        )
+        started.append(worker)
+        tokens = tmp_path / "tokens"
+        tokens.write_text(
+            "".join(f"{who} {token_of(who)}\n" for who in ("alice", "bob", "mallory"))
+            + f"ops {token_of('ops')} {METRICS_SCOPE}\n"
+        )
+        tokens.chmod(0o600)
+        entry = start_node(
+            "node-a",
+            gateway_bundle,
+            server.url,
+            keys.member,
+            tmp_path / "a",
+            extra=["--entry-only", "--token-file", str(tokens)],
+        )
+        started.append(entry)
+        entry.seen(r"node node-b joined")
+        yield entry
+    finally:
+        for node in started:
+            node.stop()
+        server.stop()
+
+
+async def _in_flight(http: httpx.AsyncClient, url: str) -> int:
+    """The entry node's ``skilld_tool_calls_in_flight``, read as ops."""
+    metrics = url.removesuffix("/mcp") + "/metrics"
+    response = await http.get(metrics, headers={"Authorization": f"Bearer {token_of('ops')}"})
+    found = re.search(r"^skilld_tool_calls_in_flight (\S+)$", response.text, re.MULTILINE)
+    assert found is not None, response.text[-800:]
+    return int(float(found.group(1)))
+
+
+async def test_a_refused_caller_is_refused_at_once_when_the_skill_is_full(
+    full_worker: NodeProc,
+) -> None:
+    """With every slot of the worker's skill taken by callers its rules let in (alice's
+    share of 3, bob's 1), mallory, whom they refuse, is answered not-permitted at once: she
+    neither waits for a slot (up to the skill's 120 s wall time) nor hears it is busy."""
+    entry = full_worker
+    assert entry.url is not None
+    url = entry.url
+
+    def greet(who: str) -> dict[str, Any]:
+        return {"name": "greet", "arguments": {"name": who}}
+
+    slow = {"name": "slow_compute", "arguments": {"seconds": 60, "label": "held"}}
+    async with httpx.AsyncClient(timeout=120) as http, anyio.create_task_group() as tg:
+        with anyio.fail_after(60):  # until the entry node knows the worker's tools
+            while "Unknown tool" in json.dumps(
+                await rpc(http, url, "tools/call", greet("a"), extensions=False, who="alice")
+            ):
+                await anyio.sleep(0.2)
+
+        async def hold(who: str) -> None:
+            await rpc(http, url, "tools/call", slow, extensions=False, who=who)
+
+        for who in ("alice", "alice", "alice", "bob"):
+            tg.start_soon(hold, who)
+        with anyio.fail_after(60):
+            while await _in_flight(http, url) < 4:
+                await anyio.sleep(0.1)
+        with anyio.fail_after(20):  # not the skill's 120 s wall time
+            refused = await rpc(
+                http, url, "tools/call", greet("m"), extensions=False, who="mallory"
+            )
+        tg.cancel_scope.cancel()
+    text = json.dumps(refused)
+    assert "not-permitted" in text and "callers.no-mallory" in text, refused
+    assert "busy" not in text, refused

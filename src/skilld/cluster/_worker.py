@@ -445,9 +445,16 @@ class SkillServer:
         meta = call.meta
         kind, name = str(meta.get("kind", "call")), str(meta.get("name", ""))
         try:
-            caller = _routed_caller(meta.get("caller"), call.entry, _chain(meta))
+            chain = _chain(meta)
+            caller = _routed_caller(meta.get("caller"), call.entry, chain)
             gate = self._registry.gate(call.skill_id)
         except (UsageError, RegistryError):
+            return None
+        if not chain and not self._may(call.skill_id, caller, kind, name):
+            # Refused by this node's caller rules: no slot, no wait. ``_run_local`` asks
+            # the same rules again and answers (and audits) not-permitted at once; waiting
+            # first took a slot from callers the rules let in, and answered a refused
+            # caller "busy" (telling it the skill's load) when the skill was full.
             return None
         # A routed invoke never waits (as a nested call does not: see Registry._run).
         nested = kind == "call" and _int(meta.get("depth"), 0) > 0
@@ -490,6 +497,27 @@ class SkillServer:
             raise error
 
         return self._payload(call, refuse)
+
+    def _may(self, skill: str, caller: Caller, kind: str, name: str) -> bool:
+        """Whether this node's caller rules let ``caller`` have the tool (``kind``
+        ``call``; a method no tool exposes passes, as in ``Registry.call_method``), the
+        resource or the prompt ``name`` of ``skill``. Raises nothing: what is unknown
+        passes here and is answered where the call runs."""
+        view = self._registry.view(caller)
+        try:
+            if kind == "call":
+                tool = self._registry.tool_of(skill, name)
+                if tool is not None:
+                    view.permit("tool", tool, skill)
+            elif kind == "resource":
+                view.permit("resource", name, skill)
+            elif kind == "prompt":
+                view.permit("prompt", name, skill)
+        except GuestError:
+            return False
+        except (UsageError, RegistryError):
+            return True
+        return True
 
     def _payload(self, call: _Call, run: Callable[[], Any]) -> bytes:
         """The reply to a routed call: its value, or its error (RunOnThread passes through)."""
