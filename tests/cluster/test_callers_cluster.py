@@ -4,8 +4,8 @@ the routed call) against its own rules, whatever the entry node allowed, and aud
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ from test_tasks_cluster import rpc
 
 from skilld.mcp._auth import METRICS_SCOPE
 from skilld.sandbox import Sandbox
-from support.cluster import Keys, NatsServer, NodeProc, make_bundle, start_node
+from support.cluster import Keys, NatsServer, NodeProc, entry_in_flight, make_bundle, start_node
 from support.mcp_fakes import client_tokens, token_of
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -34,16 +34,12 @@ WORKER_RULES = """rules:
 LEGACY = "2025-11-25"
 
 
-@pytest.fixture
-def entry_and_worker(
-    sandbox: Sandbox, keys: Keys, tmp_path: Path, gateway_bundle: Path
+@contextmanager
+def _entry_and_worker(
+    worker_bundle: Path, tokens: Path, keys: Keys, tmp_path: Path, gateway_bundle: Path
 ) -> Iterator[tuple[NodeProc, NodeProc]]:
-    """node-a, an entry node authenticating alice and mallory and letting every
-    authenticated caller use everything; node-b, a worker holding echo, whose own caller
-    rules refuse mallory."""
-    worker_bundle = make_bundle(
-        sandbox, tmp_path / "worker", ["echo"], keys, {"callers/team.yaml": WORKER_RULES}
-    )
+    """node-a, an entry node authenticating the callers of ``tokens`` and letting every
+    authenticated caller use everything; node-b, a worker serving ``worker_bundle``."""
     server = NatsServer(tmp_path / "jetstream")
     server.start()
     started: list[NodeProc] = []
@@ -52,7 +48,6 @@ def entry_and_worker(
             "node-b", worker_bundle, server.url, keys.member, tmp_path / "b", http=False
         )
         started.append(worker)
-        tokens = client_tokens(tmp_path, "alice", "mallory")
         entry = start_node(
             "node-a",
             gateway_bundle,
@@ -68,6 +63,20 @@ def entry_and_worker(
         for node in started:
             node.stop()
         server.stop()
+
+
+@pytest.fixture
+def entry_and_worker(
+    sandbox: Sandbox, keys: Keys, tmp_path: Path, gateway_bundle: Path
+) -> Iterator[tuple[NodeProc, NodeProc]]:
+    """The two nodes for alice and mallory; the worker holds echo, and its own caller rules
+    refuse mallory."""
+    worker_bundle = make_bundle(
+        sandbox, tmp_path / "worker", ["echo"], keys, {"callers/team.yaml": WORKER_RULES}
+    )
+    tokens = client_tokens(tmp_path, "alice", "mallory")
+    with _entry_and_worker(worker_bundle, tokens, keys, tmp_path, gateway_bundle) as nodes:
+        yield nodes
 
 
 async def _call_echo(http: httpx.AsyncClient, url: str, who: str) -> dict[str, Any]:
@@ -184,9 +193,8 @@ FOUR_SLOTS = FOUR_SLOTS.replace("concurrency: 16", "concurrency: 4")
 def full_worker(
     sandbox: Sandbox, keys: Keys, tmp_path: Path, gateway_bundle: Path
 ) -> Iterator[NodeProc]:
-    """node-a, an entry node letting alice, bob and mallory through (and ops read its
-    /metrics); node-b, a worker holding the conformance skill at 4 slots, whose own rules
-    refuse mallory."""
+    """The two nodes for alice, bob and mallory (and ops, who reads the entry's /metrics);
+    the worker holds the conformance skill at 4 slots, and its own rules refuse mallory."""
     worker_bundle = make_bundle(
         sandbox,
         tmp_path / "worker",
@@ -194,44 +202,14 @@ def full_worker(
         keys,
         {"callers/team.yaml": FULL_RULES, "conformance.yaml": FOUR_SLOTS},
     )
-    server = NatsServer(tmp_path / "jetstream")
-    server.start()
-    started: list[NodeProc] = []
-    try:
-        worker = start_node(
-            "node-b", worker_bundle, server.url, keys.member, tmp_path / "b", http=False
-        )
-        started.append(worker)
-        tokens = tmp_path / "tokens"
-        tokens.write_text(
-            "".join(f"{who} {token_of(who)}\n" for who in ("alice", "bob", "mallory"))
-            + f"ops {token_of('ops')} {METRICS_SCOPE}\n"
-        )
-        tokens.chmod(0o600)
-        entry = start_node(
-            "node-a",
-            gateway_bundle,
-            server.url,
-            keys.member,
-            tmp_path / "a",
-            extra=["--entry-only", "--token-file", str(tokens)],
-        )
-        started.append(entry)
-        entry.seen(r"node node-b joined")
-        yield entry
-    finally:
-        for node in started:
-            node.stop()
-        server.stop()
-
-
-async def _in_flight(http: httpx.AsyncClient, url: str) -> int:
-    """The entry node's ``skilld_tool_calls_in_flight``, read as ops."""
-    metrics = url.removesuffix("/mcp") + "/metrics"
-    response = await http.get(metrics, headers={"Authorization": f"Bearer {token_of('ops')}"})
-    found = re.search(r"^skilld_tool_calls_in_flight (\S+)$", response.text, re.MULTILINE)
-    assert found is not None, response.text[-800:]
-    return int(float(found.group(1)))
+    tokens = tmp_path / "tokens"
+    tokens.write_text(
+        "".join(f"{who} {token_of(who)}\n" for who in ("alice", "bob", "mallory"))
+        + f"ops {token_of('ops')} {METRICS_SCOPE}\n"
+    )
+    tokens.chmod(0o600)
+    with _entry_and_worker(worker_bundle, tokens, keys, tmp_path, gateway_bundle) as nodes:
+        yield nodes[0]
 
 
 async def test_a_refused_caller_is_refused_at_once_when_the_skill_is_full(
@@ -261,7 +239,7 @@ async def test_a_refused_caller_is_refused_at_once_when_the_skill_is_full(
         for who in ("alice", "alice", "alice", "bob"):
             tg.start_soon(hold, who)
         with anyio.fail_after(60):
-            while await _in_flight(http, url) < 4:
+            while await entry_in_flight(http, url) < 4:
                 await anyio.sleep(0.1)
         with anyio.fail_after(20):  # not the skill's 120 s wall time
             refused = await rpc(

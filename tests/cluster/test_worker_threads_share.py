@@ -11,7 +11,6 @@ thread queue until its deadline.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import pytest
 from test_tasks_cluster import rpc
 
 from skilld.mcp._auth import METRICS_SCOPE
-from support.cluster import Keys, NatsServer, NodeProc, start_node
+from support.cluster import Keys, NatsServer, NodeProc, entry_in_flight, start_node
 from support.mcp_fakes import token_of
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -68,15 +67,6 @@ def entry(
             node.stop()
 
 
-async def _in_flight(http: httpx.AsyncClient, url: str) -> int:
-    """The entry node's ``skilld_tool_calls_in_flight``, read as ops."""
-    metrics = url.removesuffix("/mcp") + "/metrics"
-    response = await http.get(metrics, headers={"Authorization": f"Bearer {token_of('ops')}"})
-    found = re.search(r"^skilld_tool_calls_in_flight (\S+)$", response.text, re.MULTILINE)
-    assert found is not None, response.text[-800:]
-    return int(float(found.group(1)))
-
-
 async def test_mallorys_waiting_calls_leave_alice_a_worker_thread(entry: NodeProc) -> None:
     """With mallory's 40 long calls in flight (12 running on the worker, the rest waiting for
     her share of the skill's slots), alice's echo is answered. Control: none of mallory's
@@ -95,7 +85,7 @@ async def test_mallorys_waiting_calls_leave_alice_a_worker_thread(entry: NodePro
         for _ in range(MALLORYS):
             tg.start_soon(mallory)
         with anyio.fail_after(60):
-            while await _in_flight(http, url) < MALLORYS:
+            while await entry_in_flight(http, url) < MALLORYS:
                 await anyio.sleep(0.1)
         with anyio.fail_after(60):
             echo = {"name": "echo/echo", "arguments": {"text": "alice's"}}

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 from mcp import types
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
@@ -27,6 +28,7 @@ from skilld.bundle import build_bundle
 from skilld.package import SigningKey, trust_file_bytes, trusted_key, write_private_key
 from skilld.sandbox import Sandbox
 from support.env import ROOT, SKILLS, cache_dir, cache_env
+from support.mcp_fakes import token_of
 
 NATS_SERVER = Path(sys.executable).parent / "nats-server"
 START_TIMEOUT_S = 60.0
@@ -446,3 +448,13 @@ class SignedClient:
     def seal(self, meta: dict[str, Any], body: bytes) -> dict[str, str]:
         """The envelope headers for ``body``."""
         return self.sealer.seal(meta, body)
+
+
+async def entry_in_flight(http: httpx2.AsyncClient, url: str) -> int:
+    """The ``skilld_tool_calls_in_flight`` of the node serving MCP at ``url``, read from its
+    /metrics as ``ops`` (a token file naming ``ops`` with the metrics scope)."""
+    metrics = url.removesuffix("/mcp") + "/metrics"
+    response = await http.get(metrics, headers={"Authorization": f"Bearer {token_of('ops')}"})
+    found = re.search(r"^skilld_tool_calls_in_flight (\S+)$", response.text, re.MULTILINE)
+    assert found is not None, response.text[-800:]
+    return int(float(found.group(1)))
