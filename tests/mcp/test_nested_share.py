@@ -10,11 +10,8 @@ busy, although mallory's share of ``held`` is three.
 
 from __future__ import annotations
 
-import json
-import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import anyio
 import anyio.to_thread
@@ -23,83 +20,28 @@ import pytest
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-from skilld.audit import MemorySink
-from skilld.call import CallContext
-from skilld.errors import CallCancelled
 from skilld.mcp import HttpServer, ServeConfig
-from skilld.registry import Registry, SkillEntry
-from skilld.types import CallOutput, Decision, Limits, MethodSpec, SkillSpec
+from skilld.registry import Registry
 from support.callers import open_to_authenticated
-from support.checkers import TextQuestions
+from support.held import HeldBackend, held_registry
 from support.mcp_fakes import client_tokens, running_http, text_of, token_of
 
 pytestmark = pytest.mark.anyio
 
 SLOTS = 4  # held's slots: one caller's share is three
-_OBJECT = {"type": "object"}
-
-
-class _Held:
-    """``held/hold`` runs until the test lets it go for mallory (alice's returns at once);
-    ``relay/relay`` invokes ``held/hold`` (a nested call)."""
-
-    def __init__(self) -> None:
-        self.release = threading.Event()
-        self.holding = 0
-        self._lock = threading.Lock()
-
-    def call(self, method: str, args_json: str, ctx: CallContext) -> CallOutput:
-        ctx.thread_only()
-        if method == "relay":
-            assert ctx.invoker is not None
-            return CallOutput(json.loads(ctx.invoker("held", "hold", "{}", ctx.depth + 1)))
-        if ctx.caller.key != "token:mallory":
-            return CallOutput(f"held for {ctx.caller.key}")
-        with self._lock:
-            self.holding += 1
-        try:
-            while not self.release.wait(0.005):
-                if ctx.channel.cancelled():
-                    raise CallCancelled("held: cancelled")
-        finally:
-            with self._lock:
-                self.holding -= 1
-        return CallOutput("held for mallory")
-
-    def read_resource(self, uri: str, ctx: CallContext) -> list[CallOutput]:
-        raise AssertionError("not served")
-
-    def get_prompt(self, name: str, args_json: str, ctx: CallContext) -> list[dict[str, Any]]:
-        raise AssertionError("not served")
-
-
-class _AllowAll(TextQuestions):
-    def check(self, capability: str, action: str, target: str) -> Decision:
-        return Decision(True, capability, action, target, "test-allow", "a test allows it")
 
 
 @pytest.fixture
-def held() -> tuple[Registry, _Held]:
-    """``held`` (four slots) and ``relay`` (eight), one backend; every authenticated caller
-    may call both, and ``relay`` may invoke ``held``."""
-    registry = Registry(audit=MemorySink())
-    backend = _Held()
-    for sid, method, slots in (("held", "hold", SLOTS), ("relay", "relay", 2 * SLOTS)):
-        spec = SkillSpec(sid, "1.0.0", sid, (MethodSpec(method, method, _OBJECT),))
-        registry.add(
-            SkillEntry(
-                spec=spec,
-                component=backend,
-                limits=Limits(timeout_ms=60_000, max_concurrency=slots),
-                checker=_AllowAll(),
-            )
-        )
-    registry.mark_ready()
+def held() -> tuple[Registry, HeldBackend]:
+    """``held`` (four slots) and ``relay`` (eight), one backend holding mallory's calls
+    only; every authenticated caller may call both, and ``relay`` may invoke ``held``."""
+    backend = HeldBackend(lambda ctx: ctx.caller.key == "token:mallory")
+    registry, _ = held_registry(SLOTS, 2 * SLOTS, 60_000, backend)
     return open_to_authenticated(registry), backend
 
 
 @pytest.fixture
-async def server(held: tuple[Registry, _Held], tmp_path: Path) -> AsyncIterator[HttpServer]:
+async def server(held: tuple[Registry, HeldBackend], tmp_path: Path) -> AsyncIterator[HttpServer]:
     tokens = client_tokens(tmp_path, "alice", "mallory")
     config = ServeConfig(
         transport="http", port=0, token_file=tokens, queue_timeout_s=2.0, inline_ms=0
@@ -123,7 +65,7 @@ async def _as(url: str, who: str, name: str) -> str:
 
 
 async def test_mallorys_nested_calls_leave_alice_a_slot(
-    server: HttpServer, held: tuple[Registry, _Held]
+    server: HttpServer, held: tuple[Registry, HeldBackend]
 ) -> None:
     """mallory's four relays nest four calls into ``held``: three run (her share), the fourth
     is refused busy for her at once; alice's call of ``held`` is answered. Control: while
@@ -141,14 +83,14 @@ async def test_mallorys_nested_calls_leave_alice_a_slot(
                 for _ in range(SLOTS):
                     tg.start_soon(relay)
                 # Every relay has either its nested call running in held, or its answer.
-                while backend.holding + len(relayed) < SLOTS:
+                while backend.running + len(relayed) < SLOTS:
                     await anyio.sleep(0.01)
-                assert backend.holding == gate.running == gate.share == SLOTS - 1
+                assert backend.running == gate.running == gate.share == SLOTS - 1
                 assert len(relayed) == 1 and "busy for this caller" in relayed[0], relayed
                 alice = await _as(server.url, "alice", "held/hold")
-                assert backend.holding == SLOTS - 1  # the control: mallory's calls still held
+                assert backend.running == SLOTS - 1  # the control: mallory's calls still held
             finally:
                 backend.release.set()
-    assert alice == "held for token:alice"
-    assert sorted(relayed)[1:] == ["held for mallory"] * (SLOTS - 1)
+    assert alice == "at once for token:alice"
+    assert sorted(relayed)[1:] == ["held for token:mallory"] * (SLOTS - 1)
     assert gate.running == 0

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import threading
 from typing import Any
 
 import anyio
@@ -11,12 +9,11 @@ import anyio.to_thread
 import pytest
 
 from skilld.audit import MemorySink
-from skilld.call import CallContext
-from skilld.errors import CallCancelled, SkillBusy
+from skilld.errors import SkillBusy
 from skilld.mcp import ServeConfig
-from skilld.registry import Call, NullChannel, Registry, SkillEntry
-from skilld.types import Caller, CallOutput, Decision, Limits, MethodSpec, SkillSpec
-from support.checkers import TextQuestions
+from skilld.registry import Call, NullChannel, Registry
+from skilld.types import Caller
+from support.held import HeldBackend, held_registry
 from support.mcp_fakes import memory_service, memory_session, text_of
 
 # A routed call as a worker sees it: the entry node n2 and the caller it verified.
@@ -24,65 +21,11 @@ N2 = Caller.anonymous().routed_from("n2")
 
 pytestmark = pytest.mark.anyio
 
-_OBJECT = {"type": "object"}
 
-
-class _Held:
-    """A host-implemented skill whose ``hold`` runs until the test lets it go.
-
-    ``relay`` invokes ``held/hold`` (a nested call: it takes a slot without waiting).
-    """
-
-    def __init__(self) -> None:
-        self.started = threading.Event()
-        self.release = threading.Event()
-        self.running = 0
-        self.most = 0
-
-    def call(self, method: str, args_json: str, ctx: CallContext) -> CallOutput:
-        ctx.thread_only()
-        if method == "relay":
-            assert ctx.invoker is not None
-            return CallOutput(json.loads(ctx.invoker("held", "hold", "{}", ctx.depth + 1)))
-        self.running += 1
-        self.most = max(self.most, self.running)
-        self.started.set()
-        try:
-            while not self.release.wait(0.005):
-                if ctx.channel.cancelled():
-                    raise CallCancelled("held: cancelled")
-        finally:
-            self.running -= 1
-        return CallOutput("held")
-
-    def read_resource(self, uri: str, ctx: CallContext) -> list[CallOutput]:
-        raise AssertionError("not served")
-
-    def get_prompt(self, name: str, args_json: str, ctx: CallContext) -> list[dict[str, Any]]:
-        raise AssertionError("not served")
-
-
-class _AllowAll(TextQuestions):
-    def check(self, capability: str, action: str, target: str) -> Decision:
-        return Decision(True, capability, action, target, "test-allow", "a test allows it")
-
-
-def _registry(limit: int) -> tuple[Registry, MemorySink, _Held]:
-    sink = MemorySink()
-    reg = Registry(audit=sink)
-    backend = _Held()
-    for sid, method in (("held", "hold"), ("relay", "relay")):
-        spec = SkillSpec(sid, "1.0.0", sid, (MethodSpec(method, method, _OBJECT),))
-        reg.add(
-            SkillEntry(
-                spec=spec,
-                component=backend,
-                limits=Limits(timeout_ms=300, max_concurrency=limit),
-                checker=_AllowAll(),
-            )
-        )
-    reg.mark_ready()
-    return reg, sink, backend
+def _registry(limit: int) -> tuple[Registry, MemorySink, HeldBackend]:
+    backend = HeldBackend()
+    registry, sink = held_registry(limit, limit, 300, backend)
+    return registry, sink, backend
 
 
 async def test_an_mcp_call_and_a_routed_call_wait_on_the_same_gate() -> None:
@@ -174,6 +117,6 @@ async def test_a_storm_of_cancelled_calls_leaves_no_slot_behind() -> None:
             while gate.waiting > 5:  # the cancelled waiters leave the queue
                 await anyio.sleep(0.001)
             backend.release.set()
-    assert finished == ["held"] * 6
+    assert finished == ["held for local"] * 6
     assert backend.most == 1
     assert (gate.running, gate.waiting) == (0, 0)
