@@ -81,6 +81,10 @@ def test_programs_never_run_inline(kits_registry: tuple[Registry, AuditFile]) ->
         )
     listed = registry.call_inline("kit_list", {}, NullChannel(), 0.05)
     assert {k["kit"] for k in listed.value} == {"notes", "text"}
+    # The MCP layer tries delegate's tools inline (kit_list answers there), no guest's.
+    inline = {t.name: t.inline for t in registry.tools()}
+    assert inline["kit_list"] and inline["run_program"]
+    assert not any(v for name, v in inline.items() if "/" in name)
 
 
 def test_kit_info_lists_tools_limits_and_patterns(service: DelegateService) -> None:

@@ -394,7 +394,7 @@ class McpService:
         run = partial(call_tool, self.dispatcher, tool, arguments, caller)
         inline = (
             partial(call_tool_inline, self.dispatcher, tool, arguments, caller, budget_s)
-            if budget_s > 0
+            if budget_s > 0 and tool.inline
             else None
         )
         rounds: list[RoundChannel] = []

@@ -19,7 +19,7 @@ from skilld.errors import GuestError, RegistryError, UsageError
 from skilld.permissions import CallerPolicy
 from skilld.policy import Exposure
 from skilld.registry._access import CallerView
-from skilld.registry._contract import SkillBackend, Tool, ToolAnnotations
+from skilld.registry._contract import AnswersInline, SkillBackend, Tool, ToolAnnotations
 from skilld.types import (
     Caller,
     KeyValueStore,
@@ -179,6 +179,8 @@ class Catalogue:
     def _tools_of(self, entry: SkillEntry) -> Sequence[tuple[Tool, str | None]]:
         spec, exp = entry.spec, entry.exposure
         methods = [m for m in spec.methods if m.name not in exp.hidden]
+        component = entry.component
+        inline = isinstance(component, AnswersInline) and component.answers_inline
         if exp.per_skill:
             if not methods:  # every method hidden: a tool that can do nothing is not listed
                 return []
@@ -196,6 +198,7 @@ class Catalogue:
                         None,
                         exp.titles.get(spec.id),
                         exp.tasks.get(spec.id),
+                        inline,
                     ),
                     None,
                 )
@@ -212,6 +215,7 @@ class Catalogue:
                     method=m.name,
                     title=exp.titles.get(m.name),
                     task_support=exp.tasks.get(m.name),
+                    inline=inline,
                 ),
                 m.name,
             )

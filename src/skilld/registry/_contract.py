@@ -57,6 +57,11 @@ class Tool:
     title: str | None = None
     # "optional" | "required": may run as an MCP task (the policy's ``mcp.tasks``)
     task_support: str | None = None
+    # Whether an inline attempt (``Dispatcher.call_inline``) can answer a call of it. False
+    # when its skill's backend never answers on the event loop (a wasm guest, a script, a
+    # remote node): the MCP layer then goes to a worker thread at once, without an attempt
+    # that would only give up (about 25 µs of the event loop's time a call).
+    inline: bool = True
 
 
 class SkillBackend(Protocol):
