@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -256,6 +256,9 @@ class _Instance:
     interrupt: _Interrupt
     # Calls served so far (a warm instance serves one caller's, up to its policy's cap).
     calls: int = 0
+    # Its exports' functions, looked up once (by the export index's id): a warm instance
+    # is called many times, and a lookup builds a new Func each time.
+    funcs: dict[int, component.Func] = field(default_factory=dict)
 
 
 def _free(inst: _Instance) -> None:
@@ -434,6 +437,7 @@ class Component:
                     func = inst.instance.get_func(inst.store, self._exports.call)
                     if func is None:  # pragma: no cover - checked at load
                         return False
+                    inst.funcs[id(self._exports.call)] = func
                     self._export_call(self._exports.call, func, inst.store)(
                         func, inst.store, *self._warm_call
                     )
@@ -594,9 +598,12 @@ class Component:
             inst.streams.ctx = ctx
             inst.interrupt.arm(inst.store, ctx, ctx.remaining())
             with entered(ctx), telemetry.span("skilld.guest.run"):
-                func = inst.instance.get_func(inst.store, export)
-                if func is None:  # pragma: no cover - checked at load
-                    raise LinkError(f"{self.name}: export vanished")
+                func = inst.funcs.get(id(export))
+                if func is None:
+                    func = inst.instance.get_func(inst.store, export)
+                    if func is None:  # pragma: no cover - checked at load
+                        raise LinkError(f"{self.name}: export vanished")
+                    inst.funcs[id(export)] = func
                 result = self._export_call(export, func, inst.store)(func, inst.store, *args)
                 func.post_return(inst.store)
             keep = (
