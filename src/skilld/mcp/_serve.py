@@ -113,6 +113,15 @@ async def serve_async(
         await serve_http_async(dispatcher, config, sock=sock, wiring=wiring)
 
 
+# A request leaves cycles behind (the SDK's SSE response cancels its helper tasks, whose
+# exceptions hold their frames), and at 700 the collector also walks every call still in
+# flight, promoting it to older generations that are walked again. Measured with
+# gc.callbacks in the served process (bench_mcp's echo, 3,000 calls): the collector's time
+# per call went from 200 to 100 µs at concurrency 16 and from 85 to 60 µs at 1; a
+# young collection then takes about 3 ms, every 30-40 calls.
+_GC_YOUNG = 5000
+
+
 def serve(
     dispatcher: Dispatcher,
     config: ServeConfig,
@@ -132,4 +141,6 @@ def serve(
     # server: frozen, the garbage collector stops walking it on every full collection.
     gc.collect()
     gc.freeze()
+    # Collect the young generation after _GC_YOUNG net allocations, not CPython's 700.
+    gc.set_threshold(_GC_YOUNG, *gc.get_threshold()[1:])
     anyio.run(functools.partial(serve_async, dispatcher, config, sock=sock, wiring=wiring))
