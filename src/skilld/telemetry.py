@@ -623,30 +623,47 @@ def _start(
     parent = trace.get_current_span(ctx).get_span_context()
     if parent.is_valid:
         trace_id = parent.trace_id
-        flags = int(parent.trace_flags) & trace.TraceFlags.RANDOM_TRACE_ID
+        flags = parent.trace_flags & _RANDOM_TRACE_ID
     else:
         parent = None
         trace_id = tracer.id_generator.generate_trace_id()
-        flags = trace.TraceFlags.RANDOM_TRACE_ID if tracer.id_generator.is_trace_id_random() else 0
-    sampling = tracer.sampler.should_sample(ctx, trace_id, name, kind, attributes, links)
-    if sampling.decision.is_sampled():
-        flags |= trace.TraceFlags.SAMPLED
+        flags = _RANDOM_TRACE_ID if tracer.id_generator.is_trace_id_random() else 0
     recorded: dict[str, Any] = dict(attributes) if attributes else {}
-    if sampling.attributes:
-        recorded.update(sampling.attributes)
+    sampler = tracer.sampler
+    if sampler is made.default_on:
+        # The default sampler (parentbased_always_on), decided here as it decides: the
+        # parent's flag, else sampled; the parent's trace state; the span's attributes
+        # unchanged. Its objects (a result, a read-only copy of the attributes, three
+        # more look-ups of the current span) cost a span a fifth of its time.
+        if parent is None:
+            flags |= _SAMPLED
+            trace_state = None
+        else:
+            flags |= parent.trace_flags & _SAMPLED
+            trace_state = parent.trace_state
+    else:
+        sampling = sampler.should_sample(ctx, trace_id, name, kind, attributes, links)
+        if sampling.decision.is_sampled():
+            flags |= _SAMPLED
+        if sampling.attributes:
+            recorded.update(sampling.attributes)
+        trace_state = sampling.trace_state
     context = trace.SpanContext(
         trace_id,
         tracer.id_generator.generate_span_id(),
         is_remote=False,
-        trace_flags=trace.TraceFlags(flags),
-        trace_state=sampling.trace_state,
+        trace_flags=made.flags[flags],
+        trace_state=trace_state,
     )
     span = made(name, context, parent, kind, recorded, start or time.time_ns(), tracer, sink, scope)
     if links:
-        span._links.extend(links)
+        span._links = list(links)
     return span
 
 
+# W3C trace flags: sampled, and (level 2) a random trace id.
+_SAMPLED = 0x01
+_RANDOM_TRACE_ID = 0x02
 _KINDS: dict[str, Any] = {}
 
 
@@ -665,9 +682,11 @@ def _recorded_type() -> type[Any]:
     """
     from opentelemetry import trace
     from opentelemetry.sdk.trace import Event, ReadableSpan
+    from opentelemetry.sdk.trace.sampling import DEFAULT_ON
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
     unset = trace.Status(trace.StatusCode.UNSET)
+    none: Any = ()  # no events, no links: most spans have none (and need no list each)
     _KINDS.update({k.name.lower(): k for k in trace.SpanKind})
 
     class Recorded(trace.Span, ReadableSpan):  # the bases of the SDK's own span
@@ -690,8 +709,8 @@ def _recorded_type() -> type[Any]:
             self._attributes = attributes
             self._facts = attributes  # the same dict, typed as it is (ReadableSpan: Optional)
             self._ids = context
-            self._events: list[Any] = []
-            self._links: list[Any] = []
+            self._events: list[Any] = none
+            self._links: list[Any] = none
             self._status = unset
             self._start_time = start
             self._end_time: int | None = None
@@ -702,6 +721,8 @@ def _recorded_type() -> type[Any]:
 
         api = trace  # the API module, for _start
         skilld = InstrumentationScope("skilld")  # the scope of skilld's own spans
+        default_on = DEFAULT_ON  # the SDK's default sampler, which _start decides for
+        flags = tuple(trace.TraceFlags(n) for n in range(256))  # one object per value, shared
 
         def get_span_context(self) -> Any:
             return self._context
@@ -723,11 +744,19 @@ def _recorded_type() -> type[Any]:
             self, name: str, attributes: Any = None, timestamp: int | None = None
         ) -> None:
             if self._end_time is None:
-                self._events.append(Event(name, attributes, timestamp or time.time_ns()))
+                event = Event(name, attributes, timestamp or time.time_ns())
+                if self._events:
+                    self._events.append(event)
+                else:
+                    self._events = [event]
 
         def add_link(self, context: Any, attributes: Any = None) -> None:
             if self._end_time is None:
-                self._links.append(trace.Link(context, attributes))
+                link = trace.Link(context, attributes)
+                if self._links:
+                    self._links.append(link)
+                else:
+                    self._links = [link]
 
         def update_name(self, name: str) -> None:
             self._name = name
@@ -770,6 +799,7 @@ def _provider_type() -> type[Any]:
     and send them as the SDK's tracer would; the hand-off (once configure set it) takes
     them when they end, and ``force_flush`` drains it first.
     """
+    from opentelemetry import context as context_api
     from opentelemetry import trace
     from opentelemetry.sdk.trace import Tracer as SdkTracer
     from opentelemetry.sdk.trace import TracerProvider
@@ -799,8 +829,6 @@ def _provider_type() -> type[Any]:
                 sdk, self._scope, sink, context, name, kind, attributes, links, start_time
             )
 
-        # A plain contextmanager: the API types its own, a private _agnosticcontextmanager.
-        @contextmanager
         def start_as_current_span(  # type: ignore[override]
             self,
             name: str,
@@ -812,15 +840,45 @@ def _provider_type() -> type[Any]:
             record_exception: bool = True,
             set_status_on_exception: bool = True,
             end_on_exit: bool = True,
-        ) -> Iterator[Any]:
+        ) -> Current:
             span = self.start_span(name, context, kind, attributes, links, start_time)
-            with trace.use_span(
-                span,
-                end_on_exit=end_on_exit,
-                record_exception=record_exception,
-                set_status_on_exception=set_status_on_exception,
-            ) as current:
-                yield current
+            return Current(span, end_on_exit, record_exception, set_status_on_exception)
+
+    class Current:
+        """The API's ``use_span`` for a span of :meth:`Tracer.start_as_current_span`, as a
+        class: the request span's context managers (the MCP SDK's, the API's proxy
+        tracer's, this) are on the event loop for every request, and a generator-based one
+        costs about twice what this does."""
+
+        __slots__ = ("_end", "_record", "_status", "_token", "span")
+
+        def __init__(self, span: Any, end: bool, record: bool, status: bool):
+            self.span = span
+            self._end = end
+            self._record = record
+            self._status = status
+            self._token: Any = None
+
+        def __enter__(self) -> Any:
+            self._token = context_api.attach(trace.set_span_in_context(self.span))
+            return self.span
+
+        def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+            span = self.span
+            try:
+                context_api.detach(self._token)
+                # As use_span: an Exception (not a cancellation) is recorded and sets the
+                # status, where the flags ask for it and the span records.
+                if isinstance(exc, Exception) and span.is_recording():
+                    if self._record:
+                        span.record_exception(exc)
+                    if self._status:
+                        span.set_status(
+                            trace.Status(trace.StatusCode.ERROR, f"{type(exc).__name__}: {exc}")
+                        )
+            finally:
+                if self._end:
+                    span.end()
 
     class Provider(TracerProvider):
         handoff: _Handoff | None = None  # set by configure, once its thread runs
