@@ -353,7 +353,8 @@ def _encode_with(module: Any, serialized: bool) -> None:
 _VARINT1 = [bytes((n,)) for n in range(0x80)]
 _FLAGS_LOCAL = b"\x85\x01" + (0x100).to_bytes(4, "little")  # field 16, fixed32: has is_remote
 _FLAGS_REMOTE = b"\x85\x01" + (0x300).to_bytes(4, "little")  # ... and the parent is remote
-_CACHED_VALUE = 64  # str values at most this long are cached encoded (not a client's blob)
+# Cached encoded: str values at most this long (not a client's blob), ints within ± this.
+_CACHED_VALUE = 64
 
 
 def _varint(n: int) -> bytes:
@@ -413,14 +414,19 @@ class _Encoder:
         """The serialized ``ExportTraceServiceRequest`` of ``spans``."""
         # By the resource object (a provider's one; its hash is a JSON dump), then by scope.
         groups: dict[int, tuple[Any, dict[Any, list[bytes]]]] = {}
+        # Each scope object's list, by its id: a scope's hash is computed in Python, and
+        # equal scopes (of two tracers) still share one list, in the batch's order.
+        lists: dict[tuple[int, int], list[bytes]] = {}
         for span in spans:
             resource = span.resource
-            scopes = groups.get(id(resource))
-            if scopes is None:
-                scopes = groups[id(resource)] = (resource, {})
-            scopes[1].setdefault(span.instrumentation_scope, []).append(
-                _field(b"\x12", self._span(span))  # ScopeSpans.spans
-            )
+            scope = span.instrumentation_scope
+            encoded = lists.get((id(resource), id(scope)))
+            if encoded is None:
+                scopes = groups.get(id(resource))
+                if scopes is None:
+                    scopes = groups[id(resource)] = (resource, {})
+                encoded = lists[id(resource), id(scope)] = scopes[1].setdefault(scope, [])
+            encoded.append(_field(b"\x12", self._span(span)))  # ScopeSpans.spans
         out = []
         for resource, by_scope in groups.values():
             # ResourceSpans: resource (Resource.attributes), scope_spans, schema_url
@@ -562,7 +568,10 @@ class _Encoder:
         out = []
         for key, value in attributes.items():
             kind = type(value)
-            cache = kind is bool or (kind is str and len(value) <= _CACHED_VALUE)
+            if kind is str:
+                cache = len(value) <= _CACHED_VALUE
+            else:  # a depth, a count: small ints repeat as often as short strings
+                cache = kind is bool or (kind is int and -_CACHED_VALUE <= value <= _CACHED_VALUE)
             if cache:
                 found = fields.get((tag, key, value, kind))
                 if found is not None:
