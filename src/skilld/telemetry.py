@@ -707,9 +707,10 @@ def _start(
     resource), of the instrumentation ``scope``, given to ``sink`` when it ends.
 
     What the SDK tracer's ``start_span`` does, less what costs a call its time: the
-    sampler decides and the ids come from the provider's generator as they would, but the
-    span is a :func:`_recorded_type` (a ReadableSpan filled in place, no locks, no limits
-    pass, no ``on_start``); the exporter's thread encodes it. Raises nothing.
+    sampler decides (the default one, in place, as it would) and the ids come from the
+    provider's generator as they would, but the span is a :func:`_recorded_type` (a
+    ReadableSpan filled in place, no locks, no limits pass, no ``on_start``); the
+    exporter's thread encodes it. Raises nothing.
     """
     made = _recorded_type()
     trace = made.api
