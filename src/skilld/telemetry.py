@@ -1191,10 +1191,8 @@ def carrier() -> dict[str, str]:
     message to another node; empty while tracing is off or outside any span."""
     if _state is None:
         return {}
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
     fields: dict[str, str] = {}
-    TraceContextTextMapPropagator().inject(fields)
+    _propagator().inject(fields)
     # A client's tracestate may be 8 KB: it must not crowd a cluster envelope's routing
     # facts (MAX_META) nor a script's environment.
     if len(fields.get(TRACESTATE, "")) > _MAX_TRACESTATE:
@@ -1202,22 +1200,30 @@ def carrier() -> dict[str, str]:
     return fields
 
 
-def _remote(fields: Mapping[str, Any]) -> Any:
-    """The context a valid W3C ``traceparent`` in ``fields`` names, or None."""
+def _remote(fields: Mapping[str, Any], with_state: bool = True) -> Any:
+    """The context a valid W3C ``traceparent`` in ``fields`` names, or None; its
+    ``tracestate`` too unless ``with_state`` is False (whether a context is valid depends on
+    the traceparent alone: a malformed tracestate is dropped, not the context)."""
     parent = fields.get(TRACEPARENT)
     if not isinstance(parent, str):
         return None
-    from opentelemetry import trace
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
     carried = {TRACEPARENT: parent}
     state = fields.get(TRACESTATE)
-    if isinstance(state, str) and len(state) <= _MAX_TRACESTATE:
+    if with_state and isinstance(state, str) and len(state) <= _MAX_TRACESTATE:
         carried[TRACESTATE] = state
-    found = TraceContextTextMapPropagator().extract(carried)
+    trace = _recorded_type().api
+    found = _propagator().extract(carried)
     if not trace.get_current_span(found).get_span_context().is_valid:
         return None
     return found
+
+
+@functools.cache
+def _propagator() -> Any:
+    """The W3C trace context propagator (made once: it keeps no state)."""
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    return TraceContextTextMapPropagator()
 
 
 @contextmanager
@@ -1309,7 +1315,8 @@ async def _outer(ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
         return await call_next(ctx)
     parent = None
     meta = ctx.meta
-    if not (isinstance(meta, Mapping) and _remote(meta) is not None):
+    # Only whether _meta names a valid parent (the SDK's span reads it, tracestate and all).
+    if not (isinstance(meta, Mapping) and _remote(meta, with_state=False) is not None):
         headers = _headers(ctx)
         if headers is not None:
             parent = _remote(
