@@ -437,3 +437,35 @@ def test_a_request_span_that_failed_records_and_sets_its_status_as_use_span_does
     assert [event.name for event in mine.events] == [event.name for event in theirs.events]
     assert dict(mine.events[0].attributes) == {"exception.type": "RuntimeError"}
     assert trace.get_current_span() is trace.INVALID_SPAN  # detached again
+
+
+def test_the_request_spans_tracer_also_decorates_sync_and_async_functions() -> None:
+    """``start_as_current_span`` as a decorator (the API's tracers allow it, and a library
+    in the process may use it): each call, sync or async, gets a span of its own, current
+    while the function runs, ended when it returns."""
+    import asyncio
+
+    provider = telemetry._provider_type()()
+    exported = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    tracer = provider.get_tracer("some-library")
+    seen: list[Any] = []
+
+    @tracer.start_as_current_span("sync work")
+    def work() -> None:
+        seen.append(trace.get_current_span())
+
+    @tracer.start_as_current_span("async work")
+    async def later() -> None:
+        await asyncio.sleep(0)
+        seen.append(trace.get_current_span())
+
+    work()
+    work()
+    asyncio.run(later())
+    names = [span.name for span in exported.get_finished_spans()]
+    assert names == ["sync work", "sync work", "async work"]
+    assert len({id(span) for span in seen}) == 3
+    assert [span.get_span_context() for span in seen] == [
+        span.context for span in exported.get_finished_spans()
+    ]
