@@ -39,6 +39,7 @@ its policy (``telemetry: {record_arguments: true}``): its calls then carry
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import logging
 import os
@@ -279,12 +280,12 @@ def _span_exporter(protocol: str) -> Any:
     if protocol == "http/protobuf":
         from opentelemetry.exporter.otlp.proto.http import trace_exporter as http
 
-        _encode_with(http)
+        _encode_with(http, serialized=True)
         return http.OTLPSpanExporter()
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc import trace_exporter as grpc
 
-        _encode_with(grpc)
+        _encode_with(grpc, serialized=False)
         return grpc.OTLPSpanExporter()
     log.warning("OTLP protocol %r is not supported (http/protobuf, grpc): tracing is off", protocol)
     return None
@@ -333,7 +334,7 @@ class _Dropping:
 # -- OTLP encoding ----------------------------------------------------------------------
 
 
-def _encode_with(module: Any) -> None:
+def _encode_with(module: Any, serialized: bool) -> None:
     """Make the OTLP span exporter of ``module`` (HTTP's or gRPC's) encode its batches with
     :class:`_Encoder`.
 
@@ -341,16 +342,20 @@ def _encode_with(module: Any) -> None:
     only seam they have: the SDK's encoder makes a protobuf object per span, attribute and
     value (about 35 µs a span here, on the exporter's thread, which a CPU-bound node
     shares with the calls under one GIL); :class:`_Encoder` writes the same bytes in about
-    7 µs. Where a future exporter has no such function, its own encoder stays.
+    4 µs. ``serialized``: the exporter only asks the request for its bytes (HTTP's), which
+    it then gets as written; else (gRPC's stub) it gets the message, parsed from them.
+    Where a future exporter has no such function, its own encoder stays.
     """
     if callable(getattr(module, "encode_spans", None)):
-        module.encode_spans = _Encoder().message
+        encoder = _Encoder()
+        module.encode_spans = encoder.serialized if serialized else encoder.message
 
 
 _VARINT1 = [bytes((n,)) for n in range(0x80)]
 _FLAGS_LOCAL = b"\x85\x01" + (0x100).to_bytes(4, "little")  # field 16, fixed32: has is_remote
 _FLAGS_REMOTE = b"\x85\x01" + (0x300).to_bytes(4, "little")  # ... and the parent is remote
-_CACHED_VALUE = 64  # str values at most this long are cached encoded (not a client's blob)
+# Cached encoded: str values at most this long (not a client's blob), ints within ± this.
+_CACHED_VALUE = 64
 
 
 def _varint(n: int) -> bytes:
@@ -391,6 +396,15 @@ class _Encoder:
 
         self._parse = ExportTraceServiceRequest.FromString
         self._fields: dict[tuple[bytes, str, Any, type], bytes] = {}
+        self._lean = _recorded_type()
+        self._unset = self._lean.status_unset
+        self._named: dict[tuple[str, Any], bytes] = {}  # name and kind fields, by both
+
+    def serialized(self, spans: Sequence[Any]) -> _Serialized:
+        """The request as the HTTP exporter takes it: something whose
+        ``SerializePartialToString()`` is :meth:`request`'s bytes (it asks for nothing
+        else), so the bytes are neither parsed into a message nor written again."""
+        return _Serialized(self.request(spans))
 
     def message(self, spans: Sequence[Any]) -> Any:
         """The request as the exporters take it: the protobuf message (parsed from
@@ -401,14 +415,19 @@ class _Encoder:
         """The serialized ``ExportTraceServiceRequest`` of ``spans``."""
         # By the resource object (a provider's one; its hash is a JSON dump), then by scope.
         groups: dict[int, tuple[Any, dict[Any, list[bytes]]]] = {}
+        # Each scope object's list, by its id: a scope's hash is computed in Python, and
+        # equal scopes (of two tracers) still share one list, in the batch's order.
+        lists: dict[tuple[int, int], list[bytes]] = {}
         for span in spans:
             resource = span.resource
-            scopes = groups.get(id(resource))
-            if scopes is None:
-                scopes = groups[id(resource)] = (resource, {})
-            scopes[1].setdefault(span.instrumentation_scope, []).append(
-                _field(b"\x12", self._span(span))  # ScopeSpans.spans
-            )
+            scope = span.instrumentation_scope
+            encoded = lists.get((id(resource), id(scope)))
+            if encoded is None:
+                scopes = groups.get(id(resource))
+                if scopes is None:
+                    scopes = groups[id(resource)] = (resource, {})
+                encoded = lists[id(resource), id(scope)] = scopes[1].setdefault(scope, [])
+            encoded.append(_field(b"\x12", self._span(span)))  # ScopeSpans.spans
         out = []
         for resource, by_scope in groups.values():
             # ResourceSpans: resource (Resource.attributes), scope_spans, schema_url
@@ -431,6 +450,8 @@ class _Encoder:
         return b"".join(out)
 
     def _span(self, span: Any) -> bytes:
+        if type(span) is self._lean:
+            return self._recorded(span)
         context = span.get_span_context()
         parts = [
             b"\x0a\x10",  # trace_id
@@ -464,18 +485,7 @@ class _Encoder:
         if span.dropped_events:
             parts += (b"\x60", _varint(span.dropped_events))
         for link in span.links:
-            target = link.context
-            facts = [
-                b"\x0a\x10",
-                target.trace_id.to_bytes(16, "big"),
-                b"\x12\x08",
-                target.span_id.to_bytes(8, "big"),
-                *self._attributes(b"\x22", link.attributes),
-            ]
-            if link.dropped_attributes:
-                facts += (b"\x28", _varint(link.dropped_attributes))
-            facts.append(b"\x35" + (0x300 if target.is_remote else 0x100).to_bytes(4, "little"))
-            parts.append(_field(b"\x6a", b"".join(facts)))
+            parts.append(_field(b"\x6a", self._link(link)))
         if span.dropped_links:
             parts += (b"\x70", _varint(span.dropped_links))
         status = span.status  # Status: message, code (present even when unset, as the SDK's)
@@ -486,6 +496,71 @@ class _Encoder:
         parts.append(_FLAGS_REMOTE if parent is not None and parent.is_remote else _FLAGS_LOCAL)
         return b"".join(parts)
 
+    def _recorded(self, span: Any) -> bytes:
+        """:meth:`_span` for one of skilld's spans (:func:`_recorded_type`), read from its
+        fields: no read-only copies of its attributes, events and links, no limits (it has
+        none, so nothing was dropped), the name and kind fields cached."""
+        context = span._context
+        parts = [
+            b"\x0a\x10",  # trace_id
+            context.trace_id.to_bytes(16, "big"),
+            b"\x12\x08",  # span_id
+            context.span_id.to_bytes(8, "big"),
+        ]
+        state = context.trace_state
+        if state:
+            parts.append(_field(b"\x1a", ",".join(f"{k}={v}" for k, v in state.items()).encode()))
+        parent = span._parent
+        if parent:
+            parts += (b"\x22\x08", parent.span_id.to_bytes(8, "big"))
+        named = self._named.get((span._name, span._kind))
+        if named is None:
+            if len(self._named) >= 4096:  # names with ids in them: a bound, not a leak
+                self._named.clear()
+            named = _field(b"\x2a", span._name.encode()) + b"\x30" + _VARINT1[span._kind.value + 1]
+            self._named[(span._name, span._kind)] = named
+        parts.append(named)
+        if span._start_time:
+            parts += (b"\x39", span._start_time.to_bytes(8, "little"))
+        if span._end_time:
+            parts += (b"\x41", span._end_time.to_bytes(8, "little"))
+        parts += self._attributes(b"\x4a", span._attributes)
+        for event in span._events:
+            facts = [b"\x09", event.timestamp.to_bytes(8, "little")]
+            if event.name:
+                facts.append(_field(b"\x12", event.name.encode()))
+            facts += self._attributes(b"\x1a", event.attributes)
+            if event.dropped_attributes:
+                facts += (b"\x20", _varint(event.dropped_attributes))
+            parts.append(_field(b"\x5a", b"".join(facts)))
+        for link in span._links:
+            parts.append(_field(b"\x6a", self._link(link)))
+        status = span._status
+        if status is self._unset:
+            parts.append(b"\x7a\x00")
+        else:
+            told = [_field(b"\x12", status.description.encode())] if status.description else []
+            if status.status_code.value:
+                told += (b"\x18", _varint(status.status_code.value))
+            parts.append(_field(b"\x7a", b"".join(told)))
+        parts.append(_FLAGS_REMOTE if parent is not None and parent.is_remote else _FLAGS_LOCAL)
+        return b"".join(parts)
+
+    def _link(self, link: Any) -> bytes:
+        """A Span.Link message."""
+        target = link.context
+        facts = [
+            b"\x0a\x10",
+            target.trace_id.to_bytes(16, "big"),
+            b"\x12\x08",
+            target.span_id.to_bytes(8, "big"),
+            *self._attributes(b"\x22", link.attributes),
+        ]
+        if link.dropped_attributes:
+            facts += (b"\x28", _varint(link.dropped_attributes))
+        facts.append(b"\x35" + (0x300 if target.is_remote else 0x100).to_bytes(4, "little"))
+        return b"".join(facts)
+
     def _attributes(self, tag: bytes, attributes: Mapping[str, Any] | None) -> list[bytes]:
         """Each attribute as a KeyValue field ``tag``."""
         if not attributes:
@@ -494,7 +569,10 @@ class _Encoder:
         out = []
         for key, value in attributes.items():
             kind = type(value)
-            cache = kind is bool or (kind is str and len(value) <= _CACHED_VALUE)
+            if kind is str:
+                cache = len(value) <= _CACHED_VALUE
+            else:  # a depth, a count: small ints repeat as often as short strings
+                cache = kind is bool or (kind is int and -_CACHED_VALUE <= value <= _CACHED_VALUE)
             if cache:
                 found = fields.get((tag, key, value, kind))
                 if found is not None:
@@ -510,6 +588,22 @@ class _Encoder:
                 fields[(tag, key, value, kind)] = field
             out.append(field)
         return out
+
+
+class _Serialized:
+    """An encoded request, as the HTTP exporter's ``encode_spans`` result (see
+    :meth:`_Encoder.serialized`)."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: bytes):
+        self._data = data
+
+    def SerializePartialToString(self) -> bytes:
+        """The request's bytes."""
+        return self._data
+
+    SerializeToString = SerializePartialToString
 
 
 def _keyvalue(key: str, value: Any) -> bytes:
@@ -614,39 +708,57 @@ def _start(
     resource), of the instrumentation ``scope``, given to ``sink`` when it ends.
 
     What the SDK tracer's ``start_span`` does, less what costs a call its time: the
-    sampler decides and the ids come from the provider's generator as they would, but the
-    span is a :func:`_recorded_type` (a ReadableSpan filled in place, no locks, no limits
-    pass, no ``on_start``); the exporter's thread encodes it. Raises nothing.
+    sampler decides (the default one, in place, as it would) and the ids come from the
+    provider's generator as they would, but the span is a :func:`_recorded_type` (a
+    ReadableSpan filled in place, no locks, no limits pass, no ``on_start``); the
+    exporter's thread encodes it. Raises nothing.
     """
     made = _recorded_type()
     trace = made.api
     parent = trace.get_current_span(ctx).get_span_context()
     if parent.is_valid:
         trace_id = parent.trace_id
-        flags = int(parent.trace_flags) & trace.TraceFlags.RANDOM_TRACE_ID
+        flags = parent.trace_flags & _RANDOM_TRACE_ID
     else:
         parent = None
         trace_id = tracer.id_generator.generate_trace_id()
-        flags = trace.TraceFlags.RANDOM_TRACE_ID if tracer.id_generator.is_trace_id_random() else 0
-    sampling = tracer.sampler.should_sample(ctx, trace_id, name, kind, attributes, links)
-    if sampling.decision.is_sampled():
-        flags |= trace.TraceFlags.SAMPLED
+        flags = _RANDOM_TRACE_ID if tracer.id_generator.is_trace_id_random() else 0
     recorded: dict[str, Any] = dict(attributes) if attributes else {}
-    if sampling.attributes:
-        recorded.update(sampling.attributes)
+    sampler = tracer.sampler
+    if sampler is made.default_on:
+        # The default sampler (parentbased_always_on), decided here as it decides: the
+        # parent's flag, else sampled; the parent's trace state; the span's attributes
+        # unchanged. Its objects (a result, a read-only copy of the attributes, three
+        # more look-ups of the current span) cost a span a fifth of its time.
+        if parent is None:
+            flags |= _SAMPLED
+            trace_state = None
+        else:
+            flags |= parent.trace_flags & _SAMPLED
+            trace_state = parent.trace_state
+    else:
+        sampling = sampler.should_sample(ctx, trace_id, name, kind, attributes, links)
+        if sampling.decision.is_sampled():
+            flags |= _SAMPLED
+        if sampling.attributes:
+            recorded.update(sampling.attributes)
+        trace_state = sampling.trace_state
     context = trace.SpanContext(
         trace_id,
         tracer.id_generator.generate_span_id(),
         is_remote=False,
-        trace_flags=trace.TraceFlags(flags),
-        trace_state=sampling.trace_state,
+        trace_flags=made.flags[flags],
+        trace_state=trace_state,
     )
     span = made(name, context, parent, kind, recorded, start or time.time_ns(), tracer, sink, scope)
     if links:
-        span._links.extend(links)
+        span._links = list(links)
     return span
 
 
+# W3C trace flags: sampled, and (level 2) a random trace id.
+_SAMPLED = 0x01
+_RANDOM_TRACE_ID = 0x02
 _KINDS: dict[str, Any] = {}
 
 
@@ -665,9 +777,11 @@ def _recorded_type() -> type[Any]:
     """
     from opentelemetry import trace
     from opentelemetry.sdk.trace import Event, ReadableSpan
+    from opentelemetry.sdk.trace.sampling import DEFAULT_ON
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
     unset = trace.Status(trace.StatusCode.UNSET)
+    none: Any = ()  # no events, no links: most spans have none (and need no list each)
     _KINDS.update({k.name.lower(): k for k in trace.SpanKind})
 
     class Recorded(trace.Span, ReadableSpan):  # the bases of the SDK's own span
@@ -690,8 +804,8 @@ def _recorded_type() -> type[Any]:
             self._attributes = attributes
             self._facts = attributes  # the same dict, typed as it is (ReadableSpan: Optional)
             self._ids = context
-            self._events: list[Any] = []
-            self._links: list[Any] = []
+            self._events: list[Any] = none
+            self._links: list[Any] = none
             self._status = unset
             self._start_time = start
             self._end_time: int | None = None
@@ -702,6 +816,9 @@ def _recorded_type() -> type[Any]:
 
         api = trace  # the API module, for _start
         skilld = InstrumentationScope("skilld")  # the scope of skilld's own spans
+        default_on = DEFAULT_ON  # the SDK's default sampler, which _start decides for
+        status_unset = unset  # a new span's status (the encoder knows its bytes)
+        flags = tuple(trace.TraceFlags(n) for n in range(256))  # one object per value, shared
 
         def get_span_context(self) -> Any:
             return self._context
@@ -723,11 +840,19 @@ def _recorded_type() -> type[Any]:
             self, name: str, attributes: Any = None, timestamp: int | None = None
         ) -> None:
             if self._end_time is None:
-                self._events.append(Event(name, attributes, timestamp or time.time_ns()))
+                event = Event(name, attributes, timestamp or time.time_ns())
+                if self._events:
+                    self._events.append(event)
+                else:
+                    self._events = [event]
 
         def add_link(self, context: Any, attributes: Any = None) -> None:
             if self._end_time is None:
-                self._links.append(trace.Link(context, attributes))
+                link = trace.Link(context, attributes)
+                if self._links:
+                    self._links.append(link)
+                else:
+                    self._links = [link]
 
         def update_name(self, name: str) -> None:
             self._name = name
@@ -770,6 +895,7 @@ def _provider_type() -> type[Any]:
     and send them as the SDK's tracer would; the hand-off (once configure set it) takes
     them when they end, and ``force_flush`` drains it first.
     """
+    from opentelemetry import context as context_api
     from opentelemetry import trace
     from opentelemetry.sdk.trace import Tracer as SdkTracer
     from opentelemetry.sdk.trace import TracerProvider
@@ -799,8 +925,6 @@ def _provider_type() -> type[Any]:
                 sdk, self._scope, sink, context, name, kind, attributes, links, start_time
             )
 
-        # A plain contextmanager: the API types its own, a private _agnosticcontextmanager.
-        @contextmanager
         def start_as_current_span(  # type: ignore[override]
             self,
             name: str,
@@ -812,15 +936,68 @@ def _provider_type() -> type[Any]:
             record_exception: bool = True,
             set_status_on_exception: bool = True,
             end_on_exit: bool = True,
-        ) -> Iterator[Any]:
-            span = self.start_span(name, context, kind, attributes, links, start_time)
-            with trace.use_span(
-                span,
-                end_on_exit=end_on_exit,
-                record_exception=record_exception,
-                set_status_on_exception=set_status_on_exception,
-            ) as current:
-                yield current
+        ) -> Current:
+            start = functools.partial(
+                self.start_span, name, context, kind, attributes, links, start_time
+            )
+            return Current(start, end_on_exit, record_exception, set_status_on_exception)
+
+    class Current:
+        """The API's ``use_span`` for a span of :meth:`Tracer.start_as_current_span`, as a
+        class: the request span's context managers (the MCP SDK's, the API's proxy
+        tracer's, this) are on the event loop for every request, and a generator-based one
+        costs about twice what this does. The span starts on entering (as the API's); as
+        a decorator (the API's tracers allow it) each call, sync or async, gets its own."""
+
+        __slots__ = ("_end", "_record", "_start", "_status", "_token", "span")
+
+        def __init__(self, start: Callable[[], Any], end: bool, record: bool, status: bool):
+            self._start = start
+            self._end = end
+            self._record = record
+            self._status = status
+            self._token: Any = None
+            self.span: Any = None
+
+        def __enter__(self) -> Any:
+            self.span = span = self._start()
+            self._token = context_api.attach(trace.set_span_in_context(span))
+            return span
+
+        def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+            again = functools.partial(Current, self._start, self._end, self._record, self._status)
+            if inspect.iscoroutinefunction(fn):
+
+                @functools.wraps(fn)
+                async def run_async(*args: Any, **kwargs: Any) -> Any:
+                    with again():
+                        return await fn(*args, **kwargs)
+
+                return run_async
+
+            @functools.wraps(fn)
+            def run(*args: Any, **kwargs: Any) -> Any:
+                with again():
+                    return fn(*args, **kwargs)
+
+            return run
+
+        def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+            span = self.span
+            try:
+                context_api.detach(self._token)
+                # As use_span: an Exception (not a cancellation) is recorded and sets the
+                # status, where the flags ask for it and the span records.
+                if isinstance(exc, Exception) and span.is_recording():
+                    if self._record:
+                        span.record_exception(exc)
+                    if self._status:
+                        span.set_status(
+                            trace.Status(trace.StatusCode.ERROR, f"{type(exc).__name__}: {exc}")
+                        )
+            finally:
+                if self._end:
+                    span.end()
 
     class Provider(TracerProvider):
         handoff: _Handoff | None = None  # set by configure, once its thread runs
@@ -1038,10 +1215,8 @@ def carrier() -> dict[str, str]:
     message to another node; empty while tracing is off or outside any span."""
     if _state is None:
         return {}
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
     fields: dict[str, str] = {}
-    TraceContextTextMapPropagator().inject(fields)
+    _propagator().inject(fields)
     # A client's tracestate may be 8 KB: it must not crowd a cluster envelope's routing
     # facts (MAX_META) nor a script's environment.
     if len(fields.get(TRACESTATE, "")) > _MAX_TRACESTATE:
@@ -1049,22 +1224,30 @@ def carrier() -> dict[str, str]:
     return fields
 
 
-def _remote(fields: Mapping[str, Any]) -> Any:
-    """The context a valid W3C ``traceparent`` in ``fields`` names, or None."""
+def _remote(fields: Mapping[str, Any], with_state: bool = True) -> Any:
+    """The context a valid W3C ``traceparent`` in ``fields`` names, or None; its
+    ``tracestate`` too unless ``with_state`` is False (whether a context is valid depends on
+    the traceparent alone: a malformed tracestate is dropped, not the context)."""
     parent = fields.get(TRACEPARENT)
     if not isinstance(parent, str):
         return None
-    from opentelemetry import trace
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
     carried = {TRACEPARENT: parent}
     state = fields.get(TRACESTATE)
-    if isinstance(state, str) and len(state) <= _MAX_TRACESTATE:
+    if with_state and isinstance(state, str) and len(state) <= _MAX_TRACESTATE:
         carried[TRACESTATE] = state
-    found = TraceContextTextMapPropagator().extract(carried)
+    trace = _recorded_type().api
+    found = _propagator().extract(carried)
     if not trace.get_current_span(found).get_span_context().is_valid:
         return None
     return found
+
+
+@functools.cache
+def _propagator() -> Any:
+    """The W3C trace context propagator (made once: it keeps no state)."""
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    return TraceContextTextMapPropagator()
 
 
 @contextmanager
@@ -1156,7 +1339,8 @@ async def _outer(ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
         return await call_next(ctx)
     parent = None
     meta = ctx.meta
-    if not (isinstance(meta, Mapping) and _remote(meta) is not None):
+    # Only whether _meta names a valid parent (the SDK's span reads it, tracestate and all).
+    if not (isinstance(meta, Mapping) and _remote(meta, with_state=False) is not None):
         headers = _headers(ctx)
         if headers is not None:
             parent = _remote(

@@ -337,3 +337,135 @@ def test_with_the_sdk_disabled_the_request_spans_tracer_is_the_sdks_no_op(
     tracer = telemetry._provider_type()().get_tracer("mcp-python-sdk")
     with tracer.start_as_current_span("tools/call echo") as span:
         assert not span.is_recording()
+
+
+def test_the_http_exporter_is_handed_the_sdk_encoders_request_as_bytes(quiet: None) -> None:
+    """The HTTP exporter asks its ``encode_spans`` result only for its bytes: skilld's
+    answer gives the bytes as written, and they are the SDK encoder's request."""
+    spec = {
+        "mine": True,
+        "name": "execute_tool echo.echo",
+        "kind": SpanKind.INTERNAL,
+        "parent": None,
+        "attributes": {"skilld.skill": "echo", "skilld.depth": 0},
+        "events": [("skilld.permission", {"skilld.permission.allowed": True}, 5)],
+        "links": [],
+        "status": Status(StatusCode.UNSET),
+        "later": {"skilld.outcome": "ok"},
+    }
+    batch = _spans(Resource({"skilld.node": "a"}), "1", [spec, {**spec, "mine": False}, spec])
+    exporter = telemetry._span_exporter("http/protobuf")
+    try:
+        from opentelemetry.exporter.otlp.proto.http import trace_exporter as http
+
+        sent = http.encode_spans(batch).SerializePartialToString()
+    finally:
+        exporter.shutdown()
+    assert isinstance(sent, bytes)
+    assert ExportTraceServiceRequest.FromString(sent).SerializeToString(
+        deterministic=True
+    ) == encode_spans(batch).SerializeToString(deterministic=True)
+
+
+@st.composite
+def any_parents(draw: st.DrawFn) -> Any:
+    """No parent, or a local or remote one, sampled or not, with a tracestate."""
+    if draw(st.booleans()):
+        return None
+    return trace.SpanContext(
+        draw(trace_ids),
+        draw(ids),
+        is_remote=draw(st.booleans()),
+        trace_flags=trace.TraceFlags(draw(st.sampled_from([0, 1, 2, 3]))),
+        trace_state=TraceState(draw(states)),
+    )
+
+
+@settings(max_examples=100, deadline=None)
+@given(parent=any_parents(), facts=attributes, name=st.text(max_size=20), kind=kinds)
+def test_the_default_sampler_decided_in_place_decides_as_the_sampler_itself(
+    parent: Any, facts: dict[str, Any], name: str, kind: SpanKind
+) -> None:
+    """A span of the default sampler (parentbased_always_on, decided in _start without
+    calling it) gets the flags, trace state, trace, parent and attributes it gets from
+    an equal sampler that _start asks (the SDK's own ParentBased(ALWAYS_ON)); another
+    sampler is still asked (the SDK's parentbased_always_off: a root span unsampled)."""
+    from opentelemetry.sdk.trace.sampling import ALWAYS_ON, DEFAULT_OFF, DEFAULT_ON, ParentBased
+
+    ctx = trace.set_span_in_context(trace.NonRecordingSpan(parent)) if parent else None
+    made = {}
+    for label, sampler in (
+        ("in place", DEFAULT_ON),
+        ("asked", ParentBased(ALWAYS_ON)),
+        ("off", DEFAULT_OFF),
+    ):
+        tracer = TracerProvider(sampler=sampler).get_tracer("skilld")
+        scope = telemetry._recorded_type().skilld
+        made[label] = telemetry._start(
+            tracer, scope, lambda span: None, ctx, name, kind, facts, None, None
+        )
+    mine, asked, off = made["in place"], made["asked"], made["off"]
+    for span in (mine, asked):
+        assert span.parent == parent
+        assert dict(span.attributes) == facts
+    if parent is not None:
+        assert mine.context.trace_id == asked.context.trace_id == parent.trace_id
+    assert mine.context.trace_flags == asked.context.trace_flags
+    assert type(mine.context.trace_flags) is trace.TraceFlags
+    assert mine.context.trace_state == asked.context.trace_state
+    assert mine.is_recording() == asked.is_recording()
+    assert off.context.trace_flags.sampled == (parent is not None and parent.trace_flags.sampled)
+
+
+def test_a_request_span_that_failed_records_and_sets_its_status_as_use_span_does() -> None:
+    """The request span's context manager (skilld's use_span) records an exception and
+    sets the status the way the SDK tracer's does, where the flags ask for it: the same
+    status; the exception event by its type only (a message may quote the guest's input)."""
+    made = []
+    for provider in (TracerProvider(), telemetry._provider_type()()):
+        exported = InMemorySpanExporter()
+        provider.add_span_processor(SimpleSpanProcessor(exported))
+        tracer = provider.get_tracer("mcp-python-sdk")
+        with pytest.raises(RuntimeError), tracer.start_as_current_span("tools/call echo"):
+            raise RuntimeError("secret input")
+        made.append(exported.get_finished_spans())
+    ((theirs,), (mine,)) = made
+    assert (mine.status.status_code, mine.status.description) == (
+        theirs.status.status_code,
+        theirs.status.description,
+    )
+    assert [event.name for event in mine.events] == [event.name for event in theirs.events]
+    assert dict(mine.events[0].attributes) == {"exception.type": "RuntimeError"}
+    assert trace.get_current_span() is trace.INVALID_SPAN  # detached again
+
+
+def test_the_request_spans_tracer_also_decorates_sync_and_async_functions() -> None:
+    """``start_as_current_span`` as a decorator (the API's tracers allow it, and a library
+    in the process may use it): each call, sync or async, gets a span of its own, current
+    while the function runs, ended when it returns."""
+    import asyncio
+
+    provider = telemetry._provider_type()()
+    exported = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exported))
+    tracer = provider.get_tracer("some-library")
+    seen: list[Any] = []
+
+    @tracer.start_as_current_span("sync work")
+    def work() -> None:
+        seen.append(trace.get_current_span())
+
+    @tracer.start_as_current_span("async work")
+    async def later() -> None:
+        await asyncio.sleep(0)
+        seen.append(trace.get_current_span())
+
+    work()
+    work()
+    asyncio.run(later())
+    names = [span.name for span in exported.get_finished_spans()]
+    assert names == ["sync work", "sync work", "async work"]
+    assert len({id(span) for span in seen}) == 3
+    assert [span.get_span_context() for span in seen] == [
+        span.context for span in exported.get_finished_spans()
+    ]
