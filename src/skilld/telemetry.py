@@ -374,6 +374,40 @@ def _field(tag: bytes, data: bytes) -> bytes:
     return tag + _varint(len(data)) + data
 
 
+def _ids(context: Any, parent: Any) -> list[bytes]:
+    """A span's trace_id, span_id, trace_state and parent_span_id fields."""
+    parts = [
+        b"\x0a\x10",  # trace_id
+        context.trace_id.to_bytes(16, "big"),
+        b"\x12\x08",  # span_id
+        context.span_id.to_bytes(8, "big"),
+    ]
+    state = context.trace_state
+    if state:
+        parts.append(_field(b"\x1a", ",".join(f"{k}={v}" for k, v in state.items()).encode()))
+    if parent:
+        parts += (b"\x22\x08", parent.span_id.to_bytes(8, "big"))
+    return parts
+
+
+def _times(start: int | None, end: int | None) -> list[bytes]:
+    """A span's start and end time fields (each only when set)."""
+    parts: list[bytes] = []
+    if start:
+        parts += (b"\x39", start.to_bytes(8, "little"))
+    if end:
+        parts += (b"\x41", end.to_bytes(8, "little"))
+    return parts
+
+
+def _status(status: Any) -> bytes:
+    """A span's Status field: message, code."""
+    told = [_field(b"\x12", status.description.encode())] if status.description else []
+    if status.status_code.value:
+        told += (b"\x18", _varint(status.status_code.value))
+    return _field(b"\x7a", b"".join(told))
+
+
 class _Encoder:
     """OTLP ``ExportTraceServiceRequest`` protobuf bytes for a batch of ReadableSpans,
     written directly: the bytes (and, parsed, the message) the SDK's ``encode_spans``
@@ -452,47 +486,23 @@ class _Encoder:
     def _span(self, span: Any) -> bytes:
         if type(span) is self._lean:
             return self._recorded(span)
-        context = span.get_span_context()
-        parts = [
-            b"\x0a\x10",  # trace_id
-            context.trace_id.to_bytes(16, "big"),
-            b"\x12\x08",  # span_id
-            context.span_id.to_bytes(8, "big"),
-        ]
-        state = context.trace_state
-        if state:
-            parts.append(_field(b"\x1a", ",".join(f"{k}={v}" for k, v in state.items()).encode()))
         parent = span.parent
-        if parent:
-            parts += (b"\x22\x08", parent.span_id.to_bytes(8, "big"))
+        parts = _ids(span.get_span_context(), parent)
         parts.append(_field(b"\x2a", span.name.encode()))
         parts += (b"\x30", _VARINT1[span.kind.value + 1])  # the proto's kinds start at 1
-        if span.start_time:
-            parts += (b"\x39", span.start_time.to_bytes(8, "little"))
-        if span.end_time:
-            parts += (b"\x41", span.end_time.to_bytes(8, "little"))
+        parts += _times(span.start_time, span.end_time)
         parts += self._attributes(b"\x4a", span.attributes)
         if span.dropped_attributes:
             parts += (b"\x50", _varint(span.dropped_attributes))
-        for event in span.events:
-            facts = [b"\x09", event.timestamp.to_bytes(8, "little")]
-            if event.name:
-                facts.append(_field(b"\x12", event.name.encode()))
-            facts += self._attributes(b"\x1a", event.attributes)
-            if event.dropped_attributes:
-                facts += (b"\x20", _varint(event.dropped_attributes))
-            parts.append(_field(b"\x5a", b"".join(facts)))
+        parts += (self._event(event) for event in span.events)
         if span.dropped_events:
             parts += (b"\x60", _varint(span.dropped_events))
         for link in span.links:
             parts.append(_field(b"\x6a", self._link(link)))
         if span.dropped_links:
             parts += (b"\x70", _varint(span.dropped_links))
-        status = span.status  # Status: message, code (present even when unset, as the SDK's)
-        told = [_field(b"\x12", status.description.encode())] if status.description else []
-        if status.status_code.value:
-            told += (b"\x18", _varint(status.status_code.value))
-        parts.append(_field(b"\x7a", b"".join(told)))
+        # Status: message, code (present even when unset, as the SDK's)
+        parts.append(_status(span.status))
         parts.append(_FLAGS_REMOTE if parent is not None and parent.is_remote else _FLAGS_LOCAL)
         return b"".join(parts)
 
@@ -500,19 +510,8 @@ class _Encoder:
         """:meth:`_span` for one of skilld's spans (:func:`_recorded_type`), read from its
         fields: no read-only copies of its attributes, events and links, no limits (it has
         none, so nothing was dropped), the name and kind fields cached."""
-        context = span._context
-        parts = [
-            b"\x0a\x10",  # trace_id
-            context.trace_id.to_bytes(16, "big"),
-            b"\x12\x08",  # span_id
-            context.span_id.to_bytes(8, "big"),
-        ]
-        state = context.trace_state
-        if state:
-            parts.append(_field(b"\x1a", ",".join(f"{k}={v}" for k, v in state.items()).encode()))
         parent = span._parent
-        if parent:
-            parts += (b"\x22\x08", parent.span_id.to_bytes(8, "big"))
+        parts = _ids(span._context, parent)
         named = self._named.get((span._name, span._kind))
         if named is None:
             if len(self._named) >= 4096:  # names with ids in them: a bound, not a leak
@@ -520,31 +519,25 @@ class _Encoder:
             named = _field(b"\x2a", span._name.encode()) + b"\x30" + _VARINT1[span._kind.value + 1]
             self._named[(span._name, span._kind)] = named
         parts.append(named)
-        if span._start_time:
-            parts += (b"\x39", span._start_time.to_bytes(8, "little"))
-        if span._end_time:
-            parts += (b"\x41", span._end_time.to_bytes(8, "little"))
+        parts += _times(span._start_time, span._end_time)
         parts += self._attributes(b"\x4a", span._attributes)
-        for event in span._events:
-            facts = [b"\x09", event.timestamp.to_bytes(8, "little")]
-            if event.name:
-                facts.append(_field(b"\x12", event.name.encode()))
-            facts += self._attributes(b"\x1a", event.attributes)
-            if event.dropped_attributes:
-                facts += (b"\x20", _varint(event.dropped_attributes))
-            parts.append(_field(b"\x5a", b"".join(facts)))
+        parts += (self._event(event) for event in span._events)
         for link in span._links:
             parts.append(_field(b"\x6a", self._link(link)))
         status = span._status
-        if status is self._unset:
-            parts.append(b"\x7a\x00")
-        else:
-            told = [_field(b"\x12", status.description.encode())] if status.description else []
-            if status.status_code.value:
-                told += (b"\x18", _varint(status.status_code.value))
-            parts.append(_field(b"\x7a", b"".join(told)))
+        parts.append(b"\x7a\x00" if status is self._unset else _status(status))
         parts.append(_FLAGS_REMOTE if parent is not None and parent.is_remote else _FLAGS_LOCAL)
         return b"".join(parts)
+
+    def _event(self, event: Any) -> bytes:
+        """A Span.Event field."""
+        facts = [b"\x09", event.timestamp.to_bytes(8, "little")]
+        if event.name:
+            facts.append(_field(b"\x12", event.name.encode()))
+        facts += self._attributes(b"\x1a", event.attributes)
+        if event.dropped_attributes:
+            facts += (b"\x20", _varint(event.dropped_attributes))
+        return _field(b"\x5a", b"".join(facts))
 
     def _link(self, link: Any) -> bytes:
         """A Span.Link message."""
