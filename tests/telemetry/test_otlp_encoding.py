@@ -70,16 +70,21 @@ events = st.lists(
 )
 
 
+# A sampled parent (trace flags 1), the parents' default.
+SAMPLED = st.just(1)
+
+
 @st.composite
-def parents(draw: st.DrawFn) -> Any:
-    """No parent, a local one, or a remote one (a client's) with a tracestate."""
+def parents(draw: st.DrawFn, flags: st.SearchStrategy[int] = SAMPLED) -> Any:
+    """No parent, a local one, or a remote one (a client's) with a tracestate; sampled
+    unless ``flags`` draws other trace flags."""
     if draw(st.booleans()):
         return None
     return trace.SpanContext(
         draw(trace_ids),
         draw(ids),
         is_remote=draw(st.booleans()),
-        trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED),
+        trace_flags=trace.TraceFlags(draw(flags)),
         trace_state=TraceState(draw(states)),
     )
 
@@ -367,22 +372,13 @@ def test_the_http_exporter_is_handed_the_sdk_encoders_request_as_bytes(quiet: No
     ) == encode_spans(batch).SerializeToString(deterministic=True)
 
 
-@st.composite
-def any_parents(draw: st.DrawFn) -> Any:
-    """No parent, or a local or remote one, sampled or not, with a tracestate."""
-    if draw(st.booleans()):
-        return None
-    return trace.SpanContext(
-        draw(trace_ids),
-        draw(ids),
-        is_remote=draw(st.booleans()),
-        trace_flags=trace.TraceFlags(draw(st.sampled_from([0, 1, 2, 3]))),
-        trace_state=TraceState(draw(states)),
-    )
-
-
 @settings(max_examples=100, deadline=None)
-@given(parent=any_parents(), facts=attributes, name=st.text(max_size=20), kind=kinds)
+@given(
+    parent=parents(st.sampled_from([0, 1, 2, 3])),
+    facts=attributes,
+    name=st.text(max_size=20),
+    kind=kinds,
+)
 def test_the_default_sampler_decided_in_place_decides_as_the_sampler_itself(
     parent: Any, facts: dict[str, Any], name: str, kind: SpanKind
 ) -> None:
