@@ -139,3 +139,85 @@ async def test_mallorys_sse_calls_in_flight_are_her_requests_in_progress(
     assert all("too many requests in progress" in r["error"]["message"] for r in refused), refused
     answer = alice.answer(1)
     assert answer is not None and "result" in answer, answer
+
+
+NAME = "x" * 1_000_000  # a 1 MB name: the greeting holds it, so answers fill buffers fast
+ATTEMPTS = 40
+
+
+async def test_a_session_that_is_not_read_reads_no_more_requests(
+    server: HttpServer, conformance_exposed: tuple[Registry, MemorySink]
+) -> None:
+    """mallory opens an SSE stream, stops reading it and POSTs 1 MB greetings: once the
+    stream has taken what the buffers hold, her session reads nothing more, so her POSTs
+    stay in progress and she gets 429 within a few (she had every one answered 202 and
+    the server held each answer, about 3.5 MiB a call). alice is served meanwhile; when
+    mallory reads her stream again, every call she was answered 202 for is answered."""
+    greet = tool(conformance_exposed[0], "greet")
+    base = server.url.removesuffix("/mcp")
+    mine = {"Authorization": f"Bearer {token_of('mallory')}"}
+    hers = {"Authorization": f"Bearer {token_of('alice')}"}
+    accepted: list[int] = []
+    with anyio.fail_after(120):
+        async with (
+            httpx.AsyncClient(timeout=60, headers=mine) as m_http,
+            httpx.AsyncClient(timeout=60, headers=hers) as a_http,
+            anyio.create_task_group() as tg,
+            m_http.stream("GET", base + "/sse") as stream,
+        ):
+            lines = stream.aiter_lines()
+            endpoint = await _endpoint(lines)
+            hello = {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {},
+                "clientInfo": {"name": "t", "version": "1"},
+            }
+            initialize = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": hello}
+            await m_http.post(base + endpoint, json=initialize)
+            while (await _next_data(lines)).get("id") != 0:
+                pass
+            initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+            await m_http.post(base + endpoint, json=initialized)
+            status = 202
+            for n in range(1, ATTEMPTS + 1):
+                call = {"name": greet, "arguments": {"name": NAME}}
+                message = {"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": call}
+                status = (await m_http.post(base + endpoint, json=message)).status_code
+                if status != 202:
+                    break
+                accepted.append(n)
+            assert status == 429, f"all {ATTEMPTS} calls were taken on an unread stream"
+            alice = await _session(a_http, base, tg)
+            simple = tool(conformance_exposed[0], "simple_text")
+            await alice.post(
+                {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": simple}}
+            )
+            while alice.answer(1) is None:
+                await anyio.sleep(0.02)
+            answered: set[int] = set()
+            while not set(accepted) <= answered:
+                data = await _next_data(lines)
+                if isinstance(data.get("id"), int):
+                    answered.add(data["id"])
+            tg.cancel_scope.cancel()
+    assert len(accepted) < ATTEMPTS
+
+
+async def _endpoint(lines: Any) -> str:
+    """The endpoint event's URL path, read from a legacy SSE stream's lines."""
+    event = ""
+    async for line in lines:
+        if line.startswith("event:"):
+            event = line[6:].strip()
+        elif line.startswith("data:") and event == "endpoint":
+            return str(line[5:].strip())
+    raise AssertionError("the stream ended before its endpoint event")
+
+
+async def _next_data(lines: Any) -> dict[str, Any]:
+    """The next message event's JSON, read from a legacy SSE stream's lines."""
+    async for line in lines:
+        if line.startswith("data:"):
+            data: dict[str, Any] = json.loads(line[5:])
+            return data
+    raise AssertionError("the stream ended")

@@ -52,6 +52,7 @@ from skilld.mcp._config import ServeConfig
 from skilld.mcp._connections import PROBES, CallerShares
 from skilld.mcp._metrics import Metrics, render_gauges
 from skilld.mcp._server import McpService
+from skilld.mcp._sse import SseEndpoint
 
 
 def matches(value: str, patterns: Sequence[str]) -> bool:
@@ -111,19 +112,6 @@ class FrontDoor:
     ) -> None:
         self._metrics.http_rejected(status)
         await PlainTextResponse(text, status_code=status)(scope, receive, send)
-
-
-class _SseEndpoint:
-    """The legacy SSE stream: one MCP session per GET, for as long as it stays open."""
-
-    def __init__(self, service: McpService, transport: SseServerTransport):
-        self._service = service
-        self._transport = transport
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        server = self._service.server
-        async with self._transport.connect_sse(scope, receive, send) as (read, write):
-            await server.run(read, write, server.create_initialization_options())
 
 
 class RequireCredential(RequireAuthMiddleware):
@@ -351,7 +339,7 @@ def build_app(service: McpService, credentials: Credentials) -> Starlette:
 
     routes: list[BaseRoute] = [
         Route("/mcp", endpoint=guarded(stream(StreamableHTTPASGIApp(manager)))),
-        Route("/sse", endpoint=guarded(stream(_SseEndpoint(service, sse))), methods=["GET"]),
+        Route("/sse", endpoint=guarded(stream(SseEndpoint(service, sse))), methods=["GET"]),
         Mount("/messages/", app=guarded(sse.handle_post_message)),
         Route("/healthz", endpoint=healthz, methods=["GET"]),
         Route("/readyz", endpoint=readyz, methods=["GET"]),
