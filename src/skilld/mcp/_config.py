@@ -63,6 +63,14 @@ class ServeConfig:
             body takes many times its size in memory while its request is served (a
             JSON object of many small values about 18 times), so requests in progress
             alone do not bound what one caller makes the server hold.
+        max_response_bytes_per_caller: the response bytes one caller's responses may have
+            waiting to be written at once (a send of the response not yet taken by the
+            connection: its client reads slower than the server answers, or not at all);
+            a response that would pass it is dropped, its stream ended with nothing more
+            (one response of any size passes when the caller has nothing else waiting).
+            Requests in progress alone did not bound it: 64 requests asking for one large
+            object (a kept output, a task's result) made the server hold it 64 times for
+            the write timeout.
         queue_timeout_s: how long a call waits for a free slot of its skill (the skill's
             one gate, ``max_concurrency`` of its policy) before it fails as busy.
         worker_threads: threads that run blocking guest calls, shared fairly by all
@@ -139,6 +147,7 @@ class ServeConfig:
     write_timeout_s: float = 30.0
     max_body_bytes: int = 4 * 1024 * 1024
     max_request_bytes_per_caller: int | None = None
+    max_response_bytes_per_caller: int = 256 * 1024 * 1024
     queue_timeout_s: float = 2.0
     worker_threads: int = 64
     worker_idle_s: float = 10.0
@@ -227,7 +236,7 @@ class ServeConfig:
                 "request of the largest body is always refused)",
                 location="serve config",
             )
-        if min(caps) <= 0 or self.write_timeout_s <= 0:
+        if min(caps) <= 0 or self.write_timeout_s <= 0 or self.max_response_bytes_per_caller <= 0:
             raise UsageError(
                 "the per-caller caps and write_timeout_s must be positive", location="serve config"
             )

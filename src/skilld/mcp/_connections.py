@@ -276,10 +276,11 @@ class CallerShares:
         self.cap = cap
         self._held: dict[str, int] = {}
 
-    def take(self, key: str, n: int = 1) -> bool:
-        """``n`` more for ``key``; False (nothing taken) when that would pass ``cap``."""
+    def take(self, key: str, n: int = 1, *, first: bool = False) -> bool:
+        """``n`` more for ``key``; False (nothing taken) when that would pass ``cap``, unless
+        ``first`` and ``key`` holds nothing (one thing larger than the cap may pass alone)."""
         held = self._held.get(key, 0)
-        if held + n > self.cap:
+        if held + n > self.cap and not (first and held == 0):
             return False
         self._held[key] = held + n
         return True

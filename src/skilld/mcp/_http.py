@@ -50,6 +50,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from skilld.mcp._auth import METRICS_SCOPE, Credentials, caller_of
 from skilld.mcp._config import ServeConfig
 from skilld.mcp._connections import PROBES, CallerShares
+from skilld.mcp._logging import Logger
 from skilld.mcp._metrics import Metrics, render_gauges
 from skilld.mcp._server import McpService
 from skilld.mcp._sse import SseEndpoint
@@ -212,6 +213,69 @@ class CallerBodyBytes:
             self._shares.give(key, size)
 
 
+class CallerResponseBytes:
+    """Counts each response body a caller's request sends against the caller's ``shares``
+    until the connection has taken it (handed it to the socket, or drained its buffer
+    once the client read).
+
+    A response that would pass the caller's share is dropped: its response is ended with
+    nothing more and what the app sends after is discarded, so the server holds no more
+    of it. One response of any size passes while the caller has nothing else waiting.
+    Counted before the bytes are handed on: a client that asks many times for one large
+    object and reads nothing makes the server hold at most its share, not the object as
+    many times as it has requests in progress.
+    """
+
+    def __init__(self, app: ASGIApp, shares: CallerShares, metrics: Metrics, log: Logger):
+        self._app = app
+        self._shares = shares
+        self._metrics = metrics
+        self._log = log
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._app(scope, receive, send)
+            return
+        key = caller_of(HTTPConnection(scope)).key
+        shares = self._shares
+        dropped = False
+
+        async def counted(message: Message) -> None:
+            nonlocal dropped
+            if dropped:
+                return
+            body = message.get("body", b"") if message["type"] == "http.response.body" else b""
+            if not body:
+                await send(message)
+                return
+            size = len(body)
+            if not shares.take(key, size, first=True):
+                dropped = True
+                self._metrics.response_dropped()
+                self._log.warning(
+                    "response_dropped",
+                    caller=caller_of(HTTPConnection(scope)).label(),
+                    bytes=size,
+                    waiting=shares.held(key),
+                    limit=shares.cap,
+                )
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                return
+            try:
+                await send({**message, "more_body": True})
+                # The server writes a body message to the connection's buffer and returns;
+                # it waits for a buffer its client has not read to drain before it writes
+                # the next message (uvicorn's flow control). An empty one (nothing written)
+                # therefore returns once the bytes above were taken.
+                await send({"type": "http.response.body", "body": b"", "more_body": True})
+            finally:
+                shares.give(key, size)
+            if not message.get("more_body", False):
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+        await self._app(scope, receive, counted)
+
+
 # The caller whose new session is being admitted, and whether it was (see CallerSessions).
 _opening: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar(
     "skilld_opening_session", default=None
@@ -298,6 +362,9 @@ def build_app(service: McpService, credentials: Credentials) -> Starlette:
         config.max_request_bytes_per_caller or 4 * config.max_body_bytes,
     )
     streams = CallerShares("open streams", config.max_streams_per_caller)
+    response_bytes = CallerShares(
+        "response bytes waiting to be written", config.max_response_bytes_per_caller
+    )
     resource = (
         AnyHttpUrl(config.auth_audience)
         if config.auth_issuer is not None and config.auth_audience is not None
@@ -312,7 +379,12 @@ def build_app(service: McpService, credentials: Credentials) -> Starlette:
         limited = RequestBodyLimitMiddleware(
             CallerBodyBytes(app, body_bytes, metrics), config.max_body_bytes
         )
-        shared = CallerShare(limited, requests, metrics, get_only=False)
+        shared = CallerShare(
+            CallerResponseBytes(limited, response_bytes, metrics, service.log),
+            requests,
+            metrics,
+            get_only=False,
+        )
         if not credentials:
             return shared
         return RequireCredential(shared, list(scopes), metadata_url)

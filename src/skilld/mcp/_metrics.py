@@ -51,6 +51,7 @@ class Metrics:
         self._in_flight = 0
         self._http_rejections: dict[int, int] = defaultdict(int)
         self._write_timeouts = 0
+        self._responses_dropped = 0
 
     def started(self) -> None:
         """A call entered a skill."""
@@ -83,6 +84,11 @@ class Metrics:
         """A connection was dropped because its client did not read its response."""
         with self._lock:
             self._write_timeouts += 1
+
+    def response_dropped(self) -> None:
+        """A response was dropped: its caller had too many bytes waiting to be written."""
+        with self._lock:
+            self._responses_dropped += 1
 
     def render(self) -> str:
         """The Prometheus text exposition (format 0.0.4)."""
@@ -141,6 +147,10 @@ class Metrics:
                 "not read a response within the write timeout.",
                 "# TYPE skilld_http_write_timeouts_total counter",
                 f"skilld_http_write_timeouts_total {self._write_timeouts}",
+                "# HELP skilld_http_responses_dropped_total Responses dropped unwritten: their "
+                "caller had max_response_bytes_per_caller waiting to be written.",
+                "# TYPE skilld_http_responses_dropped_total counter",
+                f"skilld_http_responses_dropped_total {self._responses_dropped}",
             ]
         return "\n".join(out) + "\n"
 

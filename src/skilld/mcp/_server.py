@@ -141,6 +141,7 @@ class McpService:
         self.dispatcher = dispatcher
         self.config = config
         self.metrics = metrics
+        self.log = log
         self.ring = Ring(dispatcher, config, log, metrics)
         # An HTTP client's calls, reads and prompts until answered (see _counted).
         self._in_progress = CallerShares("requests in progress", config.max_requests_per_caller)

@@ -1,0 +1,119 @@
+"""The response bytes one caller has waiting to be written are shared out per caller
+(``max_response_bytes_per_caller``), over real HTTP with two named tokens.
+
+A request may ask for something large that exists once (a kept output, a task's result,
+a long greeting), and requests in progress alone did not bound how many times the server
+held it: mallory's requests in progress, each answered with a large response she never
+reads, each kept its whole response in the server until the write timeout. Past her
+share a response is now dropped unwritten; alice's responses do not count against it.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import httpx2 as httpx
+import pytest
+from test_mcp_rounds import tool
+
+from skilld.audit import MemorySink
+from skilld.mcp import HttpServer, ServeConfig
+from skilld.registry import Registry
+from support.callers import open_to_authenticated
+from support.mcp_fakes import client_tokens, running_http, token_of
+from support.modern_http import META_CAPS, META_VERSION, MODERN
+
+pytestmark = pytest.mark.anyio
+
+NAME = 7_000_000  # bytes of the name greeted: each answer holds it, more than a socket buffers
+SHARE = 10_000_000  # max_response_bytes_per_caller here: one answer fits, two do not
+CALLS = 6
+
+
+@pytest.fixture
+async def server(
+    conformance_exposed: tuple[Registry, MemorySink], tmp_path: Path
+) -> AsyncIterator[HttpServer]:
+    tokens = client_tokens(tmp_path, "alice", "mallory")
+    config = ServeConfig(
+        transport="http",
+        port=0,
+        token_file=tokens,
+        max_body_bytes=NAME + 4096,
+        max_request_bytes_per_caller=CALLS * (NAME + 4096),
+        max_response_bytes_per_caller=SHARE,
+    )
+    async with running_http(open_to_authenticated(conformance_exposed[0]), config) as srv:
+        yield srv
+
+
+def _post(url: str, who: str, name: str, arguments: dict[str, object]) -> socket.socket:
+    """A 2026-07-28 ``tools/call`` sent on a socket that reads as little as it can (a tiny
+    receive buffer, set before connecting) and is not read: the answer waits in the server."""
+    parts = httpx.URL(url)
+    meta = {META_VERSION: MODERN, META_CAPS: {}}
+    params = {"name": name, "arguments": arguments, "_meta": meta}
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params})
+    head = (
+        f"POST {parts.path} HTTP/1.1\r\nHost: {parts.host}:{parts.port}\r\n"
+        "Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
+        f"MCP-Protocol-Version: {MODERN}\r\nMcp-Method: tools/call\r\nMcp-Name: {name}\r\n"
+        f"Authorization: Bearer {token_of(who)}\r\nConnection: close\r\n"
+        f"Content-Length: {len(body.encode())}\r\n\r\n"
+    )
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((parts.host, parts.port or 80))
+    sock.sendall(head.encode() + body.encode())
+    return sock
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    sock.settimeout(60)
+    chunks = []
+    while chunk := sock.recv(1 << 20):
+        chunks.append(chunk)
+    sock.close()
+    return b"".join(chunks)
+
+
+async def test_mallorys_unread_answers_are_her_share_of_bytes(
+    server: HttpServer, conformance_exposed: tuple[Registry, MemorySink]
+) -> None:
+    """mallory asks for six 7 MB greetings and reads none: past her 10 MB share of
+    unwritten response bytes her answers are dropped, so when she reads at last some of
+    her requests have no answer (all six had one, and the server held all six);
+    alice is answered meanwhile."""
+    registry = conformance_exposed[0]
+    greet, simple = tool(registry, "greet"), tool(registry, "simple_text")
+    sockets = [
+        await anyio.to_thread.run_sync(_post, server.url, "mallory", greet, {"name": "x" * NAME})
+        for _ in range(CALLS)
+    ]
+    audit = conformance_exposed[1]
+    with anyio.fail_after(60):
+        # Every call ran (its audit record is written before its answer is sent).
+        while sum(r.get("method") == "greet" for r in audit.records) < CALLS:
+            await anyio.sleep(0.05)
+    async with httpx.AsyncClient(timeout=60) as http:
+        meta = {META_VERSION: MODERN, META_CAPS: {}}
+        body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call"}
+        body["params"] = {"name": simple, "arguments": {}, "_meta": meta}
+        headers = {
+            "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": MODERN,
+            "Mcp-Method": "tools/call",
+            "Mcp-Name": simple,
+            "Authorization": f"Bearer {token_of('alice')}",
+        }
+        answer = await http.post(server.url, json=body, headers=headers)
+    assert answer.status_code == 200 and '"result"' in answer.text, answer.text[:300]
+    replies = [await anyio.to_thread.run_sync(_read_all, s) for s in sockets]
+    answered = sum(b'"result"' in reply for reply in replies)
+    assert all(reply.startswith(b"HTTP/1.1 200") for reply in replies)
+    assert 1 <= answered < CALLS, f"{answered} of {CALLS} answered"
