@@ -213,6 +213,12 @@ class CallerBodyBytes:
             self._shares.give(key, size)
 
 
+# A body this small is not counted: the server writes the next message only once the
+# connection's buffer is under its high-water mark (asyncio's default, 64 KiB), so small
+# messages never pile up in it beyond that and the message being written.
+_SMALL_BODY = 64 * 1024
+
+
 class CallerResponseBytes:
     """Counts each response body a caller's request sends against the caller's ``shares``
     until the connection has taken it (handed it to the socket, or drained its buffer
@@ -236,7 +242,6 @@ class CallerResponseBytes:
         if scope["type"] != "http":
             await self._app(scope, receive, send)
             return
-        key = caller_of(HTTPConnection(scope)).key
         shares = self._shares
         dropped = False
 
@@ -245,10 +250,11 @@ class CallerResponseBytes:
             if dropped:
                 return
             body = message.get("body", b"") if message["type"] == "http.response.body" else b""
-            if not body:
+            if len(body) <= _SMALL_BODY:
                 await send(message)
                 return
             size = len(body)
+            key = caller_of(HTTPConnection(scope)).key
             if not shares.take(key, size, first=True):
                 dropped = True
                 self._metrics.response_dropped()
