@@ -17,7 +17,7 @@ import pytest
 import uvicorn
 from test_conformance_cluster import SUITE
 
-from support.cluster import Keys, NatsServer, NodeProc, start_node
+from support.cluster import Keys, NatsServer, NodeProc, entry_nodes
 
 pytestmark = pytest.mark.anyio
 
@@ -77,43 +77,18 @@ def entry_pair(
 ) -> Iterator[tuple[NodeProc, NodeProc]]:
     """node-b (worker, conformance skill), node-a and node-c (entry-only, one shared key)."""
     nats, bus = bus_nats
-    started = [
-        start_node(
-            "node-b",
-            demo_cluster_bundle,
-            nats.url,
-            keys.member,
-            tmp_path / "b",
-            http=False,
-            bus=bus,
-        )
-    ]
-    try:
-        for name in ("node-a", "node-c"):
-            started.append(
-                start_node(
-                    name,
-                    gateway_bundle,
-                    nats.url,
-                    keys.member,
-                    tmp_path / name,
-                    extra=[
-                        "--entry-only",
-                        "--cluster-kv",  # task records in JetStream KV: any entry node answers
-                        "--request-state-key",
-                        str(bus / "request-state.key"),
-                    ],
-                    bus=bus,
-                )
-            )
-        _, a, c = started
-        for entry, other in ((a, "node-c"), (c, "node-a")):
-            entry.seen(r"node node-b joined \(7 skills\)")
-            entry.seen(rf"node {other} joined")
+    with entry_nodes(
+        nats.url,
+        keys.member,
+        demo_cluster_bundle,
+        gateway_bundle,
+        tmp_path,
+        bus / "request-state.key",
+        bus=bus,
+        extra=["--cluster-kv"],  # task records in JetStream KV: any entry node answers
+        worker_skills=7,
+    ) as (_, a, c):
         yield a, c
-    finally:
-        for node in reversed(started):
-            node.stop()
 
 
 @pytest.mark.slow

@@ -12,8 +12,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -350,6 +350,54 @@ def start_node(
         node.stop()
         raise RuntimeError(f"node {name} did not start:\n{node.log()[-4000:]}") from None
     return node
+
+
+@contextmanager
+def entry_nodes(
+    nats_url: str,
+    key: Path,
+    worker_bundle: Path,
+    gateway_bundle: Path,
+    root: Path,
+    state_key: Path,
+    *,
+    bus: Path | None = None,
+    extra: Sequence[str] = (),
+    worker_skills: int | None = None,
+) -> Iterator[tuple[NodeProc, NodeProc, NodeProc]]:
+    """(worker, a, c): node-b, a worker serving ``worker_bundle`` without HTTP, and node-a
+    and node-c, entry-only nodes serving ``gateway_bundle`` that share the round-sealing
+    key file ``state_key`` (with ``extra`` options); yielded once each entry node has seen
+    the worker (announcing ``worker_skills`` skills, when given) and the other join.
+    All are stopped on exit, the entry nodes first. ``key``, ``bus``: as for
+    :func:`start_node`; ``root``: where each keeps its state (``b``, ``node-a``,
+    ``node-c``)."""
+    worker = start_node("node-b", worker_bundle, nats_url, key, root / "b", http=False, bus=bus)
+    started = [worker]
+    try:
+        for name in ("node-a", "node-c"):
+            started.append(
+                start_node(
+                    name,
+                    gateway_bundle,
+                    nats_url,
+                    key,
+                    root / name,
+                    extra=["--entry-only", "--request-state-key", str(state_key), *extra],
+                    bus=bus,
+                )
+            )
+        _, a, c = started
+        joined = r"node node-b joined" + (
+            rf" \({worker_skills} skills\)" if worker_skills is not None else ""
+        )
+        for entry, other in ((a, "node-c"), (c, "node-a")):
+            entry.seen(joined)
+            entry.seen(rf"node {other} joined")
+        yield worker, a, c
+    finally:
+        for node in reversed(started):
+            node.stop()
 
 
 @dataclass
