@@ -75,24 +75,27 @@ async def stdio_session(argv: list[str]) -> AsyncIterator[ClientSession]:
         yield session
 
 
-
-@pytest.mark.skipif(not _unshare_works(), reason="unshare -n needs user or network namespaces")
-def test_stdio_in_empty_network_namespace(served: dict[str, Path]) -> None:
-    """serve inside `unshare -n` (no network at all) lists tools and answers calls over stdio."""
-    argv = [
-        "unshare",
-        "-n",
+def _serve_stdio(bundle: Path, state: Path, *extra: str) -> list[str]:
+    """The argv of ``skilld serve`` over stdio of ``bundle``, keeping its state in ``state``."""
+    return [
         sys.executable,
         "-m",
         "skilld",
         "serve",
         "--bundle",
-        str(served["bundle"]),
+        str(bundle),
         "--transport",
         "stdio",
         "--state-dir",
-        str(served["state"]),
+        str(state),
+        *extra,
     ]
+
+
+@pytest.mark.skipif(not _unshare_works(), reason="unshare -n needs user or network namespaces")
+def test_stdio_in_empty_network_namespace(served: dict[str, Path]) -> None:
+    """serve inside `unshare -n` (no network at all) lists tools and answers calls over stdio."""
+    argv = ["unshare", "-n", *_serve_stdio(served["bundle"], served["state"])]
 
     async def run() -> None:
         with anyio.fail_after(60):
@@ -111,19 +114,7 @@ def test_denied_permission_is_a_tool_error(served: dict[str, Path], inline: list
 
     The same with calls tried inline first (the default) and with every call on a thread.
     """
-    argv = [
-        sys.executable,
-        "-m",
-        "skilld",
-        "serve",
-        "--bundle",
-        str(served["bundle"]),
-        "--transport",
-        "stdio",
-        "--state-dir",
-        str(served["state"]),
-        *inline,
-    ]
+    argv = _serve_stdio(served["bundle"], served["state"], *inline)
 
     async def run() -> None:
         with anyio.fail_after(60):
@@ -181,18 +172,7 @@ def test_damaged_bundle_refuses_to_start(served: dict[str, Path], tmp_path: Path
     data[1000] ^= 0x40
     victim.write_bytes(bytes(data))
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "skilld",
-            "serve",
-            "--bundle",
-            str(copy),
-            "--transport",
-            "stdio",
-            "--state-dir",
-            str(tmp_path / "state"),
-        ],
+        _serve_stdio(copy, tmp_path / "state"),
         capture_output=True,
         text=True,
         env=_env(),
