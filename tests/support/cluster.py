@@ -400,6 +400,39 @@ def entry_nodes(
             node.stop()
 
 
+@contextmanager
+def replicas_behind_entry(
+    nats_url: str, key: Path, bundle: Path, gateway_bundle: Path, root: Path
+) -> Iterator[tuple[list[NodeProc], NodeProc]]:
+    """(replicas, entry): node-r1 and node-r2, both serving ``bundle`` without HTTP and
+    keeping kv state in JetStream KV (one bucket, so neither withdraws a stateful skill),
+    and node-a, an entry-only node serving ``gateway_bundle``; all stopped on exit, the
+    entry node first. ``key``: as for :func:`start_node`; ``root``: where each keeps its
+    state (``r1``, ``r2``, ``a``)."""
+    started: list[NodeProc] = []
+    try:
+        for i in (1, 2):
+            started.append(
+                start_node(
+                    f"node-r{i}",
+                    bundle,
+                    nats_url,
+                    key,
+                    root / f"r{i}",
+                    http=False,
+                    extra=["--cluster-kv"],
+                )
+            )
+        entry = start_node(
+            "node-a", gateway_bundle, nats_url, key, root / "a", extra=["--entry-only"]
+        )
+        started.insert(0, entry)
+        yield started[1:], entry
+    finally:
+        for node in started:
+            node.stop()
+
+
 @dataclass
 class Client:
     """An MCP SDK client session to an entry node, with what it was sent."""
