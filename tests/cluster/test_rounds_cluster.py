@@ -23,7 +23,7 @@ from mcp import Client, types
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server.request_state import AESGCMRequestStateCodec, compact_json
 
-from support.cluster import Keys, NatsServer, NodeProc, entry_nodes
+from support.cluster import EntryNodes, Keys, NatsServer, NodeProc, entry_nodes
 from support.mcp_fakes import text_of
 
 pytestmark = pytest.mark.anyio
@@ -62,28 +62,12 @@ class Entries:
 
 
 @pytest.fixture
-def entries(
-    bus_nats: tuple[NatsServer, Path],
-    keys: Keys,
-    demo_cluster_bundle: Path,
-    gateway_bundle: Path,
-    tmp_path: Path,
-) -> Iterator[Entries]:
+def entries(bus_entry_nodes: EntryNodes, bus_nats: tuple[NatsServer, Path]) -> Iterator[Entries]:
     """node-b (worker, whole demo bundle and the conformance skill), node-a and node-c
     (entry-only, sharing the bus directory's request-state.key)."""
-    nats, bus = bus_nats
-    key_file = bus / "request-state.key"
-    with entry_nodes(
-        nats.url,
-        keys.member,
-        demo_cluster_bundle,
-        gateway_bundle,
-        tmp_path,
-        key_file,
-        bus=bus,
-        worker_skills=7,
-    ) as (worker, a, c):
-        yield Entries(a, c, worker, key_file.read_bytes().strip())
+    with bus_entry_nodes() as (worker, a, c):
+        key = (bus_nats[1] / "request-state.key").read_bytes().strip()
+        yield Entries(a, c, worker, key)
 
 
 class RoundRobin(httpx2.AsyncBaseTransport):

@@ -8,7 +8,6 @@ import socket
 import subprocess
 from collections.abc import Iterator
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -17,7 +16,7 @@ import pytest
 import uvicorn
 from test_conformance_cluster import SUITE
 
-from support.cluster import Keys, NatsServer, NodeProc, entry_nodes
+from support.cluster import EntryNodes, NodeProc
 
 pytestmark = pytest.mark.anyio
 
@@ -68,26 +67,10 @@ class Balancer:
 
 
 @pytest.fixture
-def entry_pair(
-    bus_nats: tuple[NatsServer, Path],
-    keys: Keys,
-    demo_cluster_bundle: Path,
-    gateway_bundle: Path,
-    tmp_path: Path,
-) -> Iterator[tuple[NodeProc, NodeProc]]:
+def entry_pair(bus_entry_nodes: EntryNodes) -> Iterator[tuple[NodeProc, NodeProc]]:
     """node-b (worker, conformance skill), node-a and node-c (entry-only, one shared key)."""
-    nats, bus = bus_nats
-    with entry_nodes(
-        nats.url,
-        keys.member,
-        demo_cluster_bundle,
-        gateway_bundle,
-        tmp_path,
-        bus / "request-state.key",
-        bus=bus,
-        extra=["--cluster-kv"],  # task records in JetStream KV: any entry node answers
-        worker_skills=7,
-    ) as (_, a, c):
+    # Task records in JetStream KV: any entry node answers.
+    with bus_entry_nodes(extra=["--cluster-kv"]) as (_, a, c):
         yield a, c
 
 

@@ -13,7 +13,7 @@ import httpx2 as httpx
 import pytest
 from test_tasks_cluster import rpc
 
-from support.cluster import Keys, NatsServer, NodeProc, entry_nodes
+from support.cluster import EntryNodes, NodeProc
 from support.mcp_fakes import client_tokens
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -24,29 +24,12 @@ ANSWER = {"confirm": {"action": "accept", "content": {"ok": True}}}
 
 
 @pytest.fixture
-def entries(
-    bus_nats: tuple[NatsServer, Path],
-    keys: Keys,
-    demo_cluster_bundle: Path,
-    gateway_bundle: Path,
-    tmp_path: Path,
-) -> Iterator[tuple[NodeProc, NodeProc]]:
+def entries(bus_entry_nodes: EntryNodes, tmp_path: Path) -> Iterator[tuple[NodeProc, NodeProc]]:
     """node-a and node-c, entry-only, sharing the bus directory's request-state.key and
     authenticating alice and mallory (named tokens, whom the gateway's rules let use all);
     node-b, the worker holding the conformance skill."""
-    nats, bus = bus_nats
     tokens = client_tokens(tmp_path, "alice", "mallory")
-    with entry_nodes(
-        nats.url,
-        keys.member,
-        demo_cluster_bundle,
-        gateway_bundle,
-        tmp_path,
-        bus / "request-state.key",
-        bus=bus,
-        extra=["--token-file", str(tokens)],
-        worker_skills=7,
-    ) as (_, a, c):
+    with bus_entry_nodes(extra=["--token-file", str(tokens)]) as (_, a, c):
         yield a, c
 
 

@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -398,6 +398,10 @@ def entry_nodes(
     finally:
         for node in reversed(started):
             node.stop()
+
+
+EntryNodes = Callable[..., AbstractContextManager[tuple[NodeProc, NodeProc, NodeProc]]]
+""":func:`entry_nodes` with its first arguments bound (the cluster tests' ``bus_entry_nodes``)."""
 
 
 @contextmanager
