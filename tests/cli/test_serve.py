@@ -20,6 +20,7 @@ from skilld.bundle import build_bundle
 from skilld.sandbox import Sandbox
 from support.env import ROOT, SKILLS, cache_dir
 from support.mcp_fakes import text_of as _text
+from support.serve_process import serve_argv
 
 POLICIES = {
     "echo.yaml": "skill: echo\ninvoke:\n  called_by: [hostile]\n",
@@ -75,27 +76,10 @@ async def stdio_session(argv: list[str]) -> AsyncIterator[ClientSession]:
         yield session
 
 
-def _serve_stdio(bundle: Path, state: Path, *extra: str) -> list[str]:
-    """The argv of ``skilld serve`` over stdio of ``bundle``, keeping its state in ``state``."""
-    return [
-        sys.executable,
-        "-m",
-        "skilld",
-        "serve",
-        "--bundle",
-        str(bundle),
-        "--transport",
-        "stdio",
-        "--state-dir",
-        str(state),
-        *extra,
-    ]
-
-
 @pytest.mark.skipif(not _unshare_works(), reason="unshare -n needs user or network namespaces")
 def test_stdio_in_empty_network_namespace(served: dict[str, Path]) -> None:
     """serve inside `unshare -n` (no network at all) lists tools and answers calls over stdio."""
-    argv = ["unshare", "-n", *_serve_stdio(served["bundle"], served["state"])]
+    argv = ["unshare", "-n", *serve_argv(served["bundle"], served["state"], "stdio")]
 
     async def run() -> None:
         with anyio.fail_after(60):
@@ -114,7 +98,7 @@ def test_denied_permission_is_a_tool_error(served: dict[str, Path], inline: list
 
     The same with calls tried inline first (the default) and with every call on a thread.
     """
-    argv = _serve_stdio(served["bundle"], served["state"], *inline)
+    argv = serve_argv(served["bundle"], served["state"], "stdio", *inline)
 
     async def run() -> None:
         with anyio.fail_after(60):
@@ -172,7 +156,7 @@ def test_damaged_bundle_refuses_to_start(served: dict[str, Path], tmp_path: Path
     data[1000] ^= 0x40
     victim.write_bytes(bytes(data))
     proc = subprocess.run(
-        _serve_stdio(copy, tmp_path / "state"),
+        serve_argv(copy, tmp_path / "state", "stdio"),
         capture_output=True,
         text=True,
         env=_env(),
