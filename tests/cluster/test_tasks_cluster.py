@@ -16,7 +16,7 @@ import anyio
 import httpx2 as httpx
 import pytest
 
-from support.cluster import Keys, NatsServer, NodeProc, start_node
+from support.cluster import Keys, NatsServer, NodeProc, entry_nodes
 from support.mcp_fakes import client_tokens, token_of
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -101,28 +101,17 @@ def _two_entries(
     entry_extra: Sequence[str] = (),
 ) -> Iterator[tuple[NodeProc, NodeProc, NodeProc]]:
     nats, bus = bus_nats
-    worker = start_node(
-        "node-b", demo_cluster_bundle, nats.url, keys.member, tmp_path / "b", http=False, bus=bus
-    )
-    entries = [
-        start_node(
-            name,
-            gateway_bundle,
-            nats.url,
-            keys.member,
-            tmp_path / name,
-            extra=["--entry-only", "--cluster-kv", *entry_extra],
-            bus=bus,
-        )
-        for name in ("node-a", "node-c")
-    ]
-    try:
-        for entry in entries:
-            entry.seen(r"node node-b joined \(7 skills\)")
-        yield entries[0], entries[1], worker
-    finally:
-        for node in (*entries, worker):
-            node.stop()
+    with entry_nodes(
+        nats.url,
+        keys.member,
+        demo_cluster_bundle,
+        gateway_bundle,
+        tmp_path,
+        bus=bus,
+        extra=["--cluster-kv", *entry_extra],
+        worker_skills=7,
+    ) as (worker, a, c):
+        yield a, c, worker
 
 
 @pytest.fixture

@@ -359,21 +359,23 @@ def entry_nodes(
     worker_bundle: Path,
     gateway_bundle: Path,
     root: Path,
-    state_key: Path,
+    state_key: Path | None = None,
     *,
     bus: Path | None = None,
     extra: Sequence[str] = (),
+    worker: str = "node-b",
     worker_skills: int | None = None,
 ) -> Iterator[tuple[NodeProc, NodeProc, NodeProc]]:
-    """(worker, a, c): node-b, a worker serving ``worker_bundle`` without HTTP, and node-a
-    and node-c, entry-only nodes serving ``gateway_bundle`` that share the round-sealing
-    key file ``state_key`` (with ``extra`` options); yielded once each entry node has seen
-    the worker (announcing ``worker_skills`` skills, when given) and the other join.
+    """(worker, a, c): ``worker``, serving ``worker_bundle`` without HTTP, and node-a and
+    node-c, entry-only nodes serving ``gateway_bundle`` with ``extra`` options (sharing the
+    round-sealing key file ``state_key`` when given); yielded once each entry node has
+    seen the worker (announcing ``worker_skills`` skills, when given) and the other join.
     All are stopped on exit, the entry nodes first. ``key``, ``bus``: as for
-    :func:`start_node`; ``root``: where each keeps its state (``b``, ``node-a``,
-    ``node-c``)."""
-    worker = start_node("node-b", worker_bundle, nats_url, key, root / "b", http=False, bus=bus)
-    started = [worker]
+    :func:`start_node`; ``root``: where each keeps its state (the worker's name without
+    ``node-``, ``node-a``, ``node-c``)."""
+    sealed = [] if state_key is None else ["--request-state-key", str(state_key)]
+    state = root / worker.removeprefix("node-")
+    started = [start_node(worker, worker_bundle, nats_url, key, state, http=False, bus=bus)]
     try:
         for name in ("node-a", "node-c"):
             started.append(
@@ -383,18 +385,18 @@ def entry_nodes(
                     nats_url,
                     key,
                     root / name,
-                    extra=["--entry-only", "--request-state-key", str(state_key), *extra],
+                    extra=["--entry-only", *sealed, *extra],
                     bus=bus,
                 )
             )
-        _, a, c = started
-        joined = r"node node-b joined" + (
+        work, a, c = started
+        joined = rf"node {worker} joined" + (
             rf" \({worker_skills} skills\)" if worker_skills is not None else ""
         )
         for entry, other in ((a, "node-c"), (c, "node-a")):
             entry.seen(joined)
             entry.seen(rf"node {other} joined")
-        yield worker, a, c
+        yield work, a, c
     finally:
         for node in reversed(started):
             node.stop()
