@@ -2,17 +2,16 @@
 
 Real confined processes (``curl`` through ``shell.run``, a Python ``urllib`` script
 through the native Agent Skill executor) against real servers on 127.0.0.1: a plain
-HTTP server and a TLS server whose certificate comes from a CA the tests generate.
+HTTP server and a TLS server whose certificate comes from a CA the tests generate
+(``skilld.package.write_server_tls``, as for the cluster bus).
 Names under ``.test`` resolve through the suite's ``fake_dns`` table, in the host
 process, where the proxy resolves them.
 """
 
 from __future__ import annotations
 
-import datetime
 import http.server
 import importlib.util
-import ipaddress
 import socket
 import ssl
 import threading
@@ -22,15 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from skilld import agentskills
 from skilld.errors import HostCallError
+from skilld.package import write_server_tls
 from skilld.permissions import SkillPermissions
 from skilld.policy import compile_policies
 from skilld.registry import Call, NullChannel, Registry, SkillEntry
@@ -112,53 +108,6 @@ def web() -> Iterator[int]:
     yield from _serve(http.server.ThreadingHTTPServer(("127.0.0.1", 0), Upstream))
 
 
-def _certificates(directory: Path) -> tuple[Path, Path, Path]:
-    """A fresh CA and a certificate for 127.0.0.1 signed by it (nothing committed)."""
-    now = datetime.datetime.now(datetime.UTC)
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "skilld egress test CA")])
-    ca = (
-        x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
-        .public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(False, False, False, False, False, True, True, False, False), True
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
-        .issuer_name(ca_name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(
-            x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-            critical=False,
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
-    paths = directory / "ca.pem", directory / "cert.pem", directory / "key.pem"
-    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    paths[2].write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return paths
-
-
 class _TLSServer(http.server.ThreadingHTTPServer):
     context: ssl.SSLContext
 
@@ -171,13 +120,13 @@ class _TLSServer(http.server.ThreadingHTTPServer):
 def tls(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, Path]]:
     """A TLS server on 127.0.0.1 with a test CA's certificate; its port and the CA file."""
     directory = tmp_path_factory.mktemp("tls")
-    ca, cert, key = _certificates(directory)
+    files = write_server_tls(directory, ["127.0.0.1"])
     server = _TLSServer(("127.0.0.1", 0), Upstream)
     server.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    server.context.load_cert_chain(cert, key)
-    key.unlink()
+    server.context.load_cert_chain(files.cert, files.key)
+    files.key.unlink()
     for port in _serve(server):
-        yield port, ca
+        yield port, files.ca
 
 
 def context(tmp_path: Path, policy: str, seconds: float = 10.0) -> CallContext:

@@ -475,17 +475,40 @@ for line in sys.stdin:
 def socket_oracle() -> Iterator[subprocess.Popen[str]]:
     """A process under the filter (no grants) with root's capabilities kept: it makes the
     socket each line asks for and says what it got."""
-    bpf = _seccomp.compile_filter(unix_sockets=False, udp=False, metadata=True)
-    proc = subprocess.Popen(
-        [PY, "-c", PRELUDE + SERVER, bpf.hex()],
+    proc = _start_oracle(SERVER, metadata=True)
+    yield proc
+    _stop_oracle(proc)
+
+
+def _start_oracle(server: str, *, metadata: bool) -> subprocess.Popen[str]:
+    """A process running ``server`` (after PRELUDE) under the filter (no grants; what
+    ``metadata`` says of file metadata), with root's capabilities kept so that only the
+    filter can refuse: it reads one request a line on stdin and answers a line on stdout."""
+    bpf = _seccomp.compile_filter(unix_sockets=False, udp=False, metadata=metadata)
+    return subprocess.Popen(
+        [PY, "-c", PRELUDE + server, bpf.hex()],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
-    yield proc
+
+
+def _stop_oracle(proc: subprocess.Popen[str]) -> None:
+    """End an oracle of :func:`_start_oracle`: its stdin closed, it exits."""
     assert proc.stdin is not None
     proc.stdin.close()
     proc.wait(timeout=10)
+
+
+def _ask(oracle: subprocess.Popen[str], line: str) -> list[str]:
+    """The words of an oracle's answer to the request ``line`` (it must still be alive)."""
+    assert oracle.stdin is not None
+    assert oracle.stdout is not None
+    oracle.stdin.write(line + "\n")
+    oracle.stdin.flush()
+    answer = oracle.stdout.readline().split()
+    assert answer, "the oracle died"
+    return answer
 
 
 U64 = st.integers(0, 2**64 - 1)
@@ -513,12 +536,7 @@ def test_no_argument_values_yield_a_unix_raw_or_udp_socket(
 ) -> None:
     """Whatever 64-bit values socket() gets (high bits, flags, odd protocols), the only
     sockets the filter lets the kernel make are TCP over IPv4 or IPv6."""
-    assert socket_oracle.stdin is not None
-    assert socket_oracle.stdout is not None
-    socket_oracle.stdin.write(f"{domain} {kind} {protocol}\n")
-    socket_oracle.stdin.flush()
-    answer = socket_oracle.stdout.readline().split()
-    assert answer, "the oracle died"
+    answer = _ask(socket_oracle, f"{domain} {kind} {protocol}")
     if answer[0] == "ok":
         got_domain, got_type, got_protocol = (int(x) for x in answer[1:])
         assert got_domain in (socket.AF_INET, socket.AF_INET6)
@@ -551,17 +569,9 @@ for line in sys.stdin:
 def pair_oracle() -> Iterator[subprocess.Popen[str]]:
     """A process under the filter (no grants) that makes the socketpair each line asks for
     and says its type."""
-    bpf = _seccomp.compile_filter(unix_sockets=False, udp=False, metadata=True)
-    proc = subprocess.Popen(
-        [PY, "-c", PRELUDE + PAIR_SERVER, bpf.hex()],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    proc = _start_oracle(PAIR_SERVER, metadata=True)
     yield proc
-    assert proc.stdin is not None
-    proc.stdin.close()
-    proc.wait(timeout=10)
+    _stop_oracle(proc)
 
 
 @settings(
@@ -582,13 +592,8 @@ def test_no_argument_values_yield_a_datagram_socketpair(
 ) -> None:
     """Whatever 64-bit values socketpair() gets, the only pairs the filter lets the kernel
     make are stream and seqpacket ones (and the plain stream pair is made: not vacuous)."""
-    assert pair_oracle.stdin is not None
-    assert pair_oracle.stdout is not None
     for line in (f"{domain} {kind} {protocol}", "1 1 0"):
-        pair_oracle.stdin.write(line + "\n")
-        pair_oracle.stdin.flush()
-        answer = pair_oracle.stdout.readline().split()
-        assert answer, "the oracle died"
+        answer = _ask(pair_oracle, line)
         if answer[0] == "ok":
             assert int(answer[1]) in (socket.SOCK_STREAM, socket.SOCK_SEQPACKET), line
     assert answer == ["ok", str(int(socket.SOCK_STREAM))]
@@ -848,21 +853,9 @@ def test_without_the_metadata_rules_landlock_alone_lets_chmod_through(
     govern metadata): the rules above are what stop it."""
     real = _seccomp.compile_filter
 
-    def no_metadata(
-        *,
-        unix_sockets: bool,
-        udp: bool,
-        metadata: bool,
-        local_sockets: bool = False,
-        ipc: bool = True,
-    ) -> bytes:
-        return real(
-            unix_sockets=unix_sockets,
-            udp=udp,
-            metadata=False,
-            local_sockets=local_sockets,
-            ipc=ipc,
-        )
+    def no_metadata(**options: bool) -> bytes:
+        # Whatever else the launcher asks for, as it asks (no copy of the signature to drift).
+        return real(**{**options, "metadata": False})
 
     monkeypatch.setattr(_seccomp, "compile_filter", no_metadata)
     got = answers(metadata_probe(files).stdout)
@@ -1032,21 +1025,13 @@ def pid_oracle() -> Iterator[tuple[subprocess.Popen[str], int, int]]:
     """A process under the filter, with root's capabilities kept (so only the filter can
     refuse), that reads another process's limits, CPUs, scheduling and priorities as
     each line asks; its own pid and the pid of a process beside it."""
-    bpf = _seccomp.compile_filter(unix_sockets=False, udp=False, metadata=False)
     other = subprocess.Popen(["sleep", "600"])
-    proc = subprocess.Popen(
-        [PY, "-c", PRELUDE + PID_SERVER, bpf.hex()],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    proc = _start_oracle(PID_SERVER, metadata=False)
     assert proc.stdout is not None
     ready = proc.stdout.readline().split()
     assert ready[0] == "ready", ready
     yield proc, int(ready[1]), other.pid
-    assert proc.stdin is not None
-    proc.stdin.close()
-    proc.wait(timeout=10)
+    _stop_oracle(proc)
     other.kill()
     other.wait()
 
@@ -1093,12 +1078,7 @@ def test_no_argument_values_reach_another_process(
     pids = {"self": me, "other": other}
     a = high_a | int(pids.get(str(low_a), low_a))
     b = high_b | int(pids.get(str(low_b), low_b))
-    assert oracle.stdin is not None
-    assert oracle.stdout is not None
-    oracle.stdin.write(f"{name} {a} {b}\n")
-    oracle.stdin.flush()
-    answer = oracle.stdout.readline().split()
-    assert answer, "the oracle died"
+    answer = _ask(oracle, f"{name} {a} {b}")
     want_a, want_b = ALLOWED[name]
     if answer[0] == "ok":
         assert a == want_a and (want_b is None or b == want_b), (name, a, b)

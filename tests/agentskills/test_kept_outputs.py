@@ -18,13 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx2
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mcp import ClientSession
 from mcp.client.stdio import stdio_client
-from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from skilld.agentskills._collect import COLLECT_MEMORY, MAX_KEPT_FILE
@@ -32,6 +30,7 @@ from skilld.agentskills._kept import KeptOutputs, digest_uri
 from skilld.sandbox import Sandbox
 from skilld.types import Caller
 from support.agentskills import serve_built
+from support.mcp_fakes import as_caller, client_tokens
 from support.serve_process import ServeProcess
 
 REPORT = """\
@@ -62,7 +61,6 @@ print("done")
 """
 # Each caller's room for kept outputs on the served node (--kept-mib-per-caller).
 CALLER_MIB = 128
-TOKENS = {"alice": "alice-" + "a" * 40, "mallory": "mallory-" + "m" * 40}
 
 
 def _skill(root: Path) -> None:
@@ -91,10 +89,7 @@ def served(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         "    skills: [reporter]\n"
     )
     serve_built(root, sandbox, strict=True)
-    tokens = root / "tokens"
-    fd = os.open(tokens, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    os.write(fd, "\n".join(f"{name} {token}" for name, token in TOKENS.items()).encode())
-    os.close(fd)
+    tokens = client_tokens(root, "alice", "mallory")
     server = ServeProcess(
         root / "bundle",
         root / "state",
@@ -106,21 +101,10 @@ def served(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         server.stop()
 
 
-async def _session(url: str, who: str, fn: Any) -> Any:
-    headers = {"Authorization": f"Bearer {TOKENS[who]}"}
-    async with (
-        httpx2.AsyncClient(timeout=120, headers=headers) as http,
-        streamable_http_client(url, http_client=http) as (read, write),
-        ClientSession(read, write) as session,
-    ):
-        await session.initialize()
-        return await fn(session)
-
-
 def _as(served: dict[str, Any], who: str, fn: Any) -> Any:
     async def go() -> Any:
         with anyio.fail_after(180):
-            return await _session(served["server"].url, who, fn)
+            return await as_caller(served["server"].url, who, fn)
 
     return anyio.run(go)
 

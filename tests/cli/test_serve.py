@@ -20,6 +20,7 @@ from skilld.bundle import build_bundle
 from skilld.sandbox import Sandbox
 from support.env import ROOT, SKILLS, cache_dir
 from support.mcp_fakes import text_of as _text
+from support.serve_process import serve_argv
 
 POLICIES = {
     "echo.yaml": "skill: echo\ninvoke:\n  called_by: [hostile]\n",
@@ -75,24 +76,10 @@ async def stdio_session(argv: list[str]) -> AsyncIterator[ClientSession]:
         yield session
 
 
-
 @pytest.mark.skipif(not _unshare_works(), reason="unshare -n needs user or network namespaces")
 def test_stdio_in_empty_network_namespace(served: dict[str, Path]) -> None:
     """serve inside `unshare -n` (no network at all) lists tools and answers calls over stdio."""
-    argv = [
-        "unshare",
-        "-n",
-        sys.executable,
-        "-m",
-        "skilld",
-        "serve",
-        "--bundle",
-        str(served["bundle"]),
-        "--transport",
-        "stdio",
-        "--state-dir",
-        str(served["state"]),
-    ]
+    argv = ["unshare", "-n", *serve_argv(served["bundle"], served["state"], "stdio")]
 
     async def run() -> None:
         with anyio.fail_after(60):
@@ -111,19 +98,7 @@ def test_denied_permission_is_a_tool_error(served: dict[str, Path], inline: list
 
     The same with calls tried inline first (the default) and with every call on a thread.
     """
-    argv = [
-        sys.executable,
-        "-m",
-        "skilld",
-        "serve",
-        "--bundle",
-        str(served["bundle"]),
-        "--transport",
-        "stdio",
-        "--state-dir",
-        str(served["state"]),
-        *inline,
-    ]
+    argv = serve_argv(served["bundle"], served["state"], "stdio", *inline)
 
     async def run() -> None:
         with anyio.fail_after(60):
@@ -181,18 +156,7 @@ def test_damaged_bundle_refuses_to_start(served: dict[str, Path], tmp_path: Path
     data[1000] ^= 0x40
     victim.write_bytes(bytes(data))
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "skilld",
-            "serve",
-            "--bundle",
-            str(copy),
-            "--transport",
-            "stdio",
-            "--state-dir",
-            str(tmp_path / "state"),
-        ],
+        serve_argv(copy, tmp_path / "state", "stdio"),
         capture_output=True,
         text=True,
         env=_env(),

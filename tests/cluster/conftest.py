@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,7 +10,15 @@ import pytest
 
 from skilld.sandbox import Sandbox
 from support.callers import ALL_AUTHENTICATED
-from support.cluster import HOSTILE_POLICY, Keys, NatsServer, make_bundle, make_keys
+from support.cluster import (
+    HOSTILE_POLICY,
+    EntryNodes,
+    Keys,
+    NatsServer,
+    entry_nodes,
+    make_bundle,
+    make_keys,
+)
 from support.env import ROOT
 
 
@@ -101,6 +110,32 @@ def bus_nats(tmp_path: Path) -> Iterator[tuple[NatsServer, Path]]:
         yield server, bus
     finally:
         server.stop()
+
+
+@pytest.fixture
+def bus_entry_nodes(
+    bus_nats: tuple[NatsServer, Path],
+    keys: Keys,
+    demo_cluster_bundle: Path,
+    gateway_bundle: Path,
+    tmp_path: Path,
+) -> EntryNodes:
+    """:func:`support.cluster.entry_nodes` on the bus of ``bus_nats``: node-b with the whole
+    demo bundle (7 skills), node-a and node-c entry-only with the gateway bundle, sharing
+    the bus directory's ``request-state.key``; called with the entry nodes' ``extra``
+    options."""
+    nats, bus = bus_nats
+    return functools.partial(
+        entry_nodes,
+        nats.url,
+        keys.member,
+        demo_cluster_bundle,
+        gateway_bundle,
+        tmp_path,
+        bus / "request-state.key",
+        bus=bus,
+        worker_skills=7,
+    )
 
 
 @pytest.fixture

@@ -13,7 +13,14 @@ import pytest
 from mcp import types
 
 from skilld.package import canonical_json, load_private_key
-from support.cluster import Keys, NatsServer, NodeProc, mcp_client, start_node
+from support.cluster import (
+    Keys,
+    NatsServer,
+    NodeProc,
+    mcp_client,
+    replicas_behind_entry,
+    start_node,
+)
 from support.mcp_fakes import text_of as _text
 
 pytestmark = pytest.mark.anyio
@@ -21,7 +28,6 @@ pytestmark = pytest.mark.anyio
 HOSTILE_TOOLS = {"hostile/ok", "hostile/loop"}
 HEARTBEAT_S = 0.5
 EXPIRY_S = 2.5 * HEARTBEAT_S
-
 
 
 @pytest.fixture
@@ -215,22 +221,8 @@ async def test_replicas_share_the_load(
 ) -> None:
     """Two nodes holding the same skill package both serve calls routed through an entry node
     (hostile keeps kv state: both keep it in JetStream KV, or the second would withdraw it)."""
-    nodes = [
-        start_node(
-            f"node-r{i}",
-            hostile_bundle,
-            nats.url,
-            keys.member,
-            tmp_path / f"r{i}",
-            http=False,
-            extra=["--cluster-kv"],
-        )
-        for i in (1, 2)
-    ]
-    entry = start_node(
-        "node-a", gateway_bundle, nats.url, keys.member, tmp_path / "a", extra=["--entry-only"]
-    )
-    try:
+    cluster = replicas_behind_entry(nats.url, keys.member, hostile_bundle, gateway_bundle, tmp_path)
+    with cluster as (nodes, entry):
         assert entry.url is not None
         async with mcp_client(entry.url) as client:
             await client.wait_tools(lambda n: n >= HOSTILE_TOOLS)
@@ -249,9 +241,6 @@ async def test_replicas_share_the_load(
         assert sum(served) == 40
         assert min(served) > 0, served
         assert json.dumps(served)
-    finally:
-        for node in [entry, *nodes]:
-            node.stop()
 
 
 async def test_graceful_stop_leaves_at_once(pair: dict[str, NodeProc]) -> None:

@@ -12,7 +12,6 @@ every authenticated caller through does not widen what the worker lets mallory d
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import shutil
 from collections.abc import Iterator
@@ -20,10 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx2
 import pytest
 from mcp import ClientSession
-from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from skilld.agentskills._kept import digest_uri
@@ -32,6 +29,7 @@ from skilld.sandbox import Sandbox
 from support.callers import ALL_AUTHENTICATED
 from support.cluster import Keys, NatsServer, NodeProc, start_node
 from support.env import cache_dir
+from support.mcp_fakes import as_caller, client_tokens
 
 pytestmark = [pytest.mark.slow]
 
@@ -41,7 +39,6 @@ with open("report.txt", "w") as f:
     f.write(sys.argv[1] + "\\n" + "x" * (600 << 10))
 print("done")
 """
-TOKENS = {"alice": "alice-" + "a" * 40, "mallory": "mallory-" + "m" * 40}
 
 
 ALICE_ONLY = "rules:\n  - id: alice\n    who: [{token: alice}]\n    skills: [reporter]\n"
@@ -81,10 +78,7 @@ def cluster(
     nats: NatsServer, keys: Keys, reporter_bundle: Path, gateway_bundle: Path, tmp_path: Path
 ) -> Iterator[tuple[NodeProc, NodeProc]]:
     """node-a (entry-only, named tokens) and node-w1 (runs reporter)."""
-    tokens = tmp_path / "tokens"
-    fd = os.open(tokens, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    os.write(fd, "\n".join(f"{n} {t}" for n, t in TOKENS.items()).encode())
-    os.close(fd)
+    tokens = client_tokens(tmp_path, "alice", "mallory")
     worker = start_node(
         "node-w1", reporter_bundle, nats.url, keys.member, tmp_path / "w1", http=False
     )
@@ -104,24 +98,13 @@ def cluster(
             node.stop()
 
 
-async def _as(url: str, who: str, fn: Any) -> Any:
-    headers = {"Authorization": f"Bearer {TOKENS[who]}"}
-    async with (
-        httpx2.AsyncClient(timeout=120, headers=headers) as http,
-        streamable_http_client(url, http_client=http) as (read, write),
-        ClientSession(read, write) as session,
-    ):
-        await session.initialize()
-        return await fn(session)
-
-
 async def _read_error(url: str, who: str, uri: str) -> tuple[int, str]:
     async def read(s: ClientSession) -> tuple[int, str]:
         with pytest.raises(MCPError) as err:
             await s.read_resource(uri)  # type: ignore[arg-type]
         return err.value.error.code, err.value.error.message.replace(digest_uri(uri), "URI")
 
-    result: tuple[int, str] = await _as(url, who, read)
+    result: tuple[int, str] = await as_caller(url, who, read)
     return result
 
 
@@ -140,7 +123,7 @@ def test_a_routed_read_of_a_kept_output_is_its_callers(
                 "reporter/run_script", {"script": "scripts/report.py", "args": ["alice-s3cret"]}
             )
 
-        result = await _as(url, "alice", run)
+        result = await as_caller(url, "alice", run)
         assert not result.is_error, result.content[0].text
         [kept] = json.loads(result.content[0].text)["resources"]
         uri = kept["uri"]
@@ -149,7 +132,7 @@ def test_a_routed_read_of_a_kept_output_is_its_callers(
             got = await s.read_resource(uri)  # type: ignore[arg-type]
             return str(got.contents[0].text)  # type: ignore[union-attr]
 
-        assert (await _as(url, "alice", read)).startswith("alice-s3cret")
+        assert (await as_caller(url, "alice", read)).startswith("alice-s3cret")
         base, _run, name = uri.rsplit("/", 2)
         never = f"{base}/{secrets.token_hex(8)}/{name}"
         assert await _read_error(url, "mallory", uri) == await _read_error(url, "mallory", never)
@@ -180,10 +163,10 @@ def test_the_worker_asks_its_own_caller_rules(cluster: tuple[NodeProc, NodeProc]
         async def read(s: ClientSession) -> Any:
             return await s.read_resource("skill://reporter/SKILL.md")  # type: ignore[arg-type]
 
-        mine = await _as(url, "alice", run)
+        mine = await as_caller(url, "alice", run)
         assert not mine.is_error, mine.content[0].text
-        assert (await _as(url, "alice", read)).contents
-        theirs = await _as(url, "mallory", run)
+        assert (await as_caller(url, "alice", read)).contents
+        theirs = await as_caller(url, "mallory", run)
         assert theirs.is_error
         assert "not-permitted" in theirs.content[0].text, theirs.content[0].text
         code, message = await _read_error(url, "mallory", "skill://reporter/SKILL.md")

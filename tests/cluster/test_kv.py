@@ -18,7 +18,7 @@ from skilld.cluster._claim import HOLD_S, StartTurn
 from skilld.cluster._kv import JetStreamKV, bucket_name, decode_key, encode_key
 from skilld.cluster._link import NatsLink
 from skilld.errors import QuotaExceeded
-from support.cluster import Keys, NatsServer, mcp_client, start_node
+from support.cluster import Keys, NatsServer, mcp_client, replicas_behind_entry, start_node
 
 # What the SDK accepts as a key: 1 to 1024 bytes of UTF-8.
 SDK_KEYS = st.text(min_size=1, max_size=300).filter(lambda k: 0 < len(k.encode()) <= 1024)
@@ -88,23 +88,9 @@ async def test_a_replica_killed_mid_run_loses_no_acknowledged_write(
     nats: NatsServer, keys: Keys, hostile_bundle: Path, gateway_bundle: Path, tmp_path: Path
 ) -> None:
     """Replicas share one bucket; kill -9 of one costs no write whose call returned."""
-    replicas = [
-        start_node(
-            f"node-r{i}",
-            hostile_bundle,
-            nats.url,
-            keys.member,
-            tmp_path / f"r{i}",
-            http=False,
-            extra=["--cluster-kv"],
-        )
-        for i in (1, 2)
-    ]
-    entry = start_node(
-        "node-a", gateway_bundle, nats.url, keys.member, tmp_path / "a", extra=["--entry-only"]
-    )
     acknowledged: list[str] = []
-    try:
+    cluster = replicas_behind_entry(nats.url, keys.member, hostile_bundle, gateway_bundle, tmp_path)
+    with cluster as (replicas, entry):
         assert entry.url is not None
         async with mcp_client(entry.url) as client:
             await client.wait_tools(lambda n: "hostile/write_keys" in n)
@@ -123,10 +109,6 @@ async def test_a_replica_killed_mid_run_loses_no_acknowledged_write(
                     )
                     assert text.startswith("[unavailable]"), text
             assert time.monotonic() - killed < 30
-    finally:
-        entry.stop()
-        for node in replicas:
-            node.stop()
     served = [len([r for r in n.audit() if r.get("method") == "write_keys"]) for n in replicas]
     assert min(served) > 0, served  # both replicas took writes before the kill
     assert len(acknowledged) >= 40

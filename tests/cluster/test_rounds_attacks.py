@@ -21,7 +21,7 @@ import pytest
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
 
-from support.cluster import Keys, NatsServer, NodeProc, SignedClient, start_node
+from support.cluster import Keys, NatsServer, NodeProc, SignedClient, entry_nodes
 
 pytestmark = pytest.mark.anyio
 
@@ -54,27 +54,18 @@ def open_bus(
     key.chmod(0o600)  # a key others may read is refused
     server = NatsServer(root / "jetstream")
     server.start()
-    nodes: dict[str, NodeProc] = {}
     try:
-        nodes["b"] = start_node(
-            "node-b", demo_cluster_bundle, server.url, keys.member, root / "b", http=False
-        )
-        for name in ("a", "c"):
-            nodes[name] = start_node(
-                f"node-{name}",
-                gateway_bundle,
-                server.url,
-                keys.member,
-                root / name,
-                extra=["--entry-only", "--request-state-key", str(key)],
-            )
-        for name, other in (("a", "c"), ("c", "a")):
-            nodes[name].seen(r"node node-b joined \(7 skills\)")
-            nodes[name].seen(rf"node node-{other} joined")
-        yield {"server": server, "nodes": nodes, "keys": keys}
+        with entry_nodes(
+            server.url,
+            keys.member,
+            demo_cluster_bundle,
+            gateway_bundle,
+            root,
+            key,
+            worker_skills=7,
+        ) as (b, a, c):
+            yield {"server": server, "nodes": {"a": a, "b": b, "c": c}, "keys": keys}
     finally:
-        for node in nodes.values():
-            node.stop()
         server.stop()
 
 

@@ -23,7 +23,7 @@ from mcp import Client, types
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server.request_state import AESGCMRequestStateCodec, compact_json
 
-from support.cluster import Keys, NatsServer, NodeProc, start_node
+from support.cluster import EntryNodes, Keys, NatsServer, NodeProc, entry_nodes
 from support.mcp_fakes import text_of
 
 pytestmark = pytest.mark.anyio
@@ -62,43 +62,12 @@ class Entries:
 
 
 @pytest.fixture
-def entries(
-    bus_nats: tuple[NatsServer, Path],
-    keys: Keys,
-    demo_cluster_bundle: Path,
-    gateway_bundle: Path,
-    tmp_path: Path,
-) -> Iterator[Entries]:
+def entries(bus_entry_nodes: EntryNodes, bus_nats: tuple[NatsServer, Path]) -> Iterator[Entries]:
     """node-b (worker, whole demo bundle and the conformance skill), node-a and node-c
     (entry-only, sharing the bus directory's request-state.key)."""
-    nats, bus = bus_nats
-    key_file = bus / "request-state.key"
-    worker = start_node(
-        "node-b", demo_cluster_bundle, nats.url, keys.member, tmp_path / "b", http=False, bus=bus
-    )
-    started = [worker]
-    try:
-        for name in ("node-a", "node-c"):
-            started.append(
-                start_node(
-                    name,
-                    gateway_bundle,
-                    nats.url,
-                    keys.member,
-                    tmp_path / name,
-                    extra=["--entry-only", "--request-state-key", str(key_file)],
-                    bus=bus,
-                )
-            )
-        _, a, c = started
-        for entry in (a, c):
-            entry.seen(r"node node-b joined \(7 skills\)")
-        a.seen(r"node node-c joined")
-        c.seen(r"node node-a joined")
-        yield Entries(a, c, worker, key_file.read_bytes().strip())
-    finally:
-        for node in reversed(started):
-            node.stop()
+    with bus_entry_nodes() as (worker, a, c):
+        key = (bus_nats[1] / "request-state.key").read_bytes().strip()
+        yield Entries(a, c, worker, key)
 
 
 class RoundRobin(httpx2.AsyncBaseTransport):
@@ -134,7 +103,6 @@ async def answer_sample(
     return types.CreateMessageResult(
         role="assistant", content=types.TextContent(type="text", text="Paris"), model="fake"
     )
-
 
 
 async def test_a_stateless_client_spread_over_two_entry_nodes_completes_its_rounds(
@@ -313,46 +281,27 @@ async def test_an_answer_larger_than_one_bus_message_comes_back_in_parts(
     key = tmp_path / "request-state.key"
     key.write_text("ab" * 32)
     key.chmod(0o600)  # a key others may read is refused
-    nodes: list[NodeProc] = []
+    pair = entry_nodes(
+        nats.url, keys.member, demo_cluster_bundle, gateway_bundle, tmp_path, key, worker_skills=7
+    )
     try:
-        nodes.append(
-            start_node(
-                "node-b", demo_cluster_bundle, nats.url, keys.member, tmp_path / "b", http=False
-            )
-        )
-        for name in ("node-a", "node-c"):
-            nodes.append(
-                start_node(
-                    name,
-                    gateway_bundle,
-                    nats.url,
-                    keys.member,
-                    tmp_path / name,
-                    extra=["--entry-only", "--request-state-key", str(key)],
-                )
-            )
-        _, a, c = nodes
-        for entry, other in ((a, "node-c"), (c, "node-a")):
-            entry.seen(r"node node-b joined \(7 skills\)")
-            entry.seen(rf"node {other} joined")
-        assert a.url is not None
-        assert c.url is not None
-        # 62 000 bytes: the retry fits in one message, its result is more than one part.
-        name = "Ada " * 15500
-        with anyio.fail_after(60):
-            async with httpx2.AsyncClient(timeout=60) as http:
-                first = await modern(http, a.url, "tools/call", {"name": ELICIT})
-                retry = {
-                    "name": ELICIT,
-                    "inputResponses": {
-                        "user_name": {"action": "accept", "content": {"name": name}}
-                    },
-                    "requestState": first["result"]["requestState"],
-                }
-                done = await modern(http, c.url, "tools/call", retry)
-        assert done["result"]["content"][0]["text"] == f"Hello, {name}!", done
-        assert "forwarded retry from node-c" in a.log()
+        with pair as (_, a, c):
+            assert a.url is not None
+            assert c.url is not None
+            # 62 000 bytes: the retry fits in one message, its result is more than one part.
+            name = "Ada " * 15500
+            with anyio.fail_after(60):
+                async with httpx2.AsyncClient(timeout=60) as http:
+                    first = await modern(http, a.url, "tools/call", {"name": ELICIT})
+                    retry = {
+                        "name": ELICIT,
+                        "inputResponses": {
+                            "user_name": {"action": "accept", "content": {"name": name}}
+                        },
+                        "requestState": first["result"]["requestState"],
+                    }
+                    done = await modern(http, c.url, "tools/call", retry)
+            assert done["result"]["content"][0]["text"] == f"Hello, {name}!", done
+            assert "forwarded retry from node-c" in a.log()
     finally:
-        for node in reversed(nodes):
-            node.stop()
         nats.stop()

@@ -8,7 +8,6 @@ import socket
 import subprocess
 from collections.abc import Iterator
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -17,7 +16,7 @@ import pytest
 import uvicorn
 from test_conformance_cluster import SUITE
 
-from support.cluster import Keys, NatsServer, NodeProc, start_node
+from support.cluster import EntryNodes, NodeProc
 
 pytestmark = pytest.mark.anyio
 
@@ -68,52 +67,11 @@ class Balancer:
 
 
 @pytest.fixture
-def entry_pair(
-    bus_nats: tuple[NatsServer, Path],
-    keys: Keys,
-    demo_cluster_bundle: Path,
-    gateway_bundle: Path,
-    tmp_path: Path,
-) -> Iterator[tuple[NodeProc, NodeProc]]:
+def entry_pair(bus_entry_nodes: EntryNodes) -> Iterator[tuple[NodeProc, NodeProc]]:
     """node-b (worker, conformance skill), node-a and node-c (entry-only, one shared key)."""
-    nats, bus = bus_nats
-    started = [
-        start_node(
-            "node-b",
-            demo_cluster_bundle,
-            nats.url,
-            keys.member,
-            tmp_path / "b",
-            http=False,
-            bus=bus,
-        )
-    ]
-    try:
-        for name in ("node-a", "node-c"):
-            started.append(
-                start_node(
-                    name,
-                    gateway_bundle,
-                    nats.url,
-                    keys.member,
-                    tmp_path / name,
-                    extra=[
-                        "--entry-only",
-                        "--cluster-kv",  # task records in JetStream KV: any entry node answers
-                        "--request-state-key",
-                        str(bus / "request-state.key"),
-                    ],
-                    bus=bus,
-                )
-            )
-        _, a, c = started
-        for entry, other in ((a, "node-c"), (c, "node-a")):
-            entry.seen(r"node node-b joined \(7 skills\)")
-            entry.seen(rf"node {other} joined")
+    # Task records in JetStream KV: any entry node answers.
+    with bus_entry_nodes(extra=["--cluster-kv"]) as (_, a, c):
         yield a, c
-    finally:
-        for node in reversed(started):
-            node.stop()
 
 
 @pytest.mark.slow

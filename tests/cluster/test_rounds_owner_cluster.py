@@ -13,7 +13,7 @@ import httpx2 as httpx
 import pytest
 from test_tasks_cluster import rpc
 
-from support.cluster import Keys, NatsServer, NodeProc, start_node
+from support.cluster import EntryNodes, NodeProc
 from support.mcp_fakes import client_tokens
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -24,45 +24,13 @@ ANSWER = {"confirm": {"action": "accept", "content": {"ok": True}}}
 
 
 @pytest.fixture
-def entries(
-    bus_nats: tuple[NatsServer, Path],
-    keys: Keys,
-    demo_cluster_bundle: Path,
-    gateway_bundle: Path,
-    tmp_path: Path,
-) -> Iterator[tuple[NodeProc, NodeProc]]:
+def entries(bus_entry_nodes: EntryNodes, tmp_path: Path) -> Iterator[tuple[NodeProc, NodeProc]]:
     """node-a and node-c, entry-only, sharing the bus directory's request-state.key and
     authenticating alice and mallory (named tokens, whom the gateway's rules let use all);
     node-b, the worker holding the conformance skill."""
-    nats, bus = bus_nats
     tokens = client_tokens(tmp_path, "alice", "mallory")
-    extra = ["--entry-only", "--request-state-key", str(bus / "request-state.key")]
-    worker = start_node(
-        "node-b", demo_cluster_bundle, nats.url, keys.member, tmp_path / "b", http=False, bus=bus
-    )
-    started = [worker]
-    try:
-        for name in ("node-a", "node-c"):
-            started.append(
-                start_node(
-                    name,
-                    gateway_bundle,
-                    nats.url,
-                    keys.member,
-                    tmp_path / name,
-                    extra=[*extra, "--token-file", str(tokens)],
-                    bus=bus,
-                )
-            )
-        _, a, c = started
-        for entry in (a, c):
-            entry.seen(r"node node-b joined \(7 skills\)")
-        a.seen(r"node node-c joined")
-        c.seen(r"node node-a joined")
+    with bus_entry_nodes(extra=["--token-file", str(tokens)]) as (_, a, c):
         yield a, c
-    finally:
-        for node in reversed(started):
-            node.stop()
 
 
 def retry(state: str) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import anyio
 import httpx2 as httpx
 import pytest
 
-from support.cluster import Keys, NatsServer, NodeProc, start_node
+from support.cluster import Keys, NatsServer, NodeProc, entry_nodes
 from support.mcp_fakes import client_tokens, token_of
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -60,6 +60,26 @@ async def rpc(
     return json.loads(data[-1])
 
 
+async def start_task(
+    http: httpx.AsyncClient,
+    url: str,
+    seconds: float,
+    label: str | None = None,
+    *,
+    who: str | None = None,
+) -> str:
+    """The id of a ``slow_compute`` task of ``seconds`` (answering with ``label``) made on
+    ``url`` as the caller ``who`` (see :func:`rpc`)."""
+    arguments: dict[str, Any] = {"seconds": seconds}
+    if label is not None:
+        arguments["label"] = label
+    created = await rpc(
+        http, url, "tools/call", {"name": "slow_compute", "arguments": arguments}, who=who
+    )
+    assert created["result"]["resultType"] == "task", created
+    return str(created["result"]["taskId"])
+
+
 def task_audit(node: NodeProc, task_id: str) -> list[dict[str, Any]]:
     """The ``event: task`` audit records ``node`` wrote for ``task_id`` so far."""
     found = []
@@ -81,28 +101,17 @@ def _two_entries(
     entry_extra: Sequence[str] = (),
 ) -> Iterator[tuple[NodeProc, NodeProc, NodeProc]]:
     nats, bus = bus_nats
-    worker = start_node(
-        "node-b", demo_cluster_bundle, nats.url, keys.member, tmp_path / "b", http=False, bus=bus
-    )
-    entries = [
-        start_node(
-            name,
-            gateway_bundle,
-            nats.url,
-            keys.member,
-            tmp_path / name,
-            extra=["--entry-only", "--cluster-kv", *entry_extra],
-            bus=bus,
-        )
-        for name in ("node-a", "node-c")
-    ]
-    try:
-        for entry in entries:
-            entry.seen(r"node node-b joined \(7 skills\)")
-        yield entries[0], entries[1], worker
-    finally:
-        for node in (*entries, worker):
-            node.stop()
+    with entry_nodes(
+        nats.url,
+        keys.member,
+        demo_cluster_bundle,
+        gateway_bundle,
+        tmp_path,
+        bus=bus,
+        extra=["--cluster-kv", *entry_extra],
+        worker_skills=7,
+    ) as (worker, a, c):
+        yield a, c, worker
 
 
 @pytest.fixture
@@ -161,16 +170,7 @@ async def test_round_robin_client_creates_on_a_and_reads_the_result_on_c(
                 extensions=False,
             )
             assert plain["result"]["content"][0]["text"] == f"computed {label} after 0.2 s", plain
-        created = (
-            await rpc(
-                http,
-                next(nodes),
-                "tools/call",
-                {"name": "slow_compute", "arguments": {"seconds": 2, "label": "rr"}},
-            )
-        )["result"]
-        assert created["resultType"] == "task", created
-        task_id = created["taskId"]
+        task_id = await start_task(http, next(nodes), 2, "rr")
         first = (await rpc(http, next(nodes), "tasks/get", {"taskId": task_id}))["result"]
         assert first["status"] == "working" and "result" not in first, first
         seen_on: set[str] = set()
@@ -206,15 +206,7 @@ async def test_a_cancel_through_the_other_entry_node_ends_the_call_on_the_worker
     a, c, worker = two_entries
     assert a.url is not None and c.url is not None
     async with httpx.AsyncClient(timeout=30) as http:
-        created = (
-            await rpc(
-                http,
-                a.url,
-                "tools/call",
-                {"name": "slow_compute", "arguments": {"seconds": 60, "label": "cut"}},
-            )
-        )["result"]
-        task_id = created["taskId"]
+        task_id = await start_task(http, a.url, 60, "cut")
         started = time.monotonic()
         ack = await rpc(http, c.url, "tasks/cancel", {"taskId": task_id})
         assert ack["result"]["resultType"] == "complete" and "taskId" not in ack["result"], ack
@@ -288,14 +280,7 @@ async def test_another_client_cannot_read_or_cancel_a_task_on_any_entry(
     a, c, _worker = two_entries_alice_mallory
     assert a.url is not None and c.url is not None
     async with httpx.AsyncClient(timeout=30) as http:
-        created = await rpc(
-            http,
-            a.url,
-            "tools/call",
-            {"name": "slow_compute", "arguments": {"seconds": 60}},
-            who="alice",
-        )
-        task_id = created["result"]["taskId"]
+        task_id = await start_task(http, a.url, 60, who="alice")
         for url in (c.url, a.url):
             for method, extra in (
                 ("tasks/get", {}),
@@ -390,29 +375,12 @@ async def test_a_listener_on_c_hears_the_status_of_a_task_run_through_a(
         with anyio.fail_after(15):
             for event in ready:
                 await event.wait()
-        created = await rpc(
-            http,
-            a.url,
-            "tools/call",
-            {"name": "slow_compute", "arguments": {"seconds": 1, "label": "heard"}},
-            who="alice",
-        )
-        task_id = created["result"]["taskId"]
-        for inbox in (on_c, on_a):
-            heard = await heard_until(inbox, task_id, "completed")
-            assert heard == [(task_id, "working"), (task_id, "completed")], heard
-        # a marker task: once alice's streams hear it, nothing more of the first is coming
-        marker = await rpc(
-            http,
-            a.url,
-            "tools/call",
-            {"name": "slow_compute", "arguments": {"seconds": 0, "label": "marker"}},
-            who="alice",
-        )
-        marker_id = marker["result"]["taskId"]
-        for inbox in (on_c, on_a):
-            heard = await heard_until(inbox, marker_id, "completed")
-            assert heard == [(marker_id, "working"), (marker_id, "completed")], heard
+        # then a marker task: once alice's streams hear it, nothing more of the first is coming
+        for seconds, label in ((1, "heard"), (0, "marker")):
+            task_id = await start_task(http, a.url, seconds, label, who="alice")
+            for inbox in (on_c, on_a):
+                heard = await heard_until(inbox, task_id, "completed")
+                assert heard == [(task_id, "working"), (task_id, "completed")], heard
         with pytest.raises(anyio.WouldBlock):
             on_m.receive_nowait()
         tg.cancel_scope.cancel()
@@ -433,14 +401,7 @@ async def test_a_task_whose_owner_is_killed_reads_failed_on_the_other_entry(
         tg.start_soon(listen, http, c.url, send_c, ready, "alice")
         with anyio.fail_after(15):
             await ready.wait()
-        created = await rpc(
-            http,
-            a.url,
-            "tools/call",
-            {"name": "slow_compute", "arguments": {"seconds": 60, "label": "orphan"}},
-            who="alice",
-        )
-        task_id = created["result"]["taskId"]
+        task_id = await start_task(http, a.url, 60, "orphan", who="alice")
         assert (await heard_until(on_c, task_id, "working"))[-1] == (task_id, "working")
         started = time.monotonic()
         a.kill()

@@ -17,7 +17,7 @@ from test_tasks_cluster import rpc, task_audit
 
 from skilld.bundle import build_bundle
 from skilld.sandbox import Sandbox
-from support.cluster import Keys, NatsServer, NodeProc, start_node
+from support.cluster import Keys, NatsServer, NodeProc, entry_nodes
 from support.env import ROOT, cache_dir
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
@@ -71,27 +71,16 @@ def cluster(
     nats: NatsServer, keys: Keys, scripts_bundle: Path, gateway_bundle: Path, tmp_path: Path
 ) -> Iterator[tuple[NodeProc, NodeProc, NodeProc]]:
     """node-a and node-c entry-only with tasks in JetStream KV; node-w1 runs the scripts."""
-    worker = start_node(
-        "node-w1", scripts_bundle, nats.url, keys.member, tmp_path / "w1", http=False
-    )
-    entries = [
-        start_node(
-            name,
-            gateway_bundle,
-            nats.url,
-            keys.member,
-            tmp_path / name,
-            extra=["--entry-only", "--cluster-kv"],
-        )
-        for name in ("node-a", "node-c")
-    ]
-    try:
-        for entry in entries:
-            entry.seen(r"node node-w1 joined")
-        yield entries[0], entries[1], worker
-    finally:
-        for node in (*entries, worker):
-            node.stop()
+    with entry_nodes(
+        nats.url,
+        keys.member,
+        scripts_bundle,
+        gateway_bundle,
+        tmp_path,
+        extra=["--cluster-kv"],
+        worker="node-w1",
+    ) as (worker, a, c):
+        yield a, c, worker
 
 
 async def test_a_cancel_at_another_entry_node_ends_the_script_process(

@@ -98,6 +98,23 @@ async def first_round(http: httpx.AsyncClient, url: str, name: str) -> dict[str,
     return dict(result["result"])
 
 
+# The answer ir_request_state's one question (confirm) wants.
+CONFIRM = {"confirm": {"action": "accept", "content": {"ok": True}}}
+
+
+async def retry(
+    http: httpx.AsyncClient,
+    url: str,
+    name: str,
+    state: str,
+    answers: dict[str, Any] = CONFIRM,
+) -> dict[str, Any]:
+    """The JSON-RPC answer to a retry of a call of ``name`` under ``state``, answering its
+    questions with ``answers``."""
+    params = {"name": name, "arguments": {}, "inputResponses": answers, "requestState": state}
+    return dict(payload(await modern(http, url, "tools/call", params)))
+
+
 async def test_a_tampered_or_replayed_request_state_is_refused(
     server: HttpServer, conformance: tuple[Registry, MemorySink]
 ) -> None:
@@ -109,40 +126,13 @@ async def test_a_tampered_or_replayed_request_state_is_refused(
     async with httpx.AsyncClient(timeout=30) as http:
         first = await first_round(http, server.url, name)
         state = first["requestState"]
-        answer = {"confirm": {"action": "accept", "content": {"ok": True}}}
         flipped = state[:-2] + ("A" if state[-2] != "A" else "B") + state[-1]
         for target, token in ((name, flipped), (other, state), (name, state + "x")):
-            refused = payload(
-                await modern(
-                    http,
-                    server.url,
-                    "tools/call",
-                    {
-                        "name": target,
-                        "arguments": {},
-                        "inputResponses": answer,
-                        "requestState": token,
-                    },
-                )
-            )
+            refused = await retry(http, server.url, target, token)
             assert refused["error"]["code"] == types.INVALID_PARAMS, refused
-        done = payload(
-            await modern(
-                http,
-                server.url,
-                "tools/call",
-                {"name": name, "arguments": {}, "inputResponses": answer, "requestState": state},
-            )
-        )
+        done = await retry(http, server.url, name, state)
         assert "state-ok" in done["result"]["content"][0]["text"], done
-        replayed = payload(
-            await modern(
-                http,
-                server.url,
-                "tools/call",
-                {"name": name, "arguments": {}, "inputResponses": answer, "requestState": state},
-            )
-        )
+        replayed = await retry(http, server.url, name, state)
     assert replayed["error"]["code"] == types.INVALID_PARAMS, replayed
     assert "over" in replayed["error"]["message"]
     assert [r.get("outcome") for r in sink.records if r.get("skill") == "conformance"] == ["ok"]
@@ -154,31 +144,16 @@ async def test_state_sealed_by_another_node_is_refused(
     """A requestState minted by another node (another key) is refused by this one."""
     registry, _sink = conformance
     name = tool(registry, "ir_request_state")
-    answer = {"confirm": {"action": "accept", "content": {"ok": True}}}
     async with (
         running_http(registry, ServeConfig(transport="http", port=0)) as one,
         running_http(registry, ServeConfig(transport="http", port=0)) as two,
         httpx.AsyncClient(timeout=30) as http,
     ):
         state = (await first_round(http, one.url, name))["requestState"]
-        refused = payload(
-            await modern(
-                http,
-                two.url,
-                "tools/call",
-                {"name": name, "arguments": {}, "inputResponses": answer, "requestState": state},
-            )
-        )
+        refused = await retry(http, two.url, name, state)
         assert refused["error"]["code"] == types.INVALID_PARAMS, refused
         # the call is still parked on the first node, which answers the retry
-        done = payload(
-            await modern(
-                http,
-                one.url,
-                "tools/call",
-                {"name": name, "arguments": {}, "inputResponses": answer, "requestState": state},
-            )
-        )
+        done = await retry(http, one.url, name, state)
     assert "state-ok" in done["result"]["content"][0]["text"], done
 
 
@@ -213,19 +188,8 @@ async def test_a_parked_call_never_retried_ends_at_its_deadline_and_is_audited(
         with anyio.fail_after(30):
             while not [r for r in sink.records if r.get("skill") == "conformance"]:
                 await anyio.sleep(0.1)  # waiting on the guest's own deadline, not synchronising
-        late = payload(
-            await modern(
-                http,
-                server.url,
-                "tools/call",
-                {
-                    "name": name,
-                    "arguments": {},
-                    "inputResponses": {"user_name": {"action": "accept", "content": {"name": "x"}}},
-                    "requestState": state,
-                },
-            )
-        )
+        answers = {"user_name": {"action": "accept", "content": {"name": "x"}}}
+        late = await retry(http, server.url, name, state, answers)
     [record] = [r for r in sink.records if r.get("skill") == "conformance"]
     assert record.get("outcome") != "ok", record
     assert late["error"]["code"] == types.INVALID_PARAMS, late
@@ -241,16 +205,14 @@ async def test_a_retry_on_another_entry_node_is_told_where_its_call_is(
     key = (b"k" * 32,)
     one_config = ServeConfig(transport="http", port=0, node_id="node-a", request_state_keys=key)
     two_config = dataclasses.replace(one_config, node_id="node-b")
-    answer = {"confirm": {"action": "accept", "content": {"ok": True}}}
     async with (
         running_http(registry, one_config) as one,
         running_http(registry, two_config) as two,
         httpx.AsyncClient(timeout=30) as http,
     ):
         state = (await first_round(http, one.url, name))["requestState"]
-        retry = {"name": name, "arguments": {}, "inputResponses": answer, "requestState": state}
-        elsewhere = payload(await modern(http, two.url, "tools/call", retry))
-        done = payload(await modern(http, one.url, "tools/call", retry))
+        elsewhere = await retry(http, two.url, name, state)
+        done = await retry(http, one.url, name, state)
     assert elsewhere["error"]["code"] == types.INVALID_PARAMS
     assert "node-a" in elsewhere["error"]["message"], elsewhere
     assert "state-ok" in done["result"]["content"][0]["text"], done
@@ -266,9 +228,9 @@ async def test_hostile_request_state_is_always_a_clean_refusal(
     """Any requestState a client makes up is refused with -32602, and no guest runs."""
     registry, sink = conformance
     before = len(sink.records)
-    retry = {"name": tool(registry, "ir_elicitation"), "arguments": {}, "requestState": state}
+    params = {"name": tool(registry, "ir_elicitation"), "arguments": {}, "requestState": state}
     async with httpx.AsyncClient(timeout=30) as http:
-        refused = payload(await modern(http, server.url, "tools/call", retry))
+        refused = payload(await modern(http, server.url, "tools/call", params))
     assert refused["error"]["code"] == types.INVALID_PARAMS, refused
     assert len(sink.records) == before
 

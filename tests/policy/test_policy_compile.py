@@ -9,6 +9,7 @@ import pytest
 
 from skilld.errors import PolicyError
 from skilld.policy import Tables, compile_policies, load_tables
+from support.policies import write_policies
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,10 +22,7 @@ def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def write(tmp_path: Path, files: dict[str, str]) -> Path:
     """A policies directory holding ``files``, as the relative path ``policies``."""
-    root = tmp_path / "policies"
-    root.mkdir()
-    for name, text in files.items():
-        (root / name).write_text(text)
+    write_policies(tmp_path, files)
     return Path("policies")
 
 

@@ -9,18 +9,14 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from skilld.cli import main
 from skilld.errors import PolicyError
 from skilld.policy import compile_policies
 from skilld.types import Limits
+from support.policies import assert_refused_at, compiled, explained, write_policies
 
 
 def _limits(tmp_path: Path, files: dict[str, str], skill: str = "notes") -> Limits:
-    root = tmp_path / "policies"
-    root.mkdir()
-    for name, text in files.items():
-        (root / name).write_text(text)
-    return compile_policies(root).tables.limits(skill)
+    return compiled(tmp_path, files).limits(skill)
 
 
 @pytest.mark.parametrize(
@@ -67,29 +63,26 @@ def test_bad_instances_are_refused_at_their_line(
     tmp_path: Path, text: str, line: int, words: str
 ) -> None:
     """A wrong word, count or duration names the file, its line and what to write."""
-    with pytest.raises(PolicyError) as info:
-        _limits(tmp_path, {"notes.yaml": text})
-    assert info.value.location is not None and info.value.location.endswith(f"notes.yaml:{line}")
-    assert words in str(info.value)
+    assert_refused_at(tmp_path, text, line, words)
 
 
 def test_explain_says_which_instances_a_skill_gets(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``skilld policy explain`` ends with the skill's instance policy."""
-    root = tmp_path / "policies"
-    root.mkdir()
-    (root / "notes.yaml").write_text("kv: {}\ninstances: fresh\n")
-    (root / "echo.yaml").write_text("instances:\n  max_calls: 20\n  idle: 30s\n")
-    args = ["policy", "explain", "--policies", str(root)]
-    main([*args[:2], "notes", "env.read", "X", *args[2:]])
-    assert "instances: fresh (a new instance for every call)" in capsys.readouterr().out
-    main([*args[:2], "echo", "env.read", "X", *args[2:]])
+    root = write_policies(
+        tmp_path,
+        {
+            "notes.yaml": "kv: {}\ninstances: fresh\n",
+            "echo.yaml": "instances:\n  max_calls: 20\n  idle: 30s\n",
+        },
+    )
+    assert "instances: fresh (a new instance for every call)" in explained(root, "notes", capsys)
     warm = (
         "instances: warm (one caller's calls share an instance: "
         "at most 20 calls, idle at most 30 s)"
     )
-    assert warm in capsys.readouterr().out
+    assert warm in explained(root, "echo", capsys)
 
 
 _YAML_VALUES = st.recursive(

@@ -6,23 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from skilld.cli import main
-from skilld.errors import PolicyError
-from skilld.policy import Tables, compile_policies
-
-
-def _compiled(tmp_path: Path, files: dict[str, str]) -> Tables:
-    root = tmp_path / "policies"
-    root.mkdir()
-    for name, text in files.items():
-        (root / name).write_text(text)
-    return compile_policies(root).tables
+from support.policies import assert_refused_at, compiled, explained, write_policies
 
 
 def test_only_the_skill_that_opts_in_records_its_arguments(tmp_path: Path) -> None:
     """``record_arguments: true`` is the skill's alone; a skill without it never records,
     and its tables have no telemetry entry (bundle digests of such policies unchanged)."""
-    tables = _compiled(
+    tables = compiled(
         tmp_path,
         {"notes.yaml": "telemetry:\n  record_arguments: true\n", "echo.yaml": "kv: {}\n"},
     )
@@ -33,7 +23,7 @@ def test_only_the_skill_that_opts_in_records_its_arguments(tmp_path: Path) -> No
 
 def test_a_skill_may_opt_out_of_the_defaults(tmp_path: Path) -> None:
     """``defaults.yaml`` may opt every skill in; a skill's own ``false`` wins for it."""
-    tables = _compiled(
+    tables = compiled(
         tmp_path,
         {
             "defaults.yaml": "telemetry: {record_arguments: true}\n",
@@ -57,24 +47,17 @@ def test_a_bad_telemetry_section_is_refused_at_its_line(
     tmp_path: Path, text: str, line: int, words: str
 ) -> None:
     """A typo or a non-boolean names the file, its line and what to write."""
-    with pytest.raises(PolicyError) as info:
-        _compiled(tmp_path, {"notes.yaml": text})
-    assert info.value.location is not None and info.value.location.endswith(f"notes.yaml:{line}")
-    assert words in str(info.value)
+    assert_refused_at(tmp_path, text, line, words)
 
 
 def test_explain_says_whether_a_skill_records_its_arguments(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """``skilld policy explain`` says, per skill, whether spans carry its arguments."""
-    root = tmp_path / "policies"
-    root.mkdir()
-    (root / "notes.yaml").write_text("telemetry:\n  record_arguments: true\n")
-    (root / "echo.yaml").write_text("{}\n")
-    args = ["policy", "explain", "--policies", str(root)]
-    main([*args[:2], "notes", "env.read", "X", *args[2:]])
+    root = write_policies(
+        tmp_path, {"notes.yaml": "telemetry:\n  record_arguments: true\n", "echo.yaml": "{}\n"}
+    )
     opted = "arguments and results: recorded on its spans (telemetry.record_arguments)"
-    assert opted in capsys.readouterr().out
-    main([*args[:2], "echo", "env.read", "X", *args[2:]])
+    assert opted in explained(root, "notes", capsys)
     never = "arguments and results: never recorded (telemetry.record_arguments)"
-    assert never in capsys.readouterr().out
+    assert never in explained(root, "echo", capsys)

@@ -12,8 +12,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -350,6 +350,93 @@ def start_node(
         node.stop()
         raise RuntimeError(f"node {name} did not start:\n{node.log()[-4000:]}") from None
     return node
+
+
+@contextmanager
+def entry_nodes(
+    nats_url: str,
+    key: Path,
+    worker_bundle: Path,
+    gateway_bundle: Path,
+    root: Path,
+    state_key: Path | None = None,
+    *,
+    bus: Path | None = None,
+    extra: Sequence[str] = (),
+    worker: str = "node-b",
+    worker_skills: int | None = None,
+) -> Iterator[tuple[NodeProc, NodeProc, NodeProc]]:
+    """(worker, a, c): ``worker``, serving ``worker_bundle`` without HTTP, and node-a and
+    node-c, entry-only nodes serving ``gateway_bundle`` with ``extra`` options (sharing the
+    round-sealing key file ``state_key`` when given); yielded once each entry node has
+    seen the worker (announcing ``worker_skills`` skills, when given) and the other join.
+    All are stopped on exit, the entry nodes first. ``key``, ``bus``: as for
+    :func:`start_node`; ``root``: where each keeps its state (the worker's name without
+    ``node-``, ``node-a``, ``node-c``)."""
+    sealed = [] if state_key is None else ["--request-state-key", str(state_key)]
+    state = root / worker.removeprefix("node-")
+    started = [start_node(worker, worker_bundle, nats_url, key, state, http=False, bus=bus)]
+    try:
+        for name in ("node-a", "node-c"):
+            started.append(
+                start_node(
+                    name,
+                    gateway_bundle,
+                    nats_url,
+                    key,
+                    root / name,
+                    extra=["--entry-only", *sealed, *extra],
+                    bus=bus,
+                )
+            )
+        work, a, c = started
+        joined = rf"node {worker} joined" + (
+            rf" \({worker_skills} skills\)" if worker_skills is not None else ""
+        )
+        for entry, other in ((a, "node-c"), (c, "node-a")):
+            entry.seen(joined)
+            entry.seen(rf"node {other} joined")
+        yield work, a, c
+    finally:
+        for node in reversed(started):
+            node.stop()
+
+
+EntryNodes = Callable[..., AbstractContextManager[tuple[NodeProc, NodeProc, NodeProc]]]
+""":func:`entry_nodes` with its first arguments bound (the cluster tests' ``bus_entry_nodes``)."""
+
+
+@contextmanager
+def replicas_behind_entry(
+    nats_url: str, key: Path, bundle: Path, gateway_bundle: Path, root: Path
+) -> Iterator[tuple[list[NodeProc], NodeProc]]:
+    """(replicas, entry): node-r1 and node-r2, both serving ``bundle`` without HTTP and
+    keeping kv state in JetStream KV (one bucket, so neither withdraws a stateful skill),
+    and node-a, an entry-only node serving ``gateway_bundle``; all stopped on exit, the
+    entry node first. ``key``: as for :func:`start_node`; ``root``: where each keeps its
+    state (``r1``, ``r2``, ``a``)."""
+    started: list[NodeProc] = []
+    try:
+        for i in (1, 2):
+            started.append(
+                start_node(
+                    f"node-r{i}",
+                    bundle,
+                    nats_url,
+                    key,
+                    root / f"r{i}",
+                    http=False,
+                    extra=["--cluster-kv"],
+                )
+            )
+        entry = start_node(
+            "node-a", gateway_bundle, nats_url, key, root / "a", extra=["--entry-only"]
+        )
+        started.insert(0, entry)
+        yield started[1:], entry
+    finally:
+        for node in started:
+            node.stop()
 
 
 @dataclass

@@ -6,11 +6,11 @@ import functools
 import os
 import sys
 import threading
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import httpx2
@@ -38,6 +38,8 @@ from skilld.registry import Dispatcher, ToolAnnotations
 from skilld.types import CallOutput, ClientChannel, ContentBlock, PromptSpec, ResourceSpec
 from support.callers import open_to_authenticated
 from support.static_dispatcher import ECHO_SCHEMA, StaticDispatcher, static_tool
+
+T = TypeVar("T")
 
 TESTS = Path(__file__).resolve().parent.parent  # tests/: the server runs from there
 
@@ -380,3 +382,16 @@ def client_tokens(directory: Path, *names: str) -> Path:
 def token_of(name: str) -> str:
     """The bearer token :func:`client_tokens` gives the caller ``name`` (long enough)."""
     return f"{name}-" + "t" * 32
+
+
+async def as_caller(url: str, who: str, fn: Callable[[ClientSession], Awaitable[T]]) -> T:
+    """What ``fn`` returns of an initialized MCP session to ``url`` (Streamable HTTP) as the
+    caller ``who``, whose bearer token is :func:`token_of` its name."""
+    headers = {"Authorization": f"Bearer {token_of(who)}"}
+    async with (
+        httpx2.AsyncClient(timeout=120, headers=headers) as http,
+        streamable_http_client(url, http_client=http) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        return await fn(session)

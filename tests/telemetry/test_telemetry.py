@@ -147,12 +147,12 @@ def test_a_missing_collector_costs_no_connection_at_start_and_one_warning(
     assert f"127.0.0.1:{port}" in warnings[0]
 
 
-@pytest.fixture(scope="module")
-def echo_bundle(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("echo")
-    shutil.copytree(SKILLS["echo"], root / "skills" / "echo")
+def _bundle(sandbox: Sandbox, root: Path, policies: dict[str, str]) -> Path:
+    """A bundle in ``root`` of the test skills ``policies`` names, each under its policy."""
     (root / "policies").mkdir()
-    (root / "policies" / "echo.yaml").write_text("skill: echo\nmcp:\n  tasks: {echo: optional}\n")
+    for skill, policy in policies.items():
+        shutil.copytree(SKILLS[skill], root / "skills" / skill)
+        (root / "policies" / f"{skill}.yaml").write_text(policy)
     out = root / "bundle"
     build_bundle(
         root / "skills",
@@ -163,29 +163,29 @@ def echo_bundle(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> P
         strict=False,
     )
     return out
+
+
+@pytest.fixture(scope="module")
+def echo_bundle(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """echo, whose tool may run as a task."""
+    return _bundle(
+        sandbox,
+        tmp_path_factory.mktemp("echo"),
+        {"echo": "skill: echo\nmcp:\n  tasks: {echo: optional}\n"},
+    )
 
 
 @pytest.fixture(scope="module")
 def opted_in_bundle(sandbox: Sandbox, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """echo opted in to recording its arguments (policy), echo-wat not."""
-    root = tmp_path_factory.mktemp("opted")
-    for skill in ("echo", "echo-wat"):
-        shutil.copytree(SKILLS[skill], root / "skills" / skill)
-    (root / "policies").mkdir()
-    (root / "policies" / "echo.yaml").write_text(
-        "skill: echo\ntelemetry:\n  record_arguments: true\n"
+    return _bundle(
+        sandbox,
+        tmp_path_factory.mktemp("opted"),
+        {
+            "echo": "skill: echo\ntelemetry:\n  record_arguments: true\n",
+            "echo-wat": "skill: echo-wat\n",
+        },
     )
-    (root / "policies" / "echo-wat.yaml").write_text("skill: echo-wat\n")
-    out = root / "bundle"
-    build_bundle(
-        root / "skills",
-        root / "policies",
-        out,
-        sandbox=sandbox,
-        cache_dir=cache_dir(),
-        strict=False,
-    )
-    return out
 
 
 async def test_arguments_are_recorded_only_for_the_skill_whose_policy_opts_in(

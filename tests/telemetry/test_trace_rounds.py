@@ -15,7 +15,7 @@ import httpx2
 import pytest
 
 from skilld.sandbox import Sandbox
-from support.cluster import Keys, NatsServer, NodeProc, make_bundle, make_keys, start_node
+from support.cluster import Keys, NatsServer, NodeProc, entry_nodes, make_bundle, make_keys
 from support.env import ROOT
 from support.otlp import Receiver, Span, otlp_receiver
 
@@ -56,33 +56,14 @@ def entries(
         monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
         nats = NatsServer(tmp_path / "jetstream")
         nats.start()
-        started: list[NodeProc] = []
         try:
-            started.append(
-                start_node(
-                    "node-b", worker_bundle, nats.url, keys.member, tmp_path / "b", http=False
-                )
-            )
-            for name in ("node-a", "node-c"):
-                started.append(
-                    start_node(
-                        name,
-                        gateway,
-                        nats.url,
-                        keys.member,
-                        tmp_path / name,
-                        extra=["--entry-only", "--request-state-key", str(key_file)],
-                    )
-                )
-            _, a, c = started
-            for entry in (a, c):
-                entry.seen(r"node node-b joined")
-            a.seen(r"node node-c joined")
-            c.seen(r"node node-a joined")
-            yield receiver, a, c
+            with entry_nodes(nats.url, keys.member, worker_bundle, gateway, tmp_path, key_file) as (
+                _,
+                a,
+                c,
+            ):
+                yield receiver, a, c
         finally:
-            for node in reversed(started):
-                node.stop()
             nats.stop()
 
 

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -283,13 +283,25 @@ def jsonable(value: Any) -> Any:
     return str(value)
 
 
+def _required_text(
+    doc: Mapping[str, Any], key: str, report: Callable[[int, str | None, str], None], at: int
+) -> str | None:
+    """The frontmatter's required field ``key`` when it is a non-empty string; else None,
+    its absence or its wrong type told to ``report`` (``_Findings.soft`` or ``.error``:
+    how hard each field's finding is stays the caller's)."""
+    if key not in doc:
+        report(at, None, f"Missing required field in frontmatter: {key}")
+        return None
+    value = doc[key]
+    if not isinstance(value, str) or not value.strip():
+        report(at, key, f"Field '{key}' must be a non-empty string")
+        return None
+    return value
+
+
 def _check_name(doc: Mapping[str, Any], dir_name: str, found: _Findings, at: int) -> str:
-    if "name" not in doc:
-        found.soft(at, None, "Missing required field in frontmatter: name")
-        return ""
-    name = doc["name"]
-    if not isinstance(name, str) or not name.strip():
-        found.soft(at, "name", "Field 'name' must be a non-empty string")
+    name = _required_text(doc, "name", found.soft, at)
+    if name is None:
         return ""
     if len(name) > MAX_NAME:
         found.soft(
@@ -318,12 +330,8 @@ def _check_name(doc: Mapping[str, Any], dir_name: str, found: _Findings, at: int
 
 
 def _check_description(doc: Mapping[str, Any], found: _Findings, at: int) -> str:
-    if "description" not in doc:
-        found.error(at, None, "Missing required field in frontmatter: description")
-        return ""
-    text = doc["description"]
-    if not isinstance(text, str) or not text.strip():
-        found.error(at, "description", "Field 'description' must be a non-empty string")
+    text = _required_text(doc, "description", found.error, at)
+    if text is None:
         return ""
     if len(text) > MAX_DESCRIPTION:
         found.soft(

@@ -277,13 +277,7 @@ def run_pack(args: argparse.Namespace) -> int:
         PackageFormatError: a bad skill.yaml or an unsafe file under DIR.
         BuildError: building the component failed.
     """
-    from skilld.package import (
-        pack_directory,
-        read_package,
-        read_skill_meta,
-        write_atomic,
-        write_ephemeral_signer,
-    )
+    from skilld.package import pack_directory, read_skill_meta
 
     if not args.dir.is_dir():
         raise UsageError(f"no such directory: {args.dir}")
@@ -307,39 +301,44 @@ def run_pack(args: argparse.Namespace) -> int:
 
         print(f"building {args.dir} ...", file=sys.stderr)
         component = build_component(args.dir, cache_dir=args.cache_dir).read_bytes()
+    _add_ephemeral_key(args, keys, meta.id)
+    data = pack_directory(args.dir, component, keys=keys)
+    _write_package(args.output, data, f"{meta.id} {meta.version}")
+    return 0
+
+
+def _add_ephemeral_key(args: argparse.Namespace, keys: list[SigningKey], skill_id: str) -> None:
+    """With ``--ephemeral-key-out``, add a throwaway signer scoped to ``skill_id`` to ``keys``
+    (made or reused there, with its trust file) and say where its trust file is."""
+    from skilld.package import write_ephemeral_signer
+
     if args.ephemeral_key_out:
-        key, trust_file = write_ephemeral_signer(args.ephemeral_key_out, meta.id)
+        key, trust_file = write_ephemeral_signer(args.ephemeral_key_out, skill_id)
         keys.append(key)
         print(f"ephemeral key {key.key_id}: trust file {trust_file}", file=sys.stderr)
-    data = pack_directory(args.dir, component, keys=keys)
-    write_atomic(args.output, data)
+
+
+def _write_package(output: Path, data: bytes, what: str) -> None:
+    """Write the package ``data`` to ``output`` atomically and print what it holds
+    (``what``: the skill and version), its size, digest and signers."""
+    from skilld.package import read_package, write_atomic
+
+    write_atomic(output, data)
     contents = read_package(data)
     signers = ", ".join(s.key_id for s in contents.signatures)
     print(
-        f"wrote {args.output}: {meta.id} {meta.version}, {len(data)} bytes, "
-        f"sha256 {contents.sha256}, signed by {signers}"
+        f"wrote {output}: {what}, {len(data)} bytes, sha256 {contents.sha256}, signed by {signers}"
     )
-    return 0
 
 
 def _pack_agent_skill(args: argparse.Namespace, source: Any) -> int:
     """``skilld pack`` of an Agent Skills directory (SKILL.md, validated strictly)."""
     from skilld import agentskills
-    from skilld.package import read_package, write_atomic, write_ephemeral_signer
 
     keys = _load_keys(args.key, args)
-    if args.ephemeral_key_out:
-        key, trust_file = write_ephemeral_signer(args.ephemeral_key_out, source.md.id)
-        keys.append(key)
-        print(f"ephemeral key {key.key_id}: trust file {trust_file}", file=sys.stderr)
+    _add_ephemeral_key(args, keys, source.md.id)
     data, version = agentskills.pack(source, keys=keys)
-    write_atomic(args.output, data)
-    contents = read_package(data)
-    signers = ", ".join(s.key_id for s in contents.signatures)
-    print(
-        f"wrote {args.output}: Agent Skill {source.md.id} {version}, {len(data)} bytes, "
-        f"sha256 {contents.sha256}, signed by {signers}"
-    )
+    _write_package(args.output, data, f"Agent Skill {source.md.id} {version}")
     return 0
 
 

@@ -257,18 +257,22 @@ def _add_path(ruleset: int, path: str, access: int, follow: bool) -> None:
             allowed &= FS_FILE_RIGHTS
         if not allowed:
             return
-        attr = _PathBeneath(allowed, fd)
-        _check(
-            int(
-                _libc.syscall(
-                    SYS_LANDLOCK_ADD_RULE, ruleset, RULE_PATH_BENEATH, ctypes.byref(attr), 0
-                )
-            ),
-            "landlock",
-            f"landlock_add_rule({path})",
-        )
+        _add_rule(ruleset, RULE_PATH_BENEATH, _PathBeneath(allowed, fd), "landlock", path)
     finally:
         os.close(fd)
+
+
+def _add_rule(ruleset: int, kind: int, rule: ctypes.Structure, feature: str, what: str) -> None:
+    """Add one Landlock rule of ``kind`` (path-beneath or net-port) to ``ruleset``.
+
+    Raises:
+        Unavailable: the kernel refused it (``feature`` and ``what`` name it).
+    """
+    _check(
+        int(_libc.syscall(SYS_LANDLOCK_ADD_RULE, ruleset, kind, ctypes.byref(rule), 0)),
+        feature,
+        f"landlock_add_rule({what})",
+    )
 
 
 def landlock_ruleset(rules: Sequence[Any]) -> int:
@@ -294,15 +298,8 @@ def landlock_ruleset(rules: Sequence[Any]) -> int:
             _add_path(ruleset, path, access, follow)
         for right, ports in ((NET_CONNECT_TCP, connect), (NET_BIND_TCP, bind)):
             for port in ports:
-                rule = _NetPort(right, port)
-                _check(
-                    int(
-                        _libc.syscall(
-                            SYS_LANDLOCK_ADD_RULE, ruleset, RULE_NET_PORT, ctypes.byref(rule), 0
-                        )
-                    ),
-                    "landlock-tcp",
-                    f"landlock_add_rule(port {port})",
+                _add_rule(
+                    ruleset, RULE_NET_PORT, _NetPort(right, port), "landlock-tcp", f"port {port}"
                 )
     except BaseException:
         os.close(ruleset)

@@ -12,6 +12,7 @@ import bisect
 import ipaddress
 import re
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache, lru_cache
 
@@ -598,19 +599,30 @@ _UNITS = {
 _TIME = {"ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000}
 
 
+def _amount(value: object, units: Mapping[str, int], unit: str, kind: str, advice: str) -> int:
+    """``value`` in the base unit of ``units``: a positive int as it is, or a string of a
+    positive number and a unit (matching the pattern ``unit``, looked up lower-cased) times
+    that unit's factor.
+
+    Raises:
+        ValueError: anything else, as a bad ``kind``, with ``advice`` on what to write.
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    if isinstance(value, str):
+        m = re.fullmatch(rf"\s*(\d+)\s*({unit})\s*", value)
+        if m and m.group(2).lower() in units and int(m.group(1)) > 0:
+            return int(m.group(1)) * units[m.group(2).lower()]
+    raise ValueError(f"bad {kind} {value!r}: {advice}")
+
+
 def parse_size(value: object) -> int:
     """Bytes from ``1048576``, ``"64MiB"``, ``"10MB"``.
 
     Raises:
         ValueError: not a positive size.
     """
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value
-    if isinstance(value, str):
-        m = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", value)
-        if m and m.group(2).lower() in _UNITS and int(m.group(1)) > 0:
-            return int(m.group(1)) * _UNITS[m.group(2).lower()]
-    raise ValueError(f"bad size {value!r}: use bytes or e.g. '64MiB', '10MB'")
+    return _amount(value, _UNITS, "[a-zA-Z]*", "size", "use bytes or e.g. '64MiB', '10MB'")
 
 
 def parse_duration_ms(value: object) -> int:
@@ -619,10 +631,6 @@ def parse_duration_ms(value: object) -> int:
     Raises:
         ValueError: not a positive duration.
     """
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value
-    if isinstance(value, str):
-        m = re.fullmatch(r"\s*(\d+)\s*([a-z]+)\s*", value)
-        if m and m.group(2) in _TIME and int(m.group(1)) > 0:
-            return int(m.group(1)) * _TIME[m.group(2)]
-    raise ValueError(f"bad duration {value!r}: use milliseconds or e.g. '500ms', '5s', '2m'")
+    # Units are lower-case only here ("5S" is refused), unlike sizes.
+    advice = "use milliseconds or e.g. '500ms', '5s', '2m'"
+    return _amount(value, _TIME, "[a-z]+", "duration", advice)

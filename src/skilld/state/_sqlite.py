@@ -191,41 +191,53 @@ class SkillStore:
                 f"value of {len(value)} bytes exceeds the {self.value_limit}-byte limit per value",
                 location=self.skill_id,
             )
+        with self._writing(f"writing {key!r}") as conn:
+            old = conn.execute(
+                "SELECT length(value) FROM kv WHERE skill = ? AND key = ?",
+                (self.skill_id, key),
+            ).fetchone()
+            used = conn.execute(
+                "SELECT bytes FROM usage WHERE skill = ?", (self.skill_id,)
+            ).fetchone()
+            freed = key_bytes + old[0] if old else 0
+            total = (used[0] if used else 0) - freed + size
+            if total > self.total_limit:
+                raise QuotaExceeded(  # rolled back by _writing
+                    f"storing {key!r} would use {total} bytes, over the "
+                    f"{self.total_limit}-byte quota",
+                    location=self.skill_id,
+                )
+            conn.execute(
+                "INSERT INTO kv (skill, key, value) VALUES (?, ?, ?) "
+                "ON CONFLICT (skill, key) DO UPDATE SET value = excluded.value",
+                (self.skill_id, key, value),
+            )
+            conn.execute(
+                "INSERT INTO usage (skill, bytes) VALUES (?, ?) "
+                "ON CONFLICT (skill) DO UPDATE SET bytes = excluded.bytes",
+                (self.skill_id, total),
+            )
+
+    @contextmanager
+    def _writing(self, what: str) -> Iterator[sqlite3.Connection]:
+        """One write transaction of this skill's rows: ``BEGIN IMMEDIATE`` (the usage row
+        is read and updated under the write lock), committed when the block ends, rolled
+        back when it raises.
+
+        Raises:
+            StateError: the database failed (the message says ``what`` failed).
+        """
         conn = self._state._conn()
         try:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                old = conn.execute(
-                    "SELECT length(value) FROM kv WHERE skill = ? AND key = ?",
-                    (self.skill_id, key),
-                ).fetchone()
-                used = conn.execute(
-                    "SELECT bytes FROM usage WHERE skill = ?", (self.skill_id,)
-                ).fetchone()
-                freed = key_bytes + old[0] if old else 0
-                total = (used[0] if used else 0) - freed + size
-                if total > self.total_limit:
-                    raise QuotaExceeded(  # noqa: TRY301 (the except below rolls back)
-                        f"storing {key!r} would use {total} bytes, over the "
-                        f"{self.total_limit}-byte quota",
-                        location=self.skill_id,
-                    )
-                conn.execute(
-                    "INSERT INTO kv (skill, key, value) VALUES (?, ?, ?) "
-                    "ON CONFLICT (skill, key) DO UPDATE SET value = excluded.value",
-                    (self.skill_id, key, value),
-                )
-                conn.execute(
-                    "INSERT INTO usage (skill, bytes) VALUES (?, ?) "
-                    "ON CONFLICT (skill) DO UPDATE SET bytes = excluded.bytes",
-                    (self.skill_id, total),
-                )
+                yield conn
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
-            raise StateError(f"writing {key!r} failed: {exc}", location=self.skill_id) from exc
+            raise StateError(f"{what} failed: {exc}", location=self.skill_id) from exc
 
     def delete(self, key: str) -> bool:
         """Remove ``key``; True when it existed.
@@ -233,26 +245,17 @@ class SkillStore:
         Raises:
             StateError: the database failed.
         """
-        conn = self._state._conn()
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                old = conn.execute(
-                    "SELECT length(value) FROM kv WHERE skill = ? AND key = ?",
-                    (self.skill_id, key),
-                ).fetchone()
-                if old is not None:
-                    conn.execute("DELETE FROM kv WHERE skill = ? AND key = ?", (self.skill_id, key))
-                    conn.execute(
-                        "UPDATE usage SET bytes = bytes - ? WHERE skill = ?",
-                        (len(key.encode()) + old[0], self.skill_id),
-                    )
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            raise StateError(f"deleting {key!r} failed: {exc}", location=self.skill_id) from exc
+        with self._writing(f"deleting {key!r}") as conn:
+            old = conn.execute(
+                "SELECT length(value) FROM kv WHERE skill = ? AND key = ?",
+                (self.skill_id, key),
+            ).fetchone()
+            if old is not None:
+                conn.execute("DELETE FROM kv WHERE skill = ? AND key = ?", (self.skill_id, key))
+                conn.execute(
+                    "UPDATE usage SET bytes = bytes - ? WHERE skill = ?",
+                    (len(key.encode()) + old[0], self.skill_id),
+                )
         return old is not None
 
     def keys(self, prefix: str, limit: int) -> list[str]:

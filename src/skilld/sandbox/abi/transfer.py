@@ -165,6 +165,22 @@ def _local(ctx: CallContext, path: str) -> str:
     return canonical(path)
 
 
+def _granted(
+    ctx: CallContext, action: str, node: str, local_path: str, remote_path: str
+) -> tuple[str, TransferService]:
+    """The canonical local path of a ``send`` or ``fetch`` (``action``) with ``node`` and
+    the cluster's transfer service, once neither path names another node and the skill's
+    ``transfer`` grant allows the action on the local path.
+
+    Raises:
+        HostCallError: a remote-to-remote path, no grant, or no cluster.
+    """
+    canon = _local(ctx, local_path)
+    _local(ctx, remote_path)
+    decide(ctx, "transfer", action, f"{node}:{canon}")
+    return canon, _service(ctx)
+
+
 def nodes(ctx: CallContext) -> list[str]:
     """The nodes this skill may transfer with (its grants' node patterns, among the members)."""
     service = _service(ctx)
@@ -174,20 +190,14 @@ def nodes(ctx: CallContext) -> list[str]:
 
 def send(ctx: CallContext, node: str, local_path: str, remote_path: str) -> int:
     """Push a local file to ``remote_path`` on ``node``."""
-    canon = _local(ctx, local_path)
-    _local(ctx, remote_path)
-    decide(ctx, "transfer", "send", f"{node}:{canon}")
-    service = _service(ctx)
+    canon, service = _granted(ctx, "send", node, local_path, remote_path)
     data = read_file(canon, local_path)
     return service.send(ctx, node, data, remote_path)
 
 
 def fetch(ctx: CallContext, node: str, remote_path: str, local_path: str) -> int:
     """Pull ``remote_path`` from ``node`` into a local file."""
-    canon = _local(ctx, local_path)
-    _local(ctx, remote_path)
-    decide(ctx, "transfer", "fetch", f"{node}:{canon}")
-    service = _service(ctx)
+    canon, service = _granted(ctx, "fetch", node, local_path, remote_path)
     sink = Incoming(canon, local_path)
     try:
         return service.fetch(ctx, node, remote_path, sink)
