@@ -51,7 +51,9 @@ async def server(
         yield srv
 
 
-def _post(url: str, who: str, name: str, arguments: dict[str, object]) -> socket.socket:
+def _post(
+    url: str, who: str, name: str, arguments: dict[str, object], scheme: str = "Bearer"
+) -> socket.socket:
     """A 2026-07-28 ``tools/call`` sent on a socket that reads as little as it can (a tiny
     receive buffer, set before connecting) and is not read: the answer waits in the server."""
     parts = httpx.URL(url)
@@ -62,7 +64,7 @@ def _post(url: str, who: str, name: str, arguments: dict[str, object]) -> socket
         f"POST {parts.path} HTTP/1.1\r\nHost: {parts.host}:{parts.port}\r\n"
         "Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
         f"MCP-Protocol-Version: {MODERN}\r\nMcp-Method: tools/call\r\nMcp-Name: {name}\r\n"
-        f"Authorization: Bearer {token_of(who)}\r\nConnection: close\r\n"
+        f"Authorization: {scheme} {token_of(who)}\r\nConnection: close\r\n"
         f"Content-Length: {len(body.encode())}\r\n\r\n"
     )
     sock = socket.socket()
@@ -87,13 +89,17 @@ async def test_mallorys_unread_answers_are_her_share_of_bytes(
 ) -> None:
     """mallory asks for six 7 MB greetings and reads none: past her 10 MB share of
     unwritten response bytes her answers are dropped, so when she reads at last some of
-    her requests have no answer (all six had one, and the server held all six);
-    alice is answered meanwhile."""
+    her requests have no answer (all six had one, and the server held all six). Half of
+    them spell her credential's scheme 'bearer': the same caller, one share. alice is
+    answered meanwhile."""
     registry = conformance_exposed[0]
     greet, simple = tool(registry, "greet"), tool(registry, "simple_text")
+    # Half spelled "bearer": another spelling of her credential is still her, one share.
     sockets = [
-        await anyio.to_thread.run_sync(_post, server.url, "mallory", greet, {"name": "x" * NAME})
-        for _ in range(CALLS)
+        await anyio.to_thread.run_sync(
+            _post, server.url, "mallory", greet, {"name": "x" * NAME}, ("Bearer", "bearer")[n % 2]
+        )
+        for n in range(CALLS)
     ]
     audit = conformance_exposed[1]
     with anyio.fail_after(60):
@@ -116,4 +122,6 @@ async def test_mallorys_unread_answers_are_her_share_of_bytes(
     replies = [await anyio.to_thread.run_sync(_read_all, s) for s in sockets]
     answered = sum(b'"result"' in reply for reply in replies)
     assert all(reply.startswith(b"HTTP/1.1 200") for reply in replies)
-    assert 1 <= answered < CALLS, f"{answered} of {CALLS} answered"
+    # The first holds the share until she reads (7 MB: more than the socket buffers take);
+    # every other, either spelling, is dropped.
+    assert answered == 1, f"{answered} of {CALLS} answered"

@@ -151,7 +151,7 @@ async def test_a_session_that_is_not_read_reads_no_more_requests(
     """mallory opens an SSE stream, stops reading it and POSTs 1 MB greetings: once the
     stream has taken what the buffers hold, her session reads nothing more, so her POSTs
     stay in progress and she gets 429 within a few (she had every one answered 202 and
-    the server held each answer, about 3.5 MiB a call). alice is served meanwhile; when
+    the server held each answer, about 3.1 MiB a call). alice is served meanwhile; when
     mallory reads her stream again, every call she was answered 202 for is answered."""
     greet = tool(conformance_exposed[0], "greet")
     base = server.url.removesuffix("/mcp")
