@@ -8,21 +8,25 @@ is not UTF-8, a tree 70 levels deep. Issue 27 item 4 and issue 28 item 4.
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import json
 import os
 import secrets
 import shutil
 import stat
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from mcp import ClientSession
 from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from skilld.agentskills._collect import COLLECT_MEMORY, MAX_KEPT_FILE
@@ -30,7 +34,7 @@ from skilld.agentskills._kept import KeptOutputs, digest_uri
 from skilld.sandbox import Sandbox
 from skilld.types import Caller
 from support.agentskills import serve_built
-from support.mcp_fakes import as_caller, client_tokens
+from support.mcp_fakes import as_caller, client_tokens, token_of
 from support.serve_process import ServeProcess
 
 REPORT = """\
@@ -396,3 +400,93 @@ def test_the_store_never_evicts_another_callers_output(
         used = {name: store.used(Caller.token(name)) for name in ("alice", "mallory", "eve")}
         assert all(v <= 500 for v in used.values())
         assert sum(used.values()) <= 900
+
+
+def _reader(served: dict[str, Any], who: str) -> Any:
+    """An MCP session of ``who`` that takes events of any size (the SDK's client refuses
+    events over 1 MiB; a client that reads large outputs raises that limit)."""
+
+    @contextlib.asynccontextmanager
+    async def session() -> AsyncIterator[ClientSession]:
+        headers = {"Authorization": f"Bearer {token_of(who)}"}
+        async with (
+            httpx2.AsyncClient(timeout=120, headers=headers) as http,
+            streamable_http_client(
+                served["server"].url, http_client=http, max_sse_event_size=None
+            ) as (read, write),
+            ClientSession(read, write) as s,
+        ):
+            await s.initialize()
+            yield s
+
+    return session()
+
+
+def test_one_callers_reads_of_large_outputs_take_turns(served: dict[str, Any]) -> None:
+    """The attack: mallory keeps two outputs of 64 MiB (sparse: they cost her nothing)
+    and reads them 16 times at once. Each read is several times its size in the server
+    while it is encoded, and the event loop serializes slower than threads read: 12
+    such reads took the server 2.2 GiB over what it held, 40 took 7 GiB. Now one
+    caller's reads take turns (``max_reads_per_caller``, 2) from before they read until
+    their response is written: every read is answered in full, the server's peak stays
+    within 1.2 GiB of where it was, and alice's read meanwhile is answered."""
+    pid = served["server"].proc.pid
+    ran = _value(_run(served, "mallory", "sparse", "2", str(MAX_KEPT_FILE)))
+    uris = [r["uri"] for r in ran["resources"]]
+    mine = _value(_run(served, "alice", "secret", "alice-s3cret"))["resources"][0]["uri"]
+    if os.geteuid() != 0:
+        pytest.skip("resetting the peak RSS (clear_refs) needs to own the process")
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+    before = _status(pid, "VmRSS")
+    sizes: list[int] = []
+    alices: list[str] = []
+
+    async def mallory() -> None:
+        async with _reader(served, "mallory") as s:
+
+            async def one(uri: str) -> None:
+                got = await s.read_resource(uri)  # type: ignore[arg-type]
+                sizes.append(len(base64.b64decode(got.contents[0].blob)))  # type: ignore[union-attr]
+
+            async with anyio.create_task_group() as tg:
+                for i in range(16):
+                    tg.start_soon(one, uris[i % 2])
+
+    async def alice() -> None:
+        await anyio.sleep(2)  # mallory's reads are under way
+        async with _reader(served, "alice") as s:
+            got = await s.read_resource(mine)  # type: ignore[arg-type]
+            alices.append(str(got.contents[0].text))  # type: ignore[union-attr]
+
+    async def both() -> None:
+        with anyio.fail_after(300):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(mallory)
+                tg.start_soon(alice)
+
+    anyio.run(both)
+    peak = _status(pid, "VmHWM")
+    print(f"peak RSS {peak >> 20} MiB, {(peak - before) >> 20} MiB over {before >> 20} MiB")
+    assert sizes == [MAX_KEPT_FILE] * 16
+    assert alices[0].startswith("alice-s3cret")
+    assert peak - before <= 1200 << 20, (peak - before) >> 20
+
+
+def test_a_kept_output_too_large_for_a_run_is_refused_unread(served: dict[str, Any]) -> None:
+    """mallory hands her own 64 MiB kept output (sparse) to a run as an input file, past
+    the 32 MiB a run's files may take: refused, naming its size, before the server reads
+    it (its peak RSS grows by far less than the file; it grew by the whole file, read
+    only to be refused, before)."""
+    ran = _value(_run(served, "mallory", "sparse", "1", str(MAX_KEPT_FILE)))
+    uri = ran["resources"][0]["uri"]
+    pid = served["server"].proc.pid
+    _run(served, "mallory", "cat", "in.txt", files=[{"path": "in.txt", "text": "warm"}])
+    if os.geteuid() != 0:
+        pytest.skip("resetting the peak RSS (clear_refs) needs to own the process")
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+    before = _status(pid, "VmRSS")
+    result = _run(served, "mallory", "cat", "in.bin", files=[{"path": "in.bin", "uri": uri}])
+    peak = _status(pid, "VmHWM")
+    assert result.is_error
+    assert peak - before < 16 << 20, (peak - before) >> 20
+    assert f"is {MAX_KEPT_FILE} bytes, more than the" in result.content[0].text

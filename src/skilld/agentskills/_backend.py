@@ -42,7 +42,7 @@ from skilld.agentskills._build import (
     resource_uri,
 )
 from skilld.agentskills._collect import collect, file_block
-from skilld.agentskills._kept import KeptOutputs, digest_uri
+from skilld.agentskills._kept import KeptOutputs, TooLarge, digest_uri
 from skilld.agentskills._quota import Quota, mount_tmpfs
 from skilld.agentskills._skillmd import SKILL_MD, jsonable, split_frontmatter
 from skilld.call import CallContext
@@ -404,7 +404,7 @@ class AgentSkillBackend:
                 raise GuestError(
                     "invalid-argument", f"file '{rel}': give one of content, text or uri"
                 )
-            data = self._input_bytes(rel, given[0], item[given[0]], caller)
+            data = self._input_bytes(rel, given[0], item[given[0]], caller, MAX_INPUT_BYTES - total)
             total += len(data)
             if total > MAX_INPUT_BYTES:
                 raise GuestError(
@@ -414,7 +414,9 @@ class AgentSkillBackend:
             out.append((rel, data))
         return out
 
-    def _input_bytes(self, rel: str, kind: str, value: Any, caller: Caller) -> bytes:
+    def _input_bytes(self, rel: str, kind: str, value: Any, caller: Caller, room: int) -> bytes:
+        """One file's bytes; a kept output larger than ``room`` (what is left of
+        :data:`MAX_INPUT_BYTES`) is refused before it is read."""
         if not isinstance(value, str):
             raise GuestError("invalid-argument", f"file '{rel}': {kind} must be a string")
         if kind == "text":
@@ -430,7 +432,14 @@ class AgentSkillBackend:
                 ) from None
         if self._is_run(value):
             # Another caller's kept output is refused exactly as a URI never kept.
-            kept = self.kept_output(caller, value)
+            try:
+                kept = self.kept.open(caller, value, room)
+            except TooLarge as exc:
+                raise GuestError(
+                    "invalid-argument",
+                    f"file '{rel}': the kept output is {exc.size} bytes, more than the "
+                    f"{room} left of the {MAX_INPUT_BYTES >> 20} MiB a run's files may take",
+                ) from None
             if kept is not None:
                 return kept[1]
             value = digest_uri(value)

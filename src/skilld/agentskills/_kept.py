@@ -40,6 +40,14 @@ CALLER_KEPT_BYTES = 256 << 20
 TOTAL_KEPT_BYTES = 1 << 30
 
 
+class TooLarge(Exception):
+    """A kept output is larger than its reader has room for (:meth:`KeptOutputs.open`)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.size = size
+
+
 @dataclass(frozen=True, slots=True)
 class _Entry:
     owner: str
@@ -177,14 +185,22 @@ class KeptOutputs:
 
     # -- reading ---------------------------------------------------------------------
 
-    def open(self, caller: Caller, uri: str) -> tuple[str, bytes] | None:
+    def open(
+        self, caller: Caller, uri: str, max_bytes: int | None = None
+    ) -> tuple[str, bytes] | None:
         """A kept output's MIME type and bytes, for the caller that made it; ``None`` for
-        any other caller and for a URI never kept or expired (the same answer)."""
+        any other caller and for a URI never kept or expired (the same answer).
+
+        Raises:
+            TooLarge: the output is larger than ``max_bytes`` (nothing was read).
+        """
         with self._lock:
             self._expire(time.monotonic())
             entry = self._entries.get(uri)
             if entry is None or entry.owner != caller.key:
                 return None
+        if max_bytes is not None and entry.size > max_bytes:
+            raise TooLarge(entry.size)
         try:
             fd = os.open(self.directory / entry.file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:

@@ -63,6 +63,10 @@ class ServeConfig:
             body takes many times its size in memory while its request is served (a
             JSON object of many small values about 18 times), so requests in progress
             alone do not bound what one caller makes the server hold.
+        max_reads_per_caller: how many of one caller's ``resources/read`` requests run at
+            once; the rest wait their turn (holding no thread). A read may be a kept output
+            of up to 64 MiB, which takes several times that while it is encoded and
+            serialized, so this bounds what one caller's reads make at once.
         max_response_bytes_per_caller: the response bytes one caller's responses may have
             waiting to be written at once (a send of the response not yet taken by the
             connection: its client reads slower than the server answers, or not at all);
@@ -148,6 +152,7 @@ class ServeConfig:
     max_body_bytes: int = 4 * 1024 * 1024
     max_request_bytes_per_caller: int | None = None
     max_response_bytes_per_caller: int = 256 * 1024 * 1024
+    max_reads_per_caller: int = 2
     queue_timeout_s: float = 2.0
     worker_threads: int = 64
     worker_idle_s: float = 10.0
@@ -227,6 +232,7 @@ class ServeConfig:
             self.max_sessions_per_caller,
             self.max_streams_per_caller,
             self.max_requests_per_caller,
+            self.max_reads_per_caller,
         )
         if self.max_request_bytes_per_caller is not None and (
             self.max_request_bytes_per_caller < self.max_body_bytes

@@ -47,6 +47,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from skilld.mcp._after import AfterResponse
 from skilld.mcp._auth import METRICS_SCOPE, Credentials, caller_of
 from skilld.mcp._config import ServeConfig
 from skilld.mcp._connections import PROBES, CallerShares
@@ -386,7 +387,7 @@ def build_app(service: McpService, credentials: Credentials) -> Starlette:
             CallerBodyBytes(app, body_bytes, metrics), config.max_body_bytes
         )
         shared = CallerShare(
-            CallerResponseBytes(limited, response_bytes, metrics, service.log),
+            CallerResponseBytes(AfterResponse(limited), response_bytes, metrics, service.log),
             requests,
             metrics,
             get_only=False,

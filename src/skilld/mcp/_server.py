@@ -172,7 +172,7 @@ class McpService:
         self.requests = Requests(
             self.ring, self.parked, self.tasks, config.client_request_timeout_s
         )
-        self._surfaces = Surfaces(dispatcher, self.ring, self.requests)
+        self._surfaces = Surfaces(dispatcher, self.ring, self.requests, config.max_reads_per_caller)
         changing = isinstance(dispatcher, Watched)
         self.server = self._build(changing=changing)
         if isinstance(dispatcher, Watched):
