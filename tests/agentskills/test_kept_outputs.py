@@ -35,6 +35,7 @@ from skilld.sandbox import Sandbox
 from skilld.types import Caller
 from support.agentskills import serve_built
 from support.mcp_fakes import as_caller, client_tokens, token_of
+from support.modern_http import META_CAPS, META_VERSION, MODERN, payload
 from support.serve_process import ServeProcess
 
 REPORT = """\
@@ -490,3 +491,52 @@ def test_a_kept_output_too_large_for_a_run_is_refused_unread(served: dict[str, A
     assert result.is_error
     assert peak - before < 16 << 20, (peak - before) >> 20
     assert f"is {MAX_KEPT_FILE} bytes, more than the" in result.content[0].text
+
+
+async def _modern_read(http: httpx2.AsyncClient, url: str, who: str, uri: str) -> dict[str, Any]:
+    """A 2026-07-28 (stateless) ``resources/read`` of ``uri`` as ``who``: its JSON-RPC answer."""
+    meta = {META_VERSION: MODERN, META_CAPS: {}}
+    body = {"jsonrpc": "2.0", "id": 1, "method": "resources/read"}
+    headers = {
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": MODERN,
+        "Mcp-Method": "resources/read",
+        "Mcp-Name": uri,
+        "Authorization": f"Bearer {token_of(who)}",
+    }
+    params = {"uri": uri, "_meta": meta}
+    return payload(await http.post(url, json={**body, "params": params}, headers=headers))
+
+
+def test_reads_take_turns_over_2026_07_28_too(served: dict[str, Any]) -> None:
+    """The same attack in the stateless revision, where each request is its own HTTP
+    exchange: mallory's 16 reads at once of her 64 MiB outputs are all answered in full
+    and the server's peak stays within 1.2 GiB of before (0.6 GiB measured; without the
+    turns, or with a turn ending when its answer exists, her answers pile up and are
+    dropped past her share of response bytes)."""
+    pid = served["server"].proc.pid
+    ran = _value(_run(served, "mallory", "sparse", "2", str(MAX_KEPT_FILE)))
+    uris = [r["uri"] for r in ran["resources"]]
+    if os.geteuid() != 0:
+        pytest.skip("resetting the peak RSS (clear_refs) needs to own the process")
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+    before = _status(pid, "VmRSS")
+    sizes: list[int] = []
+
+    async def mallory() -> None:
+        async with httpx2.AsyncClient(timeout=120) as http:
+
+            async def one(uri: str) -> None:
+                answer = await _modern_read(http, served["server"].url, "mallory", uri)
+                sizes.append(len(base64.b64decode(answer["result"]["contents"][0]["blob"])))
+
+            with anyio.fail_after(300):
+                async with anyio.create_task_group() as tg:
+                    for i in range(16):
+                        tg.start_soon(one, uris[i % 2])
+
+    anyio.run(mallory)
+    peak = _status(pid, "VmHWM")
+    print(f"peak RSS {peak >> 20} MiB, {(peak - before) >> 20} MiB over {before >> 20} MiB")
+    assert sizes == [MAX_KEPT_FILE] * 16
+    assert peak - before <= 1200 << 20, (peak - before) >> 20
