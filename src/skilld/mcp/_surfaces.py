@@ -76,18 +76,19 @@ class CallerReads:
             turns = self._turns[key] = _Turns(anyio.Semaphore(self.size))
         turns.users += 1
 
-        def release() -> None:
-            turns.semaphore.release()
+        def leave() -> None:
             turns.users -= 1
             if not turns.users:
                 del self._turns[key]  # a caller with no read keeps nothing here
 
+        def release() -> None:
+            turns.semaphore.release()
+            leave()
+
         try:
             await turns.semaphore.acquire()
         except BaseException:
-            turns.users -= 1
-            if not turns.users:
-                del self._turns[key]
+            leave()  # cancelled while waiting: no turn taken
             raise
         try:
             yield
