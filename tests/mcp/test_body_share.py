@@ -21,10 +21,9 @@ import pytest
 from test_mcp_rounds import tool
 
 from skilld.audit import MemorySink
-from skilld.mcp import HttpServer, ServeConfig
+from skilld.mcp import HttpServer
 from skilld.registry import Registry
-from support.callers import open_to_authenticated
-from support.mcp_fakes import client_tokens, running_http, token_of
+from support.mcp_fakes import serving_callers, token_of
 from support.modern_http import META_CAPS, META_VERSION, MODERN
 
 pytestmark = pytest.mark.anyio
@@ -37,15 +36,12 @@ HELD = 4  # bodies of nearly BODY bytes one caller may have in progress
 async def server(
     conformance_exposed: tuple[Registry, MemorySink], tmp_path: Path
 ) -> AsyncIterator[HttpServer]:
-    tokens = client_tokens(tmp_path, "alice", "mallory")
-    config = ServeConfig(
-        transport="http",
-        port=0,
-        token_file=tokens,
+    async with serving_callers(
+        conformance_exposed[0],
+        tmp_path,
         max_body_bytes=BODY,
         max_request_bytes_per_caller=HELD * BODY,
-    )
-    async with running_http(open_to_authenticated(conformance_exposed[0]), config) as srv:
+    ) as srv:
         yield srv
 
 

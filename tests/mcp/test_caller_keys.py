@@ -20,11 +20,10 @@ from test_tasks_notify import META
 from skilld.audit import MemorySink
 from skilld.cluster._worker import _routed_caller
 from skilld.errors import UsageError
-from skilld.mcp import HttpServer, ServeConfig
+from skilld.mcp import HttpServer
 from skilld.registry import Registry
 from skilld.types import Caller
-from support.callers import open_to_authenticated
-from support.mcp_fakes import client_tokens, running_http, token_of
+from support.mcp_fakes import serving_callers, token_of
 
 pytestmark = pytest.mark.anyio
 
@@ -36,10 +35,7 @@ async def server(
     conformance_exposed: tuple[Registry, MemorySink], tmp_path: Path
 ) -> AsyncIterator[HttpServer]:
     """The conformance skill over HTTP with two bearer tokens."""
-    config = ServeConfig(
-        transport="http", port=0, token_file=client_tokens(tmp_path, "alice", "bob")
-    )
-    async with running_http(open_to_authenticated(conformance_exposed[0]), config) as srv:
+    async with serving_callers(conformance_exposed[0], tmp_path, "alice", "bob") as srv:
         yield srv
 
 
@@ -105,9 +101,9 @@ async def test_a_tokens_spellings_are_one_caller_for_tasks(
         done = await _rpc(http, server.url, "tasks/cancel", {"taskId": task_id}, ALICE.lower())
         assert "result" in done, done
         with anyio.fail_after(15):
-            while (await _rpc(http, server.url, "tasks/get", {"taskId": task_id}, ALICE))[
-                "result"
-            ]["status"] != "cancelled":
+            while (await _rpc(http, server.url, "tasks/get", {"taskId": task_id}, ALICE))["result"][
+                "status"
+            ] != "cancelled":
                 await anyio.sleep(0.05)
 
 

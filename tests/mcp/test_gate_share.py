@@ -20,10 +20,9 @@ from test_mcp_rounds import tool
 from test_tasks_notify import call
 
 from skilld.audit import MemorySink
-from skilld.mcp import HttpServer, ServeConfig
+from skilld.mcp import HttpServer
 from skilld.registry import Registry
-from support.callers import open_to_authenticated
-from support.mcp_fakes import client_tokens, running_http
+from support.mcp_fakes import serving_callers
 
 pytestmark = pytest.mark.anyio
 
@@ -33,9 +32,7 @@ async def server(
     conformance_exposed: tuple[Registry, MemorySink], tmp_path: Path
 ) -> AsyncIterator[HttpServer]:
     """The conformance skill (8 slots, the default max_concurrency); alice and mallory."""
-    tokens = client_tokens(tmp_path, "alice", "mallory")
-    config = ServeConfig(transport="http", port=0, token_file=tokens, queue_timeout_s=3.0)
-    async with running_http(open_to_authenticated(conformance_exposed[0]), config) as srv:
+    async with serving_callers(conformance_exposed[0], tmp_path, queue_timeout_s=3.0) as srv:
         yield srv
 
 
@@ -63,9 +60,7 @@ async def test_mallory_holding_a_skills_slots_leaves_alice_answered(
                         if got["result"]["status"] == "working":
                             break
                         await anyio.sleep(0.05)
-            answer = await call(
-                http, url, "tools/call", {"name": simple, "arguments": {}}, "alice"
-            )
+            answer = await call(http, url, "tools/call", {"name": simple, "arguments": {}}, "alice")
             assert "error" not in answer, answer
             assert not answer["result"].get("isError"), answer
         finally:

@@ -21,10 +21,9 @@ import pytest
 from test_mcp_rounds import tool
 
 from skilld.audit import MemorySink
-from skilld.mcp import HttpServer, ServeConfig
+from skilld.mcp import HttpServer
 from skilld.registry import Registry
-from support.callers import open_to_authenticated
-from support.mcp_fakes import client_tokens, running_http, token_of
+from support.mcp_fakes import serving_callers, token_of
 
 pytestmark = pytest.mark.anyio
 
@@ -36,15 +35,9 @@ POSTS = 12
 async def server(
     conformance_exposed: tuple[Registry, MemorySink], tmp_path: Path
 ) -> AsyncIterator[HttpServer]:
-    tokens = client_tokens(tmp_path, "alice", "mallory")
-    config = ServeConfig(
-        transport="http",
-        port=0,
-        token_file=tokens,
-        max_requests_per_caller=CAP,
-        queue_timeout_s=30,
-    )
-    async with running_http(open_to_authenticated(conformance_exposed[0]), config) as srv:
+    async with serving_callers(
+        conformance_exposed[0], tmp_path, max_requests_per_caller=CAP, queue_timeout_s=30
+    ) as srv:
         yield srv
 
 

@@ -19,11 +19,10 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from skilld.audit import MemorySink
-from skilld.mcp import HttpServer, ServeConfig
+from skilld.mcp import HttpServer
 from skilld.mcp._surfaces import MAX_SUBSCRIBED_URI, MAX_SUBSCRIPTIONS
 from skilld.registry import Registry
-from support.callers import open_to_authenticated
-from support.mcp_fakes import client_tokens, running_http, token_of
+from support.mcp_fakes import serving_callers, token_of
 
 pytestmark = pytest.mark.anyio
 
@@ -34,9 +33,7 @@ async def server(
 ) -> AsyncIterator[HttpServer]:
     """The conformance skill (a resource template ``test://template/{id}/data``); alice and
     mallory."""
-    tokens = client_tokens(tmp_path, "alice", "mallory")
-    config = ServeConfig(transport="http", port=0, token_file=tokens)
-    async with running_http(open_to_authenticated(conformance[0]), config) as srv:
+    async with serving_callers(conformance[0], tmp_path) as srv:
         yield srv
 
 

@@ -21,8 +21,7 @@ from skilld.errors import UsageError
 from skilld.mcp import HttpServer, ServeConfig
 from skilld.mcp._tasks import MemoryTaskStore, Tasks
 from skilld.registry import Registry
-from support.callers import open_to_authenticated
-from support.mcp_fakes import client_tokens, running_http
+from support.mcp_fakes import serving_callers
 
 pytestmark = pytest.mark.anyio
 
@@ -32,14 +31,15 @@ async def server(
     conformance_exposed: tuple[Registry, MemorySink], tmp_path: Path
 ) -> AsyncIterator[HttpServer]:
     """The conformance skill; two tasks per client, three per node; callers alice, bob, carol."""
-    config = ServeConfig(
-        transport="http",
-        port=0,
+    async with serving_callers(
+        conformance_exposed[0],
+        tmp_path,
+        "alice",
+        "bob",
+        "carol",
         max_tasks_per_client=2,
         max_tasks=3,
-        token_file=client_tokens(tmp_path, "alice", "bob", "carol"),
-    )
-    async with running_http(open_to_authenticated(conformance_exposed[0]), config) as srv:
+    ) as srv:
         yield srv
 
 

@@ -15,10 +15,9 @@ from test_mcp_rounds import MODERN, tool
 from test_mcp_tasks import WITH_TASKS
 
 from skilld.audit import MemorySink
-from skilld.mcp import HttpServer, ServeConfig
+from skilld.mcp import HttpServer
 from skilld.registry import Registry
-from support.callers import open_to_authenticated
-from support.mcp_fakes import client_tokens, running_http, token_of
+from support.mcp_fakes import serving_callers, token_of
 from support.modern_http import payload
 
 pytestmark = pytest.mark.anyio
@@ -34,9 +33,7 @@ async def server(
     conformance_exposed: tuple[Registry, MemorySink], tmp_path: Path
 ) -> AsyncIterator[HttpServer]:
     """The conformance skill; its policy marks the task tools; callers alice, mallory, a."""
-    tokens = client_tokens(tmp_path, "alice", "mallory", "a")
-    config = ServeConfig(transport="http", port=0, token_file=tokens)
-    async with running_http(open_to_authenticated(conformance_exposed[0]), config) as srv:
+    async with serving_callers(conformance_exposed[0], tmp_path, "alice", "mallory", "a") as srv:
         yield srv
 
 

@@ -16,10 +16,9 @@ from test_mcp_rounds import tool
 from test_tasks_notify import call
 
 from skilld.audit import MemorySink
-from skilld.mcp import HttpServer, ServeConfig
+from skilld.mcp import HttpServer
 from skilld.registry import Registry
-from support.callers import open_to_authenticated
-from support.mcp_fakes import client_tokens, running_http
+from support.mcp_fakes import serving_callers
 
 pytestmark = pytest.mark.anyio
 
@@ -32,16 +31,15 @@ async def server(
     conformance_exposed: tuple[Registry, MemorySink], tmp_path: Path
 ) -> AsyncIterator[HttpServer]:
     """The conformance skill; four tasks kept per caller, 300 kB of results; alice, mallory."""
-    tokens = client_tokens(tmp_path, ALICE, MALLORY)
-    config = ServeConfig(
-        transport="http",
-        port=0,
+    async with serving_callers(
+        conformance_exposed[0],
+        tmp_path,
+        ALICE,
+        MALLORY,
         max_tasks_per_client=4,
         max_task_results_per_client=4,
         max_task_result_bytes_per_client=300_000,
-        token_file=tokens,
-    )
-    async with running_http(open_to_authenticated(conformance_exposed[0]), config) as srv:
+    ) as srv:
         yield srv
 
 

@@ -370,6 +370,19 @@ def text_of(result: types.CallToolResult) -> str:
     return "\n".join(b.text for b in result.content if isinstance(b, types.TextContent))
 
 
+@asynccontextmanager
+async def serving_callers(
+    registry: Any, directory: Path, *names: str, **config: Any
+) -> AsyncIterator[HttpServer]:
+    """``registry`` over HTTP, open to any authenticated caller, to the named callers
+    (``names``, alice and mallory when none; tokens by :func:`client_tokens` in
+    ``directory``), with ``config`` for the rest of its :class:`ServeConfig`."""
+    tokens = client_tokens(directory, *(names or ("alice", "mallory")))
+    served = ServeConfig(transport="http", port=0, token_file=tokens, **config)
+    async with running_http(open_to_authenticated(registry), served) as server:
+        yield server
+
+
 def client_tokens(directory: Path, *names: str) -> Path:
     """A private token file with one caller per name in ``names``, each token being
     :func:`token_of` its name (``NAME TOKEN`` per line, mode 0600)."""
