@@ -11,8 +11,6 @@ server hold about 5 GiB. Her request bodies now count against a share of bytes
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -23,7 +21,7 @@ from test_mcp_rounds import tool
 from skilld.audit import MemorySink
 from skilld.mcp import HttpServer
 from skilld.registry import Registry
-from support.mcp_fakes import serving_callers, token_of
+from support.mcp_fakes import callers_server, token_of
 from support.modern_http import META_CAPS, META_VERSION, MODERN
 
 pytestmark = pytest.mark.anyio
@@ -32,17 +30,7 @@ BODY = 64 << 10  # max_body_bytes here
 HELD = 4  # bodies of nearly BODY bytes one caller may have in progress
 
 
-@pytest.fixture
-async def server(
-    conformance_exposed: tuple[Registry, MemorySink], tmp_path: Path
-) -> AsyncIterator[HttpServer]:
-    async with serving_callers(
-        conformance_exposed[0],
-        tmp_path,
-        max_body_bytes=BODY,
-        max_request_bytes_per_caller=HELD * BODY,
-    ) as srv:
-        yield srv
+server = callers_server(max_body_bytes=BODY, max_request_bytes_per_caller=HELD * BODY)
 
 
 async def _call(

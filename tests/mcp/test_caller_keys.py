@@ -5,8 +5,6 @@ carried in its sealed message is read strictly."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -23,20 +21,15 @@ from skilld.errors import UsageError
 from skilld.mcp import HttpServer
 from skilld.registry import Registry
 from skilld.types import Caller
-from support.mcp_fakes import serving_callers, token_of
+from support.mcp_fakes import callers_server, token_of
 
 pytestmark = pytest.mark.anyio
 
 ALICE, BOB = f"Bearer {token_of('alice')}", f"Bearer {token_of('bob')}"
 
 
-@pytest.fixture
-async def server(
-    conformance_exposed: tuple[Registry, MemorySink], tmp_path: Path
-) -> AsyncIterator[HttpServer]:
-    """The conformance skill over HTTP with two bearer tokens."""
-    async with serving_callers(conformance_exposed[0], tmp_path, "alice", "bob") as srv:
-        yield srv
+# The conformance skill over HTTP with two bearer tokens.
+server = callers_server("alice", "bob")
 
 
 async def _rpc(

@@ -10,9 +10,6 @@ first served for everyone together, alice's call waited ``queue_timeout_s`` and 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
 import anyio
 import httpx2 as httpx
 import pytest
@@ -22,18 +19,13 @@ from test_tasks_notify import call
 from skilld.audit import MemorySink
 from skilld.mcp import HttpServer
 from skilld.registry import Registry
-from support.mcp_fakes import serving_callers
+from support.mcp_fakes import callers_server
 
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-async def server(
-    conformance_exposed: tuple[Registry, MemorySink], tmp_path: Path
-) -> AsyncIterator[HttpServer]:
-    """The conformance skill (8 slots, the default max_concurrency); alice and mallory."""
-    async with serving_callers(conformance_exposed[0], tmp_path, queue_timeout_s=3.0) as srv:
-        yield srv
+# The conformance skill (8 slots, the default max_concurrency); alice and mallory.
+server = callers_server(queue_timeout_s=3.0)
 
 
 async def test_mallory_holding_a_skills_slots_leaves_alice_answered(

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import anyio
 import httpx2 as httpx
@@ -23,7 +21,7 @@ from test_mcp_rounds import tool
 from skilld.audit import MemorySink
 from skilld.mcp import HttpServer
 from skilld.registry import Registry
-from support.mcp_fakes import serving_callers, token_of
+from support.mcp_fakes import callers_server, token_of
 from support.modern_http import META_CAPS, META_VERSION, MODERN
 
 pytestmark = pytest.mark.anyio
@@ -33,18 +31,11 @@ SHARE = 10_000_000  # max_response_bytes_per_caller here: one answer fits, two d
 CALLS = 6
 
 
-@pytest.fixture
-async def server(
-    conformance_exposed: tuple[Registry, MemorySink], tmp_path: Path
-) -> AsyncIterator[HttpServer]:
-    async with serving_callers(
-        conformance_exposed[0],
-        tmp_path,
-        max_body_bytes=NAME + 4096,
-        max_request_bytes_per_caller=CALLS * (NAME + 4096),
-        max_response_bytes_per_caller=SHARE,
-    ) as srv:
-        yield srv
+server = callers_server(
+    max_body_bytes=NAME + 4096,
+    max_request_bytes_per_caller=CALLS * (NAME + 4096),
+    max_response_bytes_per_caller=SHARE,
+)
 
 
 def _post(

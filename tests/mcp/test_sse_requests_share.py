@@ -11,8 +11,6 @@ arguments).
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -23,7 +21,7 @@ from test_mcp_rounds import tool
 from skilld.audit import MemorySink
 from skilld.mcp import HttpServer
 from skilld.registry import Registry
-from support.mcp_fakes import serving_callers, token_of
+from support.mcp_fakes import callers_server, token_of
 
 pytestmark = pytest.mark.anyio
 
@@ -31,14 +29,7 @@ CAP = 4  # max_requests_per_caller here
 POSTS = 12
 
 
-@pytest.fixture
-async def server(
-    conformance_exposed: tuple[Registry, MemorySink], tmp_path: Path
-) -> AsyncIterator[HttpServer]:
-    async with serving_callers(
-        conformance_exposed[0], tmp_path, max_requests_per_caller=CAP, queue_timeout_s=30
-    ) as srv:
-        yield srv
+server = callers_server(max_requests_per_caller=CAP, queue_timeout_s=30)
 
 
 class _SseClient:

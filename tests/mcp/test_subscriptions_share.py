@@ -9,32 +9,22 @@ the server hold gigabytes, and every client lose it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
 import httpx2
 import pytest
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from skilld.audit import MemorySink
 from skilld.mcp import HttpServer
 from skilld.mcp._surfaces import MAX_SUBSCRIBED_URI, MAX_SUBSCRIPTIONS
-from skilld.registry import Registry
-from support.mcp_fakes import serving_callers, token_of
+from support.mcp_fakes import callers_server, token_of
 
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-async def server(
-    conformance: tuple[Registry, MemorySink], tmp_path: Path
-) -> AsyncIterator[HttpServer]:
-    """The conformance skill (a resource template ``test://template/{id}/data``); alice and
-    mallory."""
-    async with serving_callers(conformance[0], tmp_path) as srv:
-        yield srv
+# The conformance skill (a resource template ``test://template/{id}/data``); alice and
+# mallory.
+server = callers_server(registry="conformance")
 
 
 def _uri(n: int, pad: int = 0) -> str:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any, cast
 
 import anyio
@@ -21,26 +19,13 @@ from skilld.errors import UsageError
 from skilld.mcp import HttpServer, ServeConfig
 from skilld.mcp._tasks import MemoryTaskStore, Tasks
 from skilld.registry import Registry
-from support.mcp_fakes import serving_callers
+from support.mcp_fakes import callers_server
 
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-async def server(
-    conformance_exposed: tuple[Registry, MemorySink], tmp_path: Path
-) -> AsyncIterator[HttpServer]:
-    """The conformance skill; two tasks per client, three per node; callers alice, bob, carol."""
-    async with serving_callers(
-        conformance_exposed[0],
-        tmp_path,
-        "alice",
-        "bob",
-        "carol",
-        max_tasks_per_client=2,
-        max_tasks=3,
-    ) as srv:
-        yield srv
+# The conformance skill; two tasks per client, three per node; callers alice, bob, carol.
+server = callers_server("alice", "bob", "carol", max_tasks_per_client=2, max_tasks=3)
 
 
 async def start(http: httpx.AsyncClient, url: str, name: str, who: str) -> dict[str, Any]:

@@ -4,8 +4,6 @@ audit records (created, cancel-requested, its end), on one node over real HTTP."
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -17,7 +15,7 @@ from test_mcp_tasks import WITH_TASKS
 from skilld.audit import MemorySink
 from skilld.mcp import HttpServer
 from skilld.registry import Registry
-from support.mcp_fakes import serving_callers, token_of
+from support.mcp_fakes import callers_server, token_of
 from support.modern_http import payload
 
 pytestmark = pytest.mark.anyio
@@ -28,13 +26,8 @@ META = {
 }
 
 
-@pytest.fixture
-async def server(
-    conformance_exposed: tuple[Registry, MemorySink], tmp_path: Path
-) -> AsyncIterator[HttpServer]:
-    """The conformance skill; its policy marks the task tools; callers alice, mallory, a."""
-    async with serving_callers(conformance_exposed[0], tmp_path, "alice", "mallory", "a") as srv:
-        yield srv
+# The conformance skill; its policy marks the task tools; callers alice, mallory, a.
+server = callers_server("alice", "mallory", "a")
 
 
 def headers(method: str, who: str, named: str | None = None) -> dict[str, str]:

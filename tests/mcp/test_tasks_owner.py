@@ -5,8 +5,6 @@ alice's tasks answered."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -18,7 +16,7 @@ from test_tasks_notify import call
 from skilld.audit import MemorySink
 from skilld.mcp import HttpServer
 from skilld.registry import Registry
-from support.mcp_fakes import serving_callers
+from support.mcp_fakes import callers_server
 
 pytestmark = pytest.mark.anyio
 
@@ -26,21 +24,14 @@ ALICE, MALLORY = "alice", "mallory"  # the callers (their tokens: support.mcp_fa
 LABEL = 120_000  # characters of a result: two fit in mallory's 300 kB, the third does not
 
 
-@pytest.fixture
-async def server(
-    conformance_exposed: tuple[Registry, MemorySink], tmp_path: Path
-) -> AsyncIterator[HttpServer]:
-    """The conformance skill; four tasks kept per caller, 300 kB of results; alice, mallory."""
-    async with serving_callers(
-        conformance_exposed[0],
-        tmp_path,
-        ALICE,
-        MALLORY,
-        max_tasks_per_client=4,
-        max_task_results_per_client=4,
-        max_task_result_bytes_per_client=300_000,
-    ) as srv:
-        yield srv
+# The conformance skill; four tasks kept per caller, 300 kB of results; alice, mallory.
+server = callers_server(
+    ALICE,
+    MALLORY,
+    max_tasks_per_client=4,
+    max_task_results_per_client=4,
+    max_task_result_bytes_per_client=300_000,
+)
 
 
 async def start(

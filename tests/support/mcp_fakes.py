@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import anyio
 import httpx2
+import pytest
 from mcp import types
 from mcp.client.session import ClientSession
 from mcp.client.sse import sse_client
@@ -381,6 +382,21 @@ async def serving_callers(
     served = ServeConfig(transport="http", port=0, token_file=tokens, **config)
     async with running_http(open_to_authenticated(registry), served) as server:
         yield server
+
+
+def callers_server(*names: str, registry: str = "conformance_exposed", **config: Any) -> Any:
+    """A pytest fixture: the registry of the fixture named ``registry`` (a pair whose first
+    item is the registry, as tests/mcp's ``conformance_exposed``) served by
+    :func:`serving_callers` to ``names`` with ``config``. ``server = callers_server(...)``
+    in a test module declares its ``server`` fixture."""
+
+    @pytest.fixture
+    async def server(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[HttpServer]:
+        pair = request.getfixturevalue(registry)
+        async with serving_callers(pair[0], tmp_path, *names, **config) as srv:
+            yield srv
+
+    return server
 
 
 def client_tokens(directory: Path, *names: str) -> Path:
