@@ -138,3 +138,25 @@ async def test_resources_and_prompts_over_http() -> None:
             prompt = await session.get_prompt("greet", {"tone": "formal"})
             first = prompt.messages[0].content
             assert isinstance(first, types.TextContent) and first.text == "Be formal."
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_reads_one_after_another_each_get_a_turn(transport: str) -> None:
+    """A caller's reads take turns (two at once) and each turn ends with its read's
+    response: five reads in a row on one session, and four at once, all answered, over
+    every transport (a turn held by the session's stream instead would stop the third)."""
+    with anyio.fail_after(30):
+        async with connect(transport) as session:
+            for n in range(5):
+                read = await session.read_resource(f"note://{n}")
+                assert read.contents[0].text == f'{{"id":"{n}"}}'  # type: ignore[union-attr]
+            texts: list[str] = []
+
+            async def one(n: int) -> None:
+                got = await session.read_resource(f"note://{n}")
+                texts.append(got.contents[0].text)  # type: ignore[union-attr]
+
+            async with anyio.create_task_group() as tg:
+                for n in range(4):
+                    tg.start_soon(one, n)
+            assert sorted(texts) == sorted(f'{{"id":"{n}"}}' for n in range(4))
