@@ -14,6 +14,7 @@ import json
 import os
 import secrets
 import shutil
+import socket
 import stat
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -493,7 +494,9 @@ def test_a_kept_output_too_large_for_a_run_is_refused_unread(served: dict[str, A
     assert f"is {MAX_KEPT_FILE} bytes, more than the" in result.content[0].text
 
 
-async def _modern_read(http: httpx2.AsyncClient, url: str, who: str, uri: str) -> dict[str, Any]:
+async def _modern_read(
+    http: httpx2.AsyncClient, url: str, who: str, uri: str, scheme: str = "Bearer"
+) -> dict[str, Any]:
     """A 2026-07-28 (stateless) ``resources/read`` of ``uri`` as ``who``: its JSON-RPC answer."""
     meta = {META_VERSION: MODERN, META_CAPS: {}}
     body = {"jsonrpc": "2.0", "id": 1, "method": "resources/read"}
@@ -502,7 +505,7 @@ async def _modern_read(http: httpx2.AsyncClient, url: str, who: str, uri: str) -
         "MCP-Protocol-Version": MODERN,
         "Mcp-Method": "resources/read",
         "Mcp-Name": uri,
-        "Authorization": f"Bearer {token_of(who)}",
+        "Authorization": f"{scheme} {token_of(who)}",
     }
     params = {"uri": uri, "_meta": meta}
     return payload(await http.post(url, json={**body, "params": params}, headers=headers))
@@ -540,3 +543,65 @@ def test_reads_take_turns_over_2026_07_28_too(served: dict[str, Any]) -> None:
     print(f"peak RSS {peak >> 20} MiB, {(peak - before) >> 20} MiB over {before >> 20} MiB")
     assert sizes == [MAX_KEPT_FILE] * 16
     assert peak - before <= 1200 << 20, (peak - before) >> 20
+
+
+def _stalled_read(url: str, who: str, uri: str, scheme: str) -> socket.socket:
+    """A 2026-07-28 ``resources/read`` sent on a socket that reads as little as it can (a
+    tiny receive buffer) and is not read: its answer waits in the server."""
+    parts = httpx2.URL(url)
+    meta = {META_VERSION: MODERN, META_CAPS: {}}
+    params = {"uri": uri, "_meta": meta}
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "resources/read", "params": params})
+    head = (
+        f"POST {parts.path} HTTP/1.1\r\nHost: {parts.host}:{parts.port}\r\n"
+        "Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
+        f"MCP-Protocol-Version: {MODERN}\r\nMcp-Method: resources/read\r\nMcp-Name: {uri}\r\n"
+        f"Authorization: {scheme} {token_of(who)}\r\nConnection: close\r\n"
+        f"Content-Length: {len(body.encode())}\r\n\r\n"
+    )
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((parts.host, parts.port or 80))
+    sock.sendall(head.encode() + body.encode())
+    return sock
+
+
+def test_reads_never_read_hold_only_their_callers_turns(served: dict[str, Any]) -> None:
+    """mallory holds both her turns with two reads of 64 MiB she never reads (one with her
+    scheme spelled 'bearer'). Her third read, spelled 'bearer' too, waits: the same caller,
+    the same turns. alice's read is answered meanwhile. Once mallory drops her two
+    connections her turns come back: her waiting read is answered, and so is a later one
+    (a burst, then quiet, leaves nothing held)."""
+    url = served["server"].url
+    ran = _value(_run(served, "mallory", "sparse", "1", str(MAX_KEPT_FILE)))
+    big = ran["resources"][0]["uri"]
+    small = _value(_run(served, "mallory", "secret", "m"))["resources"][0]["uri"]
+    mine = _value(_run(served, "alice", "secret", "alice-s3cret"))["resources"][0]["uri"]
+    held = [_stalled_read(url, "mallory", big, scheme) for scheme in ("Bearer", "bearer")]
+    got: dict[str, Any] = {}
+
+    async def read(key: str, who: str, uri: str, scheme: str = "Bearer") -> None:
+        async with httpx2.AsyncClient(timeout=120) as http:
+            answer = await _modern_read(http, url, who, uri, scheme)
+            got[key] = answer["result"]["contents"][0]
+
+    async def attack() -> None:
+        async with anyio.create_task_group() as tg:
+            await anyio.sleep(2)  # the two stalled reads hold mallory's turns
+            tg.start_soon(read, "waiting", "mallory", small, "bearer")
+            with anyio.fail_after(60):
+                await read("alice", "alice", mine)
+            await anyio.sleep(2)
+            assert "waiting" not in got  # mallory's third read still waits for a turn
+            for sock in held:
+                sock.close()
+            with anyio.fail_after(60):
+                while "waiting" not in got:
+                    await anyio.sleep(0.1)
+        with anyio.fail_after(60):
+            await read("later", "mallory", small)
+
+    anyio.run(attack)
+    assert got["alice"]["text"].startswith("alice-s3cret")
+    assert got["waiting"]["text"].startswith("m\n")
+    assert got["later"]["text"].startswith("m\n")
