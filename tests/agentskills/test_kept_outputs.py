@@ -14,7 +14,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import stat
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -37,7 +36,7 @@ from skilld.sandbox import Sandbox
 from skilld.types import Caller
 from support.agentskills import serve_built
 from support.mcp_fakes import as_caller, client_tokens, token_of
-from support.modern_http import META_CAPS, META_VERSION, MODERN, payload
+from support.modern_http import META_CAPS, META_VERSION, MODERN, payload, stalled
 from support.serve_process import ServeProcess
 
 REPORT = """\
@@ -512,6 +511,27 @@ async def _modern_read(
     return payload(await http.post(url, json={**body, "params": params}, headers=headers))
 
 
+def _reads_at_once(url: str, who: str, uris: list[str], count: int) -> list[int]:
+    """The sizes of the blobs ``count`` 2026-07-28 reads at once (of ``uris`` in turn)
+    bring back to ``who``."""
+    sizes: list[int] = []
+
+    async def reads() -> None:
+        async with httpx2.AsyncClient(timeout=120) as http:
+
+            async def one(uri: str) -> None:
+                answer = await _modern_read(http, url, who, uri)
+                sizes.append(len(base64.b64decode(answer["result"]["contents"][0]["blob"])))
+
+            with anyio.fail_after(300):
+                async with anyio.create_task_group() as tg:
+                    for i in range(count):
+                        tg.start_soon(one, uris[i % len(uris)])
+
+    anyio.run(reads)
+    return sizes
+
+
 def test_reads_take_turns_over_2026_07_28_too(served: dict[str, Any]) -> None:
     """The same attack in the stateless revision, where each request is its own HTTP
     exchange: mallory's 16 reads at once of her 64 MiB outputs are all answered in full
@@ -525,21 +545,7 @@ def test_reads_take_turns_over_2026_07_28_too(served: dict[str, Any]) -> None:
         pytest.skip("resetting the peak RSS (clear_refs) needs to own the process")
     Path(f"/proc/{pid}/clear_refs").write_text("5")
     before = _status(pid, "VmRSS")
-    sizes: list[int] = []
-
-    async def mallory() -> None:
-        async with httpx2.AsyncClient(timeout=120) as http:
-
-            async def one(uri: str) -> None:
-                answer = await _modern_read(http, served["server"].url, "mallory", uri)
-                sizes.append(len(base64.b64decode(answer["result"]["contents"][0]["blob"])))
-
-            with anyio.fail_after(300):
-                async with anyio.create_task_group() as tg:
-                    for i in range(16):
-                        tg.start_soon(one, uris[i % 2])
-
-    anyio.run(mallory)
+    sizes = _reads_at_once(served["server"].url, "mallory", uris, 16)
     peak = _status(pid, "VmHWM")
     print(f"peak RSS {peak >> 20} MiB, {(peak - before) >> 20} MiB over {before >> 20} MiB")
     assert sizes == [MAX_KEPT_FILE] * 16
@@ -564,23 +570,8 @@ def test_memory_of_large_answers_goes_back_once_they_are_written(
         fresh = {"server": server, "root": root}
         ran = _value(_run(fresh, "mallory", "sparse", "2", str(8 << 20)))
         uris = [r["uri"] for r in ran["resources"]]
-        sizes: list[int] = []
-
-        async def mallory() -> None:
-            async with httpx2.AsyncClient(timeout=120) as http:
-
-                async def one(uri: str) -> None:
-                    answer = await _modern_read(http, server.url, "mallory", uri)
-                    sizes.append(len(base64.b64decode(answer["result"]["contents"][0]["blob"])))
-
-                with anyio.fail_after(300):
-                    async with anyio.create_task_group() as tg:
-                        for i in range(24):
-                            tg.start_soon(one, uris[i % 2])
-
         before = _status(server.proc.pid, "VmRSS")
-        for _ in range(3):
-            anyio.run(mallory)
+        sizes = [n for _ in range(3) for n in _reads_at_once(server.url, "mallory", uris, 24)]
         time.sleep(0.5)
         after = _status(server.proc.pid, "VmRSS")
         print(f"RSS {before >> 20} MiB before, {after >> 20} MiB after")
@@ -588,27 +579,6 @@ def test_memory_of_large_answers_goes_back_once_they_are_written(
         assert after - before <= 32 << 20, (before >> 20, after >> 20)
     finally:
         server.stop()
-
-
-def _stalled_read(url: str, who: str, uri: str, scheme: str) -> socket.socket:
-    """A 2026-07-28 ``resources/read`` sent on a socket that reads as little as it can (a
-    tiny receive buffer) and is not read: its answer waits in the server."""
-    parts = httpx2.URL(url)
-    meta = {META_VERSION: MODERN, META_CAPS: {}}
-    params = {"uri": uri, "_meta": meta}
-    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "resources/read", "params": params})
-    head = (
-        f"POST {parts.path} HTTP/1.1\r\nHost: {parts.host}:{parts.port}\r\n"
-        "Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
-        f"MCP-Protocol-Version: {MODERN}\r\nMcp-Method: resources/read\r\nMcp-Name: {uri}\r\n"
-        f"Authorization: {scheme} {token_of(who)}\r\nConnection: close\r\n"
-        f"Content-Length: {len(body.encode())}\r\n\r\n"
-    )
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect((parts.host, parts.port or 80))
-    sock.sendall(head.encode() + body.encode())
-    return sock
 
 
 def test_reads_never_read_hold_only_their_callers_turns(served: dict[str, Any]) -> None:
@@ -622,7 +592,10 @@ def test_reads_never_read_hold_only_their_callers_turns(served: dict[str, Any]) 
     big = ran["resources"][0]["uri"]
     small = _value(_run(served, "mallory", "secret", "m"))["resources"][0]["uri"]
     mine = _value(_run(served, "alice", "secret", "alice-s3cret"))["resources"][0]["uri"]
-    held = [_stalled_read(url, "mallory", big, scheme) for scheme in ("Bearer", "bearer")]
+    held = [
+        stalled(url, "resources/read", {"uri": big}, token_of("mallory"), scheme)
+        for scheme in ("Bearer", "bearer")
+    ]
     got: dict[str, Any] = {}
 
     async def read(key: str, who: str, uri: str, scheme: str = "Bearer") -> None:

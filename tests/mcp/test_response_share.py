@@ -10,7 +10,6 @@ share a response is now dropped unwritten; alice's responses do not count agains
 
 from __future__ import annotations
 
-import json
 import socket
 
 import anyio
@@ -22,7 +21,7 @@ from skilld.audit import MemorySink
 from skilld.mcp import HttpServer
 from skilld.registry import Registry
 from support.mcp_fakes import callers_server, token_of
-from support.modern_http import META_CAPS, META_VERSION, MODERN
+from support.modern_http import META_CAPS, META_VERSION, MODERN, stalled
 
 pytestmark = pytest.mark.anyio
 
@@ -36,29 +35,6 @@ server = callers_server(
     max_request_bytes_per_caller=CALLS * (NAME + 4096),
     max_response_bytes_per_caller=SHARE,
 )
-
-
-def _post(
-    url: str, who: str, name: str, arguments: dict[str, object], scheme: str = "Bearer"
-) -> socket.socket:
-    """A 2026-07-28 ``tools/call`` sent on a socket that reads as little as it can (a tiny
-    receive buffer, set before connecting) and is not read: the answer waits in the server."""
-    parts = httpx.URL(url)
-    meta = {META_VERSION: MODERN, META_CAPS: {}}
-    params = {"name": name, "arguments": arguments, "_meta": meta}
-    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params})
-    head = (
-        f"POST {parts.path} HTTP/1.1\r\nHost: {parts.host}:{parts.port}\r\n"
-        "Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
-        f"MCP-Protocol-Version: {MODERN}\r\nMcp-Method: tools/call\r\nMcp-Name: {name}\r\n"
-        f"Authorization: {scheme} {token_of(who)}\r\nConnection: close\r\n"
-        f"Content-Length: {len(body.encode())}\r\n\r\n"
-    )
-    sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect((parts.host, parts.port or 80))
-    sock.sendall(head.encode() + body.encode())
-    return sock
 
 
 def _read_all(sock: socket.socket) -> bytes:
@@ -84,7 +60,12 @@ async def test_mallorys_unread_answers_are_her_share_of_bytes(
     # Half spelled "bearer": another spelling of her credential is still her, one share.
     sockets = [
         await anyio.to_thread.run_sync(
-            _post, server.url, "mallory", greet, {"name": "x" * NAME}, ("Bearer", "bearer")[n % 2]
+            stalled,
+            server.url,
+            "tools/call",
+            {"name": greet, "arguments": {"name": "x" * NAME}},
+            token_of("mallory"),
+            ("Bearer", "bearer")[n % 2],
         )
         for n in range(CALLS)
     ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Mapping
 from typing import Any
 
@@ -66,3 +67,29 @@ async def call_as(
     if state is not None:
         params.update(inputResponses=dict(responses or {}), requestState=state)
     return payload(await modern(http, url, "tools/call", params, caps or {}, token=who))
+
+
+def stalled(
+    url: str, method: str, params: Mapping[str, Any], token: str, scheme: str = "Bearer"
+) -> socket.socket:
+    """A 2026-07-28 request (``params`` of ``method``, with ``Mcp-Name`` from its ``name``
+    or ``uri``) as the bearer ``token`` (its scheme spelled ``scheme``), sent on a socket
+    that reads as little as it can (a tiny receive buffer, set before connecting) and is
+    not read: its answer waits in the server. The caller closes the socket."""
+    parts = httpx.URL(url)
+    meta = {META_VERSION: MODERN, META_CAPS: {}}
+    message = {"jsonrpc": "2.0", "id": 1, "method": method, "params": {**params, "_meta": meta}}
+    body = json.dumps(message).encode()
+    name = params.get("name", params.get("uri", ""))
+    head = (
+        f"POST {parts.path} HTTP/1.1\r\nHost: {parts.host}:{parts.port}\r\n"
+        "Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
+        f"MCP-Protocol-Version: {MODERN}\r\nMcp-Method: {method}\r\nMcp-Name: {name}\r\n"
+        f"Authorization: {scheme} {token}\r\nConnection: close\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((parts.host, parts.port or 80))
+    sock.sendall(head.encode() + body)
+    return sock
