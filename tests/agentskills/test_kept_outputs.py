@@ -36,7 +36,7 @@ from skilld.sandbox import Sandbox
 from skilld.types import Caller
 from support.agentskills import serve_built
 from support.mcp_fakes import as_caller, client_tokens, token_of
-from support.modern_http import META_CAPS, META_VERSION, MODERN, payload, stalled
+from support.modern_http import modern, payload, stalled
 from support.serve_process import ServeProcess
 
 REPORT = """\
@@ -498,17 +498,10 @@ async def _modern_read(
     http: httpx2.AsyncClient, url: str, who: str, uri: str, scheme: str = "Bearer"
 ) -> dict[str, Any]:
     """A 2026-07-28 (stateless) ``resources/read`` of ``uri`` as ``who``: its JSON-RPC answer."""
-    meta = {META_VERSION: MODERN, META_CAPS: {}}
-    body = {"jsonrpc": "2.0", "id": 1, "method": "resources/read"}
-    headers = {
-        "Accept": "application/json, text/event-stream",
-        "MCP-Protocol-Version": MODERN,
-        "Mcp-Method": "resources/read",
-        "Mcp-Name": uri,
-        "Authorization": f"{scheme} {token_of(who)}",
-    }
-    params = {"uri": uri, "_meta": meta}
-    return payload(await http.post(url, json={**body, "params": params}, headers=headers))
+    read = await modern(
+        http, url, "resources/read", {"uri": uri}, {}, token=token_of(who), scheme=scheme
+    )
+    return payload(read)
 
 
 def _reads_at_once(url: str, who: str, uris: list[str], count: int) -> list[int]:

@@ -22,9 +22,11 @@ async def modern(
     caps: Mapping[str, Any] | None = None,
     *,
     token: str | None = None,
+    scheme: str = "Bearer",
 ) -> httpx.Response:
     """One 2026-07-28 request, with the headers and ``_meta`` the revision asks for: from a
-    client of ``caps`` (elicitation by default), as the bearer ``token`` when given."""
+    client of ``caps`` (elicitation by default), as the bearer ``token`` when given (its
+    scheme spelled ``scheme``)."""
     meta = {META_VERSION: MODERN, META_CAPS: {"elicitation": {}} if caps is None else dict(caps)}
     body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": {**params, "_meta": meta}}
     headers = {
@@ -32,11 +34,18 @@ async def modern(
         "MCP-Protocol-Version": MODERN,
         "Mcp-Method": method,
     }
-    if "name" in params:
-        headers["Mcp-Name"] = params["name"]
+    name = _name_of(params)
+    if name is not None:
+        headers["Mcp-Name"] = name
     if token is not None:
-        headers["Authorization"] = f"Bearer {token}"
+        headers["Authorization"] = f"{scheme} {token}"
     return await http.post(url, json=body, headers=headers)
+
+
+def _name_of(params: Mapping[str, Any]) -> str | None:
+    """What ``Mcp-Name`` carries: a tool's or prompt's ``name``, a resource's ``uri``."""
+    name = params.get("name", params.get("uri"))
+    return None if name is None else str(name)
 
 
 def payload(response: httpx.Response) -> dict[str, Any]:
@@ -80,7 +89,7 @@ def stalled(
     meta = {META_VERSION: MODERN, META_CAPS: {}}
     message = {"jsonrpc": "2.0", "id": 1, "method": method, "params": {**params, "_meta": meta}}
     body = json.dumps(message).encode()
-    name = params.get("name", params.get("uri", ""))
+    name = _name_of(params) or ""
     head = (
         f"POST {parts.path} HTTP/1.1\r\nHost: {parts.host}:{parts.port}\r\n"
         "Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"

@@ -134,16 +134,14 @@ _MMAP_THRESHOLD = 1 << 20
 _M_MMAP_THRESHOLD = -3  # <malloc.h>
 
 
-def give_back_large_frees() -> bool:
-    """Make freed large blocks go back to the system at once (glibc): True if set."""
+def give_back_large_frees() -> None:
+    """Make freed large blocks go back to the system at once (glibc)."""
     try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
+        mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
-        return False  # not glibc (musl, another libc): its own policy stands
+        return  # not glibc (musl, another libc): its own policy stands
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-    mallopt.restype = ctypes.c_int
-    return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD))
+    mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
 
 
 def serve(
