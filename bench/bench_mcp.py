@@ -306,6 +306,42 @@ DEFAULT_DISPATCHER = "_bundle:echo_registry"
 FRESH_DISPATCHER = "_bundle:echo_registry_fresh"
 
 
+def _start_side(
+    side: str,
+    port: int,
+    dispatcher: str,
+    skilld_args: Sequence[str],
+    traced: dict[str, str],
+    baseline_src: str | None,
+    keys: str,
+) -> tuple[int, subprocess.Popen[bytes], str | None]:
+    """One server process of ``side`` on ``port``: (port, process, the token its client
+    presents: the jwt side's, for this port's audience; else None)."""
+    listen = ["--port", str(port)]
+    if side == "bare":
+        return port, _spawn(["--serve", "bare", *listen]), None
+    if side == "baseline":
+        if baseline_src is None:
+            raise SystemExit("bench_mcp: the baseline side needs --baseline-src DIR")
+        # The other tree's skilld first on the path; this bench's helpers after it.
+        path = os.pathsep.join([baseline_src, *sys.path])
+        return (
+            port,
+            _spawn(["--serve", "skilld", *listen, *skilld_args], {"PYTHONPATH": path}),
+            None,
+        )
+    if side == "fresh":
+        if dispatcher != DEFAULT_DISPATCHER:
+            raise SystemExit("bench_mcp: the fresh side serves the default dispatcher only")
+        fresh_args = ["--dispatcher", FRESH_DISPATCHER, *skilld_args[2:]]
+        return port, _spawn(["--serve", "skilld", *listen, *fresh_args]), None
+    if side == "jwt":
+        jwks, token = _jwt_setup(tempfile.mkdtemp(dir=keys), port)
+        return port, _spawn(["--serve", "skilld", *listen, "--jwks", jwks, *skilld_args]), token
+    env = traced if side == "traced" else {}
+    return port, _spawn(["--serve", "skilld", *listen, *skilld_args], env), None
+
+
 async def run(
     requests: int,
     dispatcher: str,
@@ -315,9 +351,10 @@ async def run(
     inline_ms: float,
     sides: Sequence[str] = ("bare", "skilld"),
     baseline_src: str | None = None,
+    processes: int = 1,
 ) -> None:
-    """Build what skilld serves, start each side's server, measure each cell, print the
-    table (ratios against the first side)."""
+    """Build what skilld serves, start each side's servers (``processes`` each), measure
+    each cell, print the table (ratios against the first side)."""
     with otlp_sink() as sink, tempfile.TemporaryDirectory() as keys:
         traced = {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": sink}
         await _run(
@@ -331,6 +368,7 @@ async def run(
             traced,
             baseline_src,
             keys,
+            processes,
         )
 
 
@@ -345,9 +383,11 @@ async def _run(
     traced: dict[str, str],
     baseline_src: str | None,
     keys: str,
+    processes: int,
 ) -> None:
     _prepare(dispatcher)
-    ports = {side: _free_port() for side in sides}
+    # servers[side]: that side's server processes, each (port, process, its client's token)
+    servers: dict[str, list[tuple[int, subprocess.Popen[bytes], str | None]]] = {}
     skilld_args = [
         "--dispatcher",
         dispatcher,
@@ -356,62 +396,51 @@ async def _run(
         "--inline-ms",
         str(inline_ms),
     ]
-    procs: dict[str, subprocess.Popen[bytes]] = {}
-    token: str | None = None  # the jwt side's client presents it
     for side in sides:
-        port = ["--port", str(ports[side])]
-        if side == "bare":
-            procs[side] = _spawn(["--serve", "bare", *port])
-        elif side == "baseline":
-            if baseline_src is None:
-                raise SystemExit("bench_mcp: the baseline side needs --baseline-src DIR")
-            # The other tree's skilld first on the path; this bench's helpers after it.
-            path = os.pathsep.join([baseline_src, *sys.path])
-            procs[side] = _spawn(["--serve", "skilld", *port, *skilld_args], {"PYTHONPATH": path})
-        elif side == "fresh":
-            if dispatcher != DEFAULT_DISPATCHER:
-                raise SystemExit("bench_mcp: the fresh side serves the default dispatcher only")
-            fresh_args = ["--dispatcher", FRESH_DISPATCHER, *skilld_args[2:]]
-            procs[side] = _spawn(["--serve", "skilld", *port, *fresh_args])
-        elif side == "jwt":
-            jwks, token = _jwt_setup(keys, ports[side])
-            procs[side] = _spawn(["--serve", "skilld", *port, "--jwks", jwks, *skilld_args])
-        else:
-            env = traced if side == "traced" else {}
-            procs[side] = _spawn(["--serve", "skilld", *port, *skilld_args], env)
+        for _ in range(processes):
+            servers.setdefault(side, []).append(
+                _start_side(side, _free_port(), dispatcher, skilld_args, traced, baseline_src, keys)
+            )
     # (side, concurrency) -> pooled latencies, per-round throughput, per-round CPU ms/call
     lats: dict[tuple[str, int], list[float]] = {}
     rates: dict[tuple[str, int], list[float]] = {}
     cpus: dict[tuple[str, int], list[float]] = {}
+    # (side, concurrency) -> each server process's own latencies (the spread among them)
+    each: dict[tuple[str, int], dict[int, list[float]]] = {}
     rss: dict[str, tuple[float, float]] = {}
     loads = [os.getloadavg()]
     try:
-        for side, port in ports.items():
-            await _wait_up(side, port, procs[side])
+        for side, started in servers.items():
+            for port, proc, _ in started:
+                await _wait_up(side, port, proc)
         for concurrency in (1, 16):
             for turn in range(rounds):
                 # Every other round backwards: the side measured right after another
                 # shares the machine with that server's tail of work (its exporter's last
-                # batch, its collector), so no side may always come second.
+                # batch, its collector), so no side may always come second. A side's
+                # processes take turns by pairs of rounds (one forwards, one backwards).
+                which = (turn // 2) % processes
                 for side in sides if turn % 2 == 0 else sides[::-1]:
                     name = "echo" if side == "bare" else tool
-                    before = _cpu_s(procs[side].pid)
-                    lat, wall = await measure(
-                        ports[side], name, concurrency, requests, token if side == "jwt" else None
-                    )
-                    after = _cpu_s(procs[side].pid)
+                    port, proc, token = servers[side][which]
+                    before = _cpu_s(proc.pid)
+                    lat, wall = await measure(port, name, concurrency, requests, token)
+                    after = _cpu_s(proc.pid)
                     key = (side, concurrency)
                     lats.setdefault(key, []).extend(lat)
+                    each.setdefault(key, {}).setdefault(which, []).extend(lat)
                     rates.setdefault(key, []).append(len(lat) / wall)
                     if before is not None and after is not None:
                         cpus.setdefault(key, []).append((after - before) / len(lat) * 1e3)
-        rss = {side: _rss_mb(proc.pid) for side, proc in procs.items()}
+        rss = {side: _rss_mb(started[0][1].pid) for side, started in servers.items()}
         loads.append(os.getloadavg())
     finally:
-        for proc in procs.values():
-            proc.terminate()
-        for proc in procs.values():
-            proc.wait(timeout=60)
+        for started in servers.values():
+            for _, proc, _ in started:
+                proc.terminate()
+        for started in servers.values():
+            for _, proc, _ in started:
+                proc.wait(timeout=60)
 
     def cell(key: tuple[str, int]) -> tuple[float, float, float, float]:
         cpu = statistics.median(cpus[key]) if cpus.get(key) else math.nan
@@ -426,8 +455,9 @@ async def _run(
     print(
         f"tools/call over Streamable HTTP: {', '.join(sides)}; skilld's tool {tool} "
         f"(dispatcher {dispatcher}), bare's echo; {requests} calls per cell, {rounds} "
-        f"alternating rounds, inline_ms {inline_ms}; traced: OTLP/HTTP batches to a local "
-        f"receiver; jwt: an RS256 JWT caller, keys from a JWK set file; load average "
+        f"alternating rounds, {processes} server process(es) per side, inline_ms "
+        f"{inline_ms}; traced: OTLP/HTTP batches to a local receiver; jwt: an RS256 JWT "
+        f"caller, keys from a JWK set file; load average "
         f"(1, 5, 15 min, the higher of start and end) "
         f"{load[0]:.1f} {load[1]:.1f} {load[2]:.1f}"
     )
@@ -438,6 +468,16 @@ async def _run(
         for side in sides:
             p50, p99, rate, cpu = cell((side, concurrency))
             print(f"| {side} | {concurrency} | {p50:.2f} | {p99:.2f} | {rate:.0f} | {cpu:.2f} |")
+    if processes > 1:
+        print()
+        print(f"p50 ms of each server process (of {processes} per side), by concurrency:")
+        for concurrency in (1, 16):
+            for side in sides:
+                spread = " ".join(
+                    f"{statistics.median(lat) * 1e3:.2f}"
+                    for _, lat in sorted(each[(side, concurrency)].items())
+                )
+                print(f"  {side} c={concurrency}: {spread}")
     print()
     for side, (now, peak) in rss.items():
         print(f"{side} server resident memory at the end: {now:.0f} MiB (peak {peak:.0f} MiB)")
@@ -507,6 +547,14 @@ def main() -> None:
         help="the src/ directory of another skilld tree, served as the side 'baseline'",
     )
     parser.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="server processes per side (default 1), taking turns by pairs of rounds: two "
+        "processes of the same server differ by several percent at 16 at once (docs/tracing.md), "
+        "which more of them average out",
+    )
+    parser.add_argument(
         "--quick", action="store_true", help="a few calls, one round: that it runs (CI)"
     )
     parser.add_argument("--serve", choices=["skilld", "bare"], help=argparse.SUPPRESS)
@@ -519,11 +567,13 @@ def main() -> None:
     if args.auth == "jwt":
         sides = ("skilld", "jwt")
     if args.quick:
-        args.requests, args.rounds = 32, 1
+        args.requests, args.rounds, args.processes = 32, 1, 1
     if args.sides:
         sides = tuple(args.sides.split(","))
         if not set(sides) <= set(SIDES) or len(set(sides)) != len(sides):
             parser.error(f"--sides: distinct names of {', '.join(SIDES)}")
+    if args.processes > 1 and args.rounds < 2 * args.processes:
+        parser.error("--rounds: at least two per server process (--processes)")
     if args.serve == "skilld":
         serve_skilld(args.port, args.dispatcher, args.log_level, args.inline_ms, args.jwks)
     elif args.serve == "bare":
@@ -539,6 +589,7 @@ def main() -> None:
             args.inline_ms,
             sides,
             args.baseline_src,
+            max(1, args.processes),
         )
 
 
