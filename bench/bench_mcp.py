@@ -20,6 +20,9 @@ cost. Other subjects, through ``--dispatcher module:factory`` and ``--tool``:
     python bench_mcp.py --sides baseline,skilld,traced --baseline-src ../base/src
                                                           # a change's cost: each side its own
                                                           # server, rounds alternating
+    python bench_mcp.py --trace --rounds 16 --processes 4 # four server processes per side:
+                                                          # two processes of one server differ
+                                                          # by several percent (docs/tracing.md)
     python bench_mcp.py --sides skilld,jwt                # what a JWT caller adds: skilld as
                                                           # an OAuth resource server (docs/mcp.md);
                                                           # --auth jwt says the same
@@ -30,7 +33,10 @@ under ``instances: fresh`` (``_bundle:echo_registry_fresh``), a new instance per
 
 The machine's speed drifts (a shared VM), so each cell runs ``--rounds`` times,
 alternating the sides (in order, then backwards): latencies are pooled, throughput and
-CPU per call are the median of the rounds. Throughput counts from the moment every
+CPU per call are the median of the rounds. Each server process has its own speed too
+(the same server, started twice, may differ by 5-10% at 16 at once): ``--processes N``
+starts N of each side, each pair of rounds (one forwards, one backwards) going to the
+next of them, and prints each process's p50. Throughput counts from the moment every
 caller has opened its session, listed the tools and warmed up, to the moment the last
 call returns.
 
