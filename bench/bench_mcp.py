@@ -34,7 +34,7 @@ under ``instances: fresh`` (``_bundle:echo_registry_fresh``), a new instance per
 The machine's speed drifts (a shared VM), so each cell runs ``--rounds`` times,
 alternating the sides (in order, then backwards): latencies are pooled, throughput and
 CPU per call are the median of the rounds. Each server process has its own speed too
-(the same server, started twice, may differ by 5-10% at 16 at once): ``--processes N``
+(the same server, started twice, differed by up to 12% in a run at 16 at once): ``--processes N``
 starts N of each side, each pair of rounds (one forwards, one backwards) going to the
 next of them, and prints each process's p50. Throughput counts from the moment every
 caller has opened its session, listed the tools and warmed up, to the moment the last
@@ -320,32 +320,28 @@ def _start_side(
     traced: dict[str, str],
     baseline_src: str | None,
     keys: str,
-) -> tuple[int, subprocess.Popen[bytes], str | None]:
-    """One server process of ``side`` on ``port``: (port, process, the token its client
-    presents: the jwt side's, for this port's audience; else None)."""
+) -> tuple[subprocess.Popen[bytes], str | None]:
+    """One server process of ``side`` on ``port``, and the token its client presents (the
+    jwt side's, for this port's audience; else None)."""
     listen = ["--port", str(port)]
     if side == "bare":
-        return port, _spawn(["--serve", "bare", *listen]), None
+        return _spawn(["--serve", "bare", *listen]), None
     if side == "baseline":
         if baseline_src is None:
             raise SystemExit("bench_mcp: the baseline side needs --baseline-src DIR")
         # The other tree's skilld first on the path; this bench's helpers after it.
         path = os.pathsep.join([baseline_src, *sys.path])
-        return (
-            port,
-            _spawn(["--serve", "skilld", *listen, *skilld_args], {"PYTHONPATH": path}),
-            None,
-        )
+        return _spawn(["--serve", "skilld", *listen, *skilld_args], {"PYTHONPATH": path}), None
     if side == "fresh":
         if dispatcher != DEFAULT_DISPATCHER:
             raise SystemExit("bench_mcp: the fresh side serves the default dispatcher only")
         fresh_args = ["--dispatcher", FRESH_DISPATCHER, *skilld_args[2:]]
-        return port, _spawn(["--serve", "skilld", *listen, *fresh_args]), None
+        return _spawn(["--serve", "skilld", *listen, *fresh_args]), None
     if side == "jwt":
         jwks, token = _jwt_setup(tempfile.mkdtemp(dir=keys), port)
-        return port, _spawn(["--serve", "skilld", *listen, "--jwks", jwks, *skilld_args]), token
+        return _spawn(["--serve", "skilld", *listen, "--jwks", jwks, *skilld_args]), token
     env = traced if side == "traced" else {}
-    return port, _spawn(["--serve", "skilld", *listen, *skilld_args], env), None
+    return _spawn(["--serve", "skilld", *listen, *skilld_args], env), None
 
 
 async def run(
@@ -404,9 +400,11 @@ async def _run(
     ]
     for side in sides:
         for _ in range(processes):
-            servers.setdefault(side, []).append(
-                _start_side(side, _free_port(), dispatcher, skilld_args, traced, baseline_src, keys)
+            port = _free_port()
+            proc, token = _start_side(
+                side, port, dispatcher, skilld_args, traced, baseline_src, keys
             )
+            servers.setdefault(side, []).append((port, proc, token))
     # (side, concurrency) -> pooled latencies, per-round throughput, per-round CPU ms/call
     lats: dict[tuple[str, int], list[float]] = {}
     rates: dict[tuple[str, int], list[float]] = {}
@@ -486,7 +484,10 @@ async def _run(
                 print(f"  {side} c={concurrency}: {spread}")
     print()
     for side, (now, peak) in rss.items():
-        print(f"{side} server resident memory at the end: {now:.0f} MiB (peak {peak:.0f} MiB)")
+        print(
+            f"{side} server resident memory at the end: {now:.0f} MiB (peak {peak:.0f} MiB)"
+            + (" (its first process)" if processes > 1 else "")
+        )
     first = sides[0]
     for side in sides[1:]:
         print()
@@ -578,6 +579,8 @@ def main() -> None:
         sides = tuple(args.sides.split(","))
         if not set(sides) <= set(SIDES) or len(set(sides)) != len(sides):
             parser.error(f"--sides: distinct names of {', '.join(SIDES)}")
+    if args.processes < 1:
+        parser.error("--processes: one or more")
     if args.processes > 1 and args.rounds < 2 * args.processes:
         parser.error("--rounds: at least two per server process (--processes)")
     if args.serve == "skilld":
@@ -595,7 +598,7 @@ def main() -> None:
             args.inline_ms,
             sides,
             args.baseline_src,
-            max(1, args.processes),
+            args.processes,
         )
 
 
