@@ -27,25 +27,28 @@ async def modern(
     """One 2026-07-28 request, with the headers and ``_meta`` the revision asks for: from a
     client of ``caps`` (elicitation by default), as the bearer ``token`` when given (its
     scheme spelled ``scheme``)."""
-    meta = {META_VERSION: MODERN, META_CAPS: {"elicitation": {}} if caps is None else dict(caps)}
+    body, headers = _request(method, params, {"elicitation": {}} if caps is None else caps)
+    if token is not None:
+        headers["Authorization"] = f"{scheme} {token}"
+    return await http.post(url, json=body, headers=headers)
+
+
+def _request(
+    method: str, params: Mapping[str, Any], caps: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The JSON-RPC message of a 2026-07-28 request from a client of ``caps`` and its
+    headers (``Mcp-Name`` from a tool's or prompt's ``name``, a resource's ``uri``)."""
+    meta = {META_VERSION: MODERN, META_CAPS: dict(caps)}
     body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": {**params, "_meta": meta}}
     headers = {
         "Accept": "application/json, text/event-stream",
         "MCP-Protocol-Version": MODERN,
         "Mcp-Method": method,
     }
-    name = _name_of(params)
-    if name is not None:
-        headers["Mcp-Name"] = name
-    if token is not None:
-        headers["Authorization"] = f"{scheme} {token}"
-    return await http.post(url, json=body, headers=headers)
-
-
-def _name_of(params: Mapping[str, Any]) -> str | None:
-    """What ``Mcp-Name`` carries: a tool's or prompt's ``name``, a resource's ``uri``."""
     name = params.get("name", params.get("uri"))
-    return None if name is None else str(name)
+    if name is not None:
+        headers["Mcp-Name"] = str(name)
+    return body, headers
 
 
 def payload(response: httpx.Response) -> dict[str, Any]:
@@ -86,17 +89,13 @@ def stalled(
     that reads as little as it can (a tiny receive buffer, set before connecting) and is
     not read: its answer waits in the server. The caller closes the socket."""
     parts = httpx.URL(url)
-    meta = {META_VERSION: MODERN, META_CAPS: {}}
-    message = {"jsonrpc": "2.0", "id": 1, "method": method, "params": {**params, "_meta": meta}}
+    message, headers = _request(method, params, {})
+    headers.update({"Content-Type": "application/json", "Authorization": f"{scheme} {token}"})
     body = json.dumps(message).encode()
-    name = _name_of(params) or ""
-    head = (
-        f"POST {parts.path} HTTP/1.1\r\nHost: {parts.host}:{parts.port}\r\n"
-        "Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
-        f"MCP-Protocol-Version: {MODERN}\r\nMcp-Method: {method}\r\nMcp-Name: {name}\r\n"
-        f"Authorization: {scheme} {token}\r\nConnection: close\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
+    head = f"POST {parts.path} HTTP/1.1\r\nHost: {parts.host}:{parts.port}\r\n" + "".join(
+        f"{key}: {value}\r\n" for key, value in headers.items()
     )
+    head += f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n"
     sock = socket.socket()
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     sock.connect((parts.host, parts.port or 80))
