@@ -38,11 +38,13 @@ its policy (``telemetry: {record_arguments: true}``): its calls then carry
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 import json
 import logging
 import os
+import random
 import struct
 import threading
 import time
@@ -658,7 +660,7 @@ class _Span:
     def __enter__(self) -> _Span:
         state = self._state
         self.span = _begin(state, self._name, self._attributes, self._kind)
-        self._token = state.context.attach(state.trace.set_span_in_context(self.span))
+        self._token = _contexts().enter(self.span)
         self._started = time.perf_counter()
         return self
 
@@ -666,7 +668,7 @@ class _Span:
         if exc is not None:
             _failed(self.span, exc)
         self.span.end()
-        self._state.context.detach(self._token)
+        _contexts().leave(self._token)
 
 
 def _begin(
@@ -707,15 +709,15 @@ def _start(
     exporter's thread encodes it. Raises nothing.
     """
     made = _recorded_type()
-    trace = made.api
-    parent = trace.get_current_span(ctx).get_span_context()
+    parent: Any = _contexts().current(ctx).get_span_context()
+    ids = tracer.id_generator
     if parent.is_valid:
         trace_id = parent.trace_id
         flags = parent.trace_flags & _RANDOM_TRACE_ID
     else:
         parent = None
-        trace_id = tracer.id_generator.generate_trace_id()
-        flags = _RANDOM_TRACE_ID if tracer.id_generator.is_trace_id_random() else 0
+        trace_id = ids.generate_trace_id()
+        flags = _RANDOM_TRACE_ID if ids.is_trace_id_random() else 0
     recorded: dict[str, Any] = dict(attributes) if attributes else {}
     sampler = tracer.sampler
     if sampler is made.default_on:
@@ -736,17 +738,83 @@ def _start(
         if sampling.attributes:
             recorded.update(sampling.attributes)
         trace_state = sampling.trace_state
-    context = trace.SpanContext(
-        trace_id,
-        tracer.id_generator.generate_span_id(),
-        is_remote=False,
-        trace_flags=made.flags[flags],
-        trace_state=trace_state,
+    # The SDK's default generator's span id (random, never 0) without its frame; a
+    # SpanContext as its constructor makes it (both ids valid: generated, or a valid
+    # parent's), without the range checks in Python.
+    span_id = _getrandbits(64) if type(ids) is made.random_ids else ids.generate_span_id()
+    if not span_id:
+        span_id = ids.generate_span_id()
+    context = _tuple_new(
+        made.context_type,
+        (trace_id, span_id, False, made.flags[flags], trace_state or made.no_state, True),
     )
     span = made(name, context, parent, kind, recorded, start or time.time_ns(), tracer, sink, scope)
     if links:
         span._links = list(links)
     return span
+
+
+_getrandbits = random.getrandbits
+_tuple_new = tuple.__new__
+_dict_set = dict.__setitem__
+
+
+class _Contexts:
+    """The current span, and a span made current and no longer, read and written on
+    OpenTelemetry's context variable itself where its runtime context is the default
+    (contextvars) one: the API's functions cost a span four to six Python frames each
+    way (:func:`_contexts`). Elsewhere, the API's own functions."""
+
+    __slots__ = ("current", "enter", "leave")
+    current: Callable[[Any], Any]  # the current span of a context (None: this one)
+    enter: Callable[[Any], Any]  # make a span current; a token to leave it by
+    leave: Callable[[Any], None]
+
+    def __init__(self) -> None:
+        from opentelemetry import context as api
+        from opentelemetry import trace
+        from opentelemetry.context import Context
+        from opentelemetry.context.contextvars_context import ContextVarsRuntimeContext
+        from opentelemetry.trace.propagation import _SPAN_KEY
+
+        runtime = getattr(api, "_RUNTIME_CONTEXT", None)
+        var = getattr(runtime, "_current_context", None)
+        if type(runtime) is not ContextVarsRuntimeContext or not isinstance(
+            var, contextvars.ContextVar
+        ):
+            self.current = trace.get_current_span
+            self.enter = lambda span: api.attach(trace.set_span_in_context(span))
+            self.leave = api.detach
+            return
+        invalid = trace.INVALID_SPAN
+        span_type = trace.Span
+        get = var.get
+        put = var.set
+
+        def current(ctx: Any) -> Any:
+            span = (get() if ctx is None else ctx).get(_SPAN_KEY)
+            return span if isinstance(span, span_type) else invalid
+
+        def enter(span: Any) -> Any:
+            values = Context(get())  # immutable to everyone else: filled before it is shared
+            _dict_set(values, _SPAN_KEY, span)
+            return put(values)
+
+        def leave(token: Any) -> None:
+            try:
+                var.reset(token)
+            except (ValueError, RuntimeError):
+                api.detach(token)  # as the API would: it logs why
+
+        self.current = current
+        self.enter = enter
+        self.leave = leave
+
+
+@functools.cache
+def _contexts() -> _Contexts:
+    """The :class:`_Contexts` of this process (made once, on first use)."""
+    return _Contexts()
 
 
 # W3C trace flags: sampled, and (level 2) a random trace id.
@@ -770,6 +838,7 @@ def _recorded_type() -> type[Any]:
     """
     from opentelemetry import trace
     from opentelemetry.sdk.trace import Event, ReadableSpan
+    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
     from opentelemetry.sdk.trace.sampling import DEFAULT_ON
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
@@ -778,6 +847,8 @@ def _recorded_type() -> type[Any]:
     _KINDS.update({k.name.lower(): k for k in trace.SpanKind})
 
     class Recorded(trace.Span, ReadableSpan):  # the bases of the SDK's own span
+        _adopted = False  # a request span a call's facts went on (call_span)
+
         def __init__(  # ReadableSpan's fields, set directly
             self,
             name: str,
@@ -808,6 +879,9 @@ def _recorded_type() -> type[Any]:
             self._sink = sink
 
         api = trace  # the API module, for _start
+        context_type = trace.SpanContext
+        no_state = trace.DEFAULT_TRACE_STATE
+        random_ids = RandomIdGenerator
         skilld = InstrumentationScope("skilld")  # the scope of skilld's own spans
         default_on = DEFAULT_ON  # the SDK's default sampler, which _start decides for
         status_unset = unset  # a new span's status (the encoder knows its bytes)
@@ -888,7 +962,6 @@ def _provider_type() -> type[Any]:
     and send them as the SDK's tracer would; the hand-off (once configure set it) takes
     them when they end, and ``force_flush`` drains it first.
     """
-    from opentelemetry import context as context_api
     from opentelemetry import trace
     from opentelemetry.sdk.trace import Tracer as SdkTracer
     from opentelemetry.sdk.trace import TracerProvider
@@ -954,7 +1027,7 @@ def _provider_type() -> type[Any]:
 
         def __enter__(self) -> Any:
             self.span = span = self._start()
-            self._token = context_api.attach(trace.set_span_in_context(span))
+            self._token = _contexts().enter(span)
             return span
 
         def __call__(self, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -978,7 +1051,7 @@ def _provider_type() -> type[Any]:
         def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
             span = self.span
             try:
-                context_api.detach(self._token)
+                _contexts().leave(self._token)
                 # As use_span: an Exception (not a cancellation) is recorded and sets the
                 # status, where the flags ask for it and the span records.
                 if isinstance(exc, Exception) and span.is_recording():
@@ -1092,7 +1165,7 @@ def annotate(attributes: Mapping[str, Any]) -> None:
     state = _state
     if state is None:
         return
-    state.trace.get_current_span().set_attributes(dict(attributes))
+    _contexts().current(None).set_attributes(dict(attributes))
 
 
 def decision(decision: Any) -> None:
@@ -1105,7 +1178,7 @@ def decision(decision: Any) -> None:
     state = _state
     if state is None:
         return
-    current = state.trace.get_current_span()
+    current = _contexts().current(None)
     facts: dict[str, str | bool] = {
         "skilld.permission.capability": str(decision.capability),
         "skilld.permission.action": str(decision.action),
@@ -1143,14 +1216,18 @@ class _CallSpan(_Span):
 
     def result(self, value: Any) -> None:
         """The call's result, on its span, when the operator opted in for its skill."""
-        if not self._record:
-            return
-        shown = getattr(value, "value", value)
-        try:
-            text = json.dumps(shown, separators=(",", ":"), sort_keys=True, default=str)
-        except (TypeError, ValueError):
-            text = repr(shown)
-        self.span.set_attribute("gen_ai.tool.call.result", text[:_MAX_RECORDED])
+        if self._record:
+            self.span.set_attribute("gen_ai.tool.call.result", _recorded_result(value))
+
+
+def _recorded_result(value: Any) -> str:
+    """A call's result as its span records it (JSON, at most ``_MAX_RECORDED`` characters)."""
+    shown = getattr(value, "value", value)
+    try:
+        text = json.dumps(shown, separators=(",", ":"), sort_keys=True, default=str)
+    except (TypeError, ValueError):
+        text = repr(shown)
+    return text[:_MAX_RECORDED]
 
 
 def call_span(
@@ -1178,7 +1255,112 @@ def call_span(
     }
     if record:
         attributes["gen_ai.tool.call.arguments"] = arguments[:_MAX_RECORDED]
+    if depth == 0:
+        current: Any = _contexts().current(None)
+        if (
+            type(current) is _recorded_type()
+            and current._end_time is None
+            and current._kind is _KINDS["server"]
+            and current._instrumentation_scope.name == _SDK_SCOPE
+            and not current._adopted
+        ):
+            return _Adopted(state, skill, method, current, attributes, record)
     return _CallSpan(state, skill, method, attributes, record)
+
+
+# The MCP SDK's instrumentation scope (its OpenTelemetryMiddleware's request spans).
+_SDK_SCOPE = "mcp-python-sdk"
+
+
+def calls_get_own_spans() -> None:
+    """The calls the current request starts get ``execute_tool`` spans of their own, its
+    span none of their facts: a task's call, which the request only starts (whether it
+    ends before the request's answer or after is a race, and a trace's shape must not
+    be). Nothing while tracing is off."""
+    if _state is None:
+        return
+    current: Any = _contexts().current(None)
+    if type(current) is _recorded_type():
+        current._adopted = True
+
+
+class _Adopted:
+    """A call the MCP request runs (``tools/call``, depth 0): its facts go on the request
+    span, the SDK's ``tools/call NAME`` (SERVER, ``gen_ai.operation.name =
+    execute_tool``), which is the call's span by the conventions; a child
+    ``execute_tool`` span would say the same again, at a third of a call's tracing cost.
+
+    A call that outlives its request (it asked the client something, or runs as a task)
+    finds the request span ended when it ends: its ``execute_tool`` span is then made, with
+    its real times and every fact, beneath the request span.
+    """
+
+    __slots__ = (
+        "_attributes",
+        "_method",
+        "_record",
+        "_skill",
+        "_start",
+        "_started",
+        "_state",
+        "span",
+    )
+
+    def __init__(
+        self,
+        state: _State,
+        skill: str,
+        method: str,
+        span: Any,
+        attributes: dict[str, Any],
+        record: bool,
+    ):
+        self._state = state
+        self._skill = skill
+        self._method = method
+        self._attributes = attributes
+        self._record = record
+        self.span = span
+        span._adopted = True
+        span.set_attributes(attributes)
+        self._start = 0
+        self._started = 0.0
+
+    def __enter__(self) -> _Adopted:
+        self._start = time.time_ns()
+        self._started = time.perf_counter()
+        return self
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        outcome = "ok"
+        if isinstance(exc, SkilldError):
+            outcome = exc.outcome
+        elif exc is not None:
+            outcome = "internal"
+        calls = self._state.calls
+        if calls is not None:
+            calls.record(
+                time.perf_counter() - self._started,
+                {"skilld.skill": self._skill, "skilld.outcome": outcome},
+            )
+        span = self.span
+        if span._end_time is None:
+            span.set_attribute("skilld.outcome", outcome)
+            return
+        name = f"execute_tool {self._skill}.{self._method}"
+        late = _begin(self._state, name, self._attributes, start=self._start)
+        late.set_attribute("skilld.outcome", outcome)
+        if exc is not None:
+            _failed(late, exc)
+        late.end()
+
+    def result(self, value: Any) -> None:
+        """The call's result, on its span, when the operator opted in for its skill."""
+        if self._record:
+            self._attributes["gen_ai.tool.call.result"] = _recorded_result(value)
+            self.span.set_attribute(
+                "gen_ai.tool.call.result", self._attributes["gen_ai.tool.call.result"]
+            )
 
 
 # -- context across threads, nodes and processes --------------------------------------

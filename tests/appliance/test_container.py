@@ -268,7 +268,7 @@ def test_the_image_sends_traces_to_a_collector(image: str, tmp_path: Path) -> No
 
             anyio.run(call)
             spans = receiver.wait(  # both spans read below: they may come in two batches
-                lambda seen: {"execute_tool echo.echo", "tools/call echo/echo"}
+                lambda seen: {"skilld.guest.run", "tools/call echo/echo"}
                 <= {s.name for s in seen if s.trace_id == trace_id},
                 timeout=60,
             )

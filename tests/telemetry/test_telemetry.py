@@ -203,16 +203,19 @@ async def test_arguments_are_recorded_only_for_the_skill_whose_policy_opts_in(
                 params = {"name": tool, "arguments": {"text": "opt-in-7f3a"}}
                 answer = await _rpc(node.url, "tools/call", params, {})
                 assert "error" not in answer, answer
-            names = {"execute_tool echo.echo", "execute_tool echo-wat.echo"}
+            # A call the request runs has its facts on the request's span.
+            names = {"tools/call echo/echo", "tools/call echo-wat/echo"}
             spans = receiver.wait(lambda s: names <= {x.name for x in s})
         finally:
             node.stop()
     calls = {s.name: s.attributes for s in spans if s.name in names}
-    opted = calls["execute_tool echo.echo"]
+    opted = calls["tools/call echo/echo"]
+    assert opted["skilld.skill"] == "echo" and opted["skilld.outcome"] == "ok", opted
     assert "opt-in-7f3a" in opted["gen_ai.tool.call.arguments"]
     assert "opt-in-7f3a" in opted["gen_ai.tool.call.result"]
+    assert calls["tools/call echo-wat/echo"]["skilld.skill"] == "echo-wat"
     for s in spans:
-        if s.name != "execute_tool echo.echo":
+        if s.name != "tools/call echo/echo":
             assert "opt-in-7f3a" not in json.dumps([s.attributes, s.events], default=str), s.name
 
 
@@ -231,13 +234,14 @@ async def test_spans_go_over_otlp_grpc_when_the_protocol_says_so(
         try:
             answer = await _call(node.url, "g", {"traceparent": IN_META}, {})
             assert "error" not in answer, answer
-            names = {"tools/call echo/echo", "execute_tool echo.echo"}
+            names = {"tools/call echo/echo", "skilld.guest.run"}
             spans = receiver.wait(lambda s: names <= {x.name for x in s})
         finally:
             node.stop()
     ours = {s.name: s for s in spans if s.name in names}
     assert {s.trace_id for s in ours.values()} == {"3" * 32}
-    assert ours["execute_tool echo.echo"].parent_id == ours["tools/call echo/echo"].span_id
+    assert ours["skilld.guest.run"].parent_id == ours["tools/call echo/echo"].span_id
+    assert ours["tools/call echo/echo"].attributes["skilld.method"] == "echo"
 
 
 @pytest.fixture
@@ -311,7 +315,7 @@ async def test_the_http_traceparent_header_is_the_parent_when_meta_has_none(
     spans = receiver.wait(
         lambda s: (
             sum(x.name == "tools/call echo/echo" for x in s) == 2
-            and any(x.name == "execute_tool echo.echo" and x.trace_id == "1" * 32 for x in s)
+            and any(x.name == "skilld.guest.run" and x.trace_id == "1" * 32 for x in s)
         )
     )
     servers = {s.trace_id: s for s in spans if s.name == "tools/call echo/echo"}
@@ -320,9 +324,12 @@ async def test_the_http_traceparent_header_is_the_parent_when_meta_has_none(
     for server in servers.values():
         assert server.kind == "server"
         assert server.attributes["network.transport"] == "tcp"
-    # The call beneath it, in the same trace.
-    call = next(s for s in spans if s.name == "execute_tool echo.echo" and s.trace_id == "1" * 32)
-    assert call.attributes["skilld.outcome"] == "ok"
+    # The call's facts on it, and its stages beneath it, in the same trace.
+    assert servers["1" * 32].attributes["skilld.outcome"] == "ok"
+    assert "skilld.caller" in servers["1" * 32].attributes
+    run = next(s for s in spans if s.name == "skilld.guest.run" and s.trace_id == "1" * 32)
+    assert run.parent_id == servers["1" * 32].span_id
+    assert not any(s.name.startswith("execute_tool") for s in spans)
 
 
 async def test_every_request_about_a_task_links_to_the_request_that_created_it(

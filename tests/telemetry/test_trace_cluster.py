@@ -164,7 +164,6 @@ def _complete(spans: list[Span]) -> bool:
         ("node-w1", "execute_tool echo.run_script"),
         ("node-w1", "skilld.process"),
         ("node-w1", "execute_tool hostile.relay"),
-        ("node-a", "execute_tool hostile.relay"),
     } <= names
 
 
@@ -222,9 +221,12 @@ async def test_one_tools_call_is_one_trace_from_the_client_to_the_native_script(
         "node-w1:skilld.guest.run",
         "node-w1:execute_tool hostile.relay",
         "node-a:skilld.route hostile",
-        "node-a:execute_tool hostile.relay",
         "node-a:tools/call hostile/relay",
     ]
+    # The entry node's call has its facts on the request span (no span of its own).
+    assert server.attributes["skilld.skill"] == "hostile", server.attributes
+    assert server.attributes["skilld.outcome"] == "ok"
+    assert not any(s.name.startswith("execute_tool") for s in ours if s.node == "node-a")
     route = _one(ours, "skilld.route hostile", "node-a")
     assert route.kind == "client" and route.attributes["skilld.node.target"] == "node-w1"
     invoke = _one(ours, "skilld.host invoke.call", "node-w1")

@@ -842,6 +842,9 @@ async def as_task(
         call = resume(parked, ctx, params, name, digest, caller, min_level)
     else:
         tasks.admit(caller.key)  # refused before the call starts
+        # The call may end before or after this request's answer: its facts go on a span
+        # of its own, never on the request's (a trace's shape must not be a race).
+        telemetry.calls_get_own_spans()
         channel = new_channel(plain(params.input_responses))
         # Until it is a task, a required tool's call gathers its input in rounds like any
         # other call: counted against its caller's rounds cap (max_rounds_per_caller), which
