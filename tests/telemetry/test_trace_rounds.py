@@ -126,6 +126,7 @@ async def test_a_retry_at_the_other_entry_node_keeps_the_call_in_its_first_trace
             and _server(spans, RETRY[0], "node-c") is not None
             and (RETRY[0], "node-a", "skilld.round.relayed") in names
             and any(n == "node-b" and m.startswith("execute_tool") for _, n, m in names)
+            and any(n == "node-a" and m.startswith("execute_tool") for _, n, m in names)
         )
 
     spans = receiver.wait(complete)
@@ -137,6 +138,16 @@ async def test_a_retry_at_the_other_entry_node_keeps_the_call_in_its_first_trace
     # The guest ran once, on node-b, in the first request's trace.
     worker_calls = [s for s in spans if s.node == "node-b" and s.name.startswith("execute_tool")]
     assert len(worker_calls) == 1 and worker_calls[0].trace_id == FIRST[0], worker_calls
+    # node-a's call outlived its first request (its guest asked the client): the request
+    # span has the call's facts but not its outcome, and the call's own execute_tool span
+    # was made when it ended, beneath that request span, in its trace, with the outcome.
+    assert first_server.attributes["skilld.skill"] == "conformance", first_server.attributes
+    assert "skilld.outcome" not in first_server.attributes
+    late = [s for s in spans if s.node == "node-a" and s.name.startswith("execute_tool")]
+    assert len(late) == 1, late
+    assert (late[0].trace_id, late[0].parent_id) == (FIRST[0], first_server.span_id)
+    assert late[0].attributes["skilld.outcome"] == "ok"
+    assert late[0].start_ns < first_server.end_ns < late[0].end_ns
     # The retry crossed to node-a in the retry's trace, beneath node-c's request span.
     relayed = next(s for s in spans if s.name == "skilld.round.relayed")
     assert (relayed.trace_id, relayed.node, relayed.kind) == (RETRY[0], "node-a", "server")
