@@ -697,6 +697,7 @@ def _start(
     attributes: Mapping[str, Any] | None,
     links: Sequence[Any] | None,
     start: int | None,
+    extra: Mapping[str, Any] | None = None,
 ) -> Any:
     """A span started now (or at ``start``) beneath the span of ``ctx`` (None: the current
     context's), sampled and named by ``tracer`` (the SDK's: its sampler, id generator and
@@ -719,6 +720,8 @@ def _start(
         trace_id = ids.generate_trace_id()
         flags = _RANDOM_TRACE_ID if ids.is_trace_id_random() else 0
     recorded: dict[str, Any] = dict(attributes) if attributes else {}
+    if extra:
+        recorded.update(extra)
     sampler = tracer.sampler
     if sampler is made.default_on:
         # The default sampler (parentbased_always_on), decided here as it decides: the
@@ -765,9 +768,11 @@ class _Contexts:
     (contextvars) one: the API's functions cost a span four to six Python frames each
     way (:func:`_contexts`). Elsewhere, the API's own functions."""
 
-    __slots__ = ("current", "enter", "leave")
+    __slots__ = ("attach", "current", "enter", "here", "leave")
     current: Callable[[Any], Any]  # the current span of a context (None: this one)
     enter: Callable[[Any], Any]  # make a span current; a token to leave it by
+    here: Callable[[], Any]  # the current context
+    attach: Callable[[Any], Any]  # make a context current; a token to leave it by
     leave: Callable[[Any], None]
 
     def __init__(self) -> None:
@@ -784,6 +789,8 @@ class _Contexts:
         ):
             self.current = trace.get_current_span
             self.enter = lambda span: api.attach(trace.set_span_in_context(span))
+            self.here = api.get_current
+            self.attach = api.attach
             self.leave = api.detach
             return
         invalid = trace.INVALID_SPAN
@@ -808,6 +815,8 @@ class _Contexts:
 
         self.current = current
         self.enter = enter
+        self.here = get
+        self.attach = put
         self.leave = leave
 
 
@@ -967,11 +976,14 @@ def _provider_type() -> type[Any]:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
+    server = trace.SpanKind.SERVER
+
     class Tracer(trace.Tracer):
         def __init__(self, sdk: Any, scope: Any, provider: Any):
             self._sdk = sdk
             self._scope = scope
             self._provider = provider
+            self._requests = scope.name == _SDK_SCOPE  # the MCP SDK's tracer
 
         def start_span(
             self,
@@ -987,8 +999,10 @@ def _provider_type() -> type[Any]:
             sdk = self._sdk
             handoff = self._provider.handoff
             sink = handoff.put if handoff is not None else sdk.span_processor.on_end
+            # The MCP SDK's request span: skilld's facts of the request (_outer's) too.
+            extra = _REQUEST_FACTS.get() if kind is server and self._requests else None
             return _start(
-                sdk, self._scope, sink, context, name, kind, attributes, links, start_time
+                sdk, self._scope, sink, context, name, kind, attributes, links, start_time, extra
             )
 
         def start_as_current_span(  # type: ignore[override]
@@ -1372,15 +1386,15 @@ def carry(fn: Callable[[], T]) -> Callable[[], T]:
     state = _state
     if state is None:
         return fn
-    context = state.context
-    here = context.get_current()
+    contexts = _contexts()
+    here = contexts.here()
 
     def run() -> T:
-        token = context.attach(here)
+        token = contexts.attach(here)
         try:
             return fn()
         finally:
-            context.detach(token)
+            contexts.leave(token)
 
     return run
 
@@ -1481,13 +1495,14 @@ def environ(env: dict[str, str]) -> dict[str, str]:
 
 
 def mcp_middleware(chain: MutableSequence[Any]) -> None:
-    """Put skilld's two middlewares around the SDK's ``OpenTelemetryMiddleware`` (first in
+    """Put skilld's middleware before the SDK's ``OpenTelemetryMiddleware`` (first in
     ``chain``, ``Server.middleware``): nothing while tracing is off.
 
-    Outside it, the context of the HTTP ``traceparent`` header where the request's
-    ``_meta`` carries none (the SDK's span takes ``_meta``'s first, then the ambient
-    context) and ``mcp.server.operation.duration``; inside it, ``mcp.session.id`` and
-    ``network.transport`` on the SDK's span.
+    It runs the request in the context of the HTTP ``traceparent`` header where the
+    request's ``_meta`` carries none (the SDK's span takes ``_meta``'s first, then the
+    ambient context), records ``mcp.server.operation.duration``, and has the tracer put
+    ``network.transport`` and ``mcp.session.id`` on the SDK's span as it is made (no
+    middleware inside the SDK's: one less layer on every request).
 
     Either way, OpenTelemetry's warning for each malformed ``tracestate`` member is
     silenced: the SDK's middleware reads every request's ``_meta``, so a client could
@@ -1497,7 +1512,15 @@ def mcp_middleware(chain: MutableSequence[Any]) -> None:
     if _state is None:
         return
     chain.insert(0, _outer)
-    chain.insert(2, _inner)  # right after the SDK's (appended when it was removed)
+
+
+# The request's facts for the MCP SDK's request span (network.transport, mcp.session.id),
+# from _outer to the tracer that makes the span (_provider_type's Tracer.start_span).
+_REQUEST_FACTS: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "skilld_request_facts", default=None
+)
+# The request headers _outer reads, as the ASGI scope names them (lower case).
+_WANTED = {b"traceparent": TRACEPARENT, b"tracestate": TRACESTATE, b"mcp-session-id": "session"}
 
 
 def _headers(ctx: Any) -> Mapping[str, str] | None:
@@ -1508,19 +1531,54 @@ def _headers(ctx: Any) -> Mapping[str, str] | None:
     return headers if isinstance(headers, Mapping) or hasattr(headers, "get") else None
 
 
+def _request_headers(ctx: Any) -> dict[str, str] | None:
+    """The request's ``traceparent``, ``tracestate`` and ``mcp-session-id`` headers (the
+    first of each; keys ``traceparent``, ``tracestate``, ``session``), or None without an
+    HTTP request (stdio). Read in one pass over the ASGI scope's raw headers where there
+    is one (Starlette's ``Headers.get`` scans them once per name)."""
+    request = getattr(ctx, "request", None)
+    scope = getattr(request, "scope", None)
+    raw = scope.get("headers") if isinstance(scope, dict) else None
+    if isinstance(raw, list):
+        found: dict[str, str] = {}
+        try:
+            for name, value in raw:
+                key = _WANTED.get(name)
+                if key is not None and key not in found:
+                    found[key] = value.decode("latin-1")
+        except (TypeError, ValueError, AttributeError):
+            pass  # not an ASGI server's headers: read them as a mapping below
+        else:
+            return found
+    headers = _headers(ctx)
+    if headers is None:
+        return None
+    found = {}
+    for name, key in _WANTED.items():
+        value = headers.get(name.decode())
+        if isinstance(value, str):
+            found[key] = value
+    return found
+
+
 async def _outer(ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
     state = _state
     if state is None:
         return await call_next(ctx)
+    headers = _request_headers(ctx)
+    facts: dict[str, Any] = {"network.transport": "pipe" if headers is None else "tcp"}
     parent = None
-    meta = ctx.meta
-    # Only whether _meta names a valid parent (the SDK's span reads it, tracestate and all).
-    if not (isinstance(meta, Mapping) and _remote(meta, with_state=False) is not None):
-        headers = _headers(ctx)
-        if headers is not None:
-            parent = _remote(
-                {TRACEPARENT: headers.get(TRACEPARENT), TRACESTATE: headers.get(TRACESTATE)}
-            )
+    if headers:
+        session = headers.get("session")
+        if session:
+            facts["mcp.session.id"] = session[:_MAX_SESSION_ID]
+        # Only whether _meta names a valid parent (the SDK's span reads it, tracestate and
+        # all); only asked when the header names one.
+        if TRACEPARENT in headers:
+            meta = ctx.meta
+            if not (isinstance(meta, Mapping) and _remote(meta, with_state=False) is not None):
+                parent = _remote(headers)
+    token = _REQUEST_FACTS.set(facts)
     started = time.perf_counter()
     error: str | None = None
     try:
@@ -1532,27 +1590,17 @@ async def _outer(ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
         error = type(exc).__qualname__
         raise
     finally:
+        _REQUEST_FACTS.reset(token)
         if state.operation is not None and ctx.request_id is not None:
-            facts: dict[str, Any] = {
+            outcome: dict[str, Any] = {
                 "mcp.method.name": ctx.method,
                 "mcp.protocol.version": ctx.protocol_version,
             }
             name = (ctx.params or {}).get("name") if ctx.method == "tools/call" else None
             # Only a tool that answered: unknown names are the client's, unbounded.
             if isinstance(name, str) and error is None:
-                facts["gen_ai.tool.name"] = name
-                facts["gen_ai.operation.name"] = "execute_tool"
+                outcome["gen_ai.tool.name"] = name
+                outcome["gen_ai.operation.name"] = "execute_tool"
             if error is not None:
-                facts["error.type"] = error
-            state.operation.record(time.perf_counter() - started, facts)
-
-
-async def _inner(ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
-    if _state is not None:
-        headers = _headers(ctx)
-        facts = {"network.transport": "tcp" if headers is not None else "pipe"}
-        session = headers.get("mcp-session-id") if headers is not None else None
-        if session:
-            facts["mcp.session.id"] = session[:_MAX_SESSION_ID]
-        annotate(facts)
-    return await call_next(ctx)
+                outcome["error.type"] = error
+            state.operation.record(time.perf_counter() - started, outcome)

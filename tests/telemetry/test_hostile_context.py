@@ -112,6 +112,60 @@ def test_the_request_middleware_takes_any_header_and_meta(
     assert len(seen) == 1
 
 
+class _AsgiRequest:
+    """A request as Starlette's: the ASGI scope's raw headers (bytes, lower-case names)."""
+
+    def __init__(self, headers: list[tuple[bytes, bytes]]):
+        self.scope = {"type": "http", "headers": headers}
+
+
+@settings(max_examples=200, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    header=st.one_of(st.binary(max_size=300), fields.map(str.encode)),
+    session=st.binary(max_size=300),
+    meta=st.one_of(st.none(), st.dictionaries(st.text(max_size=20), fields)),
+)
+@example(header=VALID.encode(), session=b"s-1", meta=None)
+def test_the_request_middleware_takes_any_raw_header_bytes(
+    on: None, header: bytes, session: bytes, meta: dict[str, str] | None
+) -> None:
+    """Over HTTP the middleware reads the ASGI scope's raw headers once: any bytes in
+    traceparent, tracestate and mcp-session-id run the request, the first of each is the
+    one read, the session id reaches the request span's facts cut to 128 characters, and
+    the context and the facts are as they were afterwards."""
+    import anyio
+
+    seen: list[Any] = []
+
+    async def handler(ctx: Any) -> str:
+        seen.append((trace.get_current_span().get_span_context(), telemetry._REQUEST_FACTS.get()))
+        return "ok"
+
+    before = context.get_current()
+    ctx = _Ctx(meta, {})
+    ctx.request = _AsgiRequest(  # type: ignore[assignment]
+        [
+            (b"host", b"127.0.0.1"),
+            (b"traceparent", header),
+            (b"tracestate", header),
+            (b"mcp-session-id", session),
+            (b"traceparent", b"00-" + b"9" * 32 + b"-" + b"9" * 16 + b"-01"),
+        ]
+    )
+    assert anyio.run(telemetry._outer, ctx, handler) == "ok"
+    assert context.get_current() == before
+    assert telemetry._REQUEST_FACTS.get() is None
+    [(parent, facts)] = seen
+    assert facts["network.transport"] == "tcp"
+    assert len(facts.get("mcp.session.id", "")) <= 128
+    assert facts.get("mcp.session.id", "") == session.decode("latin-1")[:128]
+    in_meta = isinstance(meta, dict) and isinstance(meta.get("traceparent"), str)
+    if header == VALID.encode() and not in_meta:
+        assert parent.trace_id == int(VALID.split("-")[1], 16)
+    else:
+        assert parent.trace_id != int("9" * 32, 16)  # never the second traceparent
+
+
 def test_a_stage_is_a_span_only_when_it_took_long_enough_or_failed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
