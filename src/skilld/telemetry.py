@@ -431,7 +431,8 @@ class _Encoder:
         )
 
         self._parse = ExportTraceServiceRequest.FromString
-        self._fields: dict[tuple[bytes, str, Any, type], bytes] = {}
+        # Encoded KeyValue fields by tag, then by (key, value): (the value's type, field).
+        self._fields: dict[bytes, dict[tuple[str, Any], tuple[type, bytes]]] = {}
         self._lean = _recorded_type()
         self._unset = self._lean.status_unset
         self._named: dict[tuple[str, Any], bytes] = {}  # name and kind fields, by both
@@ -454,16 +455,23 @@ class _Encoder:
         # Each scope object's list, by its id: a scope's hash is computed in Python, and
         # equal scopes (of two tracers) still share one list, in the batch's order.
         lists: dict[tuple[int, int], list[bytes]] = {}
+        lean = self._lean
         for span in spans:
-            resource = span.resource
-            scope = span.instrumentation_scope
+            if type(span) is lean:  # skilld's: its fields, not the properties' frames
+                resource = span._resource
+                scope = span._instrumentation_scope
+                data = self._recorded(span)
+            else:
+                resource = span.resource
+                scope = span.instrumentation_scope
+                data = self._span(span)
             encoded = lists.get((id(resource), id(scope)))
             if encoded is None:
                 scopes = groups.get(id(resource))
                 if scopes is None:
                     scopes = groups[id(resource)] = (resource, {})
                 encoded = lists[id(resource), id(scope)] = scopes[1].setdefault(scope, [])
-            encoded.append(_field(b"\x12", self._span(span)))  # ScopeSpans.spans
+            encoded.append(_field(b"\x12", data))  # ScopeSpans.spans
         out = []
         for resource, by_scope in groups.values():
             # ResourceSpans: resource (Resource.attributes), scope_spans, schema_url
@@ -560,19 +568,26 @@ class _Encoder:
         """Each attribute as a KeyValue field ``tag``."""
         if not attributes:
             return []
-        fields = self._fields
+        # By the (key, value) item itself (the pair items() makes anyway), the value's type
+        # kept beside the field: True and 1 are one key of a dict, never one field.
+        fields = self._fields.get(tag)
+        if fields is None:
+            fields = self._fields[tag] = {}
         out = []
-        for key, value in attributes.items():
+        for item in attributes.items():
+            try:
+                found = fields.get(item)
+            except TypeError:  # a sequence value: unhashable, encoded below
+                found = None
+            if found is not None and found[0] is type(item[1]):
+                out.append(found[1])
+                continue
+            key, value = item
             kind = type(value)
             if kind is str:
                 cache = len(value) <= _CACHED_VALUE
             else:  # a depth, a count: small ints repeat as often as short strings
                 cache = kind is bool or (kind is int and -_CACHED_VALUE <= value <= _CACHED_VALUE)
-            if cache:
-                found = fields.get((tag, key, value, kind))
-                if found is not None:
-                    out.append(found)
-                    continue
             try:
                 field = _field(tag, _keyvalue(key, value))
             except (TypeError, ValueError, OverflowError):
@@ -580,7 +595,7 @@ class _Encoder:
             if cache:
                 if len(fields) >= 4096:  # request ids, session ids: a bound, not a leak
                     fields.clear()
-                fields[(tag, key, value, kind)] = field
+                fields[item] = (kind, field)
             out.append(field)
         return out
 

@@ -203,6 +203,36 @@ def test_the_lean_encoder_writes_what_the_sdks_encoder_writes(
     )
 
 
+def test_one_key_with_equal_values_of_other_types_keeps_each_type(quiet: None) -> None:
+    """True, 1 and 1.0 are one key of a dict: the encoder's field cache must still write
+    each span's value as its own type, in any order, with one encoder for the batch."""
+    same = [{"k": True}, {"k": 1}, {"k": 1.0}, {"k": False}, {"k": 0}, {"k": True}]
+    specs = [
+        {
+            "mine": mine,
+            "name": "n",
+            "kind": trace.SpanKind.INTERNAL,
+            "parent": None,
+            "attributes": facts,
+            "events": [("e", facts, 1)],
+            "links": [],
+            "status": trace.Status(trace.StatusCode.UNSET),
+            "later": {},
+        }
+        for mine in (True, False)
+        for facts in same
+    ]
+    spans = _spans(Resource({"r": 1, "s": True}), None, specs)
+    encoder = telemetry._Encoder()
+    for _ in range(2):  # the second time from the cache
+        ours = encoder.request(spans)
+        theirs = encode_spans(spans).SerializeToString(deterministic=True)
+        assert (
+            ExportTraceServiceRequest.FromString(ours).SerializeToString(deterministic=True)
+            == theirs
+        )
+
+
 def test_a_batch_from_two_resources_keeps_each_resources_spans_apart(quiet: None) -> None:
     """Spans of two providers (two resources) in one batch: one ResourceSpans each, every
     span under its own, as the SDK's encoder groups them; a cached attribute is written
