@@ -377,18 +377,19 @@ def _field(tag: bytes, data: bytes) -> bytes:
 
 
 def _ids(context: Any, parent: Any) -> list[bytes]:
-    """A span's trace_id, span_id, trace_state and parent_span_id fields."""
+    """A span's trace_id, span_id, trace_state and parent_span_id fields (each
+    SpanContext read by index: trace_id, span_id, is_remote, trace_flags, trace_state)."""
     parts = [
         b"\x0a\x10",  # trace_id
-        context.trace_id.to_bytes(16, "big"),
+        context[0].to_bytes(16, "big"),
         b"\x12\x08",  # span_id
-        context.span_id.to_bytes(8, "big"),
+        context[1].to_bytes(8, "big"),
     ]
-    state = context.trace_state
+    state = context[4]
     if state:
         parts.append(_field(b"\x1a", ",".join(f"{k}={v}" for k, v in state.items()).encode()))
     if parent:
-        parts += (b"\x22\x08", parent.span_id.to_bytes(8, "big"))
+        parts += (b"\x22\x08", parent[1].to_bytes(8, "big"))
     return parts
 
 
@@ -727,9 +728,11 @@ def _start(
     made = _recorded_type()
     parent: Any = _contexts().current(ctx).get_span_context()
     ids = tracer.id_generator
-    if parent.is_valid:
-        trace_id = parent.trace_id
-        flags = parent.trace_flags & _RANDOM_TRACE_ID
+    # A SpanContext is a tuple (trace_id, span_id, is_remote, trace_flags, trace_state,
+    # is_valid): its fields by index, not by the properties' Python frames.
+    if parent[5]:
+        trace_id = parent[0]
+        flags = parent[3] & _RANDOM_TRACE_ID
     else:
         parent = None
         trace_id = ids.generate_trace_id()
@@ -747,8 +750,8 @@ def _start(
             flags |= _SAMPLED
             trace_state = None
         else:
-            flags |= parent.trace_flags & _SAMPLED
-            trace_state = parent.trace_state
+            flags |= parent[3] & _SAMPLED
+            trace_state = parent[4]
     else:
         sampling = sampler.should_sample(ctx, trace_id, name, kind, attributes, links)
         if sampling.decision.is_sampled():
@@ -813,9 +816,12 @@ class _Contexts:
         get = var.get
         put = var.set
 
+        lean = _recorded_type()
+
         def current(ctx: Any) -> Any:
             span = (get() if ctx is None else ctx).get(_SPAN_KEY)
-            return span if isinstance(span, span_type) else invalid
+            # skilld's own spans first: Span is an ABC, whose isinstance costs more
+            return span if type(span) is lean or isinstance(span, span_type) else invalid
 
         def enter(span: Any) -> Any:
             values = Context(get())  # immutable to everyone else: filled before it is shared
@@ -915,7 +921,7 @@ def _recorded_type() -> type[Any]:
             return self._context
 
         def is_recording(self) -> bool:
-            return self._end_time is None and bool(self._ids.trace_flags.sampled)
+            return self._end_time is None and bool(self._ids[3] & _SAMPLED)
 
         # Once ended it belongs to the exporter's thread, which may be encoding it: later
         # writes are dropped, as the SDK's span drops them.
@@ -968,7 +974,7 @@ def _recorded_type() -> type[Any]:
             if self._end_time is not None:
                 return
             self._end_time = end_time or time.time_ns()
-            if self._ids.trace_flags.sampled:
+            if self._ids[3] & _SAMPLED:  # trace_flags (see _start)
                 self._sink(self)
 
     return Recorded
@@ -1484,18 +1490,35 @@ def _joined_span(state: _State, ctx: Any, name: str) -> Iterator[_Span]:
         yield opened
 
 
-def link(fields: Mapping[str, Any] | None, why: str) -> None:
-    """Link the current span to the span ``fields`` carry (a :func:`carrier` kept with a
-    call): a retry's request span then leads to the call it resumed, in its first
-    request's trace. Nothing while tracing is off or without a context."""
+def here() -> Any:
+    """The current span's context, kept with a call this process holds (a parked call)
+    for :func:`link` to lead back to: a :func:`carrier` without formatting one (a
+    ``traceparent`` is only needed where the call crosses to another node). None while
+    tracing is off or outside any span."""
+    if _state is None:
+        return None
+    found = _contexts().current(None).get_span_context()
+    return found if found.is_valid else None
+
+
+def link(fields: Any, why: str) -> None:
+    """Link the current span to the span ``fields`` names (a :func:`carrier` kept with a
+    task, or a :func:`here` kept with a parked call): a retry's request span then leads to
+    the call it resumed, in its first request's trace. Nothing while tracing is off or
+    without a context."""
     state = _state
     if state is None or not fields:
         return
-    ctx = _remote(fields)
-    if ctx is None:
+    if isinstance(fields, Mapping):
+        ctx = _remote(fields)
+        if ctx is None:
+            return
+        target = state.trace.get_current_span(ctx).get_span_context()
+    elif isinstance(fields, state.trace.SpanContext):
+        target = fields
+    else:
         return
-    target = state.trace.get_current_span(ctx).get_span_context()
-    state.trace.get_current_span().add_link(target, {"skilld.link": why})
+    _contexts().current(None).add_link(target, {"skilld.link": why})
 
 
 def environ(env: dict[str, str]) -> dict[str, str]:

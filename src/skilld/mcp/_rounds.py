@@ -286,8 +286,9 @@ class ParkedCall(Generic[T]):
     task: asyncio.Task[T]
     expires: float
     changed: asyncio.Event = field(default_factory=asyncio.Event)
-    # The trace context of the request that started it: each retry's span links to it.
-    trace: dict[str, str] = field(default_factory=telemetry.carrier)
+    # The span of the request that started it (telemetry.here): each retry's span links
+    # to it.
+    trace: Any = field(default_factory=telemetry.here)
     caller: str = ""  # its caller's Caller.key: only its retries continue the call
     capped: bool = True  # counted against the caller's rounds (a task's call is not)
     parked_at: float = 0.0  # when it last asked the client (monotonic); 0: never
