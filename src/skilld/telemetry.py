@@ -677,7 +677,6 @@ class _Span:
         state = self._state
         self.span = _begin(state, self._name, self._attributes, self._kind)
         self._token = _contexts().enter(self.span)
-        self._started = time.perf_counter()
         return self
 
     def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
@@ -1234,6 +1233,12 @@ class _CallSpan(_Span):
         self._skill = skill
         self._record = record
 
+    def __enter__(self) -> _CallSpan:
+        super().__enter__()
+        if self._state.calls is not None:
+            self._started = time.perf_counter()
+        return self
+
     def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
         outcome = "ok"
         if isinstance(exc, SkilldError):
@@ -1363,7 +1368,8 @@ class _Adopted:
 
     def __enter__(self) -> _Adopted:
         self._start = time.time_ns()
-        self._started = time.perf_counter()
+        if self._state.calls is not None:
+            self._started = time.perf_counter()
         return self
 
     def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
@@ -1580,9 +1586,10 @@ def _request_headers(ctx: Any) -> dict[str, str] | None:
     if isinstance(raw, list):
         found: dict[str, str] = {}
         try:
-            for name, value in raw:
-                key = _WANTED.get(name)
-                if key is not None and key not in found:
+            first = dict(reversed(raw))  # in C; the first of a repeated header wins
+            for name, key in _WANTED.items():
+                value = first.get(name)
+                if value is not None:
                     found[key] = value.decode("latin-1")
         except (TypeError, ValueError, AttributeError):
             pass  # not an ASGI server's headers: read them as a mapping below
@@ -1617,7 +1624,7 @@ async def _outer(ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
             if not (isinstance(meta, Mapping) and _remote(meta, with_state=False) is not None):
                 parent = _remote(headers)
     token = _REQUEST_FACTS.set(facts)
-    started = time.perf_counter()
+    started = time.perf_counter() if state.operation is not None else 0.0
     error: str | None = None
     try:
         if parent is None:
