@@ -1240,24 +1240,29 @@ class _CallSpan(_Span):
         return self
 
     def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
-        outcome = "ok"
-        if isinstance(exc, SkilldError):
-            outcome = exc.outcome
-        elif exc is not None:
-            outcome = "internal"
+        outcome = _call_ended(self._state, self._skill, self._started, exc)
         self.span.set_attribute("skilld.outcome", outcome)
-        calls = self._state.calls
-        if calls is not None:
-            calls.record(
-                time.perf_counter() - self._started,
-                {"skilld.skill": self._skill, "skilld.outcome": outcome},
-            )
         super().__exit__(kind, exc, tb)
 
     def result(self, value: Any) -> None:
         """The call's result, on its span, when the operator opted in for its skill."""
         if self._record:
             self.span.set_attribute("gen_ai.tool.call.result", _recorded_result(value))
+
+
+def _call_ended(state: _State, skill: str, started: float, exc: BaseException | None) -> str:
+    """A call's outcome (``ok``, its error's, or ``internal``), its duration recorded in
+    ``skilld.call.duration`` where metrics are on (``started``: its perf_counter)."""
+    outcome = "ok"
+    if isinstance(exc, SkilldError):
+        outcome = exc.outcome
+    elif exc is not None:
+        outcome = "internal"
+    if state.calls is not None:
+        state.calls.record(
+            time.perf_counter() - started, {"skilld.skill": skill, "skilld.outcome": outcome}
+        )
+    return outcome
 
 
 def _recorded_result(value: Any) -> str:
@@ -1373,17 +1378,7 @@ class _Adopted:
         return self
 
     def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
-        outcome = "ok"
-        if isinstance(exc, SkilldError):
-            outcome = exc.outcome
-        elif exc is not None:
-            outcome = "internal"
-        calls = self._state.calls
-        if calls is not None:
-            calls.record(
-                time.perf_counter() - self._started,
-                {"skilld.skill": self._skill, "skilld.outcome": outcome},
-            )
+        outcome = _call_ended(self._state, self._skill, self._started, exc)
         span = self.span
         if span._end_time is None:
             span.set_attribute("skilld.outcome", outcome)
