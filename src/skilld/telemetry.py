@@ -575,7 +575,10 @@ class _Encoder:
         if fields is None:
             fields = self._fields[tag] = {}
         out = []
-        for item in attributes.items():
+        # A snapshot taken in C: a request span's attributes may still be written by the
+        # thread of a call that outlived its request (its writes are dropped once the span
+        # ended, but one may race the end), never while this loop reads them.
+        for item in list(attributes.items()):
             try:
                 found = fields.get(item)
             except TypeError:  # a sequence value: unhashable, encoded below
