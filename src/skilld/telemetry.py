@@ -19,17 +19,22 @@ One trace, from the client to the script::
 
     tools/call notes_add            SERVER  the SDK's OpenTelemetryMiddleware; parent: the
     │                                       request's _meta.traceparent, else the HTTP
-    │                                       traceparent header (mcp_middleware)
-    ├─ skilld.gate.wait                     a slot of the skill's gate
-    └─ execute_tool notes.add               the call (Registry._run): skill, method, caller
-       ├─ skilld.route notes  CLIENT        a routed call: the context rides in the sealed
-       │  └─ (worker) execute_tool ...      envelope's routing facts (carrier / joined)
-       ├─ skilld.instance                   fresh, warm (pre-warmed) or reused
-       └─ skilld.guest.run
-          └─ skilld.host kv.set             each host function; its permission decisions
-             └─ execute_tool other.m        (allowed, rule) as attributes and events;
-                └─ skilld.process python3   invoke nests a call; a native process gets
+    │                                       traceparent header (mcp_middleware); the call
+    │                                       it runs puts its facts on it (call_span: skill,
+    │                                       method, caller, outcome): by the conventions
+    │                                       it is the call's execute_tool
+    ├─ skilld.gate.wait                     a slot of the skill's gate (1 ms or more)
+    ├─ skilld.route notes  CLIENT           a routed call: the context rides in the sealed
+    │  └─ (worker) execute_tool ...         envelope's routing facts (carrier / joined)
+    ├─ skilld.instance                      fresh (1 ms or more); warm or reused: an attribute
+    └─ skilld.guest.run
+       └─ skilld.host kv.set                each host function; its permission decisions
+          └─ execute_tool other.m           (allowed, rule) as attributes and events;
+             └─ skilld.process python3      invoke nests a call; a native process gets
                                             TRACEPARENT in its environment
+
+A call that outlives its request (it asked the client) or runs as a task has an
+``execute_tool SKILL.METHOD`` span of its own beneath the request's.
 
 Arguments and results are never recorded, unless the operator opted in for the skill in
 its policy (``telemetry: {record_arguments: true}``): its calls then carry
