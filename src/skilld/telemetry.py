@@ -1388,23 +1388,25 @@ class _Adopted:
     def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
         outcome = _call_ended(self._state, self._skill, self._started, exc)
         span = self.span
-        if span._end_time is None:
-            span.set_attribute("skilld.outcome", outcome)
-            return
-        name = f"execute_tool {self._skill}.{self._method}"
-        late = _begin(self._state, name, self._attributes, start=self._start)
-        late.set_attribute("skilld.outcome", outcome)
+        if span._end_time is not None:  # the request answered first: a span of its own
+            contexts = _contexts()
+            token = contexts.enter(span)  # beneath the request span, whatever is current
+            try:
+                name = f"execute_tool {self._skill}.{self._method}"
+                span = _begin(self._state, name, self._attributes, start=self._start)
+            finally:
+                contexts.leave(token)
+        span.set_attribute("skilld.outcome", outcome)
         if exc is not None:
-            _failed(late, exc)
-        late.end()
+            _failed(span, exc)  # error.type and skilld.error.code, as on a call's own span
+        if span is not self.span:
+            span.end()
 
     def result(self, value: Any) -> None:
         """The call's result, on its span, when the operator opted in for its skill."""
         if self._record:
-            self._attributes["gen_ai.tool.call.result"] = _recorded_result(value)
-            self.span.set_attribute(
-                "gen_ai.tool.call.result", self._attributes["gen_ai.tool.call.result"]
-            )
+            text = self._attributes["gen_ai.tool.call.result"] = _recorded_result(value)
+            self.span.set_attribute("gen_ai.tool.call.result", text)
 
 
 # -- context across threads, nodes and processes --------------------------------------

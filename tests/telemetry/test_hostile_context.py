@@ -281,3 +281,45 @@ def test_skillds_spans_follow_the_parents_sampling_and_reach_the_exporter_throug
     assert inner_span.parent is not None
     assert inner_span.parent.span_id == outer_span.context.span_id
     assert "late" not in outer_span.attributes
+
+
+def test_a_failed_call_on_the_request_span_says_its_error_and_a_late_one_gets_its_own(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A top-level call's facts go on the MCP SDK's request span: a refused call there
+    sets error.type and skilld.error.code as its own span would; a call still running when
+    the request span ended gets an execute_tool span with its outcome, under it."""
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from skilld.errors import SkillBusy
+
+    provider = telemetry._provider_type()()
+    spans = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    sdk = provider.get_tracer("mcp-python-sdk")
+    state = telemetry._State(
+        provider.get_tracer("skilld")._sdk, provider, None, None, None, trace, context
+    )
+    monkeypatch.setattr(telemetry, "_state", state)
+    kind = trace.SpanKind.SERVER
+    with (
+        sdk.start_as_current_span("tools/call s/m", kind=kind) as request,
+        pytest.raises(SkillBusy),
+        telemetry.call_span("s", "m", caller=Caller.local(), depth=0, arguments="{}"),
+    ):
+        raise SkillBusy("s", 1)
+    with sdk.start_as_current_span("tools/call s/m", kind=kind) as second:
+        late = telemetry.call_span("s", "m", caller=Caller.local(), depth=0, arguments="{}")
+        late.__enter__()
+    late.__exit__(None, None, None)  # after the request span ended
+    done = spans.get_finished_spans()
+    first = next(s for s in done if s.context.span_id == request.get_span_context().span_id)
+    assert first.attributes["skilld.skill"] == "s"
+    assert first.attributes["skilld.outcome"] == "busy"
+    assert first.attributes["error.type"] == "busy"
+    assert "skilld.error.code" in first.attributes
+    own = [s for s in done if s.name == "execute_tool s.m"]
+    assert len(own) == 1 and own[0].attributes["skilld.outcome"] == "ok"
+    assert own[0].parent is not None
+    assert own[0].parent.span_id == second.get_span_context().span_id
