@@ -38,7 +38,7 @@ open("result.txt", "w").write("r")
 def registry_for(tmp_path: Path, interpreters: tuple[str, ...]) -> Registry:
     """A registry holding the skill, its scripts run natively with ``interpreters``."""
     skill = tmp_path / "shelly"
-    (skill / "scripts").mkdir(parents=True)
+    (skill / "scripts").mkdir(parents=True, exist_ok=True)
     (skill / "SKILL.md").write_text(SKILL_MD)
     (skill / "scripts" / "hello.sh").write_text(HELLO_SH)
     (skill / "scripts" / "env.py").write_text(ENV_PY)
@@ -130,3 +130,30 @@ def test_only_the_operator_can_give_a_program_its_socket_directory(tmp_path: Pat
     assert by_skill.needs.socket_dirs == ()
     assert by_operator.needs.socket_dirs == (os.path.realpath("/tmp"),)
     assert by_skill.needs.env == by_operator.needs.env == {"SYSUSERCONFIG": "file://{home}/.config"}
+
+
+def test_a_script_over_its_process_count_is_told_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the launcher counts a tree's tasks (RLIMIT_NPROC binds nothing for a
+    shared identity that is uid 0), a script that starts more processes than its limit
+    is ended whole and the call says so: limit-exceeded, the count and the limit."""
+    from skilld.confine import _runner
+
+    made = _runner._spec
+
+    def unbound(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        spec = made(*args, **kwargs)
+        spec["tasks"] = 4  # as the launcher is asked where the kernel does not bound
+        return spec
+
+    monkeypatch.setattr(_runner, "_spec", unbound)
+    (tmp_path / "shelly" / "scripts").mkdir(parents=True)
+    (tmp_path / "shelly" / "scripts" / "many.sh").write_text(
+        "for i in 1 2 3 4 5 6 7 8; do read -t 20 < /dev/zero & done\nwait\n"
+    )
+    registry = registry_for(tmp_path, ("bash",))
+    with pytest.raises(GuestError, match=r"processes and threads together, over the skill's "
+                       r"limit of \d+; its whole process tree was killed") as err:  # fmt: skip
+        run(registry, "scripts/many.sh")
+    assert err.value.code == "limit-exceeded"

@@ -415,6 +415,65 @@ def test_fork_bomb_is_contained_and_the_next_call_answers() -> None:
     assert go(["/bin/echo", "next"]).stdout == b"next\n"
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="a shared identity that is uid 0 needs root")
+def test_a_shared_root_identity_asks_the_launcher_to_count_tasks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where commands share skilld's identity and it is root, RLIMIT_NPROC may bound
+    nothing (the kernel exempts uid 0 of the initial user namespace): the spec then asks
+    the launcher to count the tree's tasks against the process limit."""
+    from skilld.confine import _runner
+
+    specs: list[dict[str, object]] = []
+    made = _runner._spec
+
+    def spy(*args: object, **kwargs: object) -> dict[str, object]:
+        spec = made(*args, **kwargs)  # type: ignore[arg-type]
+        specs.append(spec)
+        return spec
+
+    monkeypatch.setattr(_runner, "_spec", spy)
+    go(["/bin/true"], Confinement(limits=ResourceLimits(processes=16)))
+    monkeypatch.setenv("SKILLD_CONFINE_IDENTITY", "shared")
+    go(["/bin/true"], Confinement(limits=ResourceLimits(processes=16)))
+    assert [spec["tasks"] for spec in specs] == [None, 16]  # a uid of its own: the kernel's
+
+
+def test_the_launcher_ends_a_tree_over_its_task_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launcher's own bound, as a host where RLIMIT_NPROC does not bind has it (the
+    spec's ``tasks`` below the rlimit): a tree that starts more processes than it may
+    is killed whole at once, not at its deadline, the result says how many it ran, and
+    the next call answers."""
+    from skilld.confine import _runner
+
+    made = _runner._spec
+
+    def unbound(*args: object, **kwargs: object) -> dict[str, object]:
+        spec = made(*args, **kwargs)  # type: ignore[arg-type]
+        spec["tasks"] = 6
+        return spec
+
+    monkeypatch.setattr(_runner, "_spec", unbound)
+    marker = "skilld-task-count-4713"
+    result = go(
+        [SH, "-c", "for i in 1 2 3 4 5 6 7 8 9 10 11 12; do sleep 30.4713 & done; wait", marker],
+        grants_for_sleep(),
+        seconds=20,
+    )
+    assert result.tasks > 6, result
+    assert result.signal == signal.SIGKILL
+    assert not result.timed_out
+    assert result.duration < 10
+    assert host_processes(marker) == []
+    assert host_processes("30.4713") == []
+    monkeypatch.setattr(_runner, "_spec", made)
+    assert go(["/bin/echo", "next"]).stdout == b"next\n"
+
+
+def grants_for_sleep() -> Confinement:
+    return Confinement(executables=tools("sleep"), limits=ResourceLimits(processes=64))
+
+
 # -- network -----------------------------------------------------------------
 
 

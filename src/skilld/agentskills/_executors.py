@@ -439,6 +439,13 @@ class NativeExecutor:
                 f"{(confinement.limits.memory or 0) >> 20} MiB; its whole process tree was killed",
                 location=self.skill_id,
             )
+        if done.tasks:
+            raise GuestError(
+                ErrorCode.LIMIT_EXCEEDED,
+                f"script '{script}' of '{self.skill_id}' ran {done.tasks} processes and "
+                f"threads together, over the skill's limit of {confinement.limits.processes}; "
+                "its whole process tree was killed",
+            )
         if done.timed_out:
             raise DeadlineExceeded(
                 f"script '{script}' of '{self.skill_id}' ran past its deadline of "

@@ -36,7 +36,8 @@ NAMESPACES_ENV = "SKILLD_CONFINE_NAMESPACES"
 # Tests set this to ``shared`` to run commands as the launcher's own uid (the metadata
 # rules of the seccomp filter then apply, as for an unprivileged skilld); never set it
 # in production: as root, a shared identity means uid 0 without capabilities, which
-# RLIMIT_NPROC does not bound.
+# RLIMIT_NPROC does not bound (the launcher then counts each tree's tasks itself, every
+# 10 ms: a bound that overshoots by what forks in one interval).
 IDENTITY_ENV = "SKILLD_CONFINE_IDENTITY"
 _HELLO_TIMEOUT_S = 30.0
 

@@ -551,15 +551,27 @@ MEMORY_POLL_S = 0.01
 def descendants() -> list[int]:
     """Every process below this one (the subreaper's tree), read from each task's
     ``children`` list: a child forked by a thread is listed under that thread."""
-    found: list[int] = []
+    return [pid for pid, _ in _tree()]
+
+
+def tree_tasks() -> int:
+    """How many tasks (processes and their threads) the tree runs: what RLIMIT_NPROC
+    counts, for a tree whose uid it does not bound (uid 0: see ``tasks`` in the spec)."""
+    return sum(tasks for _, tasks in _tree())
+
+
+def _tree() -> list[tuple[int, int]]:
+    """Each process below this one, with how many tasks it has (0: gone meanwhile)."""
+    found: list[tuple[int, int]] = []
     todo = _children()
     while todo:
         pid = todo.pop()
-        found.append(pid)
         try:
             tasks = os.listdir(f"/proc/{pid}/task")  # noqa: PTH208 - no pathlib in the launcher
         except OSError:
+            found.append((pid, 0))
             continue
+        found.append((pid, len(tasks)))
         for tid in tasks:
             try:
                 with open(f"/proc/{pid}/task/{tid}/children", "rb") as f:
@@ -1055,13 +1067,17 @@ def _call(call: int, stdio: tuple[int, int, int]) -> int:
         poller.register(call, select.POLLIN)
         until = spec["until"]
         memory = spec.get("memory")
+        # Where RLIMIT_NPROC bounds nothing (the command runs as uid 0), the tree's
+        # tasks are counted as its memory is, and the tree ends past its bound.
+        tasks = spec.get("tasks")
+        polled = memory is not None or tasks is not None
         ended = "killed"
         held = 0
         while True:
             left = until - time.monotonic()
             if left <= 0:
                 break
-            wait = left if memory is None else min(left, MEMORY_POLL_S)
+            wait = min(left, MEMORY_POLL_S) if polled else left
             ready = dict(poller.poll(min(int(wait * 1000) + 1, 1 << 30)))
             if pidfd in ready:
                 ended = "exited"
@@ -1070,6 +1086,11 @@ def _call(call: int, stdio: tuple[int, int, int]) -> int:
                 # ``K`` or EOF (the host is gone): either way the tree ends.
                 os.read(call, 1)
                 break
+            if tasks is not None:
+                held = tree_tasks()
+                if held > tasks:
+                    ended = "tasks"
+                    break
             if memory is not None:
                 held = tree_memory()
                 if held > memory:
@@ -1090,8 +1111,8 @@ def _call(call: int, stdio: tuple[int, int, int]) -> int:
         if as_skill:
             os.setresuid(-1, os.getuid(), -1)
         waited = reaped.get(child)
-        if ended == "memory":
-            _status(call, "memory", held)
+        if ended in ("memory", "tasks"):
+            _status(call, ended, held)
         elif ended != "exited" or waited is None:
             _status(call, "killed", 0)
         elif os.WIFSIGNALED(waited):

@@ -148,7 +148,9 @@ class ProcessResult:
     ``exit_code`` is ``None`` when a signal ended it (``signal``); ``dropped`` counts
     output bytes read past the cap and thrown away; ``timed_out`` says the deadline
     ended the tree, ``cancelled`` that the caller's ``cancelled()`` did, ``memory`` (the
-    bytes measured, else 0) that the tree went over its ``ResourceLimits.memory``.
+    bytes measured, else 0) that the tree went over its ``ResourceLimits.memory``,
+    ``tasks`` (the tasks counted, else 0) that it went over ``ResourceLimits.processes``
+    where the kernel does not bound them (a shared identity that is uid 0).
     """
 
     exit_code: int | None
@@ -160,6 +162,7 @@ class ProcessResult:
     duration: float
     cancelled: bool = False
     memory: int = 0
+    tasks: int = 0
 
 
 def landlock_abi() -> int:
@@ -571,6 +574,9 @@ def _spec(
         "seccomp": bpf,
         "until": deadline + _KILL_GRACE_S,
         "memory": lim.memory,
+        # RLIMIT_NPROC never bounds uid 0 (whatever its capabilities): a shared identity
+        # that is root has its tree's tasks counted by the launcher instead.
+        "tasks": lim.processes if identity is None and int(hello["uid"]) == 0 else None,
         "rlimits": {
             "RLIMIT_AS": lim.address_space,
             "RLIMIT_CPU": cpu,
@@ -949,6 +955,11 @@ def _run(
             # The reaper ended the tree: over its memory limit, whatever came after.
             return ProcessResult(
                 None, signal.SIGKILL, out, err, call.dropped, False, duration, memory=value
+            )
+        if kind == "tasks":
+            # The reaper ended the tree: over its process limit (uid 0, unbounded else).
+            return ProcessResult(
+                None, signal.SIGKILL, out, err, call.dropped, False, duration, tasks=value
             )
     if any(kind == "killed" for kind, _, _ in status):
         # On request, or (``exited``) by the launcher's own deadline backstop.
