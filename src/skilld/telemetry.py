@@ -74,6 +74,10 @@ TRACESTATE = "tracestate"
 _MAX_TRACESTATE = 512
 _MAX_RECORDED = 4096
 _MAX_SESSION_ID = 128  # the header is the client's to send; the server's ids are shorter
+# What a request span takes of a text the client chose (its method, tool or prompt name,
+# JSON-RPC id: up to a request body's 4 MiB): a span name or an attribute value of at
+# most this many characters, so no request makes the server keep or export more.
+_MAX_CLIENT_TEXT = 256
 STAGE_MIN_NS = 1_000_000  # a stage shorter than this (1 ms) is no span of its own
 _SHUTDOWN_S = 2.0
 _HANDOFF_S = 0.2  # how often finished spans move to the batch processor
@@ -962,9 +966,11 @@ def _recorded_type() -> type[Any]:
             self._name = name
 
         def set_status(self, status: Any, description: str | None = None) -> None:
-            self._status = (
-                status if isinstance(status, trace.Status) else trace.Status(status, description)
-            )
+            # The code only: a description is an error's message (the MCP SDK's
+            # middleware passes the client's error, "Unknown tool: NAME"), which may quote
+            # what the client or the guest sent, and is never recorded (as _failed).
+            code = status.status_code if isinstance(status, trace.Status) else status
+            self._status = unset if code is trace.StatusCode.UNSET else trace.Status(code)
 
         def record_exception(
             self,
@@ -1027,8 +1033,16 @@ def _provider_type() -> type[Any]:
             sdk = self._sdk
             handoff = self._provider.handoff
             sink = handoff.put if handoff is not None else sdk.span_processor.on_end
-            # The MCP SDK's request span: skilld's facts of the request (_outer's) too.
-            extra = _REQUEST_FACTS.get() if kind is server and self._requests else None
+            extra = None
+            if self._requests:
+                # The MCP SDK's request span: skilld's facts of the request (_outer's)
+                # too, and the client's texts cut short.
+                if kind is server:
+                    extra = _REQUEST_FACTS.get()
+                if len(name) > _MAX_CLIENT_TEXT:
+                    name = name[:_MAX_CLIENT_TEXT]
+                if attributes:
+                    attributes = _clipped(attributes)
             return _start(
                 sdk, self._scope, sink, context, name, kind, attributes, links, start_time, extra
             )
@@ -1137,6 +1151,18 @@ def _provider_type() -> type[Any]:
             return Tracer(sdk, scope, self)
 
     return Provider
+
+
+def _clipped(attributes: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``attributes`` with each text cut to ``_MAX_CLIENT_TEXT`` characters (``attributes``
+    itself when none is longer: the common case costs one pass and no copy)."""
+    for value in attributes.values():
+        if type(value) is str and len(value) > _MAX_CLIENT_TEXT:
+            return {
+                key: value[:_MAX_CLIENT_TEXT] if type(value) is str else value
+                for key, value in attributes.items()
+            }
+    return attributes
 
 
 def _failed(span: Any, exc: BaseException) -> None:

@@ -323,3 +323,31 @@ def test_a_failed_call_on_the_request_span_says_its_error_and_a_late_one_gets_it
     assert len(own) == 1 and own[0].attributes["skilld.outcome"] == "ok"
     assert own[0].parent is not None
     assert own[0].parent.span_id == second.get_span_context().span_id
+
+
+@settings(max_examples=200)
+@given(
+    name=st.text(max_size=600),
+    values=st.dictionaries(
+        st.sampled_from(["jsonrpc.request.id", "gen_ai.tool.name", "mcp.method.name", "n"]),
+        st.one_of(st.text(max_size=600), st.integers(), st.booleans()),
+    ),
+)
+def test_the_request_spans_take_at_most_256_characters_of_any_client_text(
+    name: str, values: dict[str, Any]
+) -> None:
+    """Whatever name and attribute values the MCP SDK's middleware passes (a request's
+    method, tool name, id: the client's text), the request span keeps at most 256
+    characters of each, the rest of its values as they were, and a status without its
+    description."""
+    from opentelemetry.trace import SpanKind, StatusCode
+
+    provider = telemetry._provider_type()()
+    tracer = provider.get_tracer("mcp-python-sdk")
+    with tracer.start_as_current_span(name, kind=SpanKind.SERVER, attributes=values) as span:
+        span.set_status(StatusCode.ERROR, "Unknown tool: " + name)
+    assert span.name == name[:256]
+    assert dict(span.attributes) == {
+        key: value[:256] if isinstance(value, str) else value for key, value in values.items()
+    }
+    assert (span.status.status_code, span.status.description) == (StatusCode.ERROR, None)

@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx2 as httpx
 import pytest
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from skilld import telemetry
 from skilld.bundle import build_bundle
@@ -357,3 +358,50 @@ async def test_every_request_about_a_task_links_to_the_request_that_created_it(
     assert create.trace_id == call.trace_id == "5" * 32
     assert get.trace_id == "7" * 32
     assert ("5" * 32, create.span_id) in get.links, get.links
+
+
+async def test_what_a_client_names_reaches_its_span_cut_short(
+    traced_node: tuple[Receiver, ServeProcess],
+) -> None:
+    """A request's tool name and id are the client's to choose (an id up to the body's
+    4 MiB, a name as long as its ``Mcp-Name`` header may be): its span carries at most
+    256 characters of each (its name, its attributes, its status), so no request makes
+    the server keep or export megabytes of spans."""
+    receiver, node = traced_node
+    name, ident = "n" * 8000, "i" * (1 << 20)
+    body = {
+        "jsonrpc": "2.0",
+        "id": ident,
+        "method": "tools/call",
+        "params": {"name": name, "arguments": {}, "_meta": META},
+    }
+    async with httpx.AsyncClient(timeout=30) as http:
+        response = await http.post(
+            node.url,
+            json=body,
+            headers={
+                "Accept": "application/json, text/event-stream",
+                "MCP-Protocol-Version": MODERN,
+                "Mcp-Method": "tools/call",
+                "Mcp-Name": name,
+            },
+        )
+    assert response.status_code < 500, response.text[-300:]
+    spans = receiver.wait(lambda s: any(x.name.startswith("tools/call nnn") for x in s))
+    [span] = [s for s in spans if s.name.startswith("tools/call nnn")]
+    assert len(span.name) <= 256
+    longest = max((v for v in span.attributes.values() if isinstance(v, str)), key=len)
+    assert len(longest) <= 256, {k: len(str(v)) for k, v in span.attributes.items()}
+    assert max(len(b) for b in receiver.bodies) < 64 * 1024
+    # Its status says it failed, without the error's message (which quotes the name).
+    assert span.status == 2  # ERROR
+    messages = []
+    for data in receiver.bodies:
+        request = trace_service_pb2.ExportTraceServiceRequest.FromString(data)
+        messages += [
+            s.status.message
+            for r in request.resource_spans
+            for scope in r.scope_spans
+            for s in scope.spans
+        ]
+    assert not any(messages), messages
