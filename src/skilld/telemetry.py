@@ -78,6 +78,9 @@ _MAX_SESSION_ID = 128  # the header is the client's to send; the server's ids ar
 # JSON-RPC id: up to a request body's 4 MiB): a span name or an attribute value of at
 # most this many characters, so no request makes the server keep or export more.
 _MAX_CLIENT_TEXT = 256
+# Events (permission decisions) and links one span keeps, as the SDK's span limits
+# (OTEL_SPAN_EVENT_COUNT_LIMIT, OTEL_SPAN_LINK_COUNT_LIMIT) default to: the rest are dropped.
+_MAX_EVENTS = 128
 STAGE_MIN_NS = 1_000_000  # a stage shorter than this (1 ms) is no span of its own
 _SHUTDOWN_S = 2.0
 _HANDOFF_S = 0.2  # how often finished spans move to the batch processor
@@ -949,18 +952,18 @@ def _recorded_type() -> type[Any]:
         ) -> None:
             if self._end_time is None:
                 event = Event(name, attributes, timestamp or time.time_ns())
-                if self._events:
-                    self._events.append(event)
-                else:
+                if not self._events:
                     self._events = [event]
+                elif len(self._events) < _MAX_EVENTS:  # the SDK's default limit, kept
+                    self._events.append(event)
 
         def add_link(self, context: Any, attributes: Any = None) -> None:
             if self._end_time is None:
                 link = trace.Link(context, attributes)
-                if self._links:
-                    self._links.append(link)
-                else:
+                if not self._links:
                     self._links = [link]
+                elif len(self._links) < _MAX_EVENTS:
+                    self._links.append(link)
 
         def update_name(self, name: str) -> None:
             self._name = name

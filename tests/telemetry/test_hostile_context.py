@@ -351,3 +351,17 @@ def test_the_request_spans_take_at_most_256_characters_of_any_client_text(
         key: value[:256] if isinstance(value, str) else value for key, value in values.items()
     }
     assert (span.status.status_code, span.status.description) == (StatusCode.ERROR, None)
+
+
+def test_a_span_keeps_at_most_128_events_and_128_links(on: None) -> None:
+    """A host function asked about many targets, or a request linked to many others,
+    leaves at most 128 events and 128 links on its span, as the SDK's default limits."""
+    provider = telemetry._provider_type()()
+    span = provider.get_tracer("mcp-python-sdk").start_span("tools/call t")
+    target = trace.SpanContext(1, 2, is_remote=True)
+    for i in range(1000):
+        span.add_event("skilld.permission", {"n": i})
+        span.add_link(target, {"n": i})
+    span.end()
+    assert len(span.events) == len(span.links) == 128
+    assert span.events[-1].attributes["n"] == 127
