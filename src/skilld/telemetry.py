@@ -1671,10 +1671,16 @@ async def _outer(ctx: Any, call_next: Callable[[Any], Awaitable[Any]]) -> Any:
     finally:
         _REQUEST_FACTS.reset(token)
         if state.operation is not None and ctx.request_id is not None:
-            outcome: dict[str, Any] = {
-                "mcp.method.name": ctx.method,
-                "mcp.protocol.version": ctx.protocol_version,
-            }
+            # The client's method (any text: the middleware runs before the SDK finds it
+            # has no handler) and version, cut short: the SDK keeps up to 2,000 series.
+            outcome: dict[str, Any] = dict(
+                _clipped(
+                    {
+                        "mcp.method.name": ctx.method,
+                        "mcp.protocol.version": ctx.protocol_version,
+                    }
+                )
+            )
             name = (ctx.params or {}).get("name") if ctx.method == "tools/call" else None
             # Only a tool that answered: unknown names are the client's, unbounded.
             if isinstance(name, str) and error is None:

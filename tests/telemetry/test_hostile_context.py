@@ -365,3 +365,35 @@ def test_a_span_keeps_at_most_128_events_and_128_links(on: None) -> None:
     span.end()
     assert len(span.events) == len(span.links) == 128
     assert span.events[-1].attributes["n"] == 127
+
+
+def test_the_request_metric_takes_at_most_256_characters_of_the_clients_method(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """mcp.server.operation.duration is recorded before the SDK finds a method has no
+    handler: a method of any length is recorded cut to 256 characters (the SDK keeps up
+    to 2,000 series an instrument, each with its attributes)."""
+    import anyio
+
+    recorded: list[dict[str, Any]] = []
+
+    class Histogram:
+        def record(self, value: float, attributes: dict[str, Any]) -> None:
+            recorded.append(attributes)
+
+    provider = TracerProvider()
+    state = telemetry._State(
+        provider.get_tracer("test"), provider, None, Histogram(), None, trace, context
+    )
+    monkeypatch.setattr(telemetry, "_state", state)
+
+    async def handler(ctx: Any) -> str:
+        return "ok"
+
+    ctx = _Ctx(None, {})
+    ctx.method = "m" * 5000
+    ctx.protocol_version = "v" * 5000
+    assert anyio.run(telemetry._outer, ctx, handler) == "ok"
+    [facts] = recorded
+    assert facts["mcp.method.name"] == "m" * 256
+    assert facts["mcp.protocol.version"] == "v" * 256
