@@ -1326,6 +1326,8 @@ def call_span(
     state = _state
     if state is None:
         return NOOP
+    if len(method) > _MAX_CLIENT_TEXT:  # a nested call's method is the guest's to name
+        method = method[:_MAX_CLIENT_TEXT]
     attributes: dict[str, Any] = {
         "gen_ai.operation.name": "execute_tool",
         "gen_ai.tool.name": f"{skill}.{method}",

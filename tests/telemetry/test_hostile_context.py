@@ -397,3 +397,14 @@ def test_the_request_metric_takes_at_most_256_characters_of_the_clients_method(
     [facts] = recorded
     assert facts["mcp.method.name"] == "m" * 256
     assert facts["mcp.protocol.version"] == "v" * 256
+
+
+def test_a_nested_calls_span_takes_at_most_256_characters_of_the_guests_method(on: None) -> None:
+    """A guest names the method of the skill it invokes, unchecked until the callee runs:
+    the call's span keeps at most 256 characters of it, in its name and attributes."""
+    caller = Caller.local().as_skill("outer")
+    with telemetry.call_span("echo", "m" * 100_000, caller=caller, depth=1, arguments="{}") as call:
+        span = call.span
+    assert span.name == "execute_tool echo." + "m" * 256
+    assert span.attributes["skilld.method"] == "m" * 256
+    assert span.attributes["gen_ai.tool.name"] == "echo." + "m" * 256
