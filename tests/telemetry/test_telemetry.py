@@ -405,3 +405,38 @@ async def test_what_a_client_names_reaches_its_span_cut_short(
             for s in scope.spans
         ]
     assert not any(messages), messages
+
+
+async def test_a_calls_log_line_keeps_at_most_128_characters_of_its_request_id(
+    echo_bundle: Path, tmp_path: Path
+) -> None:
+    """Each call's ``tool_call`` log line names its JSON-RPC id, which is the client's
+    to choose (up to the body's 4 MiB): the line keeps at most 128 characters of it, so
+    no client fills the server's log (or, in the image, Docker's) a megabyte a call."""
+    node = ServeProcess(echo_bundle, tmp_path / "state")
+    try:
+        ident = "i" * (1 << 20)
+        body = {
+            "jsonrpc": "2.0",
+            "id": ident,
+            "method": "tools/call",
+            "params": {"name": "echo/echo", "arguments": {"text": "x"}, "_meta": META},
+        }
+        async with httpx.AsyncClient(timeout=30) as http:
+            response = await http.post(
+                node.url,
+                json=body,
+                headers={
+                    "Accept": "application/json, text/event-stream",
+                    "MCP-Protocol-Version": MODERN,
+                    "Mcp-Method": "tools/call",
+                    "Mcp-Name": "echo/echo",
+                },
+            )
+        assert response.status_code == 200, response.text[-300:]
+        line = node.wait_for("tool_call")
+    finally:
+        node.stop()
+    assert line["outcome"] == "ok"
+    assert line["request_id"] == "i" * 128 + "..."
+    assert node.stderr_bytes < 64 * 1024

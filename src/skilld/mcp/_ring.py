@@ -224,7 +224,7 @@ class Ring:
                     outcome=outcome,
                     rule=rule,
                     ms=round(seconds * 1000, 3),
-                    request_id=request_id,
+                    request_id=_logged_id(request_id),
                 )
         finally:
             slot.release()
@@ -273,3 +273,18 @@ class Ring:
             skill=skill,
             wait_s=max(0.0, waited_until - time.monotonic()),
         )
+
+
+# A JSON-RPC id is the client's to choose: a string up to a request body's 4 MiB, an
+# integer of up to 4,300 digits. Each call's log line keeps at most this much of it.
+_MAX_LOGGED_ID = 128
+
+
+def _logged_id(request_id: Any) -> Any:
+    """``request_id`` as the call's log line shows it: cut to ``_MAX_LOGGED_ID``
+    characters (and ``...``) when longer; itself otherwise."""
+    if isinstance(request_id, int) and request_id.bit_length() > 4 * _MAX_LOGGED_ID:
+        request_id = str(request_id)
+    if isinstance(request_id, str) and len(request_id) > _MAX_LOGGED_ID:
+        return request_id[:_MAX_LOGGED_ID] + "..."
+    return request_id
