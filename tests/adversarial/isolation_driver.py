@@ -385,11 +385,84 @@ def memory() -> dict[str, Any]:
     }
 
 
+# Threads, then children that leave their session and fork again (the grandchild is an
+# orphan, reparented): what a tree may start beyond its process limit, and whether any of
+# it outlives the call. argv: the marker (every process carries it), how long each sleeps.
+TASKS = """\
+import os, sys, threading, time
+nap = float(sys.argv[2])
+threads = 0
+try:
+    for _ in range(20):
+        threading.Thread(target=time.sleep, args=(nap,), daemon=True).start()
+        threads += 1
+except RuntimeError:
+    pass
+print("threads", threads, flush=True)
+escaped = 0
+for _ in range(20):
+    try:
+        pid = os.fork()
+    except OSError:
+        break
+    if pid == 0:
+        os.setsid()
+        try:
+            if os.fork() == 0:
+                time.sleep(nap)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    escaped += 1
+print("escaped", escaped, flush=True)
+time.sleep(nap)
+"""
+
+
+def survivors(marker: str) -> list[int]:
+    """Pids of live processes whose argv carries ``marker``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            with open(f"/proc/{entry.name}/stat", "rb") as f:
+                zombie = f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+        except OSError:
+            continue
+        if marker.encode() in argv and not zombie:
+            found.append(int(entry.name))
+    return found
+
+
+def tasks() -> dict[str, Any]:
+    """A tree starting 20 threads and 20 double-forked session leaders under a process
+    limit of 8; the control starts them all unconfined."""
+    marker = f"tasks-{os.getpid()}"
+    start = time.monotonic()
+    done = confined(TASKS, marker, "20", limits=ResourceLimits(processes=8), seconds=15)
+    took = time.monotonic() - start
+    left = survivors(marker)
+    control = unconfined(TASKS, marker + "-control", "0.5")
+    return {
+        "confined": answers(done.stdout),
+        "tasks": done.tasks,
+        "signal": done.signal,
+        "timed_out": done.timed_out,
+        "seconds": took,
+        "survivors": left,
+        "control": control,
+        "profile": confine.profile().describe(),
+    }
+
+
 def main() -> None:
     """Start as ``skilld serve`` does, run the scenario, print its JSON."""
     confine.start_from_env()
     limits = resource.getrlimit(resource.RLIMIT_CPU)
-    out = {"reach": reach, "proc": proc, "ipc": ipc, "memory": memory, "exists": exists}[SCENARIO]()
+    scenarios = {"reach": reach, "proc": proc, "ipc": ipc, "memory": memory}
+    scenarios.update(exists=exists, tasks=tasks)
+    out = scenarios[SCENARIO]()
     out["skilld_limits_unchanged"] = resource.getrlimit(resource.RLIMIT_CPU) == limits
     print(json.dumps(out))
     confine.shutdown()

@@ -151,3 +151,26 @@ def test_group_and_session_do_not_tell_which_pids_exist(mode: str) -> None:
     for i in range(3):
         assert control[f"getpgid{i}"] == control[f"getsid{i}"] == "ok", out
     assert control["getpgid3"] == control["getsid3"] == "ESRCH", out
+
+
+@pytest.mark.parametrize("mode", ["root", "run-as", "shared"])
+def test_a_tree_of_threads_and_escaped_sessions_is_held_to_the_process_limit(mode: str) -> None:
+    """20 threads, then 20 children that leave their session and fork again (orphans,
+    reparented), under a process limit of 8: the tree never starts them all (the
+    kernel's RLIMIT_NPROC refuses the rest, or, for a shared identity that is root, the
+    launcher's count kills the tree), it ends within its deadline, and no process of it
+    outlives the call. Control: unconfined, all 20 and 20 start."""
+    out = drive(mode, "tasks")
+    assert out["control"] == {"threads": "20", "escaped": "20"}, out
+    got = out["confined"]
+    threads, escaped = int(got.get("threads", 0)), int(got.get("escaped", 0))
+    if mode == "shared":
+        # uid 0 is not held by RLIMIT_NPROC: the launcher's count (every 10 ms) ended
+        # the tree, over its limit by what started in one interval, long before its end.
+        assert out["tasks"] > 8 and out["signal"] == 9 and not out["timed_out"], out
+        assert out["tasks"] <= 8 + 40 and out["seconds"] < 10, out
+    else:
+        # A uid of its own: the kernel refuses the ninth task (the process is one).
+        assert not out["tasks"], out
+        assert threads + escaped <= 8 and escaped < 20, out
+    assert out["survivors"] == [], out

@@ -338,3 +338,26 @@ async def test_tokens_are_compared_as_digests(
     assert await verifier.verify_token(short + "-but-not-quite") is None
     assert set(compared) == {(32, 32)}
     assert len(compared) == 8  # every configured token, for every presented one
+
+
+@pytest.mark.parametrize(
+    ("ident", "logged"),
+    [
+        (7, 7),
+        ("req-1", "req-1"),
+        ("i" * 128, "i" * 128),
+        ("i" * (1 << 20), "i" * 128 + "..."),
+        (10**150, 10**150),
+        (10**100_000, "an integer of 332193 bits"),  # past what str() will write
+        (None, None),
+    ],
+    ids=["int", "short", "128", "1-MiB", "150-digits", "100000-digits", "none"],
+)
+def test_a_calls_log_line_shows_at_most_128_characters_of_any_request_id(
+    ident: object, logged: object
+) -> None:
+    """A JSON-RPC id is the client's: a string up to the body's size, an integer of
+    thousands of digits. The call's log line shows at most 128 characters of it."""
+    from skilld.mcp._ring import _logged_id
+
+    assert _logged_id(ident) == logged

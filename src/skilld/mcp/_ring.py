@@ -276,15 +276,17 @@ class Ring:
 
 
 # A JSON-RPC id is the client's to choose: a string up to a request body's 4 MiB, an
-# integer of up to 4,300 digits. Each call's log line keeps at most this much of it.
+# integer of thousands of digits. Each call's log line keeps at most this much of it.
 _MAX_LOGGED_ID = 128
 
 
 def _logged_id(request_id: Any) -> Any:
     """``request_id`` as the call's log line shows it: cut to ``_MAX_LOGGED_ID``
-    characters (and ``...``) when longer; itself otherwise."""
+    characters (and ``...``) when longer, a very large integer by its size; itself
+    otherwise."""
     if isinstance(request_id, int) and request_id.bit_length() > 4 * _MAX_LOGGED_ID:
-        request_id = str(request_id)
+        # Not its digits: past 4,300 of them str() itself refuses (ValueError).
+        return f"an integer of {request_id.bit_length()} bits"
     if isinstance(request_id, str) and len(request_id) > _MAX_LOGGED_ID:
         return request_id[:_MAX_LOGGED_ID] + "..."
     return request_id
