@@ -966,7 +966,7 @@ def _recorded_type() -> type[Any]:
                     self._links.append(link)
 
         def update_name(self, name: str) -> None:
-            self._name = name
+            self._name = name[:_MAX_CLIENT_TEXT]
 
         def set_status(self, status: Any, description: str | None = None) -> None:
             # The code only: a description is an error's message (the MCP SDK's
@@ -1116,10 +1116,8 @@ def _provider_type() -> type[Any]:
                 if isinstance(exc, Exception) and span.is_recording():
                     if self._record:
                         span.record_exception(exc)
-                    if self._status:
-                        span.set_status(
-                            trace.Status(trace.StatusCode.ERROR, f"{type(exc).__name__}: {exc}")
-                        )
+                    if self._status:  # the code: a span keeps no description (set_status)
+                        span.set_status(trace.Status(trace.StatusCode.ERROR))
             finally:
                 if self._end:
                     span.end()

@@ -353,7 +353,7 @@ def test_the_request_spans_take_at_most_256_characters_of_any_client_text(
     assert (span.status.status_code, span.status.description) == (StatusCode.ERROR, None)
 
 
-def test_a_span_keeps_at_most_128_events_and_128_links(on: None) -> None:
+def test_a_span_keeps_at_most_128_events_128_links_and_256_characters_of_name(on: None) -> None:
     """A host function asked about many targets, or a request linked to many others,
     leaves at most 128 events and 128 links on its span, as the SDK's default limits."""
     provider = telemetry._provider_type()()
@@ -362,8 +362,10 @@ def test_a_span_keeps_at_most_128_events_and_128_links(on: None) -> None:
     for i in range(1000):
         span.add_event("skilld.permission", {"n": i})
         span.add_link(target, {"n": i})
+    span.update_name("x" * 1000)  # as a library may rename it: cut as when it was made
     span.end()
     assert len(span.events) == len(span.links) == 128
+    assert span.name == "x" * 256
     assert span.events[-1].attributes["n"] == 127
 
 
