@@ -81,7 +81,10 @@ _MAX_CLIENT_TEXT = 256
 # Events (permission decisions) and links one span keeps, as the SDK's span limits
 # (OTEL_SPAN_EVENT_COUNT_LIMIT, OTEL_SPAN_LINK_COUNT_LIMIT) default to: the rest are dropped.
 _MAX_EVENTS = 128
-STAGE_MIN_NS = 1_000_000  # a stage shorter than this (1 ms) is no span of its own
+# A stage (a gate wait, an instance, a guest's run with nothing traced inside it) shorter
+# than this is no span of its own: 1 ms, or SKILLD_TRACE_STAGE_MIN_MS (configure).
+STAGE_MIN_NS = 1_000_000
+_STAGE_MIN_MS_MAX = 60_000.0
 _SHUTDOWN_S = 2.0
 _HANDOFF_S = 0.2  # how often finished spans move to the batch processor
 
@@ -173,7 +176,7 @@ def configure(node: str | None = None, environ: Mapping[str, str] | None = None)
     the process's) decides whether and how; OpenTelemetry's SDK reads its own settings
     (endpoint, sampler, batch sizes) from the process's environment.
     """
-    global _state
+    global _state, STAGE_MIN_NS
     env = os.environ if environ is None else environ
     wanted = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
     if wanted in ("", "none"):
@@ -181,6 +184,7 @@ def configure(node: str | None = None, environ: Mapping[str, str] | None = None)
     if wanted != "otlp":
         log.warning("OTEL_TRACES_EXPORTER=%s is not supported (use otlp): tracing is off", wanted)
         return False
+    STAGE_MIN_NS = _stage_min_ns(env.get("SKILLD_TRACE_STAGE_MIN_MS"))
     protocol = (
         env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
     ) or "http/protobuf"
@@ -236,6 +240,26 @@ def configure(node: str | None = None, environ: Mapping[str, str] | None = None)
     with _lock:
         _state = _State(tracer, provider, meters, operation, calls, trace, context, handoff)
     return True
+
+
+def _stage_min_ns(text: str | None) -> int:
+    """``SKILLD_TRACE_STAGE_MIN_MS`` in nanoseconds: how long a stage must take to be a
+    span (0: every one is). Unset, 1 ms; anything but a number of milliseconds from 0 to
+    60,000 logs one warning and is 1 ms."""
+    if text is None or not text.strip():
+        return 1_000_000
+    try:
+        ms = float(text)
+    except ValueError:
+        ms = -1.0
+    if not 0 <= ms <= _STAGE_MIN_MS_MAX:  # also NaN
+        log.warning(
+            "SKILLD_TRACE_STAGE_MIN_MS=%r is not a number of milliseconds from 0 to %d: 1 ms it is",
+            text[:64],
+            int(_STAGE_MIN_MS_MAX),
+        )
+        return 1_000_000
+    return int(ms * 1_000_000)
 
 
 def flush(timeout_s: float = _SHUTDOWN_S) -> bool:
@@ -1229,6 +1253,132 @@ def stage(name: str, attributes: Mapping[str, Any] | None = None) -> Any:
     return _Stage(state, name, attributes)
 
 
+def run_span(name: str) -> Any:
+    """A span named ``name`` for the ``with`` block (a guest's run), recorded as a
+    :func:`stage` is: only when the block took at least ``STAGE_MIN_NS`` or raised, or
+    when something inside it needed the span, a child span (a host function's), a context
+    handed on (a nested or routed call, a script's ``TRACEPARENT``) or an annotation.
+    Then it is a span with the block's real start, beneath the span current at the start.
+
+    A short run with nothing inside it to trace (most calls of a small skill) thus costs
+    no span: making one, and exporting it, cost such a call as much CPU as the rest of its
+    tracing together (docs/tracing.md). A no-op while off."""
+    state = _state
+    if state is None:
+        return NOOP
+    return _deferred_type()(state, name)
+
+
+@functools.cache
+def _deferred_type() -> type[Any]:
+    """The class of :func:`run_span`'s spans (built on first use, as
+    :func:`_recorded_type`): an API span, current for its block, that becomes one of
+    skilld's spans the first time anything asks it for its context or writes to it."""
+    from opentelemetry import trace
+
+    class Deferred(trace.Span):
+        __slots__ = ("_end", "_name", "_outer", "_real", "_start", "_state", "_token")
+
+        def __init__(self, state: _State, name: str) -> None:
+            self._state = state
+            self._name = name
+            self._real: Any = None
+            self._outer: Any = None
+            self._token: Any = None
+            self._start = 0
+            self._end = 0  # when the block ended without the span
+
+        def __enter__(self) -> Any:
+            contexts = _contexts()
+            self._outer = contexts.here()
+            self._start = time.time_ns()
+            self._token = contexts.enter(self)
+            return self
+
+        def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+            _contexts().leave(self._token)
+            real = self._real
+            if real is None:
+                end = time.time_ns()
+                if exc is None and end - self._start < STAGE_MIN_NS:
+                    self._end = end  # asked for later (a context kept): made, and ended
+                    return
+                real = self._made()
+                if exc is not None:
+                    _failed(real, exc)
+                real.end(end_time=end)
+                return
+            if exc is not None:
+                _failed(real, exc)
+            real.end()
+
+        def _made(self) -> Any:
+            """The span itself: made now, with the block's start, beneath the span
+            that was current when the block began."""
+            real = self._real
+            if real is None:
+                state = self._state
+                tracer = state.tracer
+                sink = (
+                    state.handoff.put if state.handoff is not None else tracer.span_processor.on_end
+                )
+                real = self._real = _start(
+                    tracer,
+                    _recorded_type().skilld,
+                    sink,
+                    self._outer,
+                    self._name,
+                    _KINDS["internal"],
+                    None,
+                    None,
+                    self._start,
+                )
+                if self._end:  # its block is over (a context kept in it was used later)
+                    real.end(end_time=self._end)
+            return real
+
+        # The API, each call on the span itself (made by the first).
+        def get_span_context(self) -> Any:
+            return self._made().get_span_context()
+
+        def is_recording(self) -> bool:
+            return bool(self._made().is_recording())
+
+        def set_attribute(self, key: str, value: Any) -> None:
+            self._made().set_attribute(key, value)
+
+        def set_attributes(self, attributes: Mapping[str, Any]) -> None:
+            self._made().set_attributes(attributes)
+
+        def add_event(
+            self, name: str, attributes: Any = None, timestamp: int | None = None
+        ) -> None:
+            self._made().add_event(name, attributes, timestamp)
+
+        def add_link(self, context: Any, attributes: Any = None) -> None:
+            self._made().add_link(context, attributes)
+
+        def update_name(self, name: str) -> None:
+            self._made().update_name(name)
+
+        def set_status(self, status: Any, description: str | None = None) -> None:
+            self._made().set_status(status, description)
+
+        def record_exception(
+            self,
+            exception: BaseException,
+            attributes: Any = None,
+            timestamp: int | None = None,
+            escaped: bool = False,
+        ) -> None:
+            self._made().record_exception(exception, attributes, timestamp, escaped)
+
+        def end(self, end_time: int | None = None) -> None:
+            self._made().end(end_time)
+
+    return Deferred
+
+
 def annotate(attributes: Mapping[str, Any]) -> None:
     """Set ``attributes`` on the current span (nothing while tracing is off)."""
     state = _state
@@ -1326,17 +1476,12 @@ def call_span(
         return NOOP
     if len(method) > _MAX_CLIENT_TEXT:  # a nested call's method is the guest's to name
         method = method[:_MAX_CLIENT_TEXT]
-    attributes: dict[str, Any] = {
-        "gen_ai.operation.name": "execute_tool",
-        "gen_ai.tool.name": f"{skill}.{method}",
-        "skilld.skill": skill,
-        "skilld.method": method,
-        # The kind only (oauth, token, local, skill, node...): who it is stays in the audit.
-        "skilld.caller": caller.kind,
-        "skilld.depth": depth,
-    }
+    key = (skill, method, caller.kind, depth)
+    attributes = _FACTS.get(key)
+    if attributes is None:
+        attributes = _facts(key)
     if record:
-        attributes["gen_ai.tool.call.arguments"] = arguments[:_MAX_RECORDED]
+        attributes = {**attributes, "gen_ai.tool.call.arguments": arguments[:_MAX_RECORDED]}
     if depth == 0:
         current: Any = _contexts().current(None)
         if (
@@ -1348,6 +1493,30 @@ def call_span(
         ):
             return _Adopted(state, skill, method, current, attributes, record)
     return _CallSpan(state, skill, method, attributes, record)
+
+
+# A call's facts by (skill, method, caller kind, depth): the same few for every call of a
+# method, made once and only read (spans copy or merge them). At most _MAX_FACTS (a guest
+# names a nested call's method): past that the cache starts again.
+_FACTS: dict[tuple[str, str, str, int], dict[str, Any]] = {}
+_MAX_FACTS = 1024
+
+
+def _facts(key: tuple[str, str, str, int]) -> dict[str, Any]:
+    skill, method, kind, depth = key
+    attributes: dict[str, Any] = {
+        "gen_ai.operation.name": "execute_tool",
+        "gen_ai.tool.name": f"{skill}.{method}",
+        "skilld.skill": skill,
+        "skilld.method": method,
+        # The kind only (oauth, token, local, skill, node...): who it is stays in the audit.
+        "skilld.caller": kind,
+        "skilld.depth": depth,
+    }
+    if len(_FACTS) >= _MAX_FACTS:
+        _FACTS.clear()
+    _FACTS[key] = attributes
+    return attributes
 
 
 # The MCP SDK's instrumentation scope (its OpenTelemetryMiddleware's request spans).
@@ -1448,6 +1617,9 @@ def carry(fn: Callable[[], T]) -> Callable[[], T]:
     if state is None:
         return fn
     contexts = _contexts()
+    current = contexts.current(None)
+    if type(current) is _deferred_type():
+        current.get_span_context()  # made here, not by the thread that runs fn
     here = contexts.here()
 
     def run() -> T:

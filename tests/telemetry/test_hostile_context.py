@@ -166,6 +166,142 @@ def test_the_request_middleware_takes_any_raw_header_bytes(
         assert parent.trace_id != int("9" * 32, 16)  # never the second traceparent
 
 
+@pytest.fixture
+def recorded(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """Tracing on in this process, every span kept as it ends (an in-memory exporter)."""
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    provider = TracerProvider()
+    spans = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    state = telemetry._State(
+        provider.get_tracer("test"), provider, None, None, None, trace, context
+    )
+    monkeypatch.setattr(telemetry, "_state", state)
+    monkeypatch.setattr(telemetry, "STAGE_MIN_NS", 10**12)  # nothing is long enough
+    yield spans
+    provider.shutdown()
+
+
+def _by_name(spans: Any) -> dict[str, Any]:
+    done = spans.get_finished_spans()
+    found = {s.name: s for s in done}
+    assert len(found) == len(done), [s.name for s in done]
+    return found
+
+
+def test_a_short_run_with_nothing_traced_in_it_is_no_span(recorded: Any) -> None:
+    """A run_span block that took less than STAGE_MIN_NS, asked for nothing and did not
+    fail leaves no span; what ran in it saw the call's span as its parent's context."""
+    with telemetry.span("call"), telemetry.run_span("skilld.guest.run"):
+        pass
+    assert set(_by_name(recorded)) == {"call"}
+
+
+@pytest.mark.parametrize("inside", ["child", "carrier", "environ", "annotate", "here", "link"])
+def test_a_run_becomes_a_span_when_something_in_it_needs_one(recorded: Any, inside: str) -> None:
+    """A child span, a context passed on (to a node, a script, a parked call), an
+    annotation or a link inside a short run make it a span: beneath the call, from the
+    block's start, the parent of what asked."""
+    passed: dict[str, Any] = {}
+    with telemetry.span("call"), telemetry.run_span("skilld.guest.run"):
+        if inside == "child":
+            with telemetry.span("skilld.host kv.get"):
+                pass
+        elif inside == "carrier":
+            passed = telemetry.carrier()
+        elif inside == "environ":
+            passed = {k.lower(): v for k, v in telemetry.environ({}).items()}
+        elif inside == "annotate":
+            telemetry.annotate({"skilld.node.target": "w1"})
+        elif inside == "here":
+            passed = {"ctx": telemetry.here()}
+        else:
+            telemetry.link({"traceparent": VALID}, "test")
+    done = _by_name(recorded)
+    run, call = done["skilld.guest.run"], done["call"]
+    assert run.parent is not None and run.parent.span_id == call.context.span_id
+    assert run.context.trace_id == call.context.trace_id
+    assert call.start_time <= run.start_time <= run.end_time <= call.end_time
+    if inside == "child":
+        child = done["skilld.host kv.get"]
+        assert child.parent is not None and child.parent.span_id == run.context.span_id
+        assert run.start_time <= child.start_time
+    elif inside in ("carrier", "environ"):
+        assert passed["traceparent"].split("-")[2] == f"{run.context.span_id:016x}"
+    elif inside == "annotate":
+        assert run.attributes == {"skilld.node.target": "w1"}
+    elif inside == "here":
+        assert passed["ctx"].span_id == run.context.span_id
+    else:
+        assert [link.attributes["skilld.link"] for link in run.links] == ["test"]
+
+
+def test_a_failed_or_long_run_is_a_span(recorded: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run that raised is a span with the error's outcome; with STAGE_MIN_NS 0
+    (SKILLD_TRACE_STAGE_MIN_MS=0) every run is one."""
+    from skilld.errors import GuestError
+
+    failure = GuestError("limit-exceeded", "out of fuel")
+    with telemetry.span("call"):
+        with pytest.raises(GuestError), telemetry.run_span("failed"):
+            raise failure
+        monkeypatch.setattr(telemetry, "STAGE_MIN_NS", 0)
+        with telemetry.run_span("every"):
+            pass
+    done = _by_name(recorded)
+    assert set(done) == {"call", "failed", "every"}
+    assert done["failed"].attributes["error.type"] == failure.outcome
+    assert done["failed"].status.status_code == trace.StatusCode.ERROR
+    assert done["every"].parent is not None
+    assert done["every"].parent.span_id == done["call"].context.span_id
+
+
+def test_a_context_taken_to_another_thread_in_a_short_run_names_a_span_that_ends(
+    recorded: Any,
+) -> None:
+    """A function carried to another thread from inside a run (a pool's) runs beneath
+    the run's span, made on the carrying thread; a run whose context is asked for after
+    it ended (a context kept) is made then, with the block's times, and ends."""
+    import threading
+
+    seen: list[Any] = []
+    with telemetry.span("call"):
+        with telemetry.run_span("carried"):
+            job = telemetry.carry(lambda: seen.append(telemetry.here()))
+        with telemetry.run_span("kept"):
+            kept = context.get_current()
+        worker = threading.Thread(target=job)
+        worker.start()
+        worker.join()
+        late = trace.get_current_span(kept).get_span_context()
+    done = _by_name(recorded)
+    assert seen[0].span_id == done["carried"].context.span_id
+    assert late.span_id == done["kept"].context.span_id
+    assert done["kept"].end_time is not None
+    assert done["kept"].end_time <= done["call"].end_time
+
+
+@pytest.mark.parametrize(
+    ("text", "ns"),
+    [(None, 10**6), ("", 10**6), ("0", 0), ("2.5", 2_500_000), ("60000", 60 * 10**9)]
+    + [(bad, 10**6) for bad in ("-1", "nan", "inf", "1e9", "one", "1" * 5000)],
+)
+def test_the_stage_threshold_is_read_from_the_environment(
+    text: str | None, ns: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SKILLD_TRACE_STAGE_MIN_MS: milliseconds from 0 to 60,000; anything else is 1 ms
+    and one warning that quotes at most 64 characters of it."""
+    with caplog.at_level(logging.WARNING, logger="skilld.telemetry"):
+        assert telemetry._stage_min_ns(text) == ns
+    if ns == 10**6 and text:
+        assert len(caplog.records) == 1
+        assert "SKILLD_TRACE_STAGE_MIN_MS" in caplog.text and len(caplog.text) < 400
+    else:
+        assert not caplog.records
+
+
 def test_a_stage_is_a_span_only_when_it_took_long_enough_or_failed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -231,6 +231,7 @@ async def test_spans_go_over_otlp_grpc_when_the_protocol_says_so(
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
         monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+        monkeypatch.setenv("SKILLD_TRACE_STAGE_MIN_MS", "0")  # the echo's run a span too
         node = ServeProcess(echo_bundle, tmp_path / "state")
         try:
             answer = await _call(node.url, "g", {"traceparent": IN_META}, {})
@@ -253,6 +254,7 @@ def traced_node(
         monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp")
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
         monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+        monkeypatch.setenv("SKILLD_TRACE_STAGE_MIN_MS", "0")  # every stage a span
         node = ServeProcess(echo_bundle, tmp_path / "state")
         try:
             yield receiver, node
@@ -332,6 +334,31 @@ async def test_the_http_traceparent_header_is_the_parent_when_meta_has_none(
     run = next(s for s in spans if s.name == "skilld.guest.run" and s.trace_id == "1" * 32)
     assert run.parent_id == servers["1" * 32].span_id
     assert not any(s.name.startswith("execute_tool") for s in spans)
+
+
+async def test_a_short_guest_run_with_nothing_traced_in_it_is_no_span_by_default(
+    echo_bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under SKILLD_TRACE_STAGE_MIN_MS (default 1 ms) an echo's guest run, which makes no
+    host call, is no span: the request span, with the call's facts, is the whole trace."""
+    with otlp_receiver() as receiver:
+        monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+        # Longer than any echo takes, so the test cannot depend on the machine's speed.
+        monkeypatch.setenv("SKILLD_TRACE_STAGE_MIN_MS", "60000")
+        node = ServeProcess(echo_bundle, tmp_path / "state")
+        try:
+            for text in ("a", "b", "c"):
+                answer = await _call(node.url, text, {"traceparent": HEADER}, {})
+                assert "error" not in answer, answer
+            spans = receiver.wait(lambda s: sum(x.name == "tools/call echo/echo" for x in s) == 3)
+        finally:
+            node.stop()
+    assert not [s.name for s in spans if s.name != "tools/call echo/echo"]
+    for server in spans:
+        assert (server.trace_id, server.parent_id) == ("1" * 32, "2" * 16)
+        assert server.attributes["skilld.outcome"] == "ok"
 
 
 async def test_every_request_about_a_task_links_to_the_request_that_created_it(

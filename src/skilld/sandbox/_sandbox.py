@@ -597,7 +597,7 @@ class Component:
             ctx.audit["instance_call"] = inst.calls
             inst.streams.ctx = ctx
             inst.interrupt.arm(inst.store, ctx, ctx.remaining())
-            with entered(ctx), telemetry.span("skilld.guest.run"):
+            with entered(ctx), telemetry.run_span("skilld.guest.run"):
                 func = inst.funcs.get(id(export))
                 if func is None:
                     func = inst.instance.get_func(inst.store, export)
