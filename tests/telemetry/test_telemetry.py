@@ -83,6 +83,40 @@ print("done", flush=True)
 """
 
 
+# The MCP SDK's module tracer while tracing is on, and after it was turned off.
+_SDK_TRACER_SCRIPT = """
+from mcp.shared import _otel
+from opentelemetry.trace import ProxyTracer, SpanKind
+from skilld import telemetry
+assert isinstance(_otel._tracer, ProxyTracer)
+assert telemetry.configure(node="n1")
+with _otel.otel_span("tools/call t", kind=SpanKind.SERVER, attributes={"k": "v" * 999}) as span:
+    assert type(span) is telemetry._recorded_type(), type(span)
+    assert span.name == "tools/call t" and len(span.attributes["k"]) == 256
+telemetry.shutdown()
+assert isinstance(_otel._tracer, ProxyTracer), _otel._tracer
+print("ok")
+"""
+
+
+def test_the_sdks_request_spans_are_made_by_skillds_tracer_while_tracing_is_on() -> None:
+    """Configured, the MCP SDK's tracer (a ProxyTracer made at its import) is skilld's
+    provider's own, which cuts the client's texts; shut down, the proxy is back."""
+    env = {
+        **os.environ,
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9",
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", _SDK_TRACER_SCRIPT],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert done.stdout.strip() == "ok", done.stderr
+
+
 @pytest.fixture
 def silent_collector() -> Iterator[tuple[socket.socket, list[int]]]:
     """A listening socket that takes connections and closes them unanswered; the count."""
