@@ -326,16 +326,17 @@ def _bind_sdk_tracer(tracer: Any) -> None:
         from opentelemetry.trace import ProxyTracer
     except ImportError:  # pragma: no cover - the SDK moved it: the proxy stays
         return
+    sdk: Any = _otel
     if tracer is None:
         if _sdk_proxy:
-            _otel._tracer = _sdk_proxy.pop()
+            sdk._tracer = _sdk_proxy.pop()
         return
-    current = getattr(_otel, "_tracer", None)
+    current = getattr(sdk, "_tracer", None)
     if isinstance(current, ProxyTracer):
         _sdk_proxy.append(current)
-        _otel._tracer = tracer
+        sdk._tracer = tracer
     elif _sdk_proxy and type(current) is type(tracer):  # configured again: the new one
-        _otel._tracer = tracer
+        sdk._tracer = tracer
 
 
 def _resource_keys(text: str) -> set[str]:
