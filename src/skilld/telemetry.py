@@ -134,6 +134,9 @@ class _Handoff:
 
     def __init__(self, processor: Any, limit: int):
         self._processor = processor
+        self._queue = _batch_queue(processor)
+        # Its processors as they were: one added later sends every span through on_end.
+        self._processors = getattr(processor, "_span_processors", None)
         self._spans: deque[Any] = deque(maxlen=limit)
         self.put = self._spans.append
         self._stop = threading.Event()
@@ -148,6 +151,24 @@ class _Handoff:
     def drain(self) -> None:
         """Hand every span that ended so far to the processor."""
         spans = self._spans
+        batch = self._queue
+        if (
+            batch is not None
+            and getattr(self._processor, "_span_processors", None) is self._processors
+            and not batch._shutdown
+            and batch._pid == os.getpid()
+        ):
+            # The batch processor's own queue, all at once: what its emit does per span
+            # (a process id, a length check and an append each: 0.7 µs a span), once.
+            taken = []
+            while spans:
+                taken.append(spans.popleft())
+            if taken:
+                queue = batch._queue
+                queue.extendleft(taken)  # as emit: past its size the oldest fall out
+                if len(queue) >= batch._max_export_batch_size:
+                    batch._worker_awaken.set()
+            return
         on_end = self._processor.on_end
         while spans:
             on_end(spans.popleft())
@@ -156,6 +177,21 @@ class _Handoff:
         """Hand over what is left and stop the thread."""
         self._stop.set()
         self._thread.join()
+
+
+def _batch_queue(processor: Any) -> Any:
+    """The OpenTelemetry SDK's batch processor behind ``processor`` (the provider's, with
+    the one BatchSpanProcessor configure adds), when it has the queue, limits and wake-up
+    event :meth:`_Handoff.drain` fills and sets; else None (spans go through ``on_end``)."""
+    processors = getattr(processor, "_span_processors", None)
+    if not isinstance(processors, tuple) or len(processors) != 1:
+        return None
+    batch = getattr(processors[0], "_batch_processor", None)
+    queue = getattr(batch, "_queue", None)
+    needed = ("_shutdown", "_pid", "_max_export_batch_size", "_worker_awaken")
+    if not isinstance(queue, deque) or not all(hasattr(batch, name) for name in needed):
+        return None
+    return batch
 
 
 _state: _State | None = None

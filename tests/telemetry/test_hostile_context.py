@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -417,6 +418,48 @@ def test_skillds_spans_follow_the_parents_sampling_and_reach_the_exporter_throug
     assert inner_span.parent is not None
     assert inner_span.parent.span_id == outer_span.context.span_id
     assert "late" not in outer_span.attributes
+
+
+def test_the_hand_off_fills_the_batch_processors_queue_and_any_processor_added_later(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ended spans reach the batch processor's exporter in the order they ended, and a
+    full batch wakes its thread at once; once another processor is added, each span goes
+    through on_end and reaches both."""
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    provider = TracerProvider()
+    batched = InMemorySpanExporter()
+    # A schedule far away: only a full batch (or a flush) makes it export.
+    provider.add_span_processor(
+        BatchSpanProcessor(batched, max_export_batch_size=10, schedule_delay_millis=600_000)
+    )
+    tracer = provider.get_tracer("test")
+    processor = tracer.span_processor  # type: ignore[attr-defined]
+    handoff = telemetry._Handoff(processor, 1000)
+    assert telemetry._batch_queue(processor) is not None  # the fast path is the one tried
+    state = telemetry._State(tracer, provider, None, None, None, trace, context, handoff)
+    monkeypatch.setattr(telemetry, "_state", state)
+    try:
+        for n in range(10):
+            with telemetry.span(f"s{n}"):
+                pass
+        handoff.drain()
+        deadline = time.monotonic() + 10
+        while len(batched.get_finished_spans()) < 10 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [s.name for s in batched.get_finished_spans()] == [f"s{n}" for n in range(10)]
+        simple = InMemorySpanExporter()
+        provider.add_span_processor(SimpleSpanProcessor(simple))
+        with telemetry.span("later"):
+            pass
+        assert telemetry.flush(10)
+        assert [s.name for s in simple.get_finished_spans()] == ["later"]
+        assert batched.get_finished_spans()[-1].name == "later"
+    finally:
+        handoff.close()
+        provider.shutdown()
 
 
 def test_a_failed_call_on_the_request_span_says_its_error_and_a_late_one_gets_its_own(
