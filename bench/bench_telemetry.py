@@ -2,8 +2,9 @@
 
 A tool call of a wasm skill passes these hooks (docs/tracing.md): the worker-thread
 hand-off (``carry``), two gate waits and the instance (stages: no span when quick), the
-call's span, the guest run, one span per host function and one decision per permission
-question (the MCP SDK's request span is not counted here). This times that set,
+call's span, the guest run (a span when a host function's needs a parent), one span per
+host function and one decision per permission question (the MCP SDK's request span is
+not counted here). This times that set,
 as one "call's hooks", with tracing off and then on (spans batched over OTLP/HTTP to a
 receiver in another process that takes every batch), against nothing at all. The CPU time
 is this process's (the batch exporter's thread included), so a loaded machine moves it less
@@ -40,7 +41,9 @@ def one_call(host_calls: int) -> None:
     with telemetry.call_span("notes", "add", caller=_CALLER, depth=0, arguments="{}") as span:
         with telemetry.stage("skilld.instance", {"skilld.instance": "fresh"}):
             telemetry.annotate({"skilld.instance": "warm"})
-        with telemetry.span("skilld.guest.run", {"skilld.skill": "notes"}):
+        # As the sandbox runs a guest: a span once a host function's span needs a parent
+        # (--host-calls 0: a quick run, no span).
+        with telemetry.run_span("skilld.guest.run"):
             for _ in range(host_calls):
                 with telemetry.span("skilld.host kv.set"):
                     telemetry.decision(DECISION)

@@ -259,6 +259,28 @@ def test_a_failed_or_long_run_is_a_span(recorded: Any, monkeypatch: pytest.Monke
     assert done["every"].parent.span_id == done["call"].context.span_id
 
 
+def test_a_run_is_quick_by_what_it_ran_unless_it_waited_ten_times_the_threshold(
+    recorded: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under a 10 ms threshold: a run that waited 2 ms (as for the interpreter) is no
+    span; one whose thread ran 15 ms of CPU is; one that waited 120 ms (ten times the
+    threshold: a guest sleeping in WASI, which has no span of its own) is too."""
+    monkeypatch.setattr(telemetry, "STAGE_MIN_NS", 10_000_000)
+    with telemetry.span("call"):
+        with telemetry.run_span("waited"):
+            time.sleep(0.002)
+        with telemetry.run_span("ran"):
+            until = time.thread_time() + 0.015
+            while time.thread_time() < until:
+                pass
+        with telemetry.run_span("slept"):
+            time.sleep(0.12)
+    done = _by_name(recorded)
+    assert set(done) == {"call", "ran", "slept"}
+    assert done["ran"].end_time - done["ran"].start_time >= 15_000_000
+    assert done["slept"].end_time - done["slept"].start_time >= 120_000_000
+
+
 def test_a_context_taken_to_another_thread_in_a_short_run_names_a_span_that_ends(
     recorded: Any,
 ) -> None:
