@@ -1449,14 +1449,8 @@ def _deferred_type() -> type[Any]:
         def set_status(self, status: Any, description: str | None = None) -> None:
             self._made().set_status(status, description)
 
-        def record_exception(
-            self,
-            exception: BaseException,
-            attributes: Any = None,
-            timestamp: int | None = None,
-            escaped: bool = False,
-        ) -> None:
-            self._made().record_exception(exception, attributes, timestamp, escaped)
+        def record_exception(self, exception: BaseException, *args: Any, **kwargs: Any) -> None:
+            self._made().record_exception(exception, *args, **kwargs)
 
         def end(self, end_time: int | None = None) -> None:
             self._made().end(end_time)

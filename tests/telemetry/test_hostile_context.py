@@ -200,7 +200,9 @@ def test_a_short_run_with_nothing_traced_in_it_is_no_span(recorded: Any) -> None
     assert set(_by_name(recorded)) == {"call"}
 
 
-@pytest.mark.parametrize("inside", ["child", "carrier", "environ", "annotate", "here", "link"])
+@pytest.mark.parametrize(
+    "inside", ["child", "carrier", "environ", "annotate", "here", "link", "exception"]
+)
 def test_a_run_becomes_a_span_when_something_in_it_needs_one(recorded: Any, inside: str) -> None:
     """A child span, a context passed on (to a node, a script, a parked call), an
     annotation or a link inside a short run make it a span: beneath the call, from the
@@ -218,6 +220,8 @@ def test_a_run_becomes_a_span_when_something_in_it_needs_one(recorded: Any, insi
             telemetry.annotate({"skilld.node.target": "w1"})
         elif inside == "here":
             passed = {"ctx": telemetry.here()}
+        elif inside == "exception":  # what the API's span would be asked by a library
+            trace.get_current_span().record_exception(ValueError("the guest's secret"))
         else:
             telemetry.link({"traceparent": VALID}, "test")
     done = _by_name(recorded)
@@ -235,6 +239,10 @@ def test_a_run_becomes_a_span_when_something_in_it_needs_one(recorded: Any, insi
         assert run.attributes == {"skilld.node.target": "w1"}
     elif inside == "here":
         assert passed["ctx"].span_id == run.context.span_id
+    elif inside == "exception":
+        assert [(e.name, dict(e.attributes)) for e in run.events] == [
+            ("exception", {"exception.type": "ValueError"})
+        ]
     else:
         assert [link.attributes["skilld.link"] for link in run.links] == ["test"]
 
@@ -326,23 +334,13 @@ def test_the_stage_threshold_is_read_from_the_environment(
 
 
 def test_a_stage_is_a_span_only_when_it_took_long_enough_or_failed(
-    monkeypatch: pytest.MonkeyPatch,
+    recorded: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A gate or instance stage shorter than STAGE_MIN_NS leaves no span; one that took
     longer, or raised, is a span under the call with its real times and error."""
-    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
     from skilld.errors import SkillBusy
 
-    provider = TracerProvider()
-    spans = InMemorySpanExporter()
-    provider.add_span_processor(SimpleSpanProcessor(spans))
-    state = telemetry._State(
-        provider.get_tracer("test"), provider, None, None, None, trace, context
-    )
-    monkeypatch.setattr(telemetry, "_state", state)
-    monkeypatch.setattr(telemetry, "STAGE_MIN_NS", 10**12)
+    spans = recorded
     with telemetry.span("call"):
         with telemetry.stage("quick", {"skilld.skill": "s"}):
             pass
