@@ -11,6 +11,7 @@ arguments).
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import anyio
@@ -205,3 +206,21 @@ async def _next_data(lines: Any) -> dict[str, Any]:
             data: dict[str, Any] = json.loads(line[5:])
             return data
     raise AssertionError("the stream ended")
+
+
+@pytest.mark.parametrize("bad", ["x" * 8000, "not-a-uuid", "0" * 31, "%00" * 100])
+async def test_a_session_id_that_is_no_uuid_is_refused_and_not_logged(
+    server: HttpServer, bad: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """POST /messages/ with a session_id that is no UUID: 400 "Invalid session ID", as the
+    SDK answers, and no log line quotes it (the SDK's handler logged it whole)."""
+    base = server.url.removesuffix("/mcp")
+    mine = {"Authorization": f"Bearer {token_of('mallory')}"}
+    message = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+    with caplog.at_level(logging.DEBUG):
+        async with httpx.AsyncClient(timeout=30, headers=mine) as http:
+            response = await http.post(f"{base}/messages/?session_id={bad}", json=message)
+    assert (response.status_code, response.text) == (400, "Invalid session ID")
+    served = [r for r in caplog.records if not r.name.startswith(("httpx", "httpcore"))]
+    assert not [r for r in served if bad[:20] in r.getMessage()]
+    assert not [r for r in caplog.records if r.name.startswith("mcp.server.sse")]

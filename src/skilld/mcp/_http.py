@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import urlsplit
+from uuid import UUID
 
 from mcp.server.auth.handlers.metadata import ProtectedResourceMetadataHandler
 from mcp.server.auth.middleware.auth_context import AuthContextMiddleware
@@ -419,7 +420,7 @@ def build_app(service: McpService, credentials: Credentials) -> Starlette:
     routes: list[BaseRoute] = [
         Route("/mcp", endpoint=guarded(stream(StreamableHTTPASGIApp(manager)))),
         Route("/sse", endpoint=guarded(stream(SseEndpoint(service, sse))), methods=["GET"]),
-        Mount("/messages/", app=guarded(sse.handle_post_message)),
+        Mount("/messages/", app=guarded(SessionIdChecked(sse.handle_post_message))),
         Route("/healthz", endpoint=healthz, methods=["GET"]),
         Route("/readyz", endpoint=readyz, methods=["GET"]),
         Route(
@@ -460,6 +461,29 @@ def build_app(service: McpService, credentials: Credentials) -> Starlette:
             yield
 
     return Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
+
+
+class SessionIdChecked:
+    """The legacy transport's ``POST /messages/?session_id=ID``, its id checked first.
+
+    The MCP SDK's handler logs a ``session_id`` it cannot parse whole, in a warning of its
+    own per request: a client could make every request write the longest query string
+    the server accepts to the log. An id that is not a UUID is answered here, as the SDK
+    answers it (400 ``Invalid session ID``), and nothing of it is logged."""
+
+    def __init__(self, app: ASGIApp):
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        found = Request(scope).query_params.get("session_id")
+        if found is not None:
+            try:
+                UUID(hex=found)
+            except ValueError:
+                response = Response("Invalid session ID", status_code=400)
+                await response(scope, receive, send)
+                return
+        await self._app(scope, receive, send)
 
 
 class _EndpointApp:
