@@ -929,11 +929,14 @@ class _Contexts:
         put = var.set
 
         lean = _recorded_type()
+        deferred = _deferred_type()
 
         def current(ctx: Any) -> Any:
             span = (get() if ctx is None else ctx).get(_SPAN_KEY)
             # skilld's own spans first: Span is an ABC, whose isinstance costs more
-            return span if type(span) is lean or isinstance(span, span_type) else invalid
+            if type(span) is lean or type(span) is deferred:
+                return span
+            return span if isinstance(span, span_type) else invalid
 
         def enter(span: Any) -> Any:
             values = Context(get())  # immutable to everyone else: filled before it is shared
