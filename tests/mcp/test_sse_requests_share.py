@@ -224,3 +224,43 @@ async def test_a_session_id_that_is_no_uuid_is_refused_and_not_logged(
     served = [r for r in caplog.records if not r.name.startswith(("httpx", "httpcore"))]
     assert not [r for r in served if bad[:20] in r.getMessage()]
     assert not [r for r in caplog.records if r.name.startswith("mcp.server.sse")]
+
+
+async def test_mallory_cannot_post_into_alices_sse_session(
+    server: HttpServer, conformance_exposed: tuple[Registry, MemorySink]
+) -> None:
+    """mallory knows alice's legacy SSE session id (it is in alice's endpoint URL) and
+    POSTs a call and a cancellation to it: refused, and alice's stream carries nothing
+    of them; alice's own next call is answered."""
+    simple = tool(conformance_exposed[0], "simple_text")
+    base = server.url.removesuffix("/mcp")
+    mine = {"Authorization": f"Bearer {token_of('mallory')}"}
+    hers = {"Authorization": f"Bearer {token_of('alice')}"}
+    with anyio.fail_after(60):
+        async with (
+            httpx.AsyncClient(timeout=60, headers=mine) as m_http,
+            httpx.AsyncClient(timeout=60, headers=hers) as a_http,
+            anyio.create_task_group() as tg,
+        ):
+            alice = await _session(a_http, base, tg)
+            call = {"jsonrpc": "2.0", "id": 77, "method": "tools/call", "params": {"name": simple}}
+            cancel = {
+                "jsonrpc": "2.0",
+                "method": "notifications/cancelled",
+                "params": {"requestId": 1},
+            }
+            statuses = [
+                (await m_http.post(base + alice.endpoint, json=message)).status_code
+                for message in (call, cancel)
+            ]
+            await alice.post(
+                {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": simple}}
+            )
+            while alice.answer(1) is None:
+                await anyio.sleep(0.02)
+            await anyio.sleep(0.3)  # what mallory's POSTs could have sent would be here now
+            tg.cancel_scope.cancel()
+    assert all(status in (403, 404) for status in statuses), statuses
+    assert alice.answer(77) is None, alice.messages
+    answer = alice.answer(1)
+    assert answer is not None and "result" in answer, answer
