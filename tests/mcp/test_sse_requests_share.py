@@ -10,8 +10,11 @@ arguments).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -65,6 +68,19 @@ class _SseClient:
         return next((m for m in self.messages if m.get("id") == request_id), None)
 
 
+@asynccontextmanager
+async def _clients(*who: str) -> AsyncIterator[tuple[Any, ...]]:
+    """An HTTP client per caller named in ``who`` (its bearer token), and a task group."""
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [
+            await stack.enter_async_context(
+                httpx.AsyncClient(timeout=60, headers={"Authorization": f"Bearer {token_of(name)}"})
+            )
+            for name in who
+        ]
+        yield (*clients, await stack.enter_async_context(anyio.create_task_group()))
+
+
 async def _session(http: httpx.AsyncClient, base: str, tg: Any) -> _SseClient:
     client = _SseClient(http, base)
     tg.start_soon(client.listen)
@@ -91,14 +107,8 @@ async def test_mallorys_sse_calls_in_flight_are_her_requests_in_progress(
     slow, simple = tool(registry, "slow_compute"), tool(registry, "simple_text")
     gate = registry.gate("conformance")
     base = server.url.removesuffix("/mcp")
-    mine = {"Authorization": f"Bearer {token_of('mallory')}"}
-    hers = {"Authorization": f"Bearer {token_of('alice')}"}
     with anyio.fail_after(60):
-        async with (
-            httpx.AsyncClient(timeout=60, headers=mine) as m_http,
-            httpx.AsyncClient(timeout=60, headers=hers) as a_http,
-            anyio.create_task_group() as tg,
-        ):
+        async with _clients("mallory", "alice") as (m_http, a_http, tg):
             mallory = await _session(m_http, base, tg)
             for n in range(1, POSTS + 1):
                 call = {"name": slow, "arguments": {"seconds": 60}}
@@ -234,14 +244,8 @@ async def test_mallory_cannot_post_into_alices_sse_session(
     of them; alice's own next call is answered."""
     simple = tool(conformance_exposed[0], "simple_text")
     base = server.url.removesuffix("/mcp")
-    mine = {"Authorization": f"Bearer {token_of('mallory')}"}
-    hers = {"Authorization": f"Bearer {token_of('alice')}"}
     with anyio.fail_after(60):
-        async with (
-            httpx.AsyncClient(timeout=60, headers=mine) as m_http,
-            httpx.AsyncClient(timeout=60, headers=hers) as a_http,
-            anyio.create_task_group() as tg,
-        ):
+        async with _clients("mallory", "alice") as (m_http, a_http, tg):
             alice = await _session(a_http, base, tg)
             call = {"jsonrpc": "2.0", "id": 77, "method": "tools/call", "params": {"name": simple}}
             cancel = {
